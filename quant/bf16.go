@@ -1,0 +1,84 @@
+package quant
+
+import (
+	"math"
+
+	"github.com/x448/float16"
+)
+
+// BF16Bits rounds f to bfloat16 and returns its bit pattern.
+//
+// Round to nearest, ties to even, as torch's tensor.to(torch.bfloat16) on CUDA:
+// values beyond the bf16 range become ±inf, NaN stays NaN with the quiet bit set
+// (sign and top payload bits are kept).
+func BF16Bits(f float32) uint16 {
+	b := math.Float32bits(f)
+	if b&0x7fffffff > 0x7f800000 { // NaN: keep sign and payload top bits, force quiet
+		return uint16(b>>16) | 0x0040
+	}
+	// Add 0x7fff plus the lsb of the kept half: rounds to nearest, ties to even.
+	// A carry into the exponent is the correct overflow to the next binade or inf.
+	b += 0x7fff + (b>>16)&1
+	return uint16(b >> 16)
+}
+
+// BF16ToF32 widens a bfloat16 bit pattern to fp32 (exact).
+func BF16ToF32(h uint16) float32 { return math.Float32frombits(uint32(h) << 16) }
+
+// BF16Round is the spec's bf16(v): f rounded to the nearest bfloat16, as fp32.
+func BF16Round(f float32) float32 { return BF16ToF32(BF16Bits(f)) }
+
+// BF16RoundSlice applies BF16Round to every element of v in place.
+func BF16RoundSlice(v []float32) {
+	for i, x := range v {
+		v[i] = BF16Round(x)
+	}
+}
+
+// BF16Next returns the bf16 value n steps (ulps) away from the bf16 value f along
+// the ordered bf16 line (negative n goes down). Used to express tolerances.
+func BF16Next(f float32, n int) float32 {
+	return BF16ToF32(orderedToBF16(bf16ToOrdered(BF16Bits(f)) + int32(n)))
+}
+
+// BF16ULPDistance counts the bf16 values between a and b after rounding each to
+// bf16: 0 when they round to the same value, 1 for neighbours. +0 and -0 are 0
+// apart. NaN against anything gives math.MaxInt32.
+func BF16ULPDistance(a, b float32) int32 {
+	if a != a || b != b {
+		if a != a && b != b {
+			return 0
+		}
+		return math.MaxInt32
+	}
+	d := bf16ToOrdered(BF16Bits(a)) - bf16ToOrdered(BF16Bits(b))
+	if d < 0 {
+		d = -d
+	}
+	return d
+}
+
+// bf16ToOrdered maps bf16 bits to an integer line where adjacent values differ by
+// one and -0 == +0.
+func bf16ToOrdered(h uint16) int32 {
+	if h&0x8000 != 0 {
+		return -int32(h & 0x7fff)
+	}
+	return int32(h)
+}
+
+func orderedToBF16(o int32) uint16 {
+	if o < 0 {
+		return uint16(-o) | 0x8000
+	}
+	return uint16(o)
+}
+
+// F16Bits rounds f to IEEE binary16 (round to nearest even) and returns its bits.
+func F16Bits(f float32) uint16 { return uint16(float16.Fromfloat32(f)) }
+
+// F16ToF32 widens a binary16 bit pattern to fp32 (exact).
+func F16ToF32(h uint16) float32 { return float16.Float16(h).Float32() }
+
+// F16Round rounds f to the nearest binary16 value, returned as fp32.
+func F16Round(f float32) float32 { return F16ToF32(F16Bits(f)) }

@@ -1,0 +1,122 @@
+package quant
+
+import "math"
+
+// UE8M0NaN is the UE8M0 (float8_e8m0fnu) NaN byte.
+const UE8M0NaN = 0xFF
+
+// DecodeUE8M0 returns 2^(b-127); b = 0xFF is NaN. b = 0 gives 2^-127 (an fp32
+// subnormal, exact).
+func DecodeUE8M0(b uint8) float32 {
+	if b == UE8M0NaN {
+		return float32(math.NaN())
+	}
+	return float32(math.Ldexp(1, int(b)-127))
+}
+
+// EncodeUE8M0 returns the UE8M0 byte of a power of two s = 2^e, e in [-127, 127].
+// ok is false when s is not such a power of two (zero, negative, NaN, inf or a
+// value with mantissa bits); the byte is then UE8M0NaN.
+func EncodeUE8M0(s float32) (b uint8, ok bool) {
+	if !(s > 0) || math.IsInf(float64(s), 0) {
+		return UE8M0NaN, false
+	}
+	frac, exp := math.Frexp(float64(s)) // s = frac * 2^exp, frac in [0.5, 1)
+	if frac != 0.5 {
+		return UE8M0NaN, false
+	}
+	e := exp - 1
+	if e < -127 || e > 127 {
+		return UE8M0NaN, false
+	}
+	return uint8(e + 127), true
+}
+
+// Ceil2Exp is the exponent of ceil2(t) computed from the fp32 bits as the
+// reference kernel's fast_log2_ceil does: biased exponent - 127 + [mantissa ≠ 0].
+// For a positive normal t it is ceil(log2 t) exactly.
+func Ceil2Exp(t float32) int {
+	b := math.Float32bits(t)
+	e := int(b>>23) & 0xff
+	m := b & 0x7fffff
+	x := e - 127
+	if m != 0 {
+		x++
+	}
+	return x
+}
+
+// Pow2 is the reference kernel's fast_pow2: the fp32 whose bits are (x+127)<<23,
+// i.e. 2^x for -126 ≤ x ≤ 127 (x = -127 gives +0, as the bit trick does).
+func Pow2(x int) float32 { return math.Float32frombits(uint32(x+127) << 23) }
+
+// Ceil2 is the spec's ceil2(t) (§0.2): the smallest power of two ≥ t for a
+// positive normal fp32 t, computed from its bits (R-K fast_log2_ceil/fast_pow2).
+func Ceil2(t float32) float32 { return Pow2(Ceil2Exp(t)) }
+
+// ScaleRule selects how a block's power-of-two scale is derived from its absolute
+// maximum. Engines differ (spec §9.4); the differences show near powers of two
+// and for near-zero blocks.
+type ScaleRule int
+
+const (
+	// ScaleCeil2 is the reference: s = ceil2(f32(max(amax, floor) · f32(1/qmax))),
+	// exponent from the fp32 bits (R-K act_quant / fp4_quant).
+	ScaleCeil2 ScaleRule = iota
+	// ScaleLog2Ceil is vLLM's and SGLang's Triton writers:
+	// s = 2^ceil(log2(max(amax, floor) / qmax)) with fp32 log2 and division.
+	ScaleLog2Ceil
+	// ScaleFlashMLA is FlashMLA's test quantiser: the floor is applied after the
+	// division, s = 2^ceil(log2(max(amax/qmax, floor))).
+	ScaleFlashMLA
+	// ScaleRoundLog2 is SGLang's experimental MXFP4 codec:
+	// s = 2^round(log2(max(amax, floor) / qmax)) (values can saturate).
+	ScaleRoundLog2
+)
+
+// String names the rule as the CLI and dumps spell it.
+func (r ScaleRule) String() string {
+	switch r {
+	case ScaleCeil2:
+		return "ceil2"
+	case ScaleLog2Ceil:
+		return "log2ceil"
+	case ScaleFlashMLA:
+		return "flashmla"
+	case ScaleRoundLog2:
+		return "roundlog2"
+	}
+	return "unknown"
+}
+
+// ParseScaleRule is the inverse of ScaleRule.String.
+func ParseScaleRule(s string) (ScaleRule, bool) {
+	for r := ScaleCeil2; r <= ScaleRoundLog2; r++ {
+		if r.String() == s {
+			return r, true
+		}
+	}
+	return 0, false
+}
+
+// BlockScaleExp returns the exponent x of the power-of-two scale s = 2^x that rule
+// picks for a block with absolute maximum amax, quantised to a grid whose largest
+// value is qmax (448 for E4M3, 6 for E2M1), with the rule's amax floor.
+func BlockScaleExp(rule ScaleRule, amax, qmax, floor float32) int {
+	switch rule {
+	case ScaleLog2Ceil:
+		a := max(amax, floor)
+		return int(math.Ceil(float64(log2f(a / qmax))))
+	case ScaleFlashMLA:
+		a := max(amax/qmax, floor)
+		return int(math.Ceil(float64(log2f(a))))
+	case ScaleRoundLog2:
+		a := max(amax, floor)
+		return int(math.RoundToEven(float64(log2f(a / qmax))))
+	}
+	a := max(amax, floor)
+	return Ceil2Exp(a * (1 / qmax))
+}
+
+// log2f is log2 evaluated in fp32 (the argument and result rounded to fp32).
+func log2f(x float32) float32 { return float32(math.Log2(float64(x))) }
