@@ -1,0 +1,307 @@
+package dump
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+)
+
+// MaxSafetensorsHeader is the largest JSON header accepted (the safetensors
+// reference implementation's limit is 100 MB).
+const MaxSafetensorsHeader = 100 << 20
+
+// SafetensorsEntry is one tensor's header entry. Offset is absolute in the
+// file (8 + header length + data_offsets[0]).
+type SafetensorsEntry struct {
+	Name   string
+	DType  DType
+	Shape  []int
+	Offset int64
+	Size   int64
+}
+
+// Safetensors is an open safetensors file. Tensors are read lazily with
+// ReadAt; only the header is held in memory.
+//
+// Layout: u64 little-endian header length N, N bytes of JSON
+// {"name": {"dtype": "BF16", "shape": [..], "data_offsets": [b, e]}, ...,
+// "__metadata__": {"k": "v"}}, then the data area (offsets relative to 8+N).
+type Safetensors struct {
+	Path     string
+	Metadata map[string]string
+	Entries  []SafetensorsEntry // sorted by offset, then name
+	byName   map[string]int
+	r        io.ReaderAt
+	closer   io.Closer
+}
+
+// OpenSafetensors opens path and validates its header against the file size.
+func OpenSafetensors(path string) (*Safetensors, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("dump: %w", err)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("dump: %w", err)
+	}
+	st, err := NewSafetensors(f, fi.Size(), path)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	st.closer = f
+	return st, nil
+}
+
+// NewSafetensors reads the header of a safetensors stream of the given size.
+// name is used in error messages.
+func NewSafetensors(r io.ReaderAt, size int64, name string) (*Safetensors, error) {
+	var lenBuf [8]byte
+	if size < 8 {
+		return nil, fmt.Errorf("dump: %s: safetensors: file is %d bytes, shorter than the 8-byte header length", name, size)
+	}
+	if err := readAt(r, lenBuf[:], 0); err != nil {
+		return nil, fmt.Errorf("dump: %s: safetensors: reading header length at offset 0: %w", name, err)
+	}
+	n := binary.LittleEndian.Uint64(lenBuf[:])
+	if n > MaxSafetensorsHeader {
+		return nil, fmt.Errorf("dump: %s: safetensors: header length %d at offset 0 exceeds the %d-byte limit", name, n, MaxSafetensorsHeader)
+	}
+	if int64(n) > size-8 {
+		return nil, fmt.Errorf("dump: %s: safetensors: header length %d at offset 0 exceeds the file (%d bytes after the length)", name, n, size-8)
+	}
+	hdr := make([]byte, n)
+	if err := readAt(r, hdr, 8); err != nil {
+		return nil, fmt.Errorf("dump: %s: safetensors: reading %d-byte header at offset 8: %w", name, n, err)
+	}
+	st, err := ParseSafetensorsHeader(hdr, size-8-int64(n))
+	if err != nil {
+		return nil, fmt.Errorf("dump: %s: safetensors: %w", name, err)
+	}
+	for i := range st.Entries {
+		st.Entries[i].Offset += 8 + int64(n)
+	}
+	st.Path, st.r = name, r
+	return st, nil
+}
+
+type stEntryJSON struct {
+	DType       string  `json:"dtype"`
+	Shape       []int   `json:"shape"`
+	DataOffsets []int64 `json:"data_offsets"`
+}
+
+// ParseSafetensorsHeader parses the JSON header of a safetensors file whose
+// data area has dataSize bytes. Entry offsets are relative to the data area.
+// It checks every entry's dtype, shape, byte count and bounds, and that no two
+// entries overlap.
+func ParseSafetensorsHeader(hdr []byte, dataSize int64) (*Safetensors, error) {
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(hdr, &raw); err != nil {
+		return nil, fmt.Errorf("header JSON at offset 8: %w", err)
+	}
+	st := &Safetensors{Metadata: map[string]string{}, byName: map[string]int{}}
+	for name, msg := range raw {
+		if name == "__metadata__" {
+			if err := json.Unmarshal(msg, &st.Metadata); err != nil {
+				return nil, fmt.Errorf("__metadata__: want a string-to-string map: %w", err)
+			}
+			continue
+		}
+		var e stEntryJSON
+		if err := json.Unmarshal(msg, &e); err != nil {
+			return nil, fmt.Errorf("tensor %q: %w", name, err)
+		}
+		dt, ok := ParseDType(e.DType)
+		if !ok || e.DType != dt.SafetensorsName() {
+			return nil, fmt.Errorf("tensor %q: unknown dtype %q", name, e.DType)
+		}
+		if e.Shape == nil {
+			return nil, fmt.Errorf("tensor %q: missing shape", name)
+		}
+		if len(e.DataOffsets) != 2 {
+			return nil, fmt.Errorf("tensor %q: data_offsets has %d values, want 2", name, len(e.DataOffsets))
+		}
+		b, end := e.DataOffsets[0], e.DataOffsets[1]
+		if b < 0 || end < b || end > dataSize {
+			return nil, fmt.Errorf("tensor %q: data_offsets [%d, %d] outside the %d-byte data area", name, b, end, dataSize)
+		}
+		cnt, err := NumElements(e.Shape)
+		if err != nil {
+			return nil, fmt.Errorf("tensor %q: %w", name, err)
+		}
+		want, err := dt.ByteLen(cnt)
+		if err != nil {
+			return nil, fmt.Errorf("tensor %q: shape %v: %w", name, e.Shape, err)
+		}
+		if want != end-b {
+			return nil, fmt.Errorf("tensor %q: shape %v %s needs %d bytes, data_offsets [%d, %d] hold %d", name, e.Shape, e.DType, want, b, end, end-b)
+		}
+		st.Entries = append(st.Entries, SafetensorsEntry{Name: name, DType: dt, Shape: e.Shape, Offset: b, Size: end - b})
+	}
+	sort.Slice(st.Entries, func(i, j int) bool {
+		a, b := st.Entries[i], st.Entries[j]
+		if a.Offset != b.Offset {
+			return a.Offset < b.Offset
+		}
+		return a.Name < b.Name
+	})
+	for i := range st.Entries {
+		if i > 0 {
+			p, e := st.Entries[i-1], st.Entries[i]
+			if e.Offset < p.Offset+p.Size {
+				return nil, fmt.Errorf("tensor %q [%d, %d] overlaps tensor %q [%d, %d]", e.Name, e.Offset, e.Offset+e.Size, p.Name, p.Offset, p.Offset+p.Size)
+			}
+		}
+		st.byName[st.Entries[i].Name] = i
+	}
+	return st, nil
+}
+
+// Names returns the tensor names in file order.
+func (s *Safetensors) Names() []string {
+	out := make([]string, len(s.Entries))
+	for i, e := range s.Entries {
+		out[i] = e.Name
+	}
+	return out
+}
+
+// Entry returns the header entry of name.
+func (s *Safetensors) Entry(name string) (SafetensorsEntry, bool) {
+	i, ok := s.byName[name]
+	if !ok {
+		return SafetensorsEntry{}, false
+	}
+	return s.Entries[i], true
+}
+
+// Has reports whether the file holds a tensor called name.
+func (s *Safetensors) Has(name string) bool { _, ok := s.byName[name]; return ok }
+
+// Read reads one tensor. The record's Name is the tensor name; its Key is
+// zero apart from Step = NoStep and Layer = Global (a name map assigns keys).
+func (s *Safetensors) Read(name string) (Record, error) {
+	e, ok := s.Entry(name)
+	if !ok {
+		return Record{}, fmt.Errorf("dump: %s: no tensor %q", s.Path, name)
+	}
+	data := make([]byte, e.Size)
+	if err := readAt(s.r, data, e.Offset); err != nil {
+		return Record{}, fmt.Errorf("dump: %s: tensor %q: reading %d bytes at offset %d: %w", s.Path, name, e.Size, e.Offset, err)
+	}
+	return Record{
+		Key:   Key{Step: NoStep, Layer: Global, Stage: name},
+		Kind:  KindStage,
+		Name:  name,
+		DType: e.DType,
+		Shape: append([]int(nil), e.Shape...),
+		Data:  data,
+	}, nil
+}
+
+// Float32 reads name and decodes it to fp32 (see Record.Float32).
+func (s *Safetensors) Float32(name string) ([]float32, []int, error) {
+	r, err := s.Read(name)
+	if err != nil {
+		return nil, nil, err
+	}
+	v, err := r.Float32()
+	if err != nil {
+		return nil, nil, fmt.Errorf("dump: %s: %w", s.Path, err)
+	}
+	return v, r.Shape, nil
+}
+
+// Int64 reads name and decodes it to int64 (see Record.Int64).
+func (s *Safetensors) Int64(name string) ([]int64, []int, error) {
+	r, err := s.Read(name)
+	if err != nil {
+		return nil, nil, err
+	}
+	v, err := r.Int64()
+	if err != nil {
+		return nil, nil, fmt.Errorf("dump: %s: %w", s.Path, err)
+	}
+	return v, r.Shape, nil
+}
+
+// Close closes the underlying file (if OpenSafetensors opened it).
+func (s *Safetensors) Close() error {
+	if s.closer != nil {
+		return s.closer.Close()
+	}
+	return nil
+}
+
+// WriteSafetensors writes records as a safetensors file (names = Record.Name,
+// or Key.String() when Name is empty), with the given metadata. Used by tests
+// and by tools that convert dumps.
+func WriteSafetensors(w io.Writer, recs []Record, metadata map[string]string) error {
+	hdr := map[string]any{}
+	if len(metadata) > 0 {
+		hdr["__metadata__"] = metadata
+	}
+	var off int64
+	for i := range recs {
+		r := &recs[i]
+		if err := r.Check(); err != nil {
+			return fmt.Errorf("dump: WriteSafetensors record %d: %w", i, err)
+		}
+		name := r.Name
+		if name == "" {
+			name = r.Key.String()
+		}
+		if _, dup := hdr[name]; dup {
+			return fmt.Errorf("dump: WriteSafetensors: duplicate tensor name %q", name)
+		}
+		shape := r.Shape
+		if shape == nil {
+			shape = []int{}
+		}
+		hdr[name] = map[string]any{"dtype": r.DType.SafetensorsName(), "shape": shape, "data_offsets": []int64{off, off + int64(len(r.Data))}}
+		off += int64(len(r.Data))
+	}
+	js, err := json.Marshal(hdr)
+	if err != nil {
+		return fmt.Errorf("dump: WriteSafetensors: %w", err)
+	}
+	for len(js)%8 != 0 {
+		js = append(js, ' ')
+	}
+	var lenBuf [8]byte
+	binary.LittleEndian.PutUint64(lenBuf[:], uint64(len(js)))
+	if _, err := w.Write(lenBuf[:]); err != nil {
+		return err
+	}
+	if _, err := w.Write(js); err != nil {
+		return err
+	}
+	for i := range recs {
+		if _, err := w.Write(recs[i].Data); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// readAt fills b from r at off. A full read that also reports io.EOF (allowed
+// by the io.ReaderAt contract at the end of the input) is a success.
+func readAt(r io.ReaderAt, b []byte, off int64) error {
+	if len(b) == 0 {
+		return nil
+	}
+	n, err := r.ReadAt(b, off)
+	if n == len(b) {
+		return nil
+	}
+	if err == nil || err == io.EOF {
+		err = io.ErrUnexpectedEOF
+	}
+	return err
+}
