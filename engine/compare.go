@@ -13,9 +13,9 @@ import (
 //
 // Coordinates are row-major indices into the tensor's shape (PyTorch order).
 type Metrics struct {
-	N        int   `json:"n"`                  // elements compared
-	Mismatch int   `json:"mismatch"`           // elements that are not equal (±0 equal, NaN equals NaN)
-	First    []int `json:"first,omitempty"`    // coordinate of the first unequal element
+	N        int   `json:"n"`                   // elements compared
+	Mismatch int   `json:"mismatch"`            // elements that are not equal (±0 equal, NaN equals NaN)
+	First    []int `json:"first,omitempty"`     // coordinate of the first unequal element
 	FirstRef *F64  `json:"first_ref,omitempty"` // reference value there
 	FirstGPU *F64  `json:"first_gpu,omitempty"` // GPU value there
 
