@@ -26,6 +26,9 @@ const (
 	I64           // int64
 	U8            // uint8, also raw bytes (KV pages, scale bytes stored as U8)
 	Bool          // one byte, 0 or 1
+	U16           // uint16 (also bf16 bits saved by numpy; see the name-map dtype override)
+	U32           // uint32
+	U64           // uint64 (decoded to int64 with two's-complement wrap)
 	numDTypes
 )
 
@@ -53,6 +56,9 @@ var dtypeTable = [numDTypes]dtypeInfo{
 	I64:     {name: "i64", st: "I64", bits: 64, signed: true},
 	U8:      {name: "u8", st: "U8", bits: 8},
 	Bool:    {name: "bool", st: "BOOL", bits: 8},
+	U16:     {name: "u16", st: "U16", bits: 16},
+	U32:     {name: "u32", st: "U32", bits: 32},
+	U64:     {name: "u64", st: "U64", bits: 64},
 }
 
 // String is the native dump name of the dtype (f32, bf16, e4m3, ...).
@@ -125,8 +131,14 @@ func ParseDType(s string) (DType, bool) {
 		return I64, true
 	case "uint8", "byte", "|u1":
 		return U8, true
-	case "|b1":
+	case "|b1", "bool_":
 		return Bool, true
+	case "uint16", "<u2":
+		return U16, true
+	case "uint32", "<u4":
+		return U32, true
+	case "uint64", "<u8":
+		return U64, true
 	}
 	return Invalid, false
 }

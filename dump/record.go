@@ -48,9 +48,10 @@ type Kind uint8
 const (
 	// KindStage is the value of a stage computed during decode step Key.Step.
 	KindStage Kind = iota
-	// KindState is cache or compressor state a replay starts from; it is valid
-	// after step Record.ValidAfter (the step before the first replayed one, or
-	// the last prefill position).
+	// KindState is cache or compressor state a replay starts from. Its
+	// Key.Step is the step it is valid AFTER (the step before the first
+	// replayed one, or the last prefill position S-1), so a replay that starts
+	// at step p loads the state records with Step = p-1.
 	KindState
 	// KindTable is a table the GPU built (RoPE cos/sin, ...), Step = NoStep.
 	KindTable
@@ -102,13 +103,12 @@ const (
 // bytes. Data is row-major with the innermost axis last (PyTorch order).
 type Record struct {
 	Key
-	Kind       Kind
-	ValidAfter int    // KindState: the step after which this state holds
-	Name       string // name in the source file (safetensors key, npz member, official weight name)
-	DType      DType
-	Shape      []int
-	Data       []byte
-	Page       *PageInfo // KindPage only
+	Kind  Kind
+	Name  string // name in the source file (safetensors key, npz member, official weight name)
+	DType DType
+	Shape []int
+	Data  []byte
+	Page  *PageInfo // KindPage only
 }
 
 // Len is the number of elements the shape names (panics on a negative
@@ -201,7 +201,8 @@ func decodeFloat(dst []float32, d DType, b []byte) {
 	}
 }
 
-// Int64 decodes an integer record (i8, i16, i32, i64, u8, bool) to int64.
+// Int64 decodes an integer record (i8, i16, i32, i64, u8, u16, u32, u64,
+// bool) to int64 (u64 wraps).
 // Float dtypes are an error (use Float32).
 func (r *Record) Int64() ([]int64, error) {
 	if err := r.Check(); err != nil {
@@ -229,6 +230,18 @@ func decodeInt(dst []int64, d DType, b []byte) {
 	case I16:
 		for i := range dst {
 			dst[i] = int64(int16(le.Uint16(b[2*i:])))
+		}
+	case U16:
+		for i := range dst {
+			dst[i] = int64(le.Uint16(b[2*i:]))
+		}
+	case U32:
+		for i := range dst {
+			dst[i] = int64(le.Uint32(b[4*i:]))
+		}
+	case U64:
+		for i := range dst {
+			dst[i] = int64(le.Uint64(b[8*i:]))
 		}
 	case I32:
 		for i := range dst {

@@ -1,0 +1,211 @@
+package dump
+
+import (
+	"archive/zip"
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"regexp"
+	"strconv"
+	"strings"
+)
+
+// npyMagic starts every .npy file.
+const npyMagic = "\x93NUMPY"
+
+// MaxNpyHeader bounds the .npy header dictionary we accept.
+const MaxNpyHeader = 1 << 20
+
+// NpyHeader is the parsed header of a .npy array: dtype, shape and where the
+// data starts. numpy has no bf16/fp8 dtypes: save those as uint16/uint8 bits
+// (descr <u2 / |u1, or ml_dtypes' void <V2 / |V1) and give the real dtype in
+// the name map ("dtype": "bf16").
+type NpyHeader struct {
+	Descr   string
+	DType   DType
+	Shape   []int
+	DataOff int64 // offset of the first data byte
+	NBytes  int64
+}
+
+var (
+	npyDescrRe   = regexp.MustCompile(`'descr'\s*:\s*'([^']*)'`)
+	npyFortranRe = regexp.MustCompile(`'fortran_order'\s*:\s*(True|False)`)
+	npyShapeRe   = regexp.MustCompile(`'shape'\s*:\s*\(([^)]*)\)`)
+)
+
+// npyDescrDType maps a numpy descr to a dtype (little-endian or byte types only).
+func npyDescrDType(d string) (DType, bool) {
+	switch d {
+	case "<f4":
+		return F32, true
+	case "<f8":
+		return F64, true
+	case "<f2":
+		return F16, true
+	case "|i1", "<i1":
+		return I8, true
+	case "<i2":
+		return I16, true
+	case "<i4":
+		return I32, true
+	case "<i8":
+		return I64, true
+	case "|u1", "<u1", "|V1":
+		return U8, true
+	case "<u2", "|V2", "<V2":
+		return U16, true
+	case "<u4":
+		return U32, true
+	case "<u8":
+		return U64, true
+	case "|b1":
+		return Bool, true
+	}
+	return Invalid, false
+}
+
+// ParseNpyHeader reads and checks the header of a .npy stream of the given
+// size (bytes): magic, version 1-3, dictionary, dtype, C order, and that the
+// shape's byte count fits the file exactly.
+func ParseNpyHeader(r io.ReaderAt, size int64) (NpyHeader, error) {
+	var pre [12]byte
+	if size < 10 {
+		return NpyHeader{}, fmt.Errorf("npy: %d bytes, shorter than the 10-byte preamble", size)
+	}
+	if err := readAt(r, pre[:10], 0); err != nil {
+		return NpyHeader{}, fmt.Errorf("npy: reading preamble at offset 0: %w", err)
+	}
+	if string(pre[:6]) != npyMagic {
+		return NpyHeader{}, fmt.Errorf("npy: offset 0: bad magic %q", pre[:6])
+	}
+	var hlen, start int64
+	switch pre[6] {
+	case 1:
+		hlen, start = int64(binary.LittleEndian.Uint16(pre[8:10])), 10
+	case 2, 3:
+		if size < 12 {
+			return NpyHeader{}, fmt.Errorf("npy: %d bytes, shorter than the 12-byte v%d preamble", size, pre[6])
+		}
+		if err := readAt(r, pre[:12], 0); err != nil {
+			return NpyHeader{}, fmt.Errorf("npy: reading preamble at offset 0: %w", err)
+		}
+		hlen, start = int64(binary.LittleEndian.Uint32(pre[8:12])), 12
+	default:
+		return NpyHeader{}, fmt.Errorf("npy: offset 6: unsupported format version %d.%d", pre[6], pre[7])
+	}
+	if hlen > MaxNpyHeader || hlen > size-start {
+		return NpyHeader{}, fmt.Errorf("npy: offset 8: header length %d exceeds the file (%d bytes) or the %d-byte limit", hlen, size, MaxNpyHeader)
+	}
+	hdr := make([]byte, hlen)
+	if err := readAt(r, hdr, start); err != nil {
+		return NpyHeader{}, fmt.Errorf("npy: reading header at offset %d: %w", start, err)
+	}
+	h := NpyHeader{DataOff: start + hlen}
+	m := npyDescrRe.FindSubmatch(hdr)
+	if m == nil {
+		return NpyHeader{}, fmt.Errorf("npy: offset %d: header has no 'descr'", start)
+	}
+	h.Descr = string(m[1])
+	dt, ok := npyDescrDType(h.Descr)
+	if !ok {
+		return NpyHeader{}, fmt.Errorf("npy: offset %d: unsupported descr %q (little-endian numeric types only; save bf16/fp8 as uint16/uint8 bits)", start, h.Descr)
+	}
+	h.DType = dt
+	m = npyFortranRe.FindSubmatch(hdr)
+	if m == nil {
+		return NpyHeader{}, fmt.Errorf("npy: offset %d: header has no 'fortran_order'", start)
+	}
+	if string(m[1]) == "True" {
+		return NpyHeader{}, fmt.Errorf("npy: offset %d: fortran_order arrays are not supported (save with np.ascontiguousarray)", start)
+	}
+	m = npyShapeRe.FindSubmatch(hdr)
+	if m == nil {
+		return NpyHeader{}, fmt.Errorf("npy: offset %d: header has no 'shape' tuple", start)
+	}
+	h.Shape = []int{}
+	for _, tok := range strings.Split(string(m[1]), ",") {
+		tok = strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(tok), "L"))
+		if tok == "" {
+			continue
+		}
+		d, err := strconv.Atoi(tok)
+		if err != nil || d < 0 {
+			return NpyHeader{}, fmt.Errorf("npy: offset %d: bad shape dimension %q", start, tok)
+		}
+		h.Shape = append(h.Shape, d)
+	}
+	n, err := NumElements(h.Shape)
+	if err != nil {
+		return NpyHeader{}, fmt.Errorf("npy: offset %d: %w", start, err)
+	}
+	if h.NBytes, err = dt.ByteLen(n); err != nil {
+		return NpyHeader{}, fmt.Errorf("npy: offset %d: %w", start, err)
+	}
+	if h.NBytes != size-h.DataOff {
+		return NpyHeader{}, fmt.Errorf("npy: shape %v %s needs %d data bytes at offset %d, file has %d", h.Shape, h.Descr, h.NBytes, h.DataOff, size-h.DataOff)
+	}
+	return h, nil
+}
+
+// npzMember is one array of an .npz archive.
+type npzMember struct {
+	f      *zip.File
+	name   string // member name without ".npy"
+	hdr    NpyHeader
+	stored int64 // offset of the member's bytes in the archive when stored uncompressed, else -1
+}
+
+// MaxNpzMember bounds the uncompressed size of one .npz member.
+const MaxNpzMember = 1 << 40
+
+// readNpzMember decompresses one member fully, checking the claimed size
+// while reading (never allocating it up front).
+func readNpzMember(f *zip.File) ([]byte, error) {
+	if f.UncompressedSize64 > MaxNpzMember {
+		return nil, fmt.Errorf("member %q claims %d bytes", f.Name, f.UncompressedSize64)
+	}
+	rc, err := f.Open()
+	if err != nil {
+		return nil, fmt.Errorf("member %q: %w", f.Name, err)
+	}
+	defer rc.Close()
+	var buf bytes.Buffer
+	n, err := io.Copy(&buf, io.LimitReader(rc, int64(f.UncompressedSize64)+1))
+	if err != nil {
+		return nil, fmt.Errorf("member %q: after %d bytes: %w", f.Name, n, err)
+	}
+	if uint64(n) != f.UncompressedSize64 {
+		return nil, fmt.Errorf("member %q: %d bytes, zip directory says %d", f.Name, n, f.UncompressedSize64)
+	}
+	return buf.Bytes(), nil
+}
+
+// listNpz parses the header of every .npy member of an archive.
+func listNpz(zr *zip.Reader, ra io.ReaderAt, name string) ([]npzMember, error) {
+	var out []npzMember
+	for i, f := range zr.File {
+		if !strings.HasSuffix(f.Name, ".npy") {
+			continue
+		}
+		var hdr NpyHeader
+		var err error
+		stored := int64(-1)
+		if off, oerr := f.DataOffset(); oerr == nil && f.Method == zip.Store && f.CompressedSize64 == f.UncompressedSize64 {
+			// Stored (np.savez): parse in place through the archive's ReaderAt.
+			hdr, err = ParseNpyHeader(io.NewSectionReader(ra, off, int64(f.UncompressedSize64)), int64(f.UncompressedSize64))
+			stored = off
+		} else {
+			var data []byte
+			if data, err = readNpzMember(f); err == nil {
+				hdr, err = ParseNpyHeader(bytes.NewReader(data), int64(len(data)))
+			}
+		}
+		if err != nil {
+			return nil, fmt.Errorf("dump: %s: member %d %q: %w", name, i, f.Name, err)
+		}
+		out = append(out, npzMember{f: f, name: strings.TrimSuffix(f.Name, ".npy"), hdr: hdr, stored: stored})
+	}
+	return out, nil
+}

@@ -1,0 +1,495 @@
+package dump
+
+import (
+	"archive/zip"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+)
+
+// Entry is one record of a dump's index: its key and layout, and where its
+// bytes lie. Reading it (Dump.Read) costs one ReadAt (or one member
+// decompression for a deflated .npz).
+type Entry struct {
+	Key
+	Kind   Kind
+	Name   string // name in the source (tensor name, npz member, file)
+	DType  DType
+	Shape  []int
+	NBytes int64
+	Page   *PageInfo
+	File   string // file the bytes live in
+	Record int    // record number within File (frame index for native files)
+	Offset int64  // byte offset of the data in File (-1 for compressed npz members)
+
+	src     int      // index into Dump.srcs
+	fromDT  DType    // stored dtype before a name-map override
+	npz     *zip.File // compressed npz member
+	npyData int64     // offset of the array data inside a compressed npz member
+}
+
+// Dump is an opened dump of any supported format, indexed by key. Only the
+// index is in memory; records are read on demand.
+type Dump struct {
+	Path     string
+	Format   string // "native", "safetensors", "npy", "npz"
+	Header   Header
+	Map      *NameMap // the name map used (nil for native dumps)
+	Entries  []Entry  // in file order
+	Prefix   []PrefixHit
+	Unmapped []string // "file: name" of tensors no map rule matched
+
+	byKey map[entryID]int
+	srcs  []*os.File
+}
+
+// Open opens a dump: a native file or directory of *.smd files, a
+// safetensors file or directory, an .npz file, or a directory of .npy/.npz
+// files. Non-native dumps use the built-in name map detected for the
+// directory (e.g. official-v4-tiny), else the generic map.
+func Open(path string) (*Dump, error) { return OpenMapped(path, nil) }
+
+// OpenMapped is Open with an explicit name map for non-native dumps.
+func OpenMapped(path string, m *NameMap) (*Dump, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("dump: %w", err)
+	}
+	d := &Dump{Path: path, byKey: map[entryID]int{}}
+	var files []string // relative paths
+	root := path
+	if fi.IsDir() {
+		err := filepath.WalkDir(path, func(p string, de fs.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			rel, _ := filepath.Rel(path, p)
+			if de.IsDir() {
+				if strings.Count(filepath.ToSlash(rel), "/") >= 2 {
+					return filepath.SkipDir
+				}
+				return nil
+			}
+			switch strings.ToLower(filepath.Ext(p)) {
+			case ".smd", ".safetensors", ".npy", ".npz":
+				files = append(files, rel)
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("dump: %w", err)
+		}
+		sort.Strings(files)
+		if len(files) == 0 {
+			return nil, fmt.Errorf("dump: %s: no .smd, .safetensors, .npy or .npz files", path)
+		}
+	} else {
+		root = filepath.Dir(path)
+		files = []string{filepath.Base(path)}
+	}
+	formats := map[string]bool{}
+	for _, f := range files {
+		formats[formatOf(filepath.Join(root, f))] = true
+	}
+	if formats["native"] && len(formats) > 1 {
+		return nil, fmt.Errorf("dump: %s: mixes native .smd files with other formats", path)
+	}
+	if !formats["native"] {
+		if m == nil && fi.IsDir() {
+			m = DetectNameMap(path)
+		}
+		if m == nil {
+			m, _ = BuiltinNameMap("generic")
+		}
+		d.Map = m
+		if m.Config != "" && fi.IsDir() {
+			if cfg, err := os.ReadFile(filepath.Join(path, m.Config)); err == nil {
+				d.Header.ModelArgs = string(cfg)
+				d.Header.CompressRatios = compressRatios(cfg)
+			}
+		}
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			d.Close()
+		}
+	}()
+	var prevFix []int // entries whose step is "the step before the first dumped step"
+	for _, rel := range files {
+		full := filepath.Join(root, rel)
+		format := formatOf(full)
+		d.Format = format
+		if len(formats) > 1 {
+			d.Format = "mixed"
+		}
+		var err error
+		switch format {
+		case "native":
+			err = d.addNative(full)
+		case "safetensors":
+			err = d.addSafetensors(full, rel, &prevFix)
+		case "npz":
+			err = d.addNpz(full, rel, &prevFix)
+		case "npy":
+			err = d.addNpy(full, rel, &prevFix)
+		default:
+			err = fmt.Errorf("dump: %s: unrecognised file (want a sparsemla dump, safetensors, .npy or .npz)", full)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	if len(formats) == 1 {
+		for f := range formats {
+			d.Format = f
+		}
+	}
+	if len(prevFix) > 0 {
+		first := -1
+		for _, e := range d.Entries {
+			if e.Kind == KindStage && e.Step != NoStep && (first < 0 || e.Step < first) {
+				first = e.Step
+			}
+		}
+		if first < 0 {
+			return nil, fmt.Errorf("dump: %s: state files are valid 'after the step before the first dumped step', but no step was dumped", path)
+		}
+		for _, i := range prevFix {
+			d.Entries[i].Step = first - 1
+		}
+	}
+	for i := range d.Entries {
+		e := &d.Entries[i]
+		id := entryID{e.Key, e.Kind}
+		if j, dup := d.byKey[id]; dup {
+			p := &d.Entries[j]
+			return nil, fmt.Errorf("dump: %s: record %d (%s) at offset %d: duplicate of %s record %d (%s %s)", e.File, e.Record, e.Name, e.Offset, p.File, p.Record, id.Key, id.Kind)
+		}
+		d.byKey[id] = i
+	}
+	ok = true
+	return d, nil
+}
+
+// formatOf sniffs a file's format from its first bytes.
+func formatOf(path string) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return "unknown"
+	}
+	defer f.Close()
+	var b [8]byte
+	n, _ := io.ReadFull(f, b[:])
+	switch {
+	case n >= 8 && string(b[:]) == Magic:
+		return "native"
+	case n >= 6 && string(b[:6]) == npyMagic:
+		return "npy"
+	case n >= 4 && string(b[:4]) == "PK\x03\x04":
+		return "npz"
+	case strings.HasSuffix(path, ".safetensors"):
+		return "safetensors"
+	case strings.HasSuffix(path, ".smd"):
+		return "native" // lets the native reader report the bad magic
+	}
+	return "unknown"
+}
+
+func (d *Dump) addSource(path string) (*os.File, int64, int, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, 0, 0, fmt.Errorf("dump: %w", err)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, 0, 0, fmt.Errorf("dump: %w", err)
+	}
+	d.srcs = append(d.srcs, f)
+	return f, fi.Size(), len(d.srcs) - 1, nil
+}
+
+// addNative indexes one native file: one pass over the frame metas, seeking
+// past the data.
+func (d *Dump) addNative(path string) error {
+	f, size, src, err := d.addSource(path)
+	if err != nil {
+		return err
+	}
+	s := frameScanner{name: path, r: bufioReader(f), size: size}
+	br := s.r.(*seekBuffer)
+	v, err := s.readFileHeader()
+	if err != nil {
+		return err
+	}
+	for {
+		fi, err := s.next()
+		if err == errEnd {
+			if s.index == 0 {
+				return s.errf("missing header frame")
+			}
+			break
+		}
+		if err != nil {
+			return err
+		}
+		switch fi.meta.T {
+		case frameHeader:
+			h := *fi.meta.Header
+			h.Version = v
+			if err := d.mergeHeader(h, path); err != nil {
+				return err
+			}
+		case framePrefix:
+			d.Prefix = append(d.Prefix, *fi.meta.Prefix)
+		case frameTensor:
+			r := fi.meta.record()
+			d.Entries = append(d.Entries, Entry{
+				Key: r.Key, Kind: r.Kind, Name: r.Name, DType: r.DType, Shape: r.Shape,
+				NBytes: fi.meta.NBytes, Page: r.Page, File: path, Record: fi.index, Offset: fi.dataOff,
+				src: src, fromDT: r.DType,
+			})
+		}
+		if err := br.skip(fi.meta.NBytes); err != nil {
+			return fmt.Errorf("dump: %s: record %d at offset %d: %w", path, fi.index, fi.dataOff, err)
+		}
+		s.advance(fi)
+	}
+	return nil
+}
+
+// mergeHeader keeps the first header with model args; a second, different
+// one (another file of a directory dump) is an error.
+func (d *Dump) mergeHeader(h Header, path string) error {
+	if d.Header.Version == 0 {
+		d.Header = h
+		return nil
+	}
+	if h.ModelArgs != "" && d.Header.ModelArgs != "" && h.ModelArgs != d.Header.ModelArgs {
+		return fmt.Errorf("dump: %s: header model_args differ from the first file's", path)
+	}
+	if d.Header.ModelArgs == "" && h.ModelArgs != "" {
+		v := d.Header.Version
+		d.Header = h
+		d.Header.Version = v
+	}
+	return nil
+}
+
+// mapTensor applies the name map to one tensor and appends its entry.
+func (d *Dump) mapTensor(e Entry, rel string, prevFix *[]int) error {
+	fr, fsm := d.Map.fileRule(rel)
+	if fr == nil || fr.Skip {
+		d.Unmapped = append(d.Unmapped, rel+": "+e.Name)
+		return nil
+	}
+	mp, ok, err := fr.mapName(e.Name, fsm)
+	if err != nil {
+		return fmt.Errorf("dump: %s: record %d (%s): name map %s: %w", e.File, e.Record, e.Name, d.Map.Name, err)
+	}
+	if !ok {
+		d.Unmapped = append(d.Unmapped, rel+": "+e.Name)
+		return nil
+	}
+	if mp.skip {
+		return nil
+	}
+	e.Key, e.Kind = mp.key, mp.kind
+	if mp.dtype != Invalid {
+		shape, err := overrideDType(e.DType, e.Shape, mp.dtype)
+		if err != nil {
+			return fmt.Errorf("dump: %s: record %d (%s): dtype override: %w", e.File, e.Record, e.Name, err)
+		}
+		e.Shape, e.DType = shape, mp.dtype
+		if err := (&Record{DType: e.DType, Shape: e.Shape, Data: make([]byte, 0)}).checkLen(e.NBytes); err != nil {
+			return fmt.Errorf("dump: %s: record %d (%s): dtype override: %w", e.File, e.Record, e.Name, err)
+		}
+	}
+	if mp.prev && e.Kind == KindState {
+		*prevFix = append(*prevFix, len(d.Entries))
+	}
+	d.Entries = append(d.Entries, e)
+	return nil
+}
+
+func (d *Dump) addSafetensors(path, rel string, prevFix *[]int) error {
+	f, size, src, err := d.addSource(path)
+	if err != nil {
+		return err
+	}
+	st, err := NewSafetensors(f, size, path)
+	if err != nil {
+		return err
+	}
+	for i, te := range st.Entries {
+		e := Entry{Name: te.Name, DType: te.DType, Shape: te.Shape, NBytes: te.Size, File: path, Record: i, Offset: te.Offset, src: src, fromDT: te.DType}
+		if err := d.mapTensor(e, rel, prevFix); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (d *Dump) addNpy(path, rel string, prevFix *[]int) error {
+	f, size, src, err := d.addSource(path)
+	if err != nil {
+		return err
+	}
+	h, err := ParseNpyHeader(f, size)
+	if err != nil {
+		return fmt.Errorf("dump: %s: %w", path, err)
+	}
+	name := strings.TrimSuffix(filepath.Base(rel), ".npy")
+	e := Entry{Name: name, DType: h.DType, Shape: h.Shape, NBytes: h.NBytes, File: path, Offset: h.DataOff, src: src, fromDT: h.DType}
+	return d.mapTensor(e, rel, prevFix)
+}
+
+func (d *Dump) addNpz(path, rel string, prevFix *[]int) error {
+	f, size, src, err := d.addSource(path)
+	if err != nil {
+		return err
+	}
+	zr, err := zip.NewReader(f, size)
+	if err != nil {
+		return fmt.Errorf("dump: %s: npz: %w", path, err)
+	}
+	ms, err := listNpz(zr, f, path)
+	if err != nil {
+		return err
+	}
+	for i, m := range ms {
+		e := Entry{Name: m.name, DType: m.hdr.DType, Shape: m.hdr.Shape, NBytes: m.hdr.NBytes, File: path, Record: i, src: src, fromDT: m.hdr.DType}
+		if m.stored >= 0 {
+			e.Offset = m.stored + m.hdr.DataOff
+		} else {
+			e.Offset, e.npz, e.npyData = -1, m.f, m.hdr.DataOff
+		}
+		if err := d.mapTensor(e, rel, prevFix); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkLen verifies that n bytes hold r's shape.
+func (r *Record) checkLen(n int64) error {
+	cnt, err := NumElements(r.Shape)
+	if err != nil {
+		return err
+	}
+	want, err := r.DType.ByteLen(cnt)
+	if err != nil {
+		return err
+	}
+	if want != n {
+		return fmt.Errorf("shape %v %s needs %d bytes, have %d", r.Shape, r.DType, want, n)
+	}
+	return nil
+}
+
+// Lookup finds the entry of (key, kind).
+func (d *Dump) Lookup(k Key, kind Kind) (*Entry, bool) {
+	i, ok := d.byKey[entryID{k, kind}]
+	if !ok {
+		return nil, false
+	}
+	return &d.Entries[i], true
+}
+
+// Get reads the record of (key, kind).
+func (d *Dump) Get(k Key, kind Kind) (Record, error) {
+	e, ok := d.Lookup(k, kind)
+	if !ok {
+		return Record{}, fmt.Errorf("dump: %s: no %s record %s", d.Path, kind, k)
+	}
+	return d.Read(e)
+}
+
+// Read reads one entry's bytes.
+func (d *Dump) Read(e *Entry) (Record, error) {
+	r := Record{Key: e.Key, Kind: e.Kind, Name: e.Name, DType: e.DType, Shape: append([]int(nil), e.Shape...), Page: e.Page}
+	if e.npz != nil {
+		data, err := readNpzMember(e.npz)
+		if err != nil {
+			return Record{}, fmt.Errorf("dump: %s: record %d (%s): %w", e.File, e.Record, e.Name, err)
+		}
+		if int64(len(data))-e.npyData != e.NBytes {
+			return Record{}, fmt.Errorf("dump: %s: record %d (%s): member changed since it was indexed", e.File, e.Record, e.Name)
+		}
+		r.Data = data[e.npyData:]
+		return r, nil
+	}
+	r.Data = make([]byte, e.NBytes)
+	if err := readAt(d.srcs[e.src], r.Data, e.Offset); err != nil {
+		return Record{}, fmt.Errorf("dump: %s: record %d (%s) at offset %d: reading %d bytes: %w", e.File, e.Record, e.Name, e.Offset, e.NBytes, err)
+	}
+	return r, nil
+}
+
+// Close closes every file of the dump.
+func (d *Dump) Close() error {
+	var first error
+	for _, f := range d.srcs {
+		if err := f.Close(); err != nil && first == nil {
+			first = err
+		}
+	}
+	d.srcs = nil
+	return first
+}
+
+// seekBuffer is a buffered reader over a file that can skip data without
+// reading it (the index pass of a native dump reads only frame metas).
+type seekBuffer struct {
+	f   *os.File
+	buf []byte
+	r   int // read position in buf
+	w   int // end of valid data in buf
+}
+
+func bufioReader(f *os.File) io.Reader { return &seekBuffer{f: f, buf: make([]byte, 64<<10)} }
+
+func (b *seekBuffer) Read(p []byte) (int, error) {
+	if b.r == b.w {
+		if len(p) >= len(b.buf) {
+			return b.f.Read(p)
+		}
+		n, err := b.f.Read(b.buf)
+		b.r, b.w = 0, n
+		if n == 0 {
+			return 0, err
+		}
+	}
+	n := copy(p, b.buf[b.r:b.w])
+	b.r += n
+	return n, nil
+}
+
+// skip discards n bytes: from the buffer first, then by seeking.
+func (b *seekBuffer) skip(n int64) error {
+	inBuf := int64(b.w - b.r)
+	if n <= inBuf {
+		b.r += int(n)
+		return nil
+	}
+	b.r, b.w = 0, 0
+	_, err := b.f.Seek(n-inBuf, io.SeekCurrent)
+	return err
+}
+
+// compressRatios extracts "compress_ratios" from a ModelArgs JSON, if any.
+func compressRatios(cfg []byte) []int {
+	var v struct {
+		CompressRatios []int `json:"compress_ratios"`
+	}
+	if err := jsonUnmarshal(cfg, &v); err != nil {
+		return nil
+	}
+	return v.CompressRatios
+}
+
