@@ -26,8 +26,8 @@ type Entry struct {
 	Record int    // record number within File (frame index for native files)
 	Offset int64  // byte offset of the data in File (-1 for compressed npz members)
 
-	src     int      // index into Dump.srcs
-	fromDT  DType    // stored dtype before a name-map override
+	src     int       // index into Dump.srcs
+	fromDT  DType     // stored dtype before a name-map override
 	npz     *zip.File // compressed npz member
 	npyData int64     // offset of the array data inside a compressed npz member
 }
@@ -492,4 +492,3 @@ func compressRatios(cfg []byte) []int {
 	}
 	return v.CompressRatios
 }
-
