@@ -71,7 +71,7 @@ func (c *Compressor) StateRows() int { return c.Coff() * c.Ratio }
 
 // check panics when the parameters do not have the shapes the struct documents.
 func (c *Compressor) check() {
-	if c.Ratio <= 0 || c.HeadDim <= 0 || c.HeadDim < RopeDims || c.Dim <= 0 {
+	if c.Ratio <= 0 || c.HeadDim <= 0 || c.Dim <= 0 {
 		panic("attention: compressor has bad dimensions")
 	}
 	w := c.Width()
@@ -91,6 +91,7 @@ func (c *Compressor) checkState(st *CompressorState) {
 // (model.py initialises its buffers this way once and never clears them; a
 // replay must start from these values, spec §2.2 and §9.12).
 func (c *Compressor) NewState() *CompressorState {
+	c.check()
 	n := c.StateRows() * c.Width()
 	st := &CompressorState{KV: make([]float32, n), Score: make([]float32, n)}
 	for i := range st.Score {
@@ -275,7 +276,7 @@ func (c *Compressor) Normed(dst, pooled []float32) {
 // group's first token, j·r (cmp_roped; model.py uses freqs_cis[p+1−r] at the
 // emission step p = j·r + r − 1, spec §3.6). Dims 0..d-65 are copied.
 func (c *Compressor) Roped(dst, normed []float32, j int64, rope *RopeTable) {
-	if len(dst) != c.HeadDim || len(normed) != c.HeadDim || j < 0 {
+	if len(dst) != c.HeadDim || len(normed) != c.HeadDim || j < 0 || c.HeadDim < RopeDims {
 		panic("attention: compressor Roped length mismatch")
 	}
 	copy(dst, normed)
@@ -304,7 +305,7 @@ func (c *Compressor) Had(dst, roped []float32) {
 //
 // in is cmp_roped (main) or icmp_had (indexer); dst is [d].
 func (c *Compressor) Quantize(dst, in []float32) {
-	if len(dst) != c.HeadDim || len(in) != c.HeadDim {
+	if len(dst) != c.HeadDim || len(in) != c.HeadDim || c.HeadDim < RopeDims {
 		panic("attention: compressor Quantize length mismatch")
 	}
 	copy(dst, in)
