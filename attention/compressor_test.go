@@ -9,8 +9,6 @@ import (
 	"sparsemla/quant"
 )
 
-
-
 // TestCompressorProjectHand checks a = Wkv·x and b = Wgate·x on a 2×2 case.
 //
 //	Wkv = [[1, 2], [3, 4]], Wgate = [[0.5, 0], [0, -1]], x = [1, -2]
