@@ -1,0 +1,178 @@
+package engine
+
+import (
+	"fmt"
+	"math"
+
+	"sparsemla/attention"
+)
+
+// LayerState is everything one layer carries from one decode step to the next
+// (spec §2.2), in the reference layout:
+//
+//	KV       bf16 [Window + Tc][HeadDim]  kv_cache: window ring (slot t mod Window holds
+//	                                      token t's K = V), then compressed rows 0 … Tc−1
+//	Cmp      fp32 kv_state / score_state  main compressor (r > 0), [coff·r][coff·d]
+//	ICache   bf16 [Tc][IndexHeadDim]      indexer key cache (r = 4)
+//	ICmp     fp32 kv_state / score_state  indexer compressor (r = 4), [8][256]
+//
+// Next is the position of the next token to decode (= tokens ingested so far)
+// when known, 0 when not (a state loaded from a dump whose position the caller
+// did not give). RunStep sets it.
+type LayerState struct {
+	Ratio        int
+	Window       int
+	HeadDim      int
+	IndexHeadDim int
+	Next         int64
+
+	KV     []float32
+	Cmp    *attention.CompressorState
+	ICache []float32
+	ICmp   *attention.CompressorState
+}
+
+// NewLayerState returns the state of a fresh sequence for layer l: empty window
+// (zeros), no compressed rows, compressor states kv = 0 and score = −∞.
+func NewLayerState(cfg *Config, layer int) *LayerState {
+	r := cfg.Ratio(layer)
+	st := &LayerState{Ratio: r, Window: cfg.WindowSize, HeadDim: cfg.HeadDim, IndexHeadDim: cfg.IndexHeadDim,
+		KV: make([]float32, cfg.WindowSize*cfg.HeadDim)}
+	if r > 0 {
+		st.Cmp = newCompressorState(r, cfg.HeadDim)
+	}
+	if r == 4 {
+		st.ICmp = newCompressorState(r, cfg.IndexHeadDim)
+	}
+	return st
+}
+
+func newCompressorState(r, d int) *attention.CompressorState {
+	n := Coff(r) * r * Coff(r) * d
+	st := &attention.CompressorState{KV: make([]float32, n), Score: make([]float32, n)}
+	for i := range st.Score {
+		st.Score[i] = float32(math.Inf(-1))
+	}
+	return st
+}
+
+// Rows is Tc, the number of compressed rows in the cache.
+func (s *LayerState) Rows() int { return len(s.KV)/s.HeadDim - s.Window }
+
+// Clone returns a deep copy.
+func (s *LayerState) Clone() *LayerState {
+	c := *s
+	c.KV = append([]float32(nil), s.KV...)
+	c.ICache = append([]float32(nil), s.ICache...)
+	if s.Cmp != nil {
+		c.Cmp = s.Cmp.Clone()
+	}
+	if s.ICmp != nil {
+		c.ICmp = s.ICmp.Clone()
+	}
+	return &c
+}
+
+// StateTensors returns the state as stage tensors named and shaped as the
+// golden dumps (step_<P> after step P):
+//
+//	kv_cache                          BF16 [Window + Tc, HeadDim]
+//	cmp_kv_state, cmp_score_state     F32 r = 4: [8, 1024]; r = 128: [Next−1 mod 128 + 1, 512]
+//	                                  (the live rows only) when Next > 0, else [128, 512]
+//	icache                            BF16 [Tc, 128]            (r = 4)
+//	icmp_kv_state, icmp_score_state   F32 [8, 256]              (r = 4)
+//
+// The tensors share no memory with the state.
+func (s *LayerState) StateTensors() map[string]Tensor {
+	m := map[string]Tensor{
+		"kv_cache": FromF(KindBF16, append([]float32(nil), s.KV...), s.Window+s.Rows(), s.HeadDim),
+	}
+	if s.Ratio > 0 {
+		w := Coff(s.Ratio) * s.HeadDim
+		rows := Coff(s.Ratio) * s.Ratio
+		if s.Ratio == 128 && s.Next > 0 {
+			rows = int((s.Next-1)%128) + 1
+		}
+		m["cmp_kv_state"] = FromF(KindF32, append([]float32(nil), s.Cmp.KV[:rows*w]...), rows, w)
+		m["cmp_score_state"] = FromF(KindF32, append([]float32(nil), s.Cmp.Score[:rows*w]...), rows, w)
+	}
+	if s.Ratio == 4 {
+		w := 2 * s.IndexHeadDim
+		m["icache"] = FromF(KindBF16, append([]float32(nil), s.ICache...), len(s.ICache)/s.IndexHeadDim, s.IndexHeadDim)
+		m["icmp_kv_state"] = FromF(KindF32, append([]float32(nil), s.ICmp.KV...), 8, w)
+		m["icmp_score_state"] = FromF(KindF32, append([]float32(nil), s.ICmp.Score...), 8, w)
+	}
+	return m
+}
+
+// LoadState builds layer l's state from dumped state tensors named as in
+// StateTensors (prefill_state.safetensors L<l>.* or the state keys of a
+// step_<P> dump, prefix removed). A compressor state with fewer rows than the
+// full buffer (r = 128 dumps keep only the live rows) is padded with kv = 0 and
+// score = −∞: those rows are rewritten before they are read. Next is left 0;
+// set it to the position of the next step. Shapes are checked; a mismatch is
+// an error naming the tensor.
+func LoadState(cfg *Config, layer int, m map[string]Tensor) (*LayerState, error) {
+	if layer < 0 || layer >= cfg.NLayers {
+		return nil, fmt.Errorf("engine: LoadState: layer %d outside the model (%d layers)", layer, cfg.NLayers)
+	}
+	st := NewLayerState(cfg, layer)
+	get := func(name string, cols int, minRows, maxRows int) (Tensor, error) {
+		t, ok := m[name]
+		if !ok {
+			return Tensor{}, fmt.Errorf("engine: LoadState layer %d: missing %s", layer, name)
+		}
+		if !t.Kind.IsFloat() || len(t.Shape) != 2 || t.Shape[1] != cols || t.Shape[0] < minRows || t.Shape[0] > maxRows || len(t.F) != t.Len() {
+			return Tensor{}, fmt.Errorf("engine: LoadState layer %d: %s has shape %v (%s), want [%d..%d, %d]",
+				layer, name, t.Shape, t.Kind, minRows, maxRows, cols)
+		}
+		return t, nil
+	}
+	maxRows := cfg.MaxSeqLen + 1<<30
+	kv, err := get("kv_cache", cfg.HeadDim, cfg.WindowSize, cfg.WindowSize+maxRowsFor(st.Ratio, maxRows))
+	if err != nil {
+		return nil, err
+	}
+	st.KV = append([]float32(nil), kv.F...)
+	if st.Ratio > 0 {
+		rows, w := Coff(st.Ratio)*st.Ratio, Coff(st.Ratio)*cfg.HeadDim
+		for _, p := range []struct {
+			name string
+			dst  []float32
+		}{{"cmp_kv_state", st.Cmp.KV}, {"cmp_score_state", st.Cmp.Score}} {
+			t, err := get(p.name, w, 1, rows)
+			if err != nil {
+				return nil, err
+			}
+			copy(p.dst, t.F)
+		}
+	}
+	if st.Ratio == 4 {
+		ic, err := get("icache", cfg.IndexHeadDim, 0, st.Rows())
+		if err != nil {
+			return nil, err
+		}
+		if ic.Shape[0] != st.Rows() {
+			return nil, fmt.Errorf("engine: LoadState layer %d: icache has %d rows, kv_cache %d compressed rows", layer, ic.Shape[0], st.Rows())
+		}
+		st.ICache = append([]float32(nil), ic.F...)
+		for _, p := range []struct {
+			name string
+			dst  []float32
+		}{{"icmp_kv_state", st.ICmp.KV}, {"icmp_score_state", st.ICmp.Score}} {
+			t, err := get(p.name, 2*cfg.IndexHeadDim, 8, 8)
+			if err != nil {
+				return nil, err
+			}
+			copy(p.dst, t.F)
+		}
+	}
+	return st, nil
+}
+
+func maxRowsFor(r, maxRows int) int {
+	if r == 0 {
+		return 0
+	}
+	return maxRows
+}

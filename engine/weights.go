@@ -1,0 +1,217 @@
+package engine
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+
+	"sparsemla/attention"
+	"sparsemla/dump"
+	"sparsemla/indexer"
+	"sparsemla/quant"
+)
+
+// LayerWeights are the attention-path parameters of one layer, named as in the
+// official state_dict (layers.N.attn.<name>, spec §3.2). Shapes [out, in]:
+//
+//	WqA       FP8  [q_lora_rank, dim]                 wq_a (+ .scale)
+//	QNorm     fp32 [q_lora_rank]                      q_norm.weight
+//	WqB       FP8  [H·head_dim, q_lora_rank]          wq_b
+//	Wkv       FP8  [head_dim, dim]                    wkv
+//	KVNorm    fp32 [head_dim]                         kv_norm.weight
+//	WoA       bf16 [G·R, H·head_dim/G]                wo_a.weight (FP8 dequantised by convert.py)
+//	WoB       FP8  [dim, G·R]                         wo_b
+//	AttnSink  fp32 [H]                                attn_sink
+//	Compressor (r > 0): compressor.{wkv,wgate}.weight fp32 [coff·512, dim], .ape fp32 [r, coff·512], .norm.weight [512]
+//	Indexer (r = 4):    indexer.wq_b FP8 [H_I·128, q_lora_rank], indexer.weights_proj.weight bf16 [H_I, dim],
+//	                    indexer.compressor.* with d = 128
+//
+// FP8 weights keep their codes and UE8M0 block scales and carry the exact fp32
+// dequantisation used by the reference.
+type LayerWeights struct {
+	Layer, Ratio       int
+	WqA, WqB, Wkv, WoB *attention.FP8Weight
+	QNorm, KVNorm      []float32
+	WoA                []float32
+	AttnSink           []float32
+	Compressor         *attention.Compressor // nil for r = 0
+	Indexer            *indexer.Indexer      // nil unless r = 4
+}
+
+// weightShape is one expected tensor of a layer: its name suffix and shape.
+type weightShape struct {
+	name  string
+	shape []int
+}
+
+// fp8Shape returns the shape of the .scale of an FP8 weight [rows, cols].
+func fp8Scale(rows, cols int) []int { return []int{(rows + 127) / 128, (cols + 127) / 128} }
+
+// LoadLayerWeights reads layer l's attention-path weights from an open
+// safetensors file with official names (the golden's weights.safetensors, or a
+// converted checkpoint shard). Every tensor's dtype and shape is checked against
+// the config before its bytes are read.
+func LoadLayerWeights(cfg *Config, layer int, st *dump.Safetensors) (*LayerWeights, error) {
+	if layer < 0 || layer >= cfg.NLayers {
+		return nil, fmt.Errorf("engine: weights: layer %d outside the model (%d layers)", layer, cfg.NLayers)
+	}
+	r := cfg.Ratio(layer)
+	pre := fmt.Sprintf("layers.%d.attn.", layer)
+	H, D, dim := cfg.NHeads, cfg.HeadDim, cfg.Dim
+	lw := &LayerWeights{Layer: layer, Ratio: r}
+
+	read := func(name string, shape []int, kinds ...dump.DType) (dump.Record, error) {
+		e, ok := st.Entry(pre + name)
+		if !ok {
+			return dump.Record{}, fmt.Errorf("engine: weights %s: no tensor %s%s", st.Path, pre, name)
+		}
+		if !sameInts(e.Shape, shape) {
+			return dump.Record{}, fmt.Errorf("engine: weights %s: %s%s has shape %v, the config needs %v", st.Path, pre, name, e.Shape, shape)
+		}
+		okKind := false
+		for _, k := range kinds {
+			okKind = okKind || e.DType == k
+		}
+		if !okKind {
+			return dump.Record{}, fmt.Errorf("engine: weights %s: %s%s has dtype %s, want one of %v", st.Path, pre, name, e.DType, kinds)
+		}
+		return st.Read(pre + name)
+	}
+	f32 := func(name string, shape ...int) ([]float32, error) {
+		rec, err := read(name, shape, dump.F32, dump.BF16)
+		if err != nil {
+			return nil, err
+		}
+		return rec.Float32()
+	}
+	fp8 := func(name string, rows, cols int) (*attention.FP8Weight, error) {
+		w, err := read(name+".weight", []int{rows, cols}, dump.E4M3, dump.U8)
+		if err != nil {
+			return nil, err
+		}
+		s, err := read(name+".scale", fp8Scale(rows, cols), dump.E8M0, dump.U8)
+		if err != nil {
+			return nil, err
+		}
+		for i, b := range s.Data {
+			if b == quant.UE8M0NaN {
+				return nil, fmt.Errorf("engine: weights %s: %s%s.scale[%d] is the UE8M0 NaN byte", st.Path, pre, name, i)
+			}
+		}
+		return attention.NewFP8Weight(w.Data, s.Data, rows, cols), nil
+	}
+	var err error
+	steps := []func() error{
+		func() error { lw.WqA, err = fp8("wq_a", cfg.QLoraRank, dim); return err },
+		func() error { lw.QNorm, err = f32("q_norm.weight", cfg.QLoraRank); return err },
+		func() error { lw.WqB, err = fp8("wq_b", H*D, cfg.QLoraRank); return err },
+		func() error { lw.Wkv, err = fp8("wkv", D, dim); return err },
+		func() error { lw.KVNorm, err = f32("kv_norm.weight", D); return err },
+		func() error { lw.WoA, err = f32("wo_a.weight", cfg.OGroups*cfg.OLoraRank, H*D/cfg.OGroups); return err },
+		func() error { lw.WoB, err = fp8("wo_b", dim, cfg.OGroups*cfg.OLoraRank); return err },
+		func() error { lw.AttnSink, err = f32("attn_sink", H); return err },
+	}
+	loadCmp := func(prefix string, d int, rotate bool, dst **attention.Compressor) func() error {
+		return func() error {
+			c := &attention.Compressor{Ratio: r, HeadDim: d, Dim: dim, Rotate: rotate, Eps: float32(cfg.NormEps)}
+			w := Coff(r) * d
+			if c.Wkv, err = f32(prefix+"wkv.weight", w, dim); err != nil {
+				return err
+			}
+			if c.Wgate, err = f32(prefix+"wgate.weight", w, dim); err != nil {
+				return err
+			}
+			if c.Ape, err = f32(prefix+"ape", r, w); err != nil {
+				return err
+			}
+			if c.Norm, err = f32(prefix+"norm.weight", d); err != nil {
+				return err
+			}
+			*dst = c
+			return nil
+		}
+	}
+	if r > 0 {
+		steps = append(steps, loadCmp("compressor.", D, false, &lw.Compressor))
+	}
+	if r == 4 {
+		ix := &indexer.Indexer{NHeads: cfg.IndexNHeads, HeadDim: cfg.IndexHeadDim, TopK: cfg.IndexTopK}
+		lw.Indexer = ix
+		steps = append(steps,
+			func() error { ix.WqB, err = fp8("indexer.wq_b", cfg.IndexNHeads*cfg.IndexHeadDim, cfg.QLoraRank); return err },
+			func() error {
+				ix.WeightsProj, err = f32("indexer.weights_proj.weight", cfg.IndexNHeads, dim)
+				return err
+			},
+			loadCmp("indexer.compressor.", cfg.IndexHeadDim, true, &ix.Compressor))
+	}
+	for _, s := range steps {
+		if err := s(); err != nil {
+			return nil, err
+		}
+	}
+	return lw, nil
+}
+
+func sameInts(a, b []int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// RandomLayerWeights makes synthetic attention weights for layer l, seeded and
+// deterministic, distributed like the golden's generator: linear weights
+// bf16(N(0,1)/sqrt(in)) (FP8 ones then block-quantised as the checkpoint is),
+// norm weights bf16(1 + 0.1·N), ape bf16(0.5·N), attn_sink bf16(N). Only the
+// layer asked for is generated.
+func RandomLayerWeights(cfg *Config, layer int, seed uint64) *LayerWeights {
+	r := cfg.Ratio(layer)
+	rng := rand.New(rand.NewPCG(seed, uint64(layer)+0x9e3779b97f4a7c15))
+	H, D, dim := cfg.NHeads, cfg.HeadDim, cfg.Dim
+	lin := func(rows, cols int) []float32 {
+		w := make([]float32, rows*cols)
+		s := 1 / math.Sqrt(float64(cols))
+		for i := range w {
+			w[i] = quant.BF16Round(float32(rng.NormFloat64() * s))
+		}
+		return w
+	}
+	fp8 := func(rows, cols int) *attention.FP8Weight {
+		return attention.QuantizeFP8Weight(lin(rows, cols), rows, cols)
+	}
+	vec := func(n int, mean, sd float64) []float32 {
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = quant.BF16Round(float32(mean + sd*rng.NormFloat64()))
+		}
+		return v
+	}
+	lw := &LayerWeights{Layer: layer, Ratio: r,
+		WqA: fp8(cfg.QLoraRank, dim), QNorm: vec(cfg.QLoraRank, 1, 0.1),
+		WqB: fp8(H*D, cfg.QLoraRank), Wkv: fp8(D, dim), KVNorm: vec(D, 1, 0.1),
+	}
+	// wo_a: FP8 block-quantised then dequantised to bf16, as convert.py does.
+	lw.WoA = fp8(cfg.OGroups*cfg.OLoraRank, H*D/cfg.OGroups).W
+	lw.WoB = fp8(dim, cfg.OGroups*cfg.OLoraRank)
+	lw.AttnSink = vec(H, 0, 1)
+	cmp := func(d int, rotate bool) *attention.Compressor {
+		w := Coff(r) * d
+		return &attention.Compressor{Ratio: r, HeadDim: d, Dim: dim, Rotate: rotate,
+			Eps: float32(cfg.NormEps), Wkv: lin(w, dim), Wgate: lin(w, dim), Ape: vec(r*w, 0, 0.5), Norm: vec(d, 1, 0.1)}
+	}
+	if r > 0 {
+		lw.Compressor = cmp(D, false)
+	}
+	if r == 4 {
+		lw.Indexer = &indexer.Indexer{NHeads: cfg.IndexNHeads, HeadDim: cfg.IndexHeadDim, TopK: cfg.IndexTopK,
+			WqB: fp8(cfg.IndexNHeads*cfg.IndexHeadDim, cfg.QLoraRank), WeightsProj: lin(cfg.IndexNHeads, dim),
+			Compressor: cmp(cfg.IndexHeadDim, true)}
+	}
+	return lw
+}
