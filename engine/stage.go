@@ -151,24 +151,34 @@ func addCompressor(add func(string, string, func(*StepContext, map[string]Tensor
 		func(ctx *StepContext, in map[string]Tensor) (Tensor, error) { return cmpPooled(ctx, c(ctx), in, p) },
 		PrevPrefix+p+"kv_state", PrevPrefix+p+"score_state", p+"a", p+"b")
 	add(p+"normed", p+"normed = RMSNorm("+p+"pooled) ⊙ compressor.norm",
-		func(ctx *StepContext, in map[string]Tensor) (Tensor, error) { return cmpRowStage(ctx, c(ctx), in, p+"pooled", "normed") },
+		func(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
+			return cmpRowStage(ctx, c(ctx), in, p+"pooled", "normed")
+		},
 		p+"pooled")
 	add(p+"roped", p+"roped = "+p+"normed with RoPE(last 64 dims, j·r)",
-		func(ctx *StepContext, in map[string]Tensor) (Tensor, error) { return cmpRowStage(ctx, c(ctx), in, p+"normed", "roped") },
+		func(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
+			return cmpRowStage(ctx, c(ctx), in, p+"normed", "roped")
+		},
 		p+"normed")
 	last := p + "roped"
 	if idx {
 		add(p+"had", p+"had = Had("+p+"roped)",
-			func(ctx *StepContext, in map[string]Tensor) (Tensor, error) { return cmpRowStage(ctx, c(ctx), in, p+"roped", "had") },
+			func(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
+				return cmpRowStage(ctx, c(ctx), in, p+"roped", "had")
+			},
 			p+"roped")
 		last = p + "had"
 		add(p+"row", p+"row = FQ4("+p+"had, 32)  (index key j = p div 4)",
-			func(ctx *StepContext, in map[string]Tensor) (Tensor, error) { return cmpRowStage(ctx, c(ctx), in, last, "row") },
+			func(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
+				return cmpRowStage(ctx, c(ctx), in, last, "row")
+			},
 			last)
 		return
 	}
 	add(p+"row", p+"row = "+p+"roped with FQ8(dims :nope, 64)  (kv_cache row 128 + p div r)",
-		func(ctx *StepContext, in map[string]Tensor) (Tensor, error) { return cmpRowStage(ctx, c(ctx), in, last, "row") },
+		func(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
+			return cmpRowStage(ctx, c(ctx), in, last, "row")
+		},
 		last)
 }
 

@@ -138,7 +138,10 @@ func LoadLayerWeights(cfg *Config, layer int, st *dump.Safetensors) (*LayerWeigh
 		ix := &indexer.Indexer{NHeads: cfg.IndexNHeads, HeadDim: cfg.IndexHeadDim, TopK: cfg.IndexTopK}
 		lw.Indexer = ix
 		steps = append(steps,
-			func() error { ix.WqB, err = fp8("indexer.wq_b", cfg.IndexNHeads*cfg.IndexHeadDim, cfg.QLoraRank); return err },
+			func() error {
+				ix.WqB, err = fp8("indexer.wq_b", cfg.IndexNHeads*cfg.IndexHeadDim, cfg.QLoraRank)
+				return err
+			},
 			func() error {
 				ix.WeightsProj, err = f32("indexer.weights_proj.weight", cfg.IndexNHeads, dim)
 				return err
