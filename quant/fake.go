@@ -103,7 +103,7 @@ func DequantizeFP8(dst []float32, codes, scales []uint8, B int) {
 	for b := 0; b < len(codes)/B; b++ {
 		s := DecodeUE8M0(scales[b])
 		for i, c := range codes[b*B : (b+1)*B] {
-			dst[b*B+i] = e4m3Table[c] * s
+			dst[b*B+i] = mulCUDA(e4m3Table[c], s)
 		}
 	}
 }
@@ -140,8 +140,8 @@ func DequantizeFP4(dst []float32, packed, scales []uint8, B int) {
 	}
 	for i, p := range packed {
 		s := DecodeUE8M0(scales[2*i/B])
-		dst[2*i] = DecodeE2M1(p&0xf) * s
-		dst[2*i+1] = DecodeE2M1(p>>4) * s
+		dst[2*i] = mulCUDA(DecodeE2M1(p&0xf), s)
+		dst[2*i+1] = mulCUDA(DecodeE2M1(p>>4), s)
 	}
 }
 

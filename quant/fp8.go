@@ -8,6 +8,19 @@ const E4M3Max = 448
 // E5M2Max is the largest finite FP8 E5M2 value.
 const E5M2Max = 57344
 
+// NaN bit patterns torch's CUDA decode returns (c10 Float8 conversions, checked
+// on every code in testdata/quant).
+const (
+	// E4M3NaNBits is the fp32 of E4M3FN code 0x7F; code 0xFF gives it with the
+	// sign bit set (c10 builds it from bits, without float arithmetic).
+	E4M3NaNBits uint32 = 0x7ff00000
+	// E5M2NaNBits is the fp32 of every E5M2 NaN code with the sign clear: the
+	// canonical CUDA NaN (c10 widens through an fp32 multiply) with the code's
+	// sign OR-ed back in, so 0xFD..0xFF give 0xFFFFFFFF.
+	E5M2NaNBits uint32 = 0x7fffffff
+)
+
+// Decode tables: every code's fp32 value, NaN bits included.
 var (
 	e4m3Table [256]float32
 	e5m2Table [256]float32
@@ -15,24 +28,21 @@ var (
 
 func init() {
 	for c := 0; c < 256; c++ {
-		sign := float32(1)
-		if c&0x80 != 0 {
-			sign = -1
-		}
+		sign := uint32(c&0x80) << 24
 		// E4M3FN: only S.1111.111 is NaN; no infinities.
 		if c&0x7f == 0x7f {
-			e4m3Table[c] = float32(math.NaN())
+			e4m3Table[c] = math.Float32frombits(sign | E4M3NaNBits)
 		} else {
-			e4m3Table[c] = sign * decodeMinifloat(c&0x7f, 3, 7)
+			e4m3Table[c] = math.Float32frombits(sign | math.Float32bits(decodeMinifloat(c&0x7f, 3, 7)))
 		}
 		// E5M2: exponent 31 is inf (mantissa 0) or NaN.
 		switch {
 		case c&0x7f == 0x7c:
-			e5m2Table[c] = float32(math.Inf(int(sign)))
+			e5m2Table[c] = math.Float32frombits(sign | 0x7f800000)
 		case c&0x7c == 0x7c:
-			e5m2Table[c] = float32(math.NaN())
+			e5m2Table[c] = math.Float32frombits(sign | E5M2NaNBits)
 		default:
-			e5m2Table[c] = sign * decodeMinifloat(c&0x7f, 2, 15)
+			e5m2Table[c] = math.Float32frombits(sign | math.Float32bits(decodeMinifloat(c&0x7f, 2, 15)))
 		}
 	}
 }

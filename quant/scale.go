@@ -5,13 +5,21 @@ import "math"
 // UE8M0NaN is the UE8M0 (float8_e8m0fnu) NaN byte.
 const UE8M0NaN = 0xFF
 
-// DecodeUE8M0 returns 2^(b-127); b = 0xFF is NaN. b = 0 gives 2^-127 (an fp32
-// subnormal, exact).
+// UE8M0NaNBits is the fp32 torch decodes the UE8M0 NaN byte to (c10 returns the
+// signalling pattern 0x7F800001, on CUDA as on the CPU).
+const UE8M0NaNBits uint32 = 0x7f800001
+
+// DecodeUE8M0 returns the scale 2^(b-127) of a UE8M0 byte, bit-exact with torch's
+// float8_e8m0fnu → fp32: b = 0 gives 2^-127 (the fp32 subnormal 0x00400000),
+// b = 0xFF gives NaN with bits UE8M0NaNBits.
 func DecodeUE8M0(b uint8) float32 {
-	if b == UE8M0NaN {
-		return float32(math.NaN())
+	switch b {
+	case UE8M0NaN:
+		return math.Float32frombits(UE8M0NaNBits)
+	case 0:
+		return math.Float32frombits(0x00400000)
 	}
-	return float32(math.Ldexp(1, int(b)-127))
+	return math.Float32frombits(uint32(b) << 23)
 }
 
 // EncodeUE8M0 returns the UE8M0 byte of a power of two s = 2^e, e in [-127, 127].
@@ -120,3 +128,24 @@ func BlockScaleExp(rule ScaleRule, amax, qmax, floor float32) int {
 
 // log2f is log2 evaluated in fp32 (the argument and result rounded to fp32).
 func log2f(x float32) float32 { return float32(math.Log2(float64(x))) }
+
+// CastUE8M0 is torch's fp32 → float8_e8m0fnu cast (c10 fp8e8m0fnu_from_fp32_value),
+// bit-exact on CUDA and CPU: the sign is ignored, the biased fp32 exponent is kept
+// and rounded up when the mantissa is ≥ 1.5 (guard bit set and round/sticky bits
+// or the implied bit set: round to nearest on the linear mantissa, ties up for
+// normals, down for fp32 subnormals). ±inf, NaN and values rounding past 2^127
+// give 0xFF (NaN); zero gives 0x00 (2^-127).
+func CastUE8M0(f float32) uint8 {
+	b := math.Float32bits(f)
+	e := (b >> 23) & 0xff
+	if e == 0xff {
+		return UE8M0NaN
+	}
+	g := b&0x400000 != 0
+	rs := b&0x3fffff != 0
+	lsb := e > 0
+	if g && (rs || lsb) {
+		e++
+	}
+	return uint8(e)
+}

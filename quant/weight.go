@@ -1,5 +1,7 @@
 package quant
 
+import "math"
+
 // WeightBlock is the edge of the square FP8 weight scale blocks (128x128).
 const WeightBlock = 128
 
@@ -15,7 +17,7 @@ func DequantFP8Weight(dst []float32, w []uint8, scale []uint8, rows, cols int) {
 	for n := 0; n < rows; n++ {
 		srow := scale[(n/WeightBlock)*sc : (n/WeightBlock+1)*sc]
 		for k, c := range w[n*cols : (n+1)*cols] {
-			dst[n*cols+k] = e4m3Table[c] * DecodeUE8M0(srow[k/WeightBlock])
+			dst[n*cols+k] = mulCUDA(e4m3Table[c], DecodeUE8M0(srow[k/WeightBlock]))
 		}
 	}
 }
@@ -30,7 +32,18 @@ func DequantFP8WeightInv(dst []float32, w []uint8, scaleInv []float32, rows, col
 	for n := 0; n < rows; n++ {
 		srow := scaleInv[(n/WeightBlock)*sc : (n/WeightBlock+1)*sc]
 		for k, c := range w[n*cols : (n+1)*cols] {
-			dst[n*cols+k] = e4m3Table[c] * srow[k/WeightBlock]
+			dst[n*cols+k] = mulCUDA(e4m3Table[c], srow[k/WeightBlock])
 		}
 	}
+}
+
+// mulCUDA is the fp32 product a·b as a CUDA multiply returns it: IEEE round to
+// nearest even, and CanonicalNaN for any NaN result (x86 and arm64 would keep or
+// make other NaN payloads).
+func mulCUDA(a, b float32) float32 {
+	r := a * b
+	if r != r {
+		return math.Float32frombits(CanonicalNaN)
+	}
+	return r
 }
