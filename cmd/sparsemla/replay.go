@@ -1,0 +1,237 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"sparsemla/dump"
+	"sparsemla/engine"
+)
+
+func init() {
+	register(&command{
+		name:    "replay",
+		summary: "replay a dump against the reference and name the first divergence",
+		run:     runReplay,
+	})
+}
+
+// replayFlags are the flags replay, diff, bisect and report share.
+type replayFlags struct {
+	weights  string
+	mapFile  string
+	mode     string
+	tolFile  string
+	tolStage rpMultiFlag
+	request  string
+	json     bool
+}
+
+type rpMultiFlag []string
+
+func (m *rpMultiFlag) String() string     { return strings.Join(*m, " ") }
+func (m *rpMultiFlag) Set(s string) error { *m = append(*m, s); return nil }
+
+func (f *replayFlags) register(fs *flag.FlagSet, withMode bool) {
+	fs.StringVar(&f.weights, "weights", "", "weights: a safetensors file or a directory with weights.safetensors (default: beside the dump)")
+	fs.StringVar(&f.mapFile, "map", "", "name map for non-native dumps: a JSON file or a built-in name (default: detected)")
+	if withMode {
+		fs.StringVar(&f.mode, "mode", "local", "local (teacher-forced: each stage from the dump's own inputs) or propagated (the reference's own chain from each layer's x)")
+	}
+	fs.StringVar(&f.tolFile, "tol", "", "JSON file overriding stage tolerances (docs/replay-json.md)")
+	fs.Var(&f.tolStage, "tol-stage", "override one stage's tolerance, e.g. 'o=close,abs=2e-3,rel=0.02,cos=1e-5' or 'u=ulp,max_ulp=3' (repeatable)")
+	fs.StringVar(&f.request, "request", "", "request to replay when the dump holds several (default: the first)")
+	fs.BoolVar(&f.json, "json", false, "write the report as JSON (schema "+engine.SchemaVersion+")")
+}
+
+// tolerance builds the policy: defaults, then --tol, then --tol-stage.
+func (f *replayFlags) tolerance() (*engine.Tolerance, error) {
+	t := engine.DefaultTolerance()
+	if f.tolFile != "" {
+		if err := t.LoadToleranceFile(f.tolFile); err != nil {
+			return nil, err
+		}
+	}
+	for _, s := range f.tolStage {
+		name, st, err := engine.ParseStageTol(s)
+		if err != nil {
+			return nil, err
+		}
+		t.Set(name, st)
+	}
+	return t, nil
+}
+
+// rpOpened is a dump ready to replay.
+type rpOpened struct {
+	d     *dump.Dump
+	src   *engine.DumpSource
+	model *engine.Model // nil when the weights could not be found and not required
+}
+
+func (o *rpOpened) Close() {
+	if o.d != nil {
+		o.d.Close()
+	}
+}
+
+// openDump opens path with the flags' name map and request and loads the
+// model (needModel: a missing weights file is an error).
+func rpOpenDump(path string, f *replayFlags, needModel bool) (*rpOpened, error) {
+	var m *dump.NameMap
+	if f.mapFile != "" {
+		var err error
+		if m, err = dump.LoadNameMap(f.mapFile); err != nil {
+			return nil, err
+		}
+	}
+	d, err := dump.OpenMapped(path, m)
+	if err != nil {
+		return nil, err
+	}
+	o := &rpOpened{d: d}
+	o.src, err = engine.NewDumpSource(d, f.request)
+	if err != nil {
+		o.Close()
+		return nil, err
+	}
+	o.model, err = engine.LoadModel(d, o.src, f.weights)
+	if err != nil {
+		if needModel {
+			o.Close()
+			return nil, err
+		}
+		o.model = nil
+	}
+	return o, nil
+}
+
+// progress returns a progress callback drawing a bar on stderr when stderr is
+// a terminal, else nil.
+func rpProgress(stderr io.Writer, label string) func(done, total int) {
+	f, ok := stderr.(*os.File)
+	if !ok {
+		return nil
+	}
+	fi, err := f.Stat()
+	if err != nil || fi.Mode()&os.ModeCharDevice == 0 {
+		return nil
+	}
+	return func(done, total int) {
+		if total < 8 {
+			return
+		}
+		const w = 30
+		n := done * w / total
+		fmt.Fprintf(f, "\r%s [%s%s] %d/%d", label, strings.Repeat("#", n), strings.Repeat(" ", w-n), done, total)
+		if done == total {
+			fmt.Fprint(f, "\r\033[K")
+		}
+	}
+}
+
+// fail prints one error line and returns the error exit code.
+func rpFail(stderr io.Writer, cmd string, err error) int {
+	msg := err.Error()
+	var pe *rpParseErr
+	if errors.As(err, &pe) {
+		msg = pe.msg
+	}
+	fmt.Fprintf(stderr, "sparsemla %s: %s\n", cmd, msg)
+	return exitError
+}
+
+type rpParseErr struct{ msg string }
+
+func (e *rpParseErr) Error() string { return e.msg }
+
+// newFlagSet returns a flag set that writes its usage to stderr and never
+// exits the process.
+func rpFlagSet(name, usageLine, doc string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: sparsemla %s\n\n%s\n\nflags:\n", usageLine, doc)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parseArgs parses flags placed before or after the positional arguments.
+func rpParseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return pos, nil
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
+	}
+}
+
+// exitFor maps a report to the exit code.
+func rpExit(r *engine.Report) int {
+	if r.Diverged() {
+		return exitDiverged
+	}
+	return exitOK
+}
+
+func rpWrite(stdout io.Writer, r *engine.Report, asJSON bool) error {
+	if asJSON {
+		return r.WriteJSON(stdout)
+	}
+	r.WriteText(stdout)
+	return nil
+}
+
+const replayDoc = `Replays every stage of every layer at every decode step of DUMP through the
+CPU reference and names the first stage out of tolerance, with a diagnosis.
+DUMP is a native dump (.smd file or directory), a safetensors/npz directory
+with a name map (e.g. the official-v4-tiny layout), or any format 'inspect'
+reads. Exit status: 0 agree, 1 diverged, 2 error.`
+
+func runReplay(args []string, stdout, stderr io.Writer) int {
+	var f replayFlags
+	fs := rpFlagSet("replay", "replay DUMP [--weights DIR] [--map FILE] [--mode local|propagated] [--tol FILE] [--json]", replayDoc, stderr)
+	f.register(fs, true)
+	pos, err := rpParseArgs(fs, args)
+	if err == flag.ErrHelp {
+		return exitOK
+	}
+	if err != nil {
+		return exitError
+	}
+	if len(pos) != 1 {
+		fs.Usage()
+		return exitError
+	}
+	tol, err := f.tolerance()
+	if err != nil {
+		return rpFail(stderr, "replay", err)
+	}
+	o, err := rpOpenDump(pos[0], &f, true)
+	if err != nil {
+		return rpFail(stderr, "replay", err)
+	}
+	defer o.Close()
+	rep, err := engine.Replay(context.Background(), o.model, o.src, engine.ReplayOptions{
+		Mode: engine.ReplayMode(f.mode), Tol: tol, Progress: rpProgress(stderr, "replay"),
+	})
+	if err != nil {
+		return rpFail(stderr, "replay", err)
+	}
+	if err := rpWrite(stdout, rep, f.json); err != nil {
+		return rpFail(stderr, "replay", err)
+	}
+	return rpExit(rep)
+}

@@ -1,0 +1,522 @@
+package engine
+
+import (
+	"fmt"
+	"math"
+	"strings"
+
+	"sparsemla/quant"
+)
+
+// DiagnoseInput is what Diagnose looks at: the failing stage, the reference and
+// GPU values, and the inputs the reference computed it from.
+type DiagnoseInput struct {
+	Model  *Model
+	Src    Source
+	Def    StageDef
+	Result StageResult
+	Ref    Tensor
+	GPU    Tensor
+	In     map[string]Tensor // the stage's inputs (dumped values in local mode)
+	Own    map[string]Tensor // the reference's own stage values at this step
+	Mode   ReplayMode
+}
+
+// Diagnose names the kind of a divergence and why, from the stage that failed
+// and what its inputs looked like:
+//
+//   - upstream: an input of the stage had already diverged (propagated mode,
+//     or an input that was itself out of tolerance);
+//   - attention kernel: o (or lse) differs while q, the cache and the index
+//     list matched; per head, and whether each bad head is a rescaling of the
+//     reference (a normalisation / LSE error) or not (a split-K merge or
+//     wrong-keys error);
+//   - indexer selection: the scores matched but the top-k set did not (and not
+//     inside a boundary tie); indexer scores: the scores themselves differ;
+//   - FP8 cache: the FQ8 value of the window K differs (which 64-blocks, and
+//     whether the GPU's block scale is the reference's ×2^k), or a cache row
+//     not written at this step differs only in one block by a power of two
+//     (a corrupted scale byte);
+//   - compressor: a compressed row or compressor state differs, or the row due
+//     at this emission step is missing from the cache (emitted late);
+//   - prefix cache: cache rows not written at this step (positions before the
+//     token) differ from this request's own rows of the previous step, and
+//     equal another request's rows when the dump names a prefix hit;
+//   - projection: a linear/norm/RoPE stage is out of tolerance.
+func Diagnose(d DiagnoseInput) *Divergence {
+	sr := d.Result
+	div := &Divergence{Step: sr.Step, Layer: sr.Layer, Stage: sr.Stage, Mode: string(d.Mode), Inputs: sr.Inputs}
+	defer func() {
+		div.Text = fmt.Sprintf("first divergence: decode step %d, layer %d, stage %s — %s: %s", div.Step, div.Layer, div.Stage, div.Kind, div.Why)
+	}()
+	if up := upstreamInput(d); up != "" {
+		div.Kind, div.Why = KindUpstream, up
+		return div
+	}
+	if sr.Metrics != nil && (sr.Metrics.GPUNaN != sr.Metrics.RefNaN || sr.Metrics.GPUInf != sr.Metrics.RefInf || len(sr.Metrics.NonFiniteRows) > 0) {
+		div.Kind = stageKind(sr.Stage)
+		div.Rows = sr.Metrics.NonFiniteRows
+		div.Why = fmt.Sprintf("the GPU output has %d NaN and %d inf where the reference has %d and %d (leading-axis rows %v); inputs matched, so this stage made them",
+			sr.Metrics.GPUNaN, sr.Metrics.GPUInf, sr.Metrics.RefNaN, sr.Metrics.RefInf, sr.Metrics.NonFiniteRows)
+		return div
+	}
+	if sr.Reason != "" && (strings.HasPrefix(sr.Reason, "shape") || strings.HasPrefix(sr.Reason, "dtype")) && sr.Stage != "kv_cache" && sr.Stage != "topk_idxs" {
+		div.Kind, div.Why = stageKind(sr.Stage), "GPU tensor has "+sr.Reason
+		return div
+	}
+	switch sr.Stage {
+	case "o", "lse":
+		diagnoseAttention(d, div)
+	case "index_topk", "index_sel":
+		diagnoseSelection(d, div)
+	case "kv", "cmp_row":
+		diagnoseFQ8(d, div)
+	case "kv_cache":
+		diagnoseCache(d, div)
+	case "topk_idxs":
+		diagnoseIndexList(d, div)
+	default:
+		div.Kind = stageKind(sr.Stage)
+		div.Why = fmt.Sprintf("%s; inputs matched, so %s itself differs (%s)", sr.Reason, sr.Stage, orEq(sr.Equation))
+	}
+	return div
+}
+
+func orEq(eq string) string {
+	if eq == "" {
+		return "see the stage's equation"
+	}
+	return eq
+}
+
+// stageKind is the diagnosis kind a stage belongs to by default.
+func stageKind(stage string) string {
+	switch {
+	case stage == "o" || stage == "lse":
+		return KindAttention
+	case stage == "index_topk" || stage == "index_sel":
+		return KindIndexer
+	case stage == "index_score" || stage == "index_qk" || strings.HasPrefix(stage, "iq") || strings.HasPrefix(stage, "iw"):
+		return KindIndexScore
+	case stage == "kv":
+		return KindFP8Cache
+	case strings.HasPrefix(stage, "cmp_") || strings.HasPrefix(stage, "icmp_") || stage == "icache":
+		return KindCompressor
+	}
+	return KindProjection
+}
+
+// upstreamInput returns why the stage's inputs already differed, or "".
+func upstreamInput(d DiagnoseInput) string {
+	for _, in := range d.Result.Inputs {
+		if in.Status == "diverged" {
+			return fmt.Sprintf("its input %s (%s) was already out of tolerance", in.Name, in.From)
+		}
+	}
+	if d.Mode != Propagated {
+		return ""
+	}
+	// Propagated: compare the reference's own inputs with the dumped ones.
+	tol := DefaultTolerance()
+	for _, name := range d.Def.Inputs {
+		if strings.HasPrefix(name, "prev:") {
+			continue
+		}
+		own, ok := d.Own[name]
+		if !ok {
+			continue
+		}
+		gpu, ok, err := d.Src.Stage(d.Result.Step, d.Result.Layer, name)
+		if err != nil || !ok {
+			continue
+		}
+		var sr StageResult
+		sr.Stage = name
+		judgeStage(&sr, own, gpu, map[string]Tensor{}, tol.For(name), d.Model.GPURope)
+		if sr.Status == StatusFail {
+			return fmt.Sprintf("its input %s already differs between the reference chain and the dump (%s)", name, sr.Reason)
+		}
+	}
+	return ""
+}
+
+// diagnoseAttention looks at o per head.
+func diagnoseAttention(d DiagnoseInput, div *Divergence) {
+	div.Kind = KindAttention
+	ref, gpu := d.Ref, d.GPU
+	if len(ref.Shape) != 2 || !SameShape(ref.Shape, gpu.Shape) {
+		div.Why = d.Result.Reason
+		return
+	}
+	H, D := ref.Shape[0], ref.Shape[1]
+	tol := DefaultTolerance().For(d.Result.Stage)
+	var scaled, other []string
+	for h := 0; h < H; h++ {
+		r := FromF(ref.Kind, ref.F[h*D:(h+1)*D], D)
+		g := FromF(gpu.Kind, gpu.F[h*D:(h+1)*D], D)
+		m := CompareFloat(r, g, tol, true)
+		if ok, _ := tol.Judge(m, true); ok {
+			continue
+		}
+		div.Heads = append(div.Heads, h)
+		if c, ok := rescaling(r.F, g.F); ok {
+			scaled = append(scaled, fmt.Sprintf("head %d = %.6g × reference", h, c))
+		} else {
+			other = append(other, fmt.Sprintf("head %d cos_diff %.3g, max abs %.3g", h, m.CosDiff, m.MaxAbs))
+		}
+	}
+	inputs := "its inputs (q, kv_cache, topk_idxs) matched the reference"
+	switch {
+	case len(div.Heads) == 0:
+		div.Why = inputs + "; " + d.Result.Reason
+	case len(other) == 0:
+		div.Why = fmt.Sprintf("%s, but heads %v are the reference output times a constant: a normalisation error (wrong LSE or sink term in the softmax denominator / split-K combine)", inputs, div.Heads)
+		div.Detail = scaled
+	default:
+		div.Why = fmt.Sprintf("%s, but heads %v differ and are not a rescaling of the reference: a split-K partial/merge error or wrong keys read", inputs, div.Heads)
+		div.Detail = append(other, scaled...)
+	}
+}
+
+// rescaling reports whether g ≈ c·r for one constant c ≠ 1 (to bf16 accuracy).
+func rescaling(r, g []float32) (float64, bool) {
+	var rg, rr float64
+	for i := range r {
+		rg += float64(r[i]) * float64(g[i])
+		rr += float64(r[i]) * float64(r[i])
+	}
+	if rr == 0 {
+		return 0, false
+	}
+	c := rg / rr
+	if math.Abs(c-1) < 1e-3 {
+		return c, false
+	}
+	var res, gg float64
+	for i := range r {
+		e := float64(g[i]) - c*float64(r[i])
+		res += e * e
+		gg += float64(g[i]) * float64(g[i])
+	}
+	return c, gg > 0 && res/gg < 1e-4
+}
+
+// diagnoseSelection explains a top-k set divergence with the scores.
+func diagnoseSelection(d DiagnoseInput, div *Divergence) {
+	div.Kind = KindIndexer
+	set := d.Result.Set
+	scoresOK := "the index scores are not in the dump"
+	for _, in := range d.Result.Inputs {
+		if in.Name == "index_score" {
+			scoresOK = fmt.Sprintf("the index scores matched the reference (%s)", in.Status)
+		}
+	}
+	if set == nil {
+		div.Why = scoresOK + "; " + d.Result.Reason
+		return
+	}
+	var sc []float32
+	if s, ok := d.In["index_score"]; ok {
+		sc = s.F
+	}
+	name := func(rows []int64) string {
+		var p []string
+		for _, j := range rows {
+			if sc != nil && j >= 0 && int(j) < len(sc) {
+				p = append(p, fmt.Sprintf("%d (score %g)", j, sc[j]))
+			} else {
+				p = append(p, fmt.Sprint(j))
+			}
+		}
+		return strings.Join(p, ", ")
+	}
+	div.Why = fmt.Sprintf("%s, but the GPU top-%d selected rows [%s] and left out [%s]; k-th score %g, not a boundary tie (recall %.3g, Jaccard %.3g)",
+		scoresOK, set.K, name(set.Extra), name(set.Missing), float64(set.KthScore), set.Recall, set.Jaccard)
+	for _, j := range set.Extra {
+		div.Rows = append(div.Rows, int(j))
+	}
+}
+
+// fq8Scale is the reference block scale of FQ8 (§3.3): ceil2(f32(a·f32(1/448)))
+// with a = max(max|v|, 1e-4).
+func fq8Scale(v []float32) float32 {
+	var a float32
+	for _, x := range v {
+		a = max(a, float32(math.Abs(float64(x))))
+	}
+	a = max(a, 1e-4)
+	return quant.Ceil2(a * float32(1.0/448))
+}
+
+// fq8With is FQ8 of one block with a given scale s.
+func fq8With(dst, v []float32, s float32) {
+	for i, x := range v {
+		q := quant.E4M3(min(max(x/s, -448), 448))
+		dst[i] = quant.BF16Round(q * s)
+	}
+}
+
+// diagnoseFQ8 finds which 64-blocks of an FQ8 stage differ and whether the GPU
+// used the reference scale times a power of two.
+func diagnoseFQ8(d DiagnoseInput, div *Divergence) {
+	if d.Result.Stage == "kv" {
+		div.Kind = KindFP8Cache
+	} else {
+		div.Kind = KindCompressor
+	}
+	inName := "kv_roped"
+	if d.Result.Stage == "cmp_row" {
+		inName = "cmp_roped"
+	}
+	in, ok := d.In[inName]
+	ref, gpu := d.Ref, d.GPU
+	if !ok || !SameShape(ref.Shape, gpu.Shape) || len(in.F) != len(ref.F) {
+		div.Why = d.Result.Reason
+		return
+	}
+	const B = 64
+	nope := len(ref.F) - 64 // RoPE dims are not quantised
+	var lines []string
+	tmp := make([]float32, B)
+	for b := 0; b*B < nope; b++ {
+		lo, hi := b*B, (b+1)*B
+		same := true
+		for i := lo; i < hi; i++ {
+			if !equalValue(ref.F[i], gpu.F[i]) {
+				same = false
+				break
+			}
+		}
+		if same {
+			continue
+		}
+		div.Blocks = append(div.Blocks, b)
+		s := fq8Scale(in.F[lo:hi])
+		found := false
+		for _, k := range []int{1, -1, 2, -2} {
+			s2 := s * float32(math.Ldexp(1, k))
+			fq8With(tmp, in.F[lo:hi], s2)
+			eq := true
+			for i := range tmp {
+				if !equalValue(tmp[i], gpu.F[lo+i]) {
+					eq = false
+					break
+				}
+			}
+			if eq {
+				lines = append(lines, fmt.Sprintf("block %d (dims %d..%d): GPU scale 2^%d, reference ceil2(amax/448) = 2^%d", b, lo, hi-1,
+					scaleExp2(s2), scaleExp2(s)))
+				found = true
+				break
+			}
+		}
+		if !found {
+			lines = append(lines, fmt.Sprintf("block %d (dims %d..%d): values differ and are not FQ8 with a power-of-two neighbour of the reference scale 2^%d", b, lo, hi-1, scaleExp2(s)))
+		}
+	}
+	div.Detail = lines
+	what := "the FQ8 values written to the cache"
+	if d.Result.Stage == "cmp_row" {
+		what = "the compressed row's FQ8 values"
+	}
+	switch {
+	case len(div.Blocks) == 0:
+		div.Why = fmt.Sprintf("%s differ in the unquantised RoPE dims; %s", what, d.Result.Reason)
+	case len(lines) > 0 && strings.Contains(lines[0], "GPU scale 2^"):
+		div.Why = fmt.Sprintf("%s differ in 64-blocks %v: the GPU picked a block scale 2x away from ceil2(f32(amax·f32(1/448))) (scale rounded the other way, spec §9.4)", what, div.Blocks)
+	default:
+		div.Why = fmt.Sprintf("%s differ in 64-blocks %v (input %s matched)", what, div.Blocks, inName)
+	}
+}
+
+func scaleExp2(s float32) int {
+	_, e := math.Frexp(float64(s))
+	return e - 1
+}
+
+// diagnoseCache classifies the differing kv_cache rows.
+func diagnoseCache(d DiagnoseInput, div *Divergence) {
+	cfg := d.Model.Cfg
+	p := d.Result.Step
+	r := cfg.CompressRatios[d.Result.Layer]
+	W := cfg.WindowSize
+	ref, gpu := d.Ref, d.GPU
+	slot := int(p % int64(W))
+	emit := r > 0 && (p+1)%int64(r) == 0
+	jrow := -1
+	if emit {
+		jrow = W + int(p/int64(r))
+	}
+	if !SameShape(ref.Shape, gpu.Shape) {
+		if len(ref.Shape) == 2 && len(gpu.Shape) == 2 && gpu.Shape[0] < ref.Shape[0] && emit {
+			div.Kind = KindCompressor
+			div.Rows = []int{jrow}
+			div.Why = fmt.Sprintf("the GPU cache has %d rows, the reference %d: compressed row %d due at this emission step (p+1 = %d is a multiple of r = %d) was not written (emitted late?)",
+				gpu.Shape[0], ref.Shape[0], jrow-W, p+1, r)
+			return
+		}
+		div.Kind, div.Why = KindFP8Cache, "cache shape "+d.Result.Reason
+		return
+	}
+	rows := RowDiff(ref, gpu, 0)
+	div.Rows = rows
+	D := ref.Shape[1]
+	row := func(t Tensor, i int) []float32 { return t.F[i*D : (i+1)*D] }
+	var written, compressed, old []int
+	for _, i := range rows {
+		switch {
+		case i == slot:
+			written = append(written, i)
+		case i == jrow:
+			compressed = append(compressed, i)
+		default:
+			old = append(old, i)
+		}
+	}
+	switch {
+	case len(compressed) > 0 && allZero(row(gpu, jrow)):
+		div.Kind = KindCompressor
+		div.Why = fmt.Sprintf("compressed row %d (cache row %d) due at this emission step (p+1 = %d, r = %d) is all zeros in the GPU cache: the compressor did not emit it at its emission step (late?)",
+			jrow-W, jrow, p+1, r)
+	case len(compressed) > 0:
+		div.Kind = KindCompressor
+		div.Why = fmt.Sprintf("compressed row %d written at this step differs from cmp_row (cache row %d)", jrow-W, jrow)
+	case len(written) > 0 && len(old) == 0:
+		div.Kind = KindFP8Cache
+		div.Why = fmt.Sprintf("window slot %d written at this step differs from kv (the value the step computed)", slot)
+	case len(old) > 0:
+		diagnoseOldRows(d, div, old, slot, W)
+	default:
+		div.Kind, div.Why = KindFP8Cache, d.Result.Reason
+	}
+}
+
+func allZero(v []float32) bool {
+	for _, x := range v {
+		if x != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// diagnoseOldRows explains cache rows that changed although this step did not
+// write them: a corrupted FP8 scale (one block off by a power of two), or a
+// stale / foreign row (prefix cache).
+func diagnoseOldRows(d DiagnoseInput, div *Divergence, old []int, slot, W int) {
+	ref, gpu := d.Ref, d.GPU
+	D := ref.Shape[1]
+	p := d.Result.Step
+	first := old[0]
+	pos := rowPosition(first, slot, p, W, d.Model.Cfg.CompressRatios[d.Result.Layer])
+	// One block off by an exact power of two: a scale byte.
+	if b, k, ok := scaledBlock(ref.F[first*D:(first+1)*D], gpu.F[first*D:(first+1)*D]); ok && len(old) == 1 {
+		div.Kind = KindFP8Cache
+		div.Blocks = []int{b}
+		e := scaleExp2(fq8Scale(ref.F[first*D+b*64 : first*D+b*64+64]))
+		div.Why = fmt.Sprintf("cache row %d (%s), not written at this step, differs only in nope block %d (dims %d..%d), every value by exactly 2^%d: its UE8M0 scale byte reads 0x%02x instead of 0x%02x (a corrupted scale byte)",
+			first, pos, b, b*64, b*64+63, k, 127+e+k, 127+e)
+		return
+	}
+	div.Kind = KindPrefix
+	why := fmt.Sprintf("cache rows %v (first: %s) were not written at this step but differ from this request's own rows after the previous step", old, pos)
+	if ps, ok := d.Src.(PrefixSource); ok {
+		if hit, ok := ps.PrefixHit(); ok {
+			why += fmt.Sprintf("; the dump records a prefix-cache hit of %d tokens from request %q", hit.Tokens, hit.From)
+			if o, ok, _ := ps.OtherStage(hit.From, p, d.Result.Layer, "kv_cache"); ok && len(o.F) >= (first+1)*D {
+				if rowsEqual(o.F[first*D:(first+1)*D], gpu.F[first*D:(first+1)*D]) {
+					why += fmt.Sprintf(", and row %d equals request %q's row: a stale page from that request", first, hit.From)
+				}
+			}
+		}
+	}
+	div.Why = why
+}
+
+func rowsEqual(a, b []float32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if !equalValue(a[i], b[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// rowPosition names a cache row: window slot s holds token p - ((p - s) mod W);
+// compressed row 128+j covers tokens j·r .. j·r+r-1.
+func rowPosition(row, slot int, p int64, W, r int) string {
+	if row < W {
+		back := int64((slot - row + W) % W)
+		return fmt.Sprintf("window slot %d, token %d", row, p-back)
+	}
+	j := row - W
+	return fmt.Sprintf("compressed row %d, tokens %d..%d", j, j*r, j*r+r-1)
+}
+
+// scaledBlock reports whether g differs from r in exactly one 64-block of the
+// nope part, by one exact power-of-two factor 2^k.
+func scaledBlock(r, g []float32) (block, k int, ok bool) {
+	block = -1
+	for b := 0; b*64 < len(r)-64; b++ {
+		lo, hi := b*64, (b+1)*64
+		if rowsEqual(r[lo:hi], g[lo:hi]) {
+			continue
+		}
+		if block >= 0 {
+			return 0, 0, false
+		}
+		block = b
+		kk := math.MinInt
+		for i := lo; i < hi; i++ {
+			if r[i] == 0 && g[i] == 0 {
+				continue
+			}
+			if r[i] == 0 || g[i] == 0 {
+				return 0, 0, false
+			}
+			q := float64(g[i]) / float64(r[i])
+			fr, e := math.Frexp(q)
+			if fr != 0.5 {
+				return 0, 0, false
+			}
+			if kk == math.MinInt {
+				kk = e - 1
+			} else if kk != e-1 {
+				return 0, 0, false
+			}
+		}
+		k = kk
+	}
+	if block < 0 || !rowsEqual(r[len(r)-64:], g[len(g)-64:]) {
+		return 0, 0, false
+	}
+	return block, k, true
+}
+
+// diagnoseIndexList explains a differing topk_idxs list.
+func diagnoseIndexList(d DiagnoseInput, div *Divergence) {
+	W := d.Model.Cfg.WindowSize
+	ref, gpu := d.Ref, d.GPU
+	if len(ref.I) < W || len(gpu.I) < W {
+		div.Kind, div.Why = KindProjection, d.Result.Reason
+		return
+	}
+	for i := 0; i < W; i++ {
+		if ref.I[i] != gpu.I[i] {
+			div.Kind = KindProjection
+			div.Why = fmt.Sprintf("window part of the index list differs at entry %d: GPU %d, reference %d (ring order oldest to newest, -1 padding at the end, spec §4)", i, gpu.I[i], ref.I[i])
+			return
+		}
+	}
+	r := d.Model.Cfg.CompressRatios[d.Result.Layer]
+	if r == 4 {
+		div.Kind = KindIndexer
+		div.Why = fmt.Sprintf("compressed part of the index list (128 + index_sel) differs: %s", d.Result.Reason)
+		return
+	}
+	div.Kind = KindCompressor
+	div.Why = fmt.Sprintf("compressed part of the index list differs (HCA: 128 + 0..Tc-1, Tc = (p+1) div %d): %s", r, d.Result.Reason)
+}

@@ -1,0 +1,486 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"strings"
+
+	"golang.org/x/sync/errgroup"
+)
+
+// ReplayMode selects how stage inputs are obtained.
+type ReplayMode string
+
+const (
+	// Local (teacher-forced, the default): every stage is recomputed from the
+	// dump's own values of its inputs, so an error is attributed to the stage
+	// that made it.
+	Local ReplayMode = "local"
+	// Propagated: RunStep from each layer's dumped x, carrying the reference's
+	// own state across steps, to show how an error grows.
+	Propagated ReplayMode = "propagated"
+)
+
+// Model is what the reference needs besides the dump: the config, the
+// attention weights of each replayed layer and each layer's RoPE table.
+type Model struct {
+	Cfg     *Config
+	Weights map[int]*LayerWeights
+	Rope    map[int]*RopeTable
+	// GPURope says the tables are the GPU's own (dumped); RoPE stages are then
+	// held to their exact tolerance instead of one bf16 ulp.
+	GPURope bool
+}
+
+// ReplayOptions configure one replay.
+type ReplayOptions struct {
+	Mode ReplayMode
+	Tol  *Tolerance // nil: DefaultTolerance()
+	// Steps restricts the replay to these decode steps (nil: all).
+	Steps []int64
+	// Progress, when set, is called after each (step, layer) unit completes.
+	Progress func(done, total int)
+}
+
+// Status of one stage comparison.
+const (
+	StatusPass    = "pass"    // within tolerance
+	StatusFail    = "fail"    // out of tolerance: a divergence
+	StatusTie     = "tie"     // top-k differs only inside a boundary tie
+	StatusMissing = "missing" // the dump does not hold this stage
+	StatusSkipped = "skipped" // an input was unavailable, nothing compared
+)
+
+// Input sources of a stage input.
+const (
+	FromDump      = "dump"        // this step's dumped value
+	FromPrevDump  = "dump@prev"   // the previous step's dumped value
+	FromStart     = "start-state" // the dump's start state
+	FromReference = "reference"   // not dumped: the reference's own value
+	FromPropagate = "propagated"  // the reference's own chain (propagated mode)
+)
+
+// unit is one (step, layer) of a replay.
+type unit struct {
+	step  int64
+	layer int
+}
+
+// unitResult is what replaying one unit yields.
+type unitResult struct {
+	results []StageResult
+	first   *Divergence // diagnosis of the unit's first failing stage
+}
+
+// Replay replays src against the reference and returns the report (Verdict
+// "agree" or "diverged"). err is for unusable input (unreadable dump, missing
+// weights, a gap in the steps a propagated replay needs).
+func Replay(ctx context.Context, m *Model, src Source, opt ReplayOptions) (*Report, error) {
+	if opt.Mode == "" {
+		opt.Mode = Local
+	}
+	if opt.Tol == nil {
+		opt.Tol = DefaultTolerance()
+	}
+	steps := src.Steps()
+	if opt.Steps != nil {
+		steps = intersectSteps(steps, opt.Steps)
+	}
+	layers := src.Layers()
+	for _, l := range layers {
+		if m.Weights[l] == nil {
+			return nil, fmt.Errorf("replay %s: no weights for layer %d", src.Name(), l)
+		}
+	}
+	rep := newReport(src.Name(), string(opt.Mode), m.GPURope, steps, layers)
+	var units []unitResult
+	var err error
+	switch opt.Mode {
+	case Local:
+		units, err = replayLocal(ctx, m, src, steps, layers, opt)
+	case Propagated:
+		units, err = replayPropagated(ctx, m, src, steps, layers, opt)
+	default:
+		return nil, fmt.Errorf("replay: unknown mode %q (local, propagated)", opt.Mode)
+	}
+	if err != nil {
+		return nil, err
+	}
+	rep.StepsReplayed = len(steps)
+	for _, u := range units {
+		rep.Results = append(rep.Results, u.results...)
+		if rep.First == nil && u.first != nil {
+			rep.First = u.first
+		}
+	}
+	rep.finish()
+	return rep, nil
+}
+
+func intersectSteps(have, want []int64) []int64 {
+	w := map[int64]bool{}
+	for _, s := range want {
+		w[s] = true
+	}
+	var out []int64
+	for _, s := range have {
+		if w[s] {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// replayLocal runs every (step, layer) unit independently (they read only the
+// dump), in parallel across units; each unit's stages run in order. Results
+// are assembled in (step, layer) order, so the output does not depend on
+// GOMAXPROCS.
+func replayLocal(ctx context.Context, m *Model, src Source, steps []int64, layers []int, opt ReplayOptions) ([]unitResult, error) {
+	var work []unit
+	for _, p := range steps {
+		for _, l := range layers {
+			work = append(work, unit{p, l})
+		}
+	}
+	out := make([]unitResult, len(work))
+	prev := prevStepOf(src, steps)
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(runtime.GOMAXPROCS(0))
+	done := make(chan struct{}, len(work))
+	for i, u := range work {
+		g.Go(func() error {
+			if err := gctx.Err(); err != nil {
+				return err
+			}
+			r, err := localUnit(m, src, u, prev[u.step], opt.Tol)
+			if err != nil {
+				return err
+			}
+			out[i] = r
+			done <- struct{}{}
+			return nil
+		})
+	}
+	if opt.Progress != nil {
+		go func() {
+			for n := 1; n <= len(work); n++ {
+				if _, ok := <-done; !ok {
+					return
+				}
+				opt.Progress(n, len(work))
+			}
+		}()
+	}
+	err := g.Wait()
+	close(done)
+	return out, err
+}
+
+// prevStepOf maps each step to the step whose dumped values its "prev:" inputs
+// read: p-1 when the dump holds it; otherwise the start state is used if it is
+// valid after p-1 (marked by -1 here).
+func prevStepOf(src Source, steps []int64) map[int64]int64 {
+	all := map[int64]bool{}
+	for _, s := range src.Steps() {
+		all[s] = true
+	}
+	out := map[int64]int64{}
+	for _, p := range steps {
+		if all[p-1] {
+			out[p] = p - 1
+		} else {
+			out[p] = -1
+		}
+	}
+	return out
+}
+
+// localUnit replays the stages of one layer at one step from dumped inputs.
+func localUnit(m *Model, src Source, u unit, prevStep int64, tol *Tolerance) (unitResult, error) {
+	var res unitResult
+	ctx := &StepContext{Cfg: m.Cfg, Layer: u.layer, Pos: u.step, W: m.Weights[u.layer], Rope: m.Rope[u.layer]}
+	defs := Stages(m.Cfg, u.layer, u.step)
+	own := map[string]Tensor{}    // the reference's values at this step
+	status := map[string]string{} // this step's stage statuses
+	var start map[string]Tensor   // loaded on first use
+	var startAfter int64
+	startOK, startLoaded := false, false
+	for _, def := range defs {
+		sr := StageResult{Step: u.step, Layer: u.layer, Stage: def.Name, Equation: def.Equation}
+		in := make(map[string]Tensor, len(def.Inputs))
+		missing := ""
+		for _, name := range def.Inputs {
+			info := InputInfo{Name: name}
+			if base, ok := strings.CutPrefix(name, "prev:"); ok {
+				var t Tensor
+				found := false
+				if prevStep >= 0 {
+					v, ok, err := src.Stage(prevStep, u.layer, base)
+					if err != nil {
+						return res, err
+					}
+					if ok {
+						t, found = v, true
+						info.From, info.Status = FromPrevDump, "matched"
+					}
+				}
+				if !found {
+					if !startLoaded {
+						var err error
+						start, startAfter, startOK, err = src.State(u.layer)
+						if err != nil {
+							return res, err
+						}
+						startLoaded = true
+					}
+					if v, ok := start[base]; ok && startOK && startAfter == u.step-1 {
+						t, found = v, true
+						info.From, info.Status = FromStart, "unchecked"
+					}
+				}
+				if !found {
+					missing = fmt.Sprintf("no value of %s after step %d in the dump", base, u.step-1)
+					break
+				}
+				in[name] = t
+			} else {
+				v, ok, err := src.Stage(u.step, u.layer, name)
+				if err != nil {
+					return res, err
+				}
+				switch {
+				case ok:
+					in[name] = v
+					info.From = FromDump
+					switch status[name] {
+					case StatusPass, StatusTie:
+						info.Status = "matched"
+					case StatusFail:
+						info.Status = "diverged"
+					default:
+						info.Status = "unchecked"
+					}
+				case hasTensor(own, name):
+					in[name] = own[name]
+					info.From, info.Status = FromReference, "unchecked"
+				default:
+					missing = fmt.Sprintf("input %s is neither dumped nor computed", name)
+				}
+				if missing != "" {
+					break
+				}
+			}
+			sr.Inputs = append(sr.Inputs, info)
+		}
+		if missing != "" {
+			sr.Status, sr.Reason = StatusSkipped, missing
+			res.results = append(res.results, sr)
+			status[def.Name] = StatusSkipped
+			continue
+		}
+		ref, err := def.Compute(ctx, in)
+		if err != nil {
+			sr.Status, sr.Reason = StatusSkipped, "reference: "+err.Error()
+			res.results = append(res.results, sr)
+			status[def.Name] = StatusSkipped
+			continue
+		}
+		own[def.Name] = ref
+		gpu, ok, err := src.Stage(u.step, u.layer, def.Name)
+		if err != nil {
+			return res, err
+		}
+		sr.Shape = ref.Shape
+		if !ok {
+			sr.Status = StatusMissing
+			res.results = append(res.results, sr)
+			status[def.Name] = StatusMissing
+			continue
+		}
+		judgeStage(&sr, ref, gpu, in, tol.For(def.Name), m.GPURope)
+		status[def.Name] = sr.Status
+		res.results = append(res.results, sr)
+		if sr.Status == StatusFail && res.first == nil {
+			res.first = Diagnose(DiagnoseInput{
+				Model: m, Src: src, Def: def, Result: sr, Ref: ref, GPU: gpu, In: in, Own: own, Mode: Local,
+			})
+		}
+	}
+	return res, nil
+}
+
+func hasTensor(m map[string]Tensor, name string) bool { _, ok := m[name]; return ok }
+
+// judgeStage compares ref with gpu under st and fills sr's status, reason,
+// metrics and severity. in holds the stage's inputs (index_score for sets).
+func judgeStage(sr *StageResult, ref, gpu Tensor, in map[string]Tensor, st StageTol, gpuRope bool) {
+	sr.Tol = string(st.Mode)
+	sr.Shape = ref.Shape
+	sr.GPUShape = gpu.Shape
+	if st.Mode == ModeSet {
+		judgeSet(sr, ref, gpu, in)
+		return
+	}
+	if ref.Kind.IsFloat() != gpu.Kind.IsFloat() {
+		sr.Status, sr.Severity = StatusFail, 2
+		sr.Reason = fmt.Sprintf("dtype %s, reference %s", gpu.Kind, ref.Kind)
+		return
+	}
+	if !SameShape(ref.Shape, gpu.Shape) {
+		sr.Status, sr.Severity = StatusFail, 2
+		sr.Reason = fmt.Sprintf("shape %v, reference %v", gpu.Shape, ref.Shape)
+		return
+	}
+	var mt Metrics
+	if ref.Kind.IsFloat() {
+		mt = CompareFloat(ref, gpu, st, gpuRope)
+	} else {
+		mt = CompareInt(ref, gpu)
+	}
+	sr.Metrics = &mt
+	ok, why := st.Judge(mt, gpuRope)
+	sr.Severity = severity(mt, st, gpuRope)
+	if ok {
+		sr.Status = StatusPass
+		if sr.Severity >= 1 {
+			sr.Severity = 0.99
+		}
+		return
+	}
+	sr.Status, sr.Reason = StatusFail, why
+	if sr.Severity < 1 {
+		sr.Severity = 1
+	}
+}
+
+// severity maps metrics to one number for heatmaps: 0 = identical, < 1 within
+// tolerance, >= 1 out of tolerance (capped at 2).
+func severity(m Metrics, st StageTol, gpuRope bool) float64 {
+	var s float64
+	if m.RefNaN != m.GPUNaN || m.RefInf != m.GPUInf || len(m.NonFiniteRows) > 0 {
+		return 2
+	}
+	switch st.Mode {
+	case ModeExact:
+		if m.Mismatch > 0 {
+			s = 1 + float64(m.Mismatch)/float64(max(m.N, 1))
+		}
+	case ModeULP:
+		s = float64(m.MaxULP) / float64(st.allowedULP(gpuRope)+1)
+	case ModeClose:
+		if m.CloseFail > 0 {
+			s = 1 + float64(m.CloseFail)/float64(max(m.N, 1))
+		} else if st.Cos > 0 {
+			s = m.CosDiff / st.Cos
+		}
+	default:
+		if m.Mismatch > 0 {
+			s = 0.5
+		}
+	}
+	return min(s, 2)
+}
+
+// replayPropagated runs each layer's chain with RunStep from the dumped x,
+// carrying the reference's own state from the dump's start state. The steps
+// must be consecutive from the start state on.
+func replayPropagated(ctx context.Context, m *Model, src Source, steps []int64, layers []int, opt ReplayOptions) ([]unitResult, error) {
+	perLayer := make([][]unitResult, len(layers))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(runtime.GOMAXPROCS(0))
+	for li, l := range layers {
+		g.Go(func() error {
+			r, err := propagateLayer(gctx, m, src, steps, l, opt.Tol)
+			perLayer[li] = r
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	// Reorder to (step, layer).
+	var out []unitResult
+	for si := range steps {
+		for li := range layers {
+			out = append(out, perLayer[li][si])
+		}
+		if opt.Progress != nil {
+			opt.Progress(si+1, len(steps))
+		}
+	}
+	return out, nil
+}
+
+func propagateLayer(ctx context.Context, m *Model, src Source, steps []int64, layer int, tol *Tolerance) ([]unitResult, error) {
+	stT, after, ok, err := src.State(layer)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, fmt.Errorf("replay %s: propagated mode needs the start state of layer %d", src.Name(), layer)
+	}
+	st, err := LoadState(m.Cfg, layer, stT)
+	if err != nil {
+		return nil, fmt.Errorf("replay %s: start state of layer %d: %w", src.Name(), layer, err)
+	}
+	out := make([]unitResult, 0, len(steps))
+	want := after + 1
+	for _, p := range steps {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		if p != want {
+			return nil, fmt.Errorf("replay %s: propagated mode needs consecutive steps from %d; step %d is missing", src.Name(), want, want)
+		}
+		want++
+		x, ok, err := src.Stage(p, layer, "x")
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			return nil, fmt.Errorf("replay %s: step %d layer %d: no x in the dump", src.Name(), p, layer)
+		}
+		sctx := &StepContext{Cfg: m.Cfg, Layer: layer, Pos: p, W: m.Weights[layer], Rope: m.Rope[layer]}
+		outs, next, err := RunStep(sctx, x, st)
+		if err != nil {
+			return nil, fmt.Errorf("replay %s: step %d layer %d: %w", src.Name(), p, layer, err)
+		}
+		st = next
+		var ur unitResult
+		for _, def := range Stages(m.Cfg, layer, p) {
+			sr := StageResult{Step: p, Layer: layer, Stage: def.Name, Equation: def.Equation}
+			for _, n := range def.Inputs {
+				sr.Inputs = append(sr.Inputs, InputInfo{Name: n, From: FromPropagate, Status: "unchecked"})
+			}
+			ref, ok := outs[def.Name]
+			if !ok {
+				sr.Status, sr.Reason = StatusSkipped, "RunStep did not return this stage"
+				ur.results = append(ur.results, sr)
+				continue
+			}
+			gpu, ok, err := src.Stage(p, layer, def.Name)
+			if err != nil {
+				return nil, err
+			}
+			if !ok {
+				sr.Status, sr.Shape = StatusMissing, ref.Shape
+				ur.results = append(ur.results, sr)
+				continue
+			}
+			in := map[string]Tensor{}
+			if def.Name == "index_topk" || def.Name == "index_sel" {
+				if s, ok, _ := src.Stage(p, layer, "index_score"); ok {
+					in["index_score"] = s
+				}
+			}
+			judgeStage(&sr, ref, gpu, in, tol.For(def.Name), m.GPURope)
+			ur.results = append(ur.results, sr)
+			if sr.Status == StatusFail && ur.first == nil {
+				ur.first = Diagnose(DiagnoseInput{Model: m, Src: src, Def: def, Result: sr, Ref: ref, GPU: gpu, In: in, Own: outs, Mode: Propagated})
+			}
+		}
+		out = append(out, ur)
+	}
+	return out, nil
+}

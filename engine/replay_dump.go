@@ -1,0 +1,267 @@
+package engine
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+
+	"sparsemla/attention"
+	"sparsemla/dump"
+)
+
+// DumpSource is a Source over an opened dump (any format dump.Open reads),
+// restricted to one request. Tensors are read on demand and cached per key, so
+// memory is bounded by what the replay touches.
+type DumpSource struct {
+	D       *dump.Dump
+	Request string
+	steps   []int64
+	layers  []int
+}
+
+// NewDumpSource selects request (empty: the dump's only request, or the first
+// in sorted order when there are several) from an opened dump.
+func NewDumpSource(d *dump.Dump, request string) (*DumpSource, error) {
+	reqs := map[string]bool{}
+	for _, e := range d.Entries {
+		if e.Kind == dump.KindStage && e.Layer >= 0 {
+			reqs[e.Request] = true
+		}
+	}
+	if request == "" {
+		var names []string
+		for r := range reqs {
+			names = append(names, r)
+		}
+		sort.Strings(names)
+		if len(names) > 0 {
+			request = names[0]
+		}
+	} else if !reqs[request] {
+		return nil, fmt.Errorf("dump %s: no stage records for request %q", d.Path, request)
+	}
+	s := &DumpSource{D: d, Request: request}
+	steps := map[int64]bool{}
+	layers := map[int]bool{}
+	for _, e := range d.Entries {
+		if e.Request != request || e.Layer < 0 {
+			continue
+		}
+		switch e.Kind {
+		case dump.KindStage:
+			steps[int64(e.Step)] = true
+			layers[e.Layer] = true
+		case dump.KindState:
+			layers[e.Layer] = true
+		}
+	}
+	for p := range steps {
+		s.steps = append(s.steps, p)
+	}
+	sort.Slice(s.steps, func(i, j int) bool { return s.steps[i] < s.steps[j] })
+	for l := range layers {
+		s.layers = append(s.layers, l)
+	}
+	sort.Ints(s.layers)
+	if len(s.steps) == 0 {
+		return nil, fmt.Errorf("dump %s: no decode-step records", d.Path)
+	}
+	return s, nil
+}
+
+// Name implements Source.
+func (s *DumpSource) Name() string { return s.D.Path }
+
+// Steps implements Source.
+func (s *DumpSource) Steps() []int64 { return s.steps }
+
+// Layers implements Source.
+func (s *DumpSource) Layers() []int { return s.layers }
+
+// Stage implements Source.
+func (s *DumpSource) Stage(step int64, layer int, stage string) (Tensor, bool, error) {
+	return s.read(dump.Key{Request: s.Request, Step: int(step), Layer: layer, Stage: stage}, dump.KindStage)
+}
+
+func (s *DumpSource) read(k dump.Key, kind dump.Kind) (Tensor, bool, error) {
+	e, ok := s.D.Lookup(k, kind)
+	if !ok {
+		return Tensor{}, false, nil
+	}
+	rec, err := s.D.Read(e)
+	if err != nil {
+		return Tensor{}, false, err
+	}
+	t, err := TensorFromRecord(&rec)
+	if err != nil {
+		return Tensor{}, false, fmt.Errorf("dump %s: record %d (%s): %w", e.File, e.Record, k, err)
+	}
+	return t, true, nil
+}
+
+// State implements Source: the KindState records of the layer, valid after
+// their Key.Step.
+func (s *DumpSource) State(layer int) (map[string]Tensor, int64, bool, error) {
+	st := map[string]Tensor{}
+	after := int64(-2)
+	for i := range s.D.Entries {
+		e := &s.D.Entries[i]
+		if e.Kind != dump.KindState || e.Layer != layer || e.Request != s.Request {
+			continue
+		}
+		if after != -2 && int64(e.Step) != after {
+			return nil, 0, false, fmt.Errorf("dump %s: layer %d has start-state records valid after steps %d and %d", s.D.Path, layer, after, e.Step)
+		}
+		after = int64(e.Step)
+		rec, err := s.D.Read(e)
+		if err != nil {
+			return nil, 0, false, err
+		}
+		t, err := TensorFromRecord(&rec)
+		if err != nil {
+			return nil, 0, false, fmt.Errorf("dump %s: record %d (%s): %w", e.File, e.Record, e.Key, err)
+		}
+		st[e.Stage] = t
+	}
+	if len(st) == 0 {
+		return nil, 0, false, nil
+	}
+	return st, after, true, nil
+}
+
+// PrefixHit implements PrefixSource from the dump's prefix records.
+func (s *DumpSource) PrefixHit() (PrefixHit, bool) {
+	for _, p := range s.D.Prefix {
+		if p.Request == s.Request {
+			return PrefixHit{From: p.Source, Tokens: int64(p.Tokens)}, true
+		}
+	}
+	return PrefixHit{}, false
+}
+
+// OtherStage implements PrefixSource.
+func (s *DumpSource) OtherStage(request string, step int64, layer int, stage string) (Tensor, bool, error) {
+	return s.read(dump.Key{Request: request, Step: int(step), Layer: layer, Stage: stage}, dump.KindStage)
+}
+
+// TensorFromRecord widens a dump record to an engine Tensor: float dtypes to
+// fp32 values (KindBF16 for bf16 records, KindF32 otherwise), integers to int64
+// (KindI32 for 32-bit and narrower records, KindI64 otherwise).
+func TensorFromRecord(r *dump.Record) (Tensor, error) {
+	shape := append([]int{}, r.Shape...)
+	if r.DType.IsFloat() {
+		f, err := r.Float32()
+		if err != nil {
+			return Tensor{}, err
+		}
+		k := KindF32
+		if r.DType == dump.BF16 {
+			k = KindBF16
+		}
+		return Tensor{Kind: k, Shape: shape, F: f}, nil
+	}
+	v, err := r.Int64()
+	if err != nil {
+		return Tensor{}, err
+	}
+	k := KindI64
+	if r.DType.Bits() <= 32 {
+		k = KindI32
+	}
+	return Tensor{Kind: k, Shape: shape, I: v}, nil
+}
+
+// LoadModel builds the reference Model for a dump: the config from the dump
+// header (ModelArgs JSON), the attention weights of the layers in src from
+// weights (a safetensors file, or a directory holding weights.safetensors;
+// empty: weights.safetensors next to the dump), and each layer's RoPE table —
+// the GPU's own (freqs_cis_r0 / freqs_cis_cmp tables) when the dump has them,
+// else computed (spec §3.6).
+func LoadModel(d *dump.Dump, src Source, weights string) (*Model, error) {
+	if d.Header.ModelArgs == "" {
+		return nil, fmt.Errorf("dump %s: no model config (ModelArgs) in the dump; write config.json beside it or use a native dump", d.Path)
+	}
+	cfg, err := ParseConfig([]byte(d.Header.ModelArgs))
+	if err != nil {
+		return nil, fmt.Errorf("dump %s: %w", d.Path, err)
+	}
+	wpath, err := findWeights(d.Path, weights)
+	if err != nil {
+		return nil, err
+	}
+	st, err := dump.OpenSafetensors(wpath)
+	if err != nil {
+		return nil, err
+	}
+	defer st.Close()
+	m := &Model{Cfg: cfg, Weights: map[int]*LayerWeights{}, Rope: map[int]*RopeTable{}}
+	T := cfg.MaxSeqLen
+	for _, p := range src.Steps() {
+		T = max(T, int(p)+1)
+	}
+	gpu := map[string]*RopeTable{}
+	for _, name := range []string{"freqs_cis_r0", "freqs_cis_cmp"} {
+		e, ok := d.Lookup(dump.Key{Step: dump.NoStep, Layer: dump.Global, Stage: name}, dump.KindTable)
+		if !ok {
+			continue
+		}
+		rec, err := d.Read(e)
+		if err != nil {
+			return nil, err
+		}
+		if len(rec.Shape) != 3 || rec.Shape[1] != 32 || rec.Shape[2] != 2 {
+			return nil, fmt.Errorf("dump %s: table %s has shape %v, want [T, 32, 2]", d.Path, name, rec.Shape)
+		}
+		f, err := rec.Float32()
+		if err != nil {
+			return nil, err
+		}
+		gpu[name] = attention.RopeTableFromCis(f, rec.Shape[0], d.Path+":"+name)
+	}
+	m.GPURope = len(gpu) > 0
+	for _, l := range src.Layers() {
+		if l >= cfg.NLayers {
+			return nil, fmt.Errorf("dump %s: layer %d outside the model (%d layers)", d.Path, l, cfg.NLayers)
+		}
+		lw, err := LoadLayerWeights(cfg, l, st)
+		if err != nil {
+			return nil, err
+		}
+		m.Weights[l] = lw
+		name := "freqs_cis_r0"
+		if cfg.Ratio(l) > 0 {
+			name = "freqs_cis_cmp"
+		}
+		if t, ok := gpu[name]; ok {
+			m.Rope[l] = t
+		} else {
+			m.GPURope = false
+			m.Rope[l] = LayerRope(cfg, l, T)
+		}
+	}
+	return m, nil
+}
+
+// findWeights resolves the weights file of a dump.
+func findWeights(dumpPath, weights string) (string, error) {
+	cands := []string{}
+	if weights != "" {
+		cands = append(cands, weights, filepath.Join(weights, "weights.safetensors"))
+	} else {
+		dir := dumpPath
+		if fi, err := os.Stat(dumpPath); err == nil && !fi.IsDir() {
+			dir = filepath.Dir(dumpPath)
+		}
+		cands = append(cands, filepath.Join(dir, "weights.safetensors"))
+	}
+	for _, c := range cands {
+		if fi, err := os.Stat(c); err == nil && !fi.IsDir() {
+			return c, nil
+		}
+	}
+	if weights != "" {
+		return "", fmt.Errorf("weights %s: no safetensors file there (want a file or a directory with weights.safetensors)", weights)
+	}
+	return "", fmt.Errorf("dump %s: no weights.safetensors beside it; pass --weights", dumpPath)
+}
