@@ -19,7 +19,7 @@ import (
 //	WqB       FP8  [H·head_dim, q_lora_rank]          wq_b
 //	Wkv       FP8  [head_dim, dim]                    wkv
 //	KVNorm    fp32 [head_dim]                         kv_norm.weight
-//	WoA       bf16 [G·R, H·head_dim/G]                wo_a.weight (FP8 dequantised by convert.py)
+//	WoA       bf16 [G·R, H·head_dim/G]                wo_a.weight (bf16 after convert.py, or FP8 + .scale)
 //	WoB       FP8  [dim, G·R]                         wo_b
 //	AttnSink  fp32 [H]                                attn_sink
 //	Compressor (r > 0): compressor.{wkv,wgate}.weight fp32 [coff·512, dim], .ape fp32 [r, coff·512], .norm.weight [512]
@@ -107,7 +107,21 @@ func LoadLayerWeights(cfg *Config, layer int, st *dump.Safetensors) (*LayerWeigh
 		func() error { lw.WqB, err = fp8("wq_b", H*D, cfg.QLoraRank); return err },
 		func() error { lw.Wkv, err = fp8("wkv", D, dim); return err },
 		func() error { lw.KVNorm, err = f32("kv_norm.weight", D); return err },
-		func() error { lw.WoA, err = f32("wo_a.weight", cfg.OGroups*cfg.OLoraRank, H*D/cfg.OGroups); return err },
+		func() error {
+			// wo_a is bf16 after convert.py; a checkpoint may still hold it as FP8
+			// codes + .scale, which dequantise exactly to the same bf16 values.
+			rows, cols := cfg.OGroups*cfg.OLoraRank, H*D/cfg.OGroups
+			if e, ok := st.Entry(pre + "wo_a.weight"); ok && e.DType == dump.E4M3 {
+				w, err := fp8("wo_a", rows, cols)
+				if err != nil {
+					return err
+				}
+				lw.WoA = w.W
+				return nil
+			}
+			lw.WoA, err = f32("wo_a.weight", rows, cols)
+			return err
+		},
 		func() error { lw.WoB, err = fp8("wo_b", dim, cfg.OGroups*cfg.OLoraRank); return err },
 		func() error { lw.AttnSink, err = f32("attn_sink", H); return err },
 	}
