@@ -167,13 +167,13 @@ func TestOpenNpzAndNpy(t *testing.T) {
 
 func TestNameMapErrors(t *testing.T) {
 	cases := map[string]string{
-		`{"name": "x", "files": []}`: "no file rules",
-		`{"name": "x", "files": [{"file": "(", "rules": []}]}`:                                         "files[0].file",
+		`{"name": "x", "files": []}`:                                                                  "no file rules",
+		`{"name": "x", "files": [{"file": "(", "rules": []}]}`:                                        "files[0].file",
 		`{"name": "x", "files": [{"file": "(?P<foo>a)", "rules": []}]}`:                               "unknown capture group",
 		`{"name": "x", "files": [{"file": "a", "rules": [{"match": "b"}]}]}`:                          "neither a stage",
 		`{"name": "x", "files": [{"file": "a", "rules": [{"match": "(?P<stage>b)", "dtype": "q"}]}]}`: "unknown dtype",
 		`{"name": "x", "files": [{"file": "a", "kind": "zz", "rules": []}]}`:                          "unknown kind",
-		`{"name": "x", "filez": []}`: "unknown field",
+		`{"name": "x", "filez": []}`:                                                                  "unknown field",
 	}
 	for src, want := range cases {
 		if _, err := ParseNameMap([]byte(src), "m.json"); err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "m.json") {
