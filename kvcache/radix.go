@@ -1,0 +1,555 @@
+package kvcache
+
+import (
+	"container/heap"
+	"encoding/binary"
+	"fmt"
+	"sort"
+	"sync"
+)
+
+// RadixCache is a prefix cache keyed by token ids, in the spirit of SGLang's
+// RadixCache (tools-and-formats.md §3.1) with DeepSeek-V4 resume points (§3.4):
+//
+//   - keys are token ids, matched and stored a page at a time: a request's
+//     unaligned tail is never cached, every node boundary is a page boundary;
+//   - each token carries an int64 value (its KV slot, as SGLang stores), handed
+//     back by MatchPrefix and by eviction so the caller can free it;
+//   - Lock/Unlock count references on a node and all its ancestors; only
+//     unlocked leaves are evicted, least recently used first;
+//   - a prefix of n tokens is resumable only where the state to continue is
+//     kept: a Snapshot of the compressor state at n (with the ratio-4 halo)
+//     and the window rows of tokens [n-Window, n) (see Schedule.Needs).
+//     MatchPrefix returns the longest resumable prefix and says why a longer
+//     matched one was refused.
+//
+// All methods are safe for concurrent use (one mutex).
+type RadixCache struct {
+	mu    sync.Mutex
+	page  int
+	sched Schedule
+	sizes Sizes
+	root  *node
+	tick  uint64
+	seq   uint64
+
+	evictable, protected int // tokens in nodes with lock 0 / lock > 0
+	windowTokens         int // tokens whose window rows are kept
+	snapshots            int // state snapshots kept
+	nodes                int // nodes excluding the root
+}
+
+// Sizes gives the byte cost used by Usage.Bytes.
+type Sizes struct {
+	PrefixBytesPerToken int // compressed rows + indexer keys (prefix lifetime), per token
+	WindowBytesPerToken int // window rows of every layer, per token
+	SnapshotBytes       int // one compressor-state snapshot, all layers
+}
+
+type node struct {
+	parent   *node
+	children map[string]*node // keyed by the node's first page of tokens
+	key      []int32          // tokens, a whole number of pages (empty for the root)
+	vals     []int64          // one value (KV slot) per token
+	start    int              // absolute position of key[0]
+	lock     int
+	last     uint64           // access tick (LRU)
+	seq      uint64           // creation order (tie-break)
+	window   bool             // window rows of these tokens still kept
+	snaps    map[int]Snapshot // by absolute position At ∈ (start, start+len(key)]
+	dead     bool
+}
+
+func (n *node) end() int { return n.start + len(n.key) }
+
+// Handle names a node of the cache (the end of a matched or inserted prefix).
+// It stays valid across node splits; after the node is evicted Lock fails.
+type Handle struct{ n *node }
+
+// End is the number of tokens of the prefix the handle ends (0 for the root).
+func (h Handle) End() int {
+	if h.n == nil {
+		return 0
+	}
+	return h.n.end()
+}
+
+// NewRadixCache returns an empty cache matching pageSize tokens at a time.
+func NewRadixCache(pageSize int, sched Schedule, sizes Sizes) *RadixCache {
+	if pageSize <= 0 || sched.Window < 0 {
+		panic("kvcache: NewRadixCache page size must be positive")
+	}
+	return &RadixCache{page: pageSize, sched: sched, sizes: sizes,
+		root: &node{children: map[string]*node{}, window: true}}
+}
+
+// PageSize is the matching granularity in tokens.
+func (c *RadixCache) PageSize() int { return c.page }
+
+func pageKey(tokens []int32) string {
+	b := make([]byte, 4*len(tokens))
+	for i, t := range tokens {
+		binary.LittleEndian.PutUint32(b[4*i:], uint32(t))
+	}
+	return string(b)
+}
+
+// commonPages is the length of the common prefix of a and b, rounded down to a
+// whole number of pages.
+func (c *RadixCache) commonPages(a, b []int32) int {
+	n := 0
+	for n < len(a) && n < len(b) && a[n] == b[n] {
+		n++
+	}
+	return n / c.page * c.page
+}
+
+// split cuts n after its first l tokens (0 < l < len, page aligned): a new
+// parent takes the prefix; n keeps the suffix (so handles on n stay valid).
+func (c *RadixCache) split(n *node, l int) *node {
+	c.seq++
+	p := &node{parent: n.parent, children: map[string]*node{}, key: n.key[:l:l], vals: n.vals[:l:l],
+		start: n.start, lock: n.lock, last: n.last, seq: c.seq, window: n.window}
+	for at, s := range n.snaps {
+		if at <= n.start+l {
+			if p.snaps == nil {
+				p.snaps = map[int]Snapshot{}
+			}
+			p.snaps[at] = s
+			delete(n.snaps, at)
+		}
+	}
+	n.parent.children[pageKey(n.key[:c.page])] = p
+	n.key, n.vals, n.start, n.parent = n.key[l:], n.vals[l:], n.start+l, p
+	p.children[pageKey(n.key[:c.page])] = n
+	c.nodes++
+	return p
+}
+
+// Insert caches tokens (truncated to whole pages) with one value per token and
+// the snapshots kept for it. It returns how many leading tokens were already
+// cached: the caller frees its own values for those (the cache keeps the
+// existing ones). Snapshot positions must be page-aligned and within the
+// inserted length (it panics otherwise: programmer error).
+func (c *RadixCache) Insert(tokens []int32, vals []int64, snaps []Snapshot) (existing int, h Handle) {
+	n := len(tokens) / c.page * c.page
+	if len(vals) < n {
+		panic("kvcache: RadixCache.Insert needs one value per token")
+	}
+	for _, s := range snaps {
+		if s.At <= 0 || s.At > n || s.At%c.page != 0 || s.StateFrom < 0 || s.StateFrom > s.At {
+			panic("kvcache: RadixCache.Insert snapshot outside the aligned prefix")
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.tick++
+	cur, pos := c.root, 0
+	for pos < n {
+		child := cur.children[pageKey(tokens[pos:pos+c.page])]
+		if child == nil {
+			break
+		}
+		child.last = c.tick
+		l := c.commonPages(child.key, tokens[pos:n])
+		if l < len(child.key) {
+			child = c.split(child, l)
+		}
+		pos += l
+		cur = child
+	}
+	existing = pos
+	if pos < n {
+		c.seq++
+		leaf := &node{parent: cur, children: map[string]*node{}, key: append([]int32(nil), tokens[pos:n]...),
+			vals: append([]int64(nil), vals[pos:n]...), start: pos, last: c.tick, seq: c.seq, window: true}
+		cur.children[pageKey(leaf.key[:c.page])] = leaf
+		c.nodes++
+		c.evictable += n - pos
+		c.windowTokens += n - pos
+		cur = leaf
+	}
+	for _, s := range snaps {
+		x := cur
+		for x.start >= s.At {
+			x = x.parent
+		}
+		if x.snaps == nil {
+			x.snaps = map[int]Snapshot{}
+		}
+		old, had := x.snaps[s.At]
+		if !had {
+			c.snapshots++
+		} else if old.StateFrom < s.StateFrom {
+			s = old // keep the snapshot that holds more
+		}
+		x.snaps[s.At] = s
+	}
+	if cur == c.root {
+		return existing, Handle{}
+	}
+	return existing, Handle{cur}
+}
+
+// Match is the result of MatchPrefix.
+type Match struct {
+	Matched int     // longest page-aligned prefix of the query that is cached
+	Len     int     // longest resumable prefix (≤ Matched): what may be reused
+	Vals    []int64 // values (KV slots) of tokens [0, Len)
+	Node    Handle  // the node ending at Len (locked when MatchPrefix was asked to)
+	// Refusal is non-nil when Len < Matched: why the cache cannot resume at
+	// Matched (missing snapshot, snapshot without the overlap halo, window rows
+	// evicted).
+	Refusal *ResumeRefusal
+}
+
+// MatchPrefix finds the longest cached page-aligned prefix of tokens and the
+// longest resumable prefix within it, refreshes the LRU time of the matched
+// path, and (when lock is true) locks the returned node atomically with the
+// match, so no concurrent eviction can take it.
+func (c *RadixCache) MatchPrefix(tokens []int32, lock bool) Match {
+	n := len(tokens) / c.page * c.page
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.tick++
+	var path []*node
+	cur, pos := c.root, 0
+	for pos < n {
+		child := cur.children[pageKey(tokens[pos:pos+c.page])]
+		if child == nil {
+			break
+		}
+		child.last = c.tick
+		path = append(path, child)
+		l := c.commonPages(child.key, tokens[pos:n])
+		pos += l
+		if l < len(child.key) {
+			break
+		}
+		cur = child
+	}
+	m := Match{Matched: pos}
+	// Candidate resume points: snapshot positions on the path within the match, and 0.
+	var cands []int
+	for _, x := range path {
+		for at := range x.snaps {
+			if at <= pos {
+				cands = append(cands, at)
+			}
+		}
+	}
+	sort.Sort(sort.Reverse(sort.IntSlice(cands)))
+	best := 0
+	for _, at := range cands {
+		if why := c.resumeProblem(path, at); why == "" {
+			best = at
+			break
+		} else if m.Refusal == nil && at == pos {
+			m.Refusal = &ResumeRefusal{At: at, Reason: why}
+		}
+	}
+	if best < pos && m.Refusal == nil {
+		m.Refusal = &ResumeRefusal{At: pos, Reason: fmt.Sprintf("no compressor-state snapshot kept at token %d", pos)}
+	}
+	m.Len = best
+	// The node that ends exactly at best (splitting if best falls inside one).
+	var end *node
+	for _, x := range path {
+		if x.start < best && best <= x.end() {
+			if best < x.end() {
+				x = c.split(x, best-x.start)
+			}
+			end = x
+			break
+		}
+	}
+	m.Vals = c.collectVals(end, make([]int64, 0, best))
+	if end != nil {
+		m.Node = Handle{end}
+		if lock {
+			c.lockNode(end)
+		}
+	}
+	return m
+}
+
+// collectVals appends the values of the path root → n in order.
+func (c *RadixCache) collectVals(n *node, dst []int64) []int64 {
+	var chain []*node
+	for x := n; x != nil && x != c.root; x = x.parent {
+		chain = append(chain, x)
+	}
+	for i := len(chain) - 1; i >= 0; i-- {
+		dst = append(dst, chain[i].vals...)
+	}
+	return dst
+}
+
+// resumeProblem says what is missing to resume at position at along path
+// ("" when nothing is).
+func (c *RadixCache) resumeProblem(path []*node, at int) string {
+	need := c.sched.Needs(at)
+	var snap Snapshot
+	found := false
+	for _, x := range path {
+		if s, ok := x.snaps[at]; ok {
+			snap, found = s, true
+		}
+	}
+	if !found {
+		return fmt.Sprintf("no compressor-state snapshot kept at token %d", at)
+	}
+	if snap.StateFrom > need.StateFrom {
+		return fmt.Sprintf("snapshot at %d keeps compressor state from token %d, resuming needs it from token %d (unfinished group and the ratio-4 overlap halo)",
+			at, snap.StateFrom, need.StateFrom)
+	}
+	for _, x := range path {
+		if !x.window && x.start < at && x.end() > need.WindowFrom {
+			lo, hi := max(x.start, need.WindowFrom), min(x.end(), at)
+			return fmt.Sprintf("window rows of tokens [%d, %d) were evicted; resuming at %d needs [%d, %d)", lo, hi, at, need.WindowFrom, at)
+		}
+	}
+	return ""
+}
+
+func (c *RadixCache) lockNode(n *node) {
+	for x := n; x != c.root; x = x.parent {
+		if x.lock == 0 {
+			c.evictable -= len(x.key)
+			c.protected += len(x.key)
+		}
+		x.lock++
+	}
+}
+
+// Lock adds a reference to h's node and its ancestors, protecting them from
+// eviction. It fails when the node was evicted.
+func (c *RadixCache) Lock(h Handle) error {
+	if h.n == nil {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if h.n.dead {
+		return fmt.Errorf("kvcache: Lock of an evicted prefix node (tokens [%d, %d))", h.n.start, h.n.end())
+	}
+	c.lockNode(h.n)
+	return nil
+}
+
+// Unlock removes a reference added by Lock or a locking MatchPrefix. It panics
+// when the node is not locked (an unbalanced Unlock is a programmer error).
+func (c *RadixCache) Unlock(h Handle) {
+	if h.n == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if h.n.lock <= 0 {
+		panic("kvcache: RadixCache.Unlock of an unlocked node")
+	}
+	for x := h.n; x != c.root; x = x.parent {
+		x.lock--
+		if x.lock == 0 {
+			c.protected -= len(x.key)
+			c.evictable += len(x.key)
+		}
+	}
+}
+
+// Evicted describes one node removed (Evict) or whose window rows were dropped
+// (EvictWindows).
+type Evicted struct {
+	Prefix []int32 // tokens from the root to the end of the node
+	Start  int     // first token of the node
+	Vals   []int64 // the node's values (to be freed by the caller)
+}
+
+type lruHeap []*node
+
+func (h lruHeap) Len() int { return len(h) }
+func (h lruHeap) Less(i, j int) bool {
+	if h[i].last != h[j].last {
+		return h[i].last < h[j].last
+	}
+	return h[i].seq < h[j].seq
+}
+func (h lruHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *lruHeap) Push(x any)   { *h = append(*h, x.(*node)) }
+func (h *lruHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}
+
+func (c *RadixCache) prefixOf(n *node) []int32 {
+	var chain []*node
+	for x := n; x != c.root; x = x.parent {
+		chain = append(chain, x)
+	}
+	var out []int32
+	for i := len(chain) - 1; i >= 0; i-- {
+		out = append(out, chain[i].key...)
+	}
+	return out
+}
+
+func (c *RadixCache) walk(f func(*node)) {
+	var rec func(*node)
+	rec = func(n *node) {
+		keys := make([]string, 0, len(n.children))
+		for k := range n.children {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			f(n.children[k])
+			rec(n.children[k])
+		}
+	}
+	rec(c.root)
+}
+
+// Evict removes unlocked leaves, least recently used first, until at least
+// tokens tokens are freed or nothing evictable is left. A parent that becomes
+// an unlocked leaf joins the candidates. It returns what was removed.
+func (c *RadixCache) Evict(tokens int) []Evicted {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	h := &lruHeap{}
+	c.walk(func(n *node) {
+		if len(n.children) == 0 && n.lock == 0 {
+			*h = append(*h, n)
+		}
+	})
+	heap.Init(h)
+	var out []Evicted
+	freed := 0
+	for freed < tokens && h.Len() > 0 {
+		n := heap.Pop(h).(*node)
+		out = append(out, Evicted{Prefix: c.prefixOf(n), Start: n.start, Vals: n.vals})
+		p := n.parent
+		delete(p.children, pageKey(n.key[:c.page]))
+		c.evictable -= len(n.key)
+		if n.window {
+			c.windowTokens -= len(n.key)
+		}
+		c.snapshots -= len(n.snaps)
+		c.nodes--
+		n.dead = true
+		freed += len(n.key)
+		if p != c.root && len(p.children) == 0 && p.lock == 0 {
+			heap.Push(h, p)
+		}
+	}
+	return out
+}
+
+// EvictWindows drops the window rows (not the prefix-lifetime rows) of
+// unlocked nodes, least recently used first, until at least tokens tokens of
+// window rows are freed: SGLang's SWA tombstones. Snapshots that needed those
+// rows stop being resume points.
+func (c *RadixCache) EvictWindows(tokens int) []Evicted {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	h := &lruHeap{}
+	c.walk(func(n *node) {
+		if n.window && n.lock == 0 {
+			*h = append(*h, n)
+		}
+	})
+	heap.Init(h)
+	var out []Evicted
+	freed := 0
+	for freed < tokens && h.Len() > 0 {
+		n := heap.Pop(h).(*node)
+		n.window = false
+		c.windowTokens -= len(n.key)
+		freed += len(n.key)
+		out = append(out, Evicted{Prefix: c.prefixOf(n), Start: n.start, Vals: n.vals})
+	}
+	return out
+}
+
+// Usage is the cache's accounting.
+type Usage struct {
+	Tokens       int   // cached tokens (= Evictable + Protected)
+	Evictable    int   // tokens in unlocked nodes
+	Protected    int   // tokens in locked nodes
+	WindowTokens int   // tokens whose window rows are kept
+	Snapshots    int   // compressor-state snapshots kept
+	Nodes        int   // nodes (root excluded)
+	Bytes        int64 // Sizes applied to the counts above
+}
+
+// Usage returns the current accounting.
+func (c *RadixCache) Usage() Usage {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.usage()
+}
+
+func (c *RadixCache) usage() Usage {
+	u := Usage{Tokens: c.evictable + c.protected, Evictable: c.evictable, Protected: c.protected,
+		WindowTokens: c.windowTokens, Snapshots: c.snapshots, Nodes: c.nodes}
+	u.Bytes = int64(u.Tokens)*int64(c.sizes.PrefixBytesPerToken) + int64(u.WindowTokens)*int64(c.sizes.WindowBytesPerToken) +
+		int64(u.Snapshots)*int64(c.sizes.SnapshotBytes)
+	return u
+}
+
+// CheckInvariants recomputes the accounting from the tree and checks the
+// structure: page-aligned non-empty keys, children keyed by their first page,
+// contiguous positions, one value per token, snapshots inside their node,
+// parent locks ≥ child locks, no dead node reachable. It returns the first
+// violation.
+func (c *RadixCache) CheckInvariants() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var got Usage
+	var err error
+	c.walk(func(n *node) {
+		if err != nil {
+			return
+		}
+		switch {
+		case n.dead:
+			err = fmt.Errorf("evicted node [%d, %d) still reachable", n.start, n.end())
+		case len(n.key) == 0 || len(n.key)%c.page != 0:
+			err = fmt.Errorf("node at %d has %d tokens, not a positive multiple of the page %d", n.start, len(n.key), c.page)
+		case len(n.vals) != len(n.key):
+			err = fmt.Errorf("node at %d has %d values for %d tokens", n.start, len(n.vals), len(n.key))
+		case n.parent.children[pageKey(n.key[:c.page])] != n:
+			err = fmt.Errorf("node at %d is not keyed by its first page", n.start)
+		case n.start != n.parent.end():
+			err = fmt.Errorf("node starts at %d, parent ends at %d", n.start, n.parent.end())
+		case n.lock < 0 || (n.parent != c.root && n.parent.lock < n.lock):
+			err = fmt.Errorf("node at %d has lock %d, parent lock %d", n.start, n.lock, n.parent.lock)
+		}
+		for at := range n.snaps {
+			if at <= n.start || at > n.end() {
+				err = fmt.Errorf("snapshot at %d outside node [%d, %d)", at, n.start, n.end())
+			}
+		}
+		got.Nodes++
+		if n.lock > 0 {
+			got.Protected += len(n.key)
+		} else {
+			got.Evictable += len(n.key)
+		}
+		if n.window {
+			got.WindowTokens += len(n.key)
+		}
+		got.Snapshots += len(n.snaps)
+	})
+	if err != nil {
+		return err
+	}
+	want := c.usage()
+	got.Tokens = got.Evictable + got.Protected
+	got.Bytes = want.Bytes
+	if got != want {
+		return fmt.Errorf("accounting %+v, tree holds %+v", want, got)
+	}
+	return nil
+}

@@ -1,0 +1,73 @@
+package kvcache
+
+import "fmt"
+
+// Schedule is what a model caches per layer, as far as resuming from a prefix
+// is concerned: the sliding window and the compress ratio of every layer
+// (V4-Flash: window 128, ratios [0, 0, 4, 128, 4, …, 4]).
+type Schedule struct {
+	Window int
+	Ratios []int // per layer: 0, 4 or 128
+}
+
+// Needs lists the state a V4 request must get back to continue decoding at
+// position n (its next token is n) after a prefix hit of n tokens
+// (tools-and-formats.md §3.4, spec §2.3-2.4, §5):
+//
+//   - every layer: the window rows of tokens [max(0, n-Window), n);
+//   - r > 0 layers: compressed rows 0 … n div r − 1 (prefix lifetime);
+//   - r = 4 layers: indexer keys 0 … n div 4 − 1;
+//   - r > 0 layers: the compressor state (main, and indexer for r = 4) of the
+//     unfinished group, tokens [n − n mod r, n); for r = 4 also the previous
+//     group's 4 tokens, whose A halves the next row pools (the overlap halo),
+//     so tokens [max(0, n − n mod 4 − 4), n).
+//
+// At a page-aligned n (page 256) the unfinished groups are empty, but a ratio-4
+// layer still needs the 4-token halo: a prefix hit without it cannot produce
+// compressed row n/4 correctly.
+type Needs struct {
+	N          int
+	WindowFrom int         // window rows needed for tokens [WindowFrom, N)
+	Compressed map[int]int // ratio → number of compressed rows needed
+	IndexKeys  int         // indexer keys needed (0 without ratio-4 layers)
+	StateFrom  int         // compressor state needed for tokens [StateFrom, N) (N when none)
+}
+
+// Needs returns what resuming at n requires.
+func (s Schedule) Needs(n int) Needs {
+	nd := Needs{N: n, WindowFrom: max(0, n-s.Window), Compressed: map[int]int{}, StateFrom: n}
+	for _, r := range s.Ratios {
+		switch r {
+		case 0:
+		case 4:
+			nd.Compressed[4] = n / 4
+			nd.IndexKeys = n / 4
+			nd.StateFrom = min(nd.StateFrom, max(0, n-n%4-4))
+		default:
+			nd.Compressed[r] = n / r
+			nd.StateFrom = min(nd.StateFrom, n-n%r)
+		}
+	}
+	return nd
+}
+
+// Snapshot records that the state needed to resume at At was kept when the
+// prefix was cached: the compressor (and indexer-compressor) state of tokens
+// [StateFrom, At) for every compressed layer. Window rows are tracked by the
+// radix cache per node (they can be dropped separately, as SGLang's SWA
+// tombstones do); compressed rows and indexer keys live with the prefix.
+type Snapshot struct {
+	At        int
+	StateFrom int
+}
+
+// ResumeRefusal says why a matched prefix of Matched tokens cannot be resumed
+// at a longer point than the one returned.
+type ResumeRefusal struct {
+	At     int    // the longest matched page boundary that was refused
+	Reason string // what is missing there
+}
+
+func (r *ResumeRefusal) Error() string {
+	return fmt.Sprintf("kvcache: prefix of %d tokens is cached but not resumable: %s", r.At, r.Reason)
+}
