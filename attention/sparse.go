@@ -13,9 +13,9 @@ const AttnChunk = 64
 // Log2e is f32(log2 e), the factor FlashMLA multiplies scores by to work in base 2.
 const Log2e float32 = 1.4426950408889634
 
-func exp32(x float32) float32  { return float32(math.Exp(float64(x))) }
+func exp32(x float32) float32   { return float32(math.Exp(float64(x))) }
 func exp2_32(x float32) float32 { return float32(math.Exp2(float64(x))) }
-func log32(x float32) float32  { return float32(math.Log(float64(x))) }
+func log32(x float32) float32   { return float32(math.Log(float64(x))) }
 func log2_32(x float32) float32 { return float32(math.Log2(float64(x))) }
 
 var negInf = float32(math.Inf(-1))
