@@ -230,8 +230,8 @@ func diagnoseSelection(d DiagnoseInput, div *Divergence) {
 		}
 		return strings.Join(p, ", ")
 	}
-	div.Why = fmt.Sprintf("%s, but the GPU top-%d selected rows [%s] and left out [%s]; k-th score %g, not a boundary tie (recall %.3g, Jaccard %.3g)",
-		scoresOK, set.K, name(set.Extra), name(set.Missing), float64(set.KthScore), set.Recall, set.Jaccard)
+	div.Why = fmt.Sprintf("%s, but the GPU top-%d selected rows [%s] and left out [%s]; k-th score %g, not a boundary tie (recall %.3g, Jaccard %.3g): %s",
+		scoresOK, set.K, name(set.Extra), name(set.Missing), float64(set.KthScore), set.Recall, set.Jaccard, d.Result.Reason)
 	for _, j := range set.Extra {
 		div.Rows = append(div.Rows, int(j))
 	}

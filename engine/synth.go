@@ -1,0 +1,509 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+
+	"sparsemla/attention"
+	"sparsemla/indexer"
+	"sparsemla/quant"
+)
+
+// FaultKind names a GPU bug Synthesize can inject.
+type FaultKind string
+
+// The injectable faults. Each is applied the way a buggy GPU produces it: the
+// faulty value replaces the stage's value and every later stage of the step
+// (and later steps, through the cache) is computed from it.
+const (
+	// FaultSplitK: the split-K combine of sparse attention adds the second
+	// split's partial output without rescaling it by 2^(LSE2_1 − L).
+	FaultSplitK FaultKind = "splitk-merge"
+	// FaultLSE: the combine's total LSE misses the attention-sink term, so every
+	// head's output is the reference times 1 + e^(σ_h − lse_h).
+	FaultLSE FaultKind = "wrong-lse"
+	// FaultFP8Scale: FQ8 of the window K picks its block scales by rounding
+	// amax/448 down to a power of two instead of up (spec §9.4).
+	FaultFP8Scale FaultKind = "fp8-scale"
+	// FaultScaleByte: bit 0 of one UE8M0 scale byte of an older window row's
+	// cache page flips, so one 64-block of that row reads ×2 or ÷2.
+	FaultScaleByte FaultKind = "scale-byte"
+	// FaultTopK: the indexer's top-k returns its last row off by one (row j+1
+	// or j−1 instead of j).
+	FaultTopK FaultKind = "topk-off-by-one"
+	// FaultStalePrefix: window rows of the last four tokens are served from
+	// another request's cache page (a stale prefix-cache page).
+	FaultStalePrefix FaultKind = "stale-prefix"
+	// FaultCmpLate: the main compressor writes its row one step late: at the
+	// emission step the cache row is still zero, it appears at the next step.
+	FaultCmpLate FaultKind = "compressor-late"
+)
+
+// FaultKinds lists every injectable fault.
+func FaultKinds() []FaultKind {
+	return []FaultKind{FaultSplitK, FaultLSE, FaultFP8Scale, FaultScaleByte, FaultTopK, FaultStalePrefix, FaultCmpLate}
+}
+
+// Fault is one injected fault at decode step Step, layer Layer.
+type Fault struct {
+	Kind  FaultKind
+	Step  int64
+	Layer int
+}
+
+func (f Fault) String() string { return fmt.Sprintf("%s@%d,%d", f.Kind, f.Step, f.Layer) }
+
+// ParseFault parses "KIND@step,layer".
+func ParseFault(s string) (Fault, error) {
+	kind, at, ok := strings.Cut(s, "@")
+	if !ok {
+		return Fault{}, fmt.Errorf("fault %q: want KIND@step,layer", s)
+	}
+	ps, ls, ok := strings.Cut(at, ",")
+	if !ok {
+		return Fault{}, fmt.Errorf("fault %q: want KIND@step,layer", s)
+	}
+	p, err1 := strconv.ParseInt(ps, 10, 64)
+	l, err2 := strconv.Atoi(ls)
+	if err1 != nil || err2 != nil {
+		return Fault{}, fmt.Errorf("fault %q: step and layer must be integers", s)
+	}
+	f := Fault{Kind: FaultKind(kind), Step: p, Layer: l}
+	for _, k := range FaultKinds() {
+		if k == f.Kind {
+			return f, nil
+		}
+	}
+	var names []string
+	for _, k := range FaultKinds() {
+		names = append(names, string(k))
+	}
+	return Fault{}, fmt.Errorf("fault %q: unknown kind %q (have %s)", s, kind, strings.Join(names, ", "))
+}
+
+// Stage is the stage where the fault first shows: the first divergence a
+// local replay must report.
+func (f Fault) Stage() string {
+	switch f.Kind {
+	case FaultSplitK, FaultLSE:
+		return "o"
+	case FaultFP8Scale:
+		return "kv"
+	case FaultTopK:
+		return "index_topk"
+	}
+	return "kv_cache"
+}
+
+// Diagnosis is the diagnosis kind a replay must give the fault.
+func (f Fault) Diagnosis() string {
+	switch f.Kind {
+	case FaultSplitK, FaultLSE:
+		return KindAttention
+	case FaultFP8Scale, FaultScaleByte:
+		return KindFP8Cache
+	case FaultTopK:
+		return KindIndexer
+	case FaultStalePrefix:
+		return KindPrefix
+	}
+	return KindCompressor
+}
+
+// Check reports whether the fault can be injected at its position in cfg
+// with a dump of steps first..last.
+func (f Fault) Check(cfg *Config, first, last int64) error {
+	if f.Layer < 0 || f.Layer >= cfg.NLayers {
+		return fmt.Errorf("fault %s: layer outside 0..%d", f, cfg.NLayers-1)
+	}
+	if f.Step < first || f.Step > last {
+		return fmt.Errorf("fault %s: step outside the dumped steps %d..%d", f, first, last)
+	}
+	r := cfg.Ratio(f.Layer)
+	switch f.Kind {
+	case FaultTopK:
+		if r != 4 {
+			return fmt.Errorf("fault %s: layer %d has no indexer (r = %d)", f, f.Layer, r)
+		}
+		if (f.Step+1)/4 < 2 {
+			return fmt.Errorf("fault %s: needs at least 2 compressed rows (step >= 7)", f)
+		}
+	case FaultCmpLate:
+		if r != 4 {
+			return fmt.Errorf("fault %s: needs a CSA layer (r = 4), layer %d has r = %d", f, f.Layer, r)
+		}
+		if !attention.EmitsRow(f.Step, r) {
+			return fmt.Errorf("fault %s: step %d is not an emission step of r = %d", f, f.Step, r)
+		}
+	case FaultScaleByte, FaultStalePrefix:
+		if f.Step < 1 {
+			return fmt.Errorf("fault %s: needs an earlier token in the window", f)
+		}
+	}
+	return nil
+}
+
+// SynthOptions configure Synthesize.
+type SynthOptions struct {
+	Config  string // preset name (default "tiny")
+	Prefill int    // positions 0..Prefill-1 run before the dump (the start state is valid after Prefill-1)
+	Steps   int    // decode steps dumped: Prefill .. Prefill+Steps-1
+	Seed    uint64
+	Fault   *Fault
+}
+
+// Synth is a synthetic model and the dump a GPU running it would write.
+type Synth struct {
+	Cfg     *Config
+	Weights map[int]*LayerWeights
+	Rope    map[int]*RopeTable
+	Src     *MemSource // request "B" (the replayed one)
+	Fault   *Fault
+	Seed    uint64
+}
+
+// Model returns the reference model of the synthetic dump (its RoPE tables
+// are the ones the "GPU" used, so they count as the GPU's own).
+func (s *Synth) Model() *Model {
+	return &Model{Cfg: s.Cfg, Weights: s.Weights, Rope: s.Rope, GPURope: true}
+}
+
+// ErrFaultInvisible is returned when a fault, injected at the position asked
+// for, does not change its stage beyond tolerance (e.g. a rescaling by a
+// factor too close to 1); pick another position.
+var ErrFaultInvisible = errors.New("the injected fault does not change its stage beyond tolerance here")
+
+// Request names used by synthetic dumps: B is replayed; A is the other request
+// whose pages a stale prefix-cache hit serves.
+const (
+	SynthRequest      = "B"
+	SynthOtherRequest = "A"
+)
+
+// Synthesize builds a seeded random model of the preset and runs the
+// reference over a seeded random sequence as a GPU would, recording every stage
+// of the dumped steps, the start state, and (with a fault) the faulty values.
+//
+// The attention input x of layer l is a weightless RMS norm of a residual
+// stream h (h₀ = a random bf16 embedding per token, h_{l+1} = bf16(h_l + y_l)):
+// synthetic glue standing in for the mHC block, so that an error in one
+// layer's output reaches the next layer's input as it would on a GPU.
+func Synthesize(opt SynthOptions) (*Synth, error) {
+	if opt.Config == "" {
+		opt.Config = "tiny"
+	}
+	if opt.Steps <= 0 || opt.Prefill < 1 {
+		return nil, fmt.Errorf("synth: need steps >= 1 and prefill >= 1")
+	}
+	cfg, err := Preset(opt.Config)
+	if err != nil {
+		return nil, err
+	}
+	first, last := int64(opt.Prefill), int64(opt.Prefill+opt.Steps-1)
+	if last >= int64(cfg.MaxSeqLen) {
+		return nil, fmt.Errorf("synth: %d positions exceed max_seq_len %d", last+1, cfg.MaxSeqLen)
+	}
+	if opt.Fault != nil {
+		if err := opt.Fault.Check(cfg, first, last); err != nil {
+			return nil, err
+		}
+	}
+	s := &Synth{Cfg: cfg, Weights: map[int]*LayerWeights{}, Rope: map[int]*RopeTable{}, Fault: opt.Fault, Seed: opt.Seed}
+	for l := 0; l < cfg.NLayers; l++ {
+		s.Weights[l] = RandomLayerWeights(cfg, l, opt.Seed)
+		s.Rope[l] = LayerRope(cfg, l, cfg.MaxSeqLen)
+	}
+	s.Src = NewMemSource(fmt.Sprintf("synth(%s, seed %d)", opt.Config, opt.Seed))
+	s.Src.StartAfter = first - 1
+
+	// Request A: only needed as the source of stale pages.
+	var other map[int]Tensor // layer -> A's kv_cache at the fault step
+	if opt.Fault != nil && opt.Fault.Kind == FaultStalePrefix {
+		other = map[int]Tensor{}
+		g := &gpuRun{s: s, seed: opt.Seed ^ 0xa5a5a5a5, last: opt.Fault.Step}
+		g.onStep = func(p int64, l int, vals map[string]Tensor) {
+			if p == opt.Fault.Step {
+				other[l] = vals["kv_cache"]
+			}
+		}
+		if err := g.run(); err != nil {
+			return nil, err
+		}
+		s.Src.Hit = &PrefixHit{From: SynthOtherRequest, Tokens: opt.Fault.Step}
+		s.Src.Others = map[string]map[StageKey]Tensor{SynthOtherRequest: {}}
+		for l, t := range other {
+			s.Src.Others[SynthOtherRequest][StageKey{opt.Fault.Step, l, "kv_cache"}] = t
+		}
+	}
+	g := &gpuRun{s: s, seed: opt.Seed, last: last, fault: opt.Fault, other: other}
+	g.onStep = func(p int64, l int, vals map[string]Tensor) {
+		if p < first {
+			return
+		}
+		for name, t := range vals {
+			if g.fault != nil && g.hidden[name] && p == g.fault.Step && l == g.fault.Layer {
+				continue
+			}
+			s.Src.Put(p, l, name, t)
+		}
+	}
+	g.onState = func(p int64, l int, st map[string]Tensor) {
+		if p == first-1 {
+			s.Src.Start[l] = st
+		}
+	}
+	if err := g.run(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// gpuRun runs the stage graph like a GPU: each stage from the values the
+// "GPU" itself produced (faulty ones included), state carried across steps.
+type gpuRun struct {
+	s       *Synth
+	seed    uint64
+	last    int64
+	fault   *Fault
+	other   map[int]Tensor // request A's kv_cache at the fault step (stale-prefix)
+	hidden  map[string]bool
+	lateRow []float32 // compressor-late: the row to write one step late
+	onStep  func(p int64, l int, vals map[string]Tensor)
+	onState func(p int64, l int, st map[string]Tensor)
+}
+
+func (g *gpuRun) run() error {
+	cfg := g.s.Cfg
+	g.hidden = map[string]bool{}
+	rng := rand.New(rand.NewPCG(g.seed, 0x5eed))
+	states := make([]map[string]Tensor, cfg.NLayers)
+	for l := range states {
+		states[l] = NewLayerState(cfg, l).StateTensors()
+	}
+	for p := int64(0); p <= g.last; p++ {
+		h := make([]float32, cfg.Dim)
+		for i := range h {
+			h[i] = quant.BF16Round(float32(rng.NormFloat64()))
+		}
+		for l := 0; l < cfg.NLayers; l++ {
+			x := synthNorm(h)
+			vals, err := g.layerStep(p, l, x, states[l])
+			if err != nil {
+				return fmt.Errorf("synth: step %d layer %d: %w", p, l, err)
+			}
+			for name := range states[l] {
+				if t, ok := vals[name]; ok {
+					states[l][name] = t
+				}
+			}
+			if g.onStep != nil {
+				g.onStep(p, l, vals)
+			}
+			if g.onState != nil {
+				cp := make(map[string]Tensor, len(states[l]))
+				for k, v := range states[l] {
+					cp[k] = v
+				}
+				g.onState(p, l, cp)
+			}
+			y := vals["y"].F
+			for i := range h {
+				h[i] = quant.BF16Round(h[i] + y[i])
+			}
+		}
+	}
+	return nil
+}
+
+// synthNorm is x = bf16(h · rsqrt(mean(h²) + 1e-6)), a weightless RMS norm.
+func synthNorm(h []float32) Tensor {
+	var ss float64
+	for _, v := range h {
+		ss += float64(v) * float64(v)
+	}
+	r := 1 / math.Sqrt(ss/float64(len(h))+1e-6)
+	x := make([]float32, len(h))
+	for i, v := range h {
+		x[i] = quant.BF16Round(float32(float64(v) * r))
+	}
+	return FromF(KindBF16, x, len(x))
+}
+
+func (g *gpuRun) layerStep(p int64, l int, x Tensor, prev map[string]Tensor) (map[string]Tensor, error) {
+	cfg := g.s.Cfg
+	ctx := &StepContext{Cfg: cfg, Layer: l, Pos: p, W: g.s.Weights[l], Rope: g.s.Rope[l]}
+	vals := map[string]Tensor{"x": x}
+	here := g.fault != nil && g.fault.Step == p && g.fault.Layer == l
+	for _, def := range Stages(cfg, l, p) {
+		if p == 0 && prefillSkips[def.Name] {
+			continue
+		}
+		in := make(map[string]Tensor, len(def.Inputs))
+		for _, name := range def.Inputs {
+			if base, ok := strings.CutPrefix(name, PrevPrefix); ok {
+				in[name] = prev[base]
+			} else {
+				in[name] = vals[name]
+			}
+		}
+		out, err := def.Compute(ctx, in)
+		if err != nil {
+			return nil, fmt.Errorf("stage %s: %w", def.Name, err)
+		}
+		if here && def.Name == g.fault.Stage() {
+			bad, err := g.inject(ctx, def.Name, out, in)
+			if err != nil {
+				return nil, err
+			}
+			var sr StageResult
+			sr.Stage = def.Name
+			judgeStage(&sr, out, bad, in, DefaultTolerance().For(def.Name), true)
+			if sr.Status != StatusFail {
+				return nil, fmt.Errorf("fault %s: %w", g.fault, ErrFaultInvisible)
+			}
+			out = bad
+		}
+		if g.fault != nil && g.fault.Kind == FaultCmpLate && g.fault.Layer == l && p == g.fault.Step+1 && def.Name == "kv_cache" {
+			// The late write lands one step after the emission step.
+			out = out.Clone()
+			j := attention.EmittedRow(g.fault.Step, cfg.Ratio(l))
+			copy(out.F[(cfg.WindowSize+j)*cfg.HeadDim:], g.lateRow)
+		}
+		vals[def.Name] = out
+	}
+	if p == 0 {
+		vals["y"] = NewF(KindBF16, cfg.Dim)
+	}
+	return vals, nil
+}
+
+// prefillSkips are the stages position 0 does not run: in the official code
+// p = 0 is a prefill, and the decode-step index list (WindowIdx) starts at
+// p = 1. Position 0 only writes its cache and compressor state; its attention
+// output is taken as zero (the synthetic residual stream is unchanged).
+var prefillSkips = map[string]bool{"topk_idxs": true, "o": true, "o_inv": true, "u": true, "y": true}
+
+// inject returns the faulty value of stage name (out is the correct one).
+func (g *gpuRun) inject(ctx *StepContext, name string, out Tensor, in map[string]Tensor) (Tensor, error) {
+	cfg := ctx.Cfg
+	D, W := cfg.HeadDim, cfg.WindowSize
+	bad := out.Clone()
+	switch g.fault.Kind {
+	case FaultSplitK, FaultLSE:
+		q, kv, idx := in["q"], in["kv_cache"], in["topk_idxs"]
+		var valid []int32
+		for _, v := range idx.I {
+			if v >= 0 {
+				valid = append(valid, int32(v))
+			}
+		}
+		if len(valid) < 2 {
+			return Tensor{}, fmt.Errorf("fault %s: fewer than 2 keys", g.fault)
+		}
+		half := len(valid) / 2
+		parts := []attention.Partial{
+			attention.SparseAttnPartial(q.F, kv.F, D, valid[:half], cfg.SoftmaxScale()),
+			attention.SparseAttnPartial(q.F, kv.F, D, valid[half:], cfg.SoftmaxScale()),
+		}
+		if g.fault.Kind == FaultLSE {
+			noSink := make([]float32, cfg.NHeads)
+			for i := range noSink {
+				noSink[i] = float32(math.Inf(-1))
+			}
+			attention.MergePartials(bad.F, parts, noSink, D)
+			return bad, nil
+		}
+		// Correct total L (with the sink), then the buggy sum: split 1 is
+		// added with weight 1 instead of 2^(LSE2_1 − L).
+		tmp := make([]float32, len(bad.F))
+		L := attention.MergePartials(tmp, parts, ctx.W.AttnSink, D)
+		for h := 0; h < cfg.NHeads; h++ {
+			w0 := math.Exp2(float64(parts[0].LSE2[h] - L[h]))
+			for k := 0; k < D; k++ {
+				i := h*D + k
+				bad.F[i] = quant.BF16Round(float32(w0*float64(parts[0].O[i]) + float64(parts[1].O[i])))
+			}
+		}
+		return bad, nil
+	case FaultFP8Scale:
+		roped := in["kv_roped"]
+		nope := D - 64
+		for b := 0; b*64 < nope; b++ {
+			blk := roped.F[b*64 : (b+1)*64]
+			s := fq8Scale(blk)
+			var a float32
+			for _, v := range blk {
+				a = max(a, float32(math.Abs(float64(v))))
+			}
+			t := max(a, 1e-4) * float32(1.0/448)
+			if t < s { // not a power of two: round down instead of up
+				s /= 2
+			}
+			fq8With(bad.F[b*64:(b+1)*64], blk, s)
+		}
+		return bad, nil
+	case FaultScaleByte:
+		slot := int((g.fault.Step - 1) % int64(W))
+		row := bad.F[slot*D : (slot+1)*D]
+		rng := rand.New(rand.NewPCG(g.seed, uint64(g.fault.Step)<<8|uint64(g.fault.Layer)))
+		for try := 0; try < 16; try++ {
+			b := rng.IntN((D - 64) / 64)
+			blk := row[b*64 : (b+1)*64]
+			if allZero(blk) {
+				continue
+			}
+			e := scaleExp2(fq8Scale(blk))
+			f := float32(2) // scale byte 127+e with bit 0 flipped
+			if (127+e)%2 == 1 {
+				f = 0.5
+			}
+			for i := range blk {
+				blk[i] *= f
+			}
+			return bad, nil
+		}
+		return Tensor{}, fmt.Errorf("fault %s: no non-zero block in window slot %d", g.fault, slot)
+	case FaultTopK:
+		scores := in["index_score"].F
+		k := len(out.I)
+		tc := len(scores)
+		_, tr := indexer.TopK(scores, k)
+		ties := tr.KthScore
+		j := out.I[k-1]
+		sel := map[int64]bool{}
+		for _, v := range out.I {
+			sel[v] = true
+		}
+		for _, c := range []int64{j + 1, j - 1} {
+			if c < 0 || c >= int64(tc) {
+				continue
+			}
+			if sel[c] || scores[c] != ties {
+				bad.I[k-1] = c
+				return bad, nil
+			}
+		}
+		return Tensor{}, fmt.Errorf("fault %s: %w", g.fault, ErrFaultInvisible)
+	case FaultStalePrefix:
+		o := g.other[g.fault.Layer]
+		for t := max(0, g.fault.Step-4); t < g.fault.Step; t++ {
+			slot := int(t % int64(W))
+			copy(bad.F[slot*D:(slot+1)*D], o.F[slot*D:(slot+1)*D])
+		}
+		return bad, nil
+	case FaultCmpLate:
+		j := attention.EmittedRow(g.fault.Step, cfg.Ratio(g.fault.Layer))
+		row := bad.F[(W+j)*D : (W+j+1)*D]
+		g.lateRow = append([]float32(nil), row...)
+		clear(row)
+		for _, n := range []string{"cmp_pooled", "cmp_normed", "cmp_roped", "cmp_row"} {
+			g.hidden[n] = true
+		}
+		return bad, nil
+	}
+	return Tensor{}, fmt.Errorf("fault %s: unknown kind", g.fault)
+}

@@ -1,0 +1,112 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"strings"
+	"testing"
+)
+
+// replaySynth replays a synthetic dump in local mode.
+func replaySynth(t *testing.T, s *Synth) *Report {
+	t.Helper()
+	rep, err := Replay(context.Background(), s.Model(), s.Src, ReplayOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rep
+}
+
+func TestSynthCleanAgrees(t *testing.T) {
+	s, err := Synthesize(SynthOptions{Prefill: 6, Steps: 6, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := replaySynth(t, s)
+	if rep.Diverged() {
+		t.Fatalf("clean synthetic dump diverged: %s", rep.First.Text)
+	}
+	if rep.Summary.Compared == 0 || rep.Summary.Missing != 0 || rep.Summary.Skipped != 0 {
+		t.Fatalf("summary %+v: want every stage compared", rep.Summary)
+	}
+	// Every stage is bit-identical: the "GPU" is the reference.
+	for _, r := range rep.Results {
+		if r.Metrics != nil && r.Metrics.Mismatch != 0 {
+			t.Fatalf("step %d layer %d %s: %d mismatches in a clean synthetic dump", r.Step, r.Layer, r.Stage, r.Metrics.Mismatch)
+		}
+	}
+	for _, mode := range []ReplayMode{Propagated} {
+		rep, err := Replay(context.Background(), s.Model(), s.Src, ReplayOptions{Mode: mode})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep.Diverged() {
+			t.Fatalf("%s: clean synthetic dump diverged: %s", mode, rep.First.Text)
+		}
+	}
+}
+
+// faultPositions lists the (step, layer) where kind can be injected in the
+// dumped steps first..last of the tiny config.
+func faultPositions(cfg *Config, kind FaultKind, first, last int64) []Fault {
+	var out []Fault
+	for p := first; p <= last; p++ {
+		for l := 0; l < cfg.NLayers; l++ {
+			f := Fault{Kind: kind, Step: p, Layer: l}
+			if f.Check(cfg, first, last) == nil {
+				out = append(out, f)
+			}
+		}
+	}
+	return out
+}
+
+// TestSynthFaultsFound injects every fault kind at seeded random positions and
+// checks that the local replay names exactly the injected step, layer and
+// stage, with the fault's diagnosis kind.
+func TestSynthFaultsFound(t *testing.T) {
+	cfg, _ := Preset("tiny")
+	const prefill, steps = 6, 8
+	first, last := int64(prefill), int64(prefill+steps-1)
+	rng := rand.New(rand.NewPCG(2026, 11))
+	perKind := 3
+	if testing.Short() {
+		perKind = 1
+	}
+	for _, kind := range FaultKinds() {
+		pos := faultPositions(cfg, kind, first, last)
+		if len(pos) == 0 {
+			t.Fatalf("%s: no valid position in steps %d..%d", kind, first, last)
+		}
+		found := 0
+		for try := 0; try < 20 && found < perKind; try++ {
+			f := pos[rng.IntN(len(pos))]
+			seed := rng.Uint64()
+			s, err := Synthesize(SynthOptions{Prefill: prefill, Steps: steps, Seed: seed, Fault: &f})
+			if errors.Is(err, ErrFaultInvisible) {
+				continue
+			}
+			if err != nil {
+				t.Fatalf("%s: %v", f, err)
+			}
+			found++
+			rep := replaySynth(t, s)
+			d := rep.First
+			if d == nil {
+				t.Fatalf("%s (seed %d): replay agrees, want a divergence", f, seed)
+			}
+			if d.Step != f.Step || d.Layer != f.Layer || d.Stage != f.Stage() || d.Kind != f.Diagnosis() {
+				t.Fatalf("%s (seed %d): got step %d layer %d stage %s kind %q; want step %d layer %d stage %s kind %q\n%s",
+					f, seed, d.Step, d.Layer, d.Stage, d.Kind, f.Step, f.Layer, f.Stage(), f.Diagnosis(), d.Text)
+			}
+			if !strings.HasPrefix(d.Text, "first divergence: decode step ") {
+				t.Fatalf("%s: text %q", f, d.Text)
+			}
+			t.Logf("%s: %s", f, d.Text)
+		}
+		if found == 0 {
+			t.Fatalf("%s: no visible injection in 20 tries", kind)
+		}
+	}
+}
