@@ -1,0 +1,96 @@
+package dump
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func writeST(t *testing.T, path string, recs []Record) {
+	t.Helper()
+	var buf bytes.Buffer
+	if err := WriteSafetensors(&buf, recs, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestCheckpointHF(t *testing.T) {
+	dir := t.TempDir()
+	w := Record{Name: "model.layers.0.self_attn.q_a_proj.weight", DType: E4M3, Shape: []int{2, 2}, Data: []byte{0x38, 0xB8, 0x7E, 0}}
+	s := Record{Name: "model.layers.0.self_attn.q_a_proj.weight_scale_inv", DType: E8M0, Shape: []int{1, 1}, Data: []byte{126}}
+	n := Record{Name: "model.layers.0.input_layernorm.weight", DType: F32, Shape: []int{1}, Data: []byte{0, 0, 0x80, 0x3f}}
+	k := Record{Name: "model.layers.1.self_attn.wkv.weight", DType: BF16, Shape: []int{1}, Data: []byte{0x80, 0x3f}}
+	writeST(t, filepath.Join(dir, "model-00001-of-00002.safetensors"), []Record{w, s, n})
+	writeST(t, filepath.Join(dir, "model-00002-of-00002.safetensors"), []Record{k})
+	idx := `{"metadata": {}, "weight_map": {
+	  "model.layers.0.self_attn.q_a_proj.weight": "model-00001-of-00002.safetensors",
+	  "model.layers.0.self_attn.q_a_proj.weight_scale_inv": "model-00001-of-00002.safetensors",
+	  "model.layers.0.input_layernorm.weight": "model-00001-of-00002.safetensors",
+	  "model.layers.1.self_attn.wkv.weight": "model-00002-of-00002.safetensors"}}`
+	if err := os.WriteFile(filepath.Join(dir, "model.safetensors.index.json"), []byte(idx), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, err := OpenCheckpoint(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if got := c.LayerAttention(0); !slices.Equal(got, []string{"layers.0.attn.wq_a.scale", "layers.0.attn.wq_a.weight", "layers.0.attn_norm.weight"}) {
+		t.Errorf("LayerAttention(0) = %v", got)
+	}
+	r, err := c.Read("layers.0.attn.wq_a.weight")
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, _ := r.Float32()
+	if r.Layer != 0 || r.Kind != KindWeight || r.Name != w.Name || !slices.Equal(v, []float32{1, -1, 448, 0}) {
+		t.Errorf("wq_a.weight: %+v %v", r.Key, v)
+	}
+	sc, err := c.Read("layers.0.attn.wq_a.scale")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := sc.Float32(); !slices.Equal(v, []float32{0.5}) {
+		t.Errorf("scale = %v", v)
+	}
+	if _, err := c.Read("model.layers.0.self_attn.q_a_proj.weight"); err != nil {
+		t.Errorf("HF name: %v", err)
+	}
+	if len(c.shards) != 1 {
+		t.Errorf("%d shards opened reading layer 0, want 1", len(c.shards))
+	}
+	if _, err := c.Read("layers.1.attn.wkv.weight"); err != nil || len(c.shards) != 2 {
+		t.Errorf("layer 1: %v, %d shards", err, len(c.shards))
+	}
+	if _, err := c.Read("layers.9.attn.wkv.weight"); err == nil {
+		t.Error("missing tensor read")
+	}
+	// A shard outside the directory is refused.
+	bad := strings.Replace(idx, `"model-00002-of-00002.safetensors"}`, `"../x.safetensors"}`, 1)
+	if err := os.WriteFile(filepath.Join(dir, "model.safetensors.index.json"), []byte(bad), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := OpenCheckpoint(dir); err == nil || !strings.Contains(err.Error(), "../x.safetensors") {
+		t.Errorf("path traversal: err = %v", err)
+	}
+}
+
+func TestOfficialName(t *testing.T) {
+	for hf, want := range map[string]string{
+		"model.layers.3.self_attn.q_a_proj.weight_scale_inv": "layers.3.attn.wq_a.scale",
+		"model.layers.3.self_attn.kv_a_layernorm.weight":     "layers.3.attn.kv_norm.weight",
+		"model.layers.3.self_attn.compressor.ape":            "layers.3.attn.compressor.ape",
+		"layers.3.attn.wq_b.scale":                           "layers.3.attn.wq_b.scale",
+		"model.embed_tokens.weight":                          "embed.weight",
+	} {
+		if got := OfficialName(hf); got != want {
+			t.Errorf("OfficialName(%q) = %q, want %q", hf, got, want)
+		}
+	}
+}
