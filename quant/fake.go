@@ -18,7 +18,7 @@ const (
 func absMax(v []float32) float32 {
 	var a float32
 	for _, x := range v {
-		x = float32(math.Abs(float64(x)))
+		x = math.Float32frombits(math.Float32bits(x) &^ (1 << 31))
 		if x > a || x != x {
 			a = x
 		}
@@ -28,6 +28,17 @@ func absMax(v []float32) float32 {
 
 func clamp(x, lo, hi float32) float32 { return min(max(x, lo), hi) }
 
+// blockScale returns the power-of-two scale s = 2^x of a block and its inverse
+// 1/s. Dividing by s and multiplying by 1/s give the same fp32 result (both are
+// the exact quotient rounded once), so the fast loops multiply. ok is false when
+// 1/s is not an fp32 power of two (x outside [-126, 126]); callers then divide.
+func blockScale(x int) (s, inv float32, ok bool) {
+	if x < -126 || x > 126 {
+		return float32(math.Ldexp(1, x)), 0, false
+	}
+	return Pow2(x), Pow2(-x), true
+}
+
 // FQ8 is the spec's FP8 fake quantisation FQ8(v, B) (§3.3), in place, on each
 // contiguous block of B elements (bf16 values held as fp32):
 //
@@ -35,130 +46,212 @@ func clamp(x, lo, hi float32) float32 { return min(max(x, lo), hi) }
 //	s    = ceil2(f32(a · f32(1/448)))
 //	v'_i = bf16( E4M3(clamp(v_i / s, -448, 448)) · s )
 //
-// Used on window K dims 0..447 and main compressed rows dims 0..447 (B = 64).
-// len(v) must be a multiple of B.
+// Used on window K dims 0..447 and main compressed rows dims 0..447 (B = 64),
+// where the reference kernel (R-K act_quant_kernel, inplace) rounds K to FP8 and
+// back before it is cached. len(v) must be a multiple of B. fq8Ref is the literal
+// transcription; this form multiplies by 1/s (same bits, tested).
 func FQ8(v []float32, B int) {
-	if len(v)%B != 0 {
+	if B <= 0 || len(v)%B != 0 {
 		panic("quant: FQ8 length not a multiple of the block")
 	}
 	for b := 0; b < len(v); b += B {
 		blk := v[b : b+B]
-		s := Pow2(BlockScaleExp(ScaleCeil2, absMax(blk), E4M3Max, FP8AmaxFloor))
+		s, inv, ok := blockScale(BlockScaleExp(ScaleCeil2, absMax(blk), E4M3Max, FP8AmaxFloor))
+		if !ok {
+			fq8Ref(blk, B)
+			continue
+		}
 		for i, x := range blk {
-			blk[i] = BF16Round(E4M3(clamp(x/s, -E4M3Max, E4M3Max)) * s)
+			blk[i] = BF16Round(e4m3Table[EncodeE4M3Sat(x*inv)] * s) // = E4M3(clamp(x/s, ±448))·s
 		}
 	}
 }
 
-// FQ4 is the spec's FP4 fake quantisation FQ4(v, B) (§3.4), in place:
+// fq8Ref is FQ8 written exactly as the spec's formula (division, reference
+// rounding): the reference for FQ8's fast loop.
+func fq8Ref(v []float32, B int) {
+	for b := 0; b < len(v); b += B {
+		blk := v[b : b+B]
+		a := max(absMax(blk), FP8AmaxFloor)
+		s := Ceil2(a * InvE4M3Max)
+		for i, x := range blk {
+			q := DecodeE4M3(encodeE4M3Ref(clamp(x/s, -E4M3Max, E4M3Max)))
+			blk[i] = BF16Round(q * s)
+		}
+	}
+}
+
+// FQ4 is the spec's FP4 fake quantisation FQ4(v, B) (§3.4), in place, on each
+// contiguous block of B elements:
 //
 //	a    = max(max_i |v_i|, 6·2^-126)
 //	s    = ceil2(f32(a · f32(1/6)))
 //	v'_i = bf16( E2M1(clamp(v_i / s, -6, 6)) · s )
 //
-// Used on indexer queries and keys after the Hadamard, B = 32.
+// Used on indexer queries and keys after the Hadamard, B = 32 (R-K
+// fp4_quant_kernel, inplace). fq4Ref is the literal transcription.
 func FQ4(v []float32, B int) {
-	if len(v)%B != 0 {
+	if B <= 0 || len(v)%B != 0 {
 		panic("quant: FQ4 length not a multiple of the block")
 	}
 	for b := 0; b < len(v); b += B {
 		blk := v[b : b+B]
-		s := Pow2(BlockScaleExp(ScaleCeil2, absMax(blk), E2M1Max, FP4AmaxFloor))
+		s, inv, ok := blockScale(BlockScaleExp(ScaleCeil2, absMax(blk), E2M1Max, FP4AmaxFloor))
+		if !ok {
+			fq4Ref(blk, B)
+			continue
+		}
 		for i, x := range blk {
-			blk[i] = BF16Round(E2M1(clamp(x/s, -E2M1Max, E2M1Max)) * s)
+			blk[i] = BF16Round(e2m1Table[EncodeE2M1(x*inv)] * s) // EncodeE2M1 saturates: the clamp
 		}
 	}
 }
 
+// fq4Ref is FQ4 written exactly as the spec's formula: the reference for FQ4.
+func fq4Ref(v []float32, B int) {
+	for b := 0; b < len(v); b += B {
+		blk := v[b : b+B]
+		a := max(absMax(blk), FP4AmaxFloor)
+		s := Ceil2(a * InvE2M1Max)
+		for i, x := range blk {
+			q := DecodeE2M1(encodeE2M1Ref(clamp(x/s, -E2M1Max, E2M1Max)))
+			blk[i] = BF16Round(q * s)
+		}
+	}
+}
+
+// scaleByte returns the UE8M0 byte of the scale 2^x, UE8M0NaN outside [-127, 127].
+func scaleByte(x int) uint8 {
+	if x < -127 || x > 127 {
+		return UE8M0NaN
+	}
+	return uint8(x + 127)
+}
+
 // QuantizeFP8 is a real block quantisation to E4M3 codes with one UE8M0 scale
-// byte per block of B elements: for block b, s = 2^BlockScaleExp(rule, amax, 448,
-// floor), codes[i] = EncodeE4M3(clamp(v_i/s, ±448)), scales[b] = 127 + log2 s.
-// With rule ScaleCeil2 and floor 1e-4 the decoded values equal FQ8's before its
-// final bf16 rounding (which is exact for them). codes needs len(v) bytes, scales
-// len(v)/B. A block whose exponent leaves [-127, 127] gets scale byte 0xFF.
+// byte per block of B elements, the storage form of FQ8 (FlashMLA MODEL1 KV rows:
+// B = 64): for block b, s = 2^x with x = BlockScaleExp(rule, amax, 448, floor),
+//
+//	codes[i]  = EncodeE4M3(clamp(v_i / s, -448, 448))
+//	scales[b] = x + 127
+//
+// With rule ScaleCeil2 and floor FP8AmaxFloor, DecodeE4M3(codes[i])·s equals FQ8's
+// output (its bf16 rounding is exact). codes needs len(v) bytes, scales len(v)/B.
+// A block whose exponent leaves [-127, 127] gets scale byte 0xFF (NaN).
 func QuantizeFP8(codes, scales []uint8, v []float32, B int, rule ScaleRule, floor float32) {
-	if len(v)%B != 0 || len(codes) < len(v) || len(scales) < len(v)/B {
+	if B <= 0 || len(v)%B != 0 || len(codes) < len(v) || len(scales) < len(v)/B {
 		panic("quant: QuantizeFP8 length mismatch")
 	}
 	for b := 0; b < len(v)/B; b++ {
 		blk := v[b*B : (b+1)*B]
+		out := codes[b*B : (b+1)*B]
 		x := BlockScaleExp(rule, absMax(blk), E4M3Max, floor)
-		s := float32(math.Ldexp(1, x))
-		if x < -127 || x > 127 {
-			scales[b] = UE8M0NaN
-		} else {
-			scales[b] = uint8(x + 127)
-		}
+		scales[b] = scaleByte(x)
+		s, inv, ok := blockScale(x)
 		for i, f := range blk {
-			codes[b*B+i] = EncodeE4M3(clamp(f/s, -E4M3Max, E4M3Max))
+			if ok {
+				f *= inv
+			} else {
+				f /= s
+			}
+			out[i] = EncodeE4M3Sat(f) // = EncodeE4M3(clamp(f, ±448))
 		}
 	}
 }
 
-// DequantizeFP8 is the inverse of QuantizeFP8: dst[i] = E4M3(codes[i]) · 2^(scales[i/B]-127).
+// DequantizeFP8 is the inverse of QuantizeFP8:
+//
+//	dst[i] = DecodeE4M3(codes[i]) · DecodeUE8M0(scales[i/B])
+//
+// exact for every finite result; NaN codes or a NaN scale give CanonicalNaN.
 func DequantizeFP8(dst []float32, codes, scales []uint8, B int) {
-	if len(codes)%B != 0 || len(dst) < len(codes) || len(scales) < len(codes)/B {
+	if B <= 0 || len(codes)%B != 0 || len(dst) < len(codes) || len(scales) < len(codes)/B {
 		panic("quant: DequantizeFP8 length mismatch")
 	}
 	for b := 0; b < len(codes)/B; b++ {
 		s := DecodeUE8M0(scales[b])
-		for i, c := range codes[b*B : (b+1)*B] {
-			dst[b*B+i] = mulCUDA(e4m3Table[c], s)
+		src := codes[b*B : (b+1)*B]
+		out := dst[b*B : (b+1)*B]
+		for i, c := range src {
+			out[i] = mulCUDA(e4m3Table[c], s)
 		}
 	}
 }
 
 // QuantizeFP4 is a real block quantisation to E2M1 codes with one UE8M0 scale per
 // block of B elements (MXFP4: B = 32), packed two codes per byte (low nibble =
-// even index). packed needs len(v)/2 bytes, scales len(v)/B.
+// even index): s = 2^x, x = BlockScaleExp(rule, amax, 6, floor),
+// code_i = EncodeE2M1(clamp(v_i / s, -6, 6)). packed needs len(v)/2 bytes,
+// scales len(v)/B; B must be even.
 func QuantizeFP4(packed, scales []uint8, v []float32, B int, rule ScaleRule, floor float32) {
-	if len(v)%B != 0 || B%2 != 0 || len(packed) < len(v)/2 || len(scales) < len(v)/B {
+	if B <= 0 || len(v)%B != 0 || B%2 != 0 || len(packed) < len(v)/2 || len(scales) < len(v)/B {
 		panic("quant: QuantizeFP4 length mismatch")
 	}
 	for b := 0; b < len(v)/B; b++ {
 		blk := v[b*B : (b+1)*B]
+		out := packed[b*B/2 : (b+1)*B/2]
 		x := BlockScaleExp(rule, absMax(blk), E2M1Max, floor)
-		s := float32(math.Ldexp(1, x))
-		if x < -127 || x > 127 {
-			scales[b] = UE8M0NaN
-		} else {
-			scales[b] = uint8(x + 127)
+		scales[b] = scaleByte(x)
+		s, inv, ok := blockScale(x)
+		if !ok {
+			inv = 1 / s // only used when s is not a power of two the fast way can invert
 		}
-		for i := 0; i < B; i += 2 {
-			lo := EncodeE2M1(clamp(blk[i]/s, -E2M1Max, E2M1Max))
-			hi := EncodeE2M1(clamp(blk[i+1]/s, -E2M1Max, E2M1Max))
-			packed[(b*B+i)/2] = lo | hi<<4
+		for i := range out {
+			lo, hi := blk[2*i], blk[2*i+1]
+			if ok {
+				lo, hi = lo*inv, hi*inv
+			} else {
+				lo, hi = lo/s, hi/s
+			}
+			out[i] = EncodeE2M1(lo) | EncodeE2M1(hi)<<4 // EncodeE2M1 saturates: the clamp
 		}
 	}
 }
 
-// DequantizeFP4 is the inverse of QuantizeFP4: dst gets 2·len(packed) values.
+// DequantizeFP4 is the inverse of QuantizeFP4: dst gets 2·len(packed) values,
+// dst[i] = E2M1(code_i) · DecodeUE8M0(scales[i/B]); a NaN scale gives CanonicalNaN.
 func DequantizeFP4(dst []float32, packed, scales []uint8, B int) {
 	n := 2 * len(packed)
-	if n%B != 0 || len(dst) < n || len(scales) < n/B {
+	if B <= 0 || B%2 != 0 || n%B != 0 || len(dst) < n || len(scales) < n/B {
 		panic("quant: DequantizeFP4 length mismatch")
 	}
-	for i, p := range packed {
-		s := DecodeUE8M0(scales[2*i/B])
-		dst[2*i] = mulCUDA(DecodeE2M1(p&0xf), s)
-		dst[2*i+1] = mulCUDA(DecodeE2M1(p>>4), s)
+	for b := 0; b < n/B; b++ {
+		s := DecodeUE8M0(scales[b])
+		src := packed[b*B/2 : (b+1)*B/2]
+		out := dst[b*B : (b+1)*B]
+		for i, p := range src {
+			out[2*i] = mulCUDA(DecodeE2M1(p&0xf), s)
+			out[2*i+1] = mulCUDA(DecodeE2M1(p>>4), s)
+		}
 	}
 }
 
 // QuantizeActFP8 is the activation quantiser in front of every FP8 linear (§3.2,
-// R-K act_quant, non-inplace): per block of B (=128) elements,
-// a = max(amax, 1e-4), s = ceil2(f32(a·f32(1/448))), q_i = E4M3(clamp(x_i/s, ±448)).
-// It writes the E4M3 values (as fp32) into q and the block scales into s.
+// R-K act_quant with scale_fmt ue8m0, not in place): per block of B (= 128)
+// elements,
+//
+//	a   = max(max_i |x_i|, 1e-4)
+//	s_b = ceil2(f32(a · f32(1/448)))
+//	q_i = E4M3(clamp(x_i / s_b, -448, 448))
+//
+// It writes the E4M3 values (as fp32) into q and the block scales into s; the
+// linear then computes Σ_b s_b · S_w · Σ_k q_k·W_k.
 func QuantizeActFP8(q, s []float32, x []float32, B int) {
-	if len(x)%B != 0 || len(q) < len(x) || len(s) < len(x)/B {
+	if B <= 0 || len(x)%B != 0 || len(q) < len(x) || len(s) < len(x)/B {
 		panic("quant: QuantizeActFP8 length mismatch")
 	}
 	for b := 0; b < len(x)/B; b++ {
 		blk := x[b*B : (b+1)*B]
-		sc := Pow2(BlockScaleExp(ScaleCeil2, absMax(blk), E4M3Max, FP8AmaxFloor))
+		out := q[b*B : (b+1)*B]
+		sc, inv, ok := blockScale(BlockScaleExp(ScaleCeil2, absMax(blk), E4M3Max, FP8AmaxFloor))
 		s[b] = sc
 		for i, f := range blk {
-			q[b*B+i] = E4M3(clamp(f/sc, -E4M3Max, E4M3Max))
+			if ok {
+				f *= inv
+			} else {
+				f /= sc
+			}
+			out[i] = e4m3Table[EncodeE4M3Sat(f)] // = E4M3(clamp(f, ±448))
 		}
 	}
 }
