@@ -272,7 +272,7 @@ func decodeFP8Codes(dst []float32, codes []byte, s float32, scaleOK bool, f Form
 			Count: n, Detail: "E4M3 NaN code: no encoder writes it (values are clamped to ±448 first)"})
 	} else if scaleOK && x > FP8FlooredExpMax && maxMag < e4m3Half {
 		faults = append(faults, Fault{Kind: FaultScaleLoose, Entry: e, Offset: soff, Loc: f.Locate(soff), Bits: scaleBits(f, s),
-			Count: 1, Detail: fmt.Sprintf("scale 2^%d but the block's largest |code| is %g < 224: the scale was not written for these codes",
+			Count: 1, Detail: fmt.Sprintf("scale 2^%d but the block's largest |code| is %g < 224: the codes were not written with this scale",
 				x, e4m3Value[maxMag])})
 	}
 	return faults
@@ -305,7 +305,7 @@ func decodeFP4Block(dst []float32, packed []byte, b byte, f Format, e, coff, sof
 	}
 	if scaleOK && x > FP4FlooredExpMax && maxMag < e2m1Half {
 		faults = append(faults, Fault{Kind: FaultScaleLoose, Entry: e, Offset: soff, Loc: f.Locate(soff), Bits: uint32(b),
-			Count: 1, Detail: fmt.Sprintf("scale 2^%d but the block's largest |code| is %g < 3: the scale was not written for these codes",
+			Count: 1, Detail: fmt.Sprintf("scale 2^%d but the block's largest |code| is %g < 3: the codes were not written with this scale",
 				x, e2m1Value[maxMag])})
 	}
 	return faults

@@ -13,11 +13,14 @@ const (
 	FaultScaleRange
 	// FaultScaleNotPow2: an fp32 scale (v32, indexer-fp8) with mantissa bits.
 	FaultScaleNotPow2
-	// FaultScaleLoose: the scale is larger than its block needs. Every encoder
-	// picks the smallest power of two s with amax/s ≤ qmax (within one step at a
-	// power of two), so a block whose scale is above the floored range has some
-	// |code| ≥ qmax/2 (224 for E4M3, 3 for E2M1). A loose scale is the signature
-	// of a scale byte written for another entry (stale or foreign scale row).
+	// FaultScaleLoose: the block's codes do not reach half the grid (|code| <
+	// 224 for E4M3, < 3 for E2M1) under a scale above every engine's floored
+	// range. Every encoder picks the smallest power of two s with amax/s ≤ qmax
+	// (give or take one step at a power of two), so the codes of a real block
+	// always reach qmax/2: such a block's codes were not written together with
+	// its scale (codes zeroed, never written, or overwritten by another token's
+	// while the scale stayed). A wrong scale over the right codes cannot be
+	// seen from the page alone: compare decoded rows for that (VerifyPrefixHit).
 	FaultScaleLoose
 	// FaultCodeNaN: an E4M3 NaN code (0x7F/0xFF); the decoded value is NaN.
 	FaultCodeNaN
