@@ -246,7 +246,11 @@ func TestFaults(t *testing.T) {
 			clear(p[2*IndexerDim/2+16 : 2*IndexerDim/2+32])
 			return f.P*IndexerDim/2 + 8 + 1
 		}, FaultScaleLoose, Error},
-		{"bf16 NaN", LayoutBF16, func(f Format, p []byte) int { o := 2*f.Dim + 10; binary.LittleEndian.PutUint16(p[o:], 0xFFC1); return o }, FaultNonFinite, Error},
+		{"bf16 NaN", LayoutBF16, func(f Format, p []byte) int {
+			o := 2*f.Dim + 10
+			binary.LittleEndian.PutUint16(p[o:], 0xFFC1)
+			return o
+		}, FaultNonFinite, Error},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
