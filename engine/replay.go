@@ -82,6 +82,9 @@ func Replay(ctx context.Context, m *Model, src Source, opt ReplayOptions) (*Repo
 	}
 	if opt.Tol == nil {
 		opt.Tol = DefaultTolerance()
+		if opt.Mode == Propagated {
+			opt.Tol = PropagatedTolerance()
+		}
 	}
 	steps := src.Steps()
 	if opt.Steps != nil {

@@ -30,6 +30,14 @@ func NewDumpSource(d *dump.Dump, request string) (*DumpSource, error) {
 		}
 	}
 	if request == "" {
+		// A request that reused another's prefix is the one being debugged.
+		for _, p := range d.Prefix {
+			if reqs[p.Request] {
+				request = p.Request
+			}
+		}
+	}
+	if request == "" {
 		var names []string
 		for r := range reqs {
 			names = append(names, r)

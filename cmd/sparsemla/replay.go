@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"sparsemla/dump"
@@ -52,6 +53,9 @@ func (f *replayFlags) register(fs *flag.FlagSet, withMode bool) {
 // tolerance builds the policy: defaults, then --tol, then --tol-stage.
 func (f *replayFlags) tolerance() (*engine.Tolerance, error) {
 	t := engine.DefaultTolerance()
+	if f.mode == string(engine.Propagated) {
+		t = engine.PropagatedTolerance()
+	}
 	if f.tolFile != "" {
 		if err := t.LoadToleranceFile(f.tolFile); err != nil {
 			return nil, err
@@ -88,6 +92,13 @@ func rpOpenDump(path string, f *replayFlags, needModel bool) (*rpOpened, error) 
 		var err error
 		if m, err = dump.LoadNameMap(f.mapFile); err != nil {
 			return nil, err
+		}
+	}
+	// A synthetic dump directory holds dump.smd beside the weights: open the
+	// native file (dump.Open refuses a directory mixing formats).
+	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
+		if _, err := os.Stat(filepath.Join(path, engine.SynthDumpFile)); err == nil {
+			path = filepath.Join(path, engine.SynthDumpFile)
 		}
 	}
 	d, err := dump.OpenMapped(path, m)

@@ -1,0 +1,96 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"sparsemla/dump"
+	"sparsemla/engine"
+)
+
+func init() {
+	register(&command{
+		name:    "demo",
+		summary: "synthetic model, a clean and a faulty dump, replayed (the main job, in seconds)",
+		run:     runDemo,
+	})
+}
+
+const demoDoc = `Builds a tiny synthetic DeepSeek-V4 attention model (4 layers: window-only,
+CSA r=4 with the indexer, HCA r=128, CSA), writes two GPU-style dumps of the same
+decode steps into a temporary directory — one clean, one where a stale
+prefix-cache page from another request is served at one step and layer — and
+replays both against the reference. The clean dump agrees; the faulty one is
+reported at its first divergence with a diagnosis. The same can be done by hand
+with 'sparsemla synth' and 'sparsemla replay'.`
+
+// demoFault is the fault the demo injects: a stale prefix-cache page (the
+// failure DeepSeek-V4 serving stacks report most, tools-and-formats.md §3.5).
+var demoFault = engine.Fault{Kind: engine.FaultStalePrefix, Step: 9, Layer: 3}
+
+func runDemo(args []string, stdout, stderr io.Writer) int {
+	fs := rpFlagSet("demo", "demo [--keep DIR]", demoDoc, stderr)
+	keep := fs.String("keep", "", "write the dumps into DIR and keep them (default: a temporary directory, removed)")
+	pos, err := rpParseArgs(fs, args)
+	if err == flag.ErrHelp {
+		return exitOK
+	}
+	if err != nil || len(pos) != 0 {
+		fs.Usage()
+		return exitError
+	}
+	dir := *keep
+	if dir == "" {
+		dir, err = os.MkdirTemp("", "sparsemla-demo-")
+		if err != nil {
+			return rpFail(stderr, "demo", err)
+		}
+		defer os.RemoveAll(dir)
+	}
+	const prefill, steps, seed = 6, 8, 1
+	fmt.Fprintf(stdout, "sparsemla demo: tiny synthetic model (layers r = 0, 4, 128, 4), decode steps %d..%d after a %d-token prefill, seed %d\n",
+		prefill, prefill+steps-1, prefill, seed)
+	runs := []struct {
+		name  string
+		fault *engine.Fault
+	}{{"clean", nil}, {"faulty", &demoFault}}
+	for _, r := range runs {
+		out := filepath.Join(dir, r.name)
+		s, err := engine.Synthesize(engine.SynthOptions{Prefill: prefill, Steps: steps, Seed: seed, Fault: r.fault})
+		if err != nil {
+			return rpFail(stderr, "demo", err)
+		}
+		if err := s.Write(out); err != nil {
+			return rpFail(stderr, "demo", err)
+		}
+		what := "no fault"
+		if r.fault != nil {
+			what = "injected: " + r.fault.String() + " (stale prefix-cache page from request " + engine.SynthOtherRequest + ")"
+		}
+		fmt.Fprintf(stdout, "\n== %s dump (%s)\n   $ sparsemla replay %s\n", r.name, what, out)
+		d, err := dump.Open(filepath.Join(out, engine.SynthDumpFile))
+		if err != nil {
+			return rpFail(stderr, "demo", err)
+		}
+		src, err := engine.NewDumpSource(d, "")
+		if err == nil {
+			var m *engine.Model
+			if m, err = engine.LoadModel(d, src, out); err == nil {
+				var rep *engine.Report
+				if rep, err = engine.Replay(context.Background(), m, src, engine.ReplayOptions{}); err == nil {
+					rep.WriteText(stdout)
+				}
+			}
+		}
+		d.Close()
+		if err != nil {
+			return rpFail(stderr, "demo", err)
+		}
+	}
+	fmt.Fprintln(stdout, "\nTry: sparsemla synth --out DIR --fault KIND@step,layer (sparsemla synth --help lists the faults), then sparsemla replay DIR [--json] or sparsemla report DIR --html out.html")
+	return exitOK
+}

@@ -1,0 +1,264 @@
+package engine
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"sort"
+
+	"sparsemla/attention"
+	"sparsemla/dump"
+	"sparsemla/quant"
+)
+
+// Files a synthetic dump directory holds.
+const (
+	SynthConfigFile  = "config.json"         // ModelArgs JSON
+	SynthWeightsFile = "weights.safetensors" // official state_dict names
+	SynthDumpFile    = "dump.smd"            // native dump
+)
+
+// Write writes the synthetic model and its dump into dir (created if needed):
+// config.json, weights.safetensors (attention-path parameters under the
+// official state_dict names: FP8 codes as F8_E4M3 with U8 UE8M0 block scales,
+// bf16 wo_a / weights_proj, fp32 norms, sinks and compressor parameters), and
+// dump.smd, a native dump holding the header (ModelArgs), the GPU RoPE tables,
+// the start state of every layer, every stage of every dumped step of request
+// B, and for a stale-prefix fault the prefix-hit record and request A's cache.
+func (s *Synth) Write(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("synth: %w", err)
+	}
+	cfgJSON, err := json.MarshalIndent(s.Cfg, "", "  ")
+	if err != nil {
+		return fmt.Errorf("synth: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, SynthConfigFile), cfgJSON, 0o644); err != nil {
+		return fmt.Errorf("synth: %w", err)
+	}
+	if err := s.writeWeights(filepath.Join(dir, SynthWeightsFile)); err != nil {
+		return err
+	}
+	return s.writeDump(filepath.Join(dir, SynthDumpFile), string(cfgJSON))
+}
+
+func (s *Synth) writeWeights(path string) error {
+	var recs []dump.Record
+	for l := 0; l < s.Cfg.NLayers; l++ {
+		recs = append(recs, LayerWeightRecords(s.Cfg, s.Weights[l])...)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("synth: %w", err)
+	}
+	meta := map[string]string{"producer": "sparsemla synth", "seed": fmt.Sprint(s.Seed)}
+	if err := dump.WriteSafetensors(f, recs, meta); err != nil {
+		f.Close()
+		return fmt.Errorf("synth: %s: %w", path, err)
+	}
+	return f.Close()
+}
+
+// LayerWeightRecords are one layer's attention weights as checkpoint records
+// named like the official state_dict (layers.L.attn.*), the inverse of
+// LoadLayerWeights.
+func LayerWeightRecords(cfg *Config, lw *LayerWeights) []dump.Record {
+	pre := fmt.Sprintf("layers.%d.attn.", lw.Layer)
+	var out []dump.Record
+	fp8 := func(name string, w *attention.FP8Weight) {
+		out = append(out,
+			dump.Record{Name: pre + name + ".weight", DType: dump.E4M3, Shape: []int{w.Rows, w.Cols}, Data: append([]byte(nil), w.Codes...)},
+			dump.Record{Name: pre + name + ".scale", DType: dump.U8,
+				Shape: []int{(w.Rows + 127) / 128, (w.Cols + 127) / 128}, Data: append([]byte(nil), w.Scale...)})
+	}
+	f32 := func(name string, v []float32, shape ...int) {
+		out = append(out, dump.Record{Name: pre + name, DType: dump.F32, Shape: shape, Data: f32Bytes(v)})
+	}
+	bf16 := func(name string, v []float32, shape ...int) {
+		out = append(out, dump.Record{Name: pre + name, DType: dump.BF16, Shape: shape, Data: bf16Bytes(v)})
+	}
+	H, D, dim := cfg.NHeads, cfg.HeadDim, cfg.Dim
+	fp8("wq_a", lw.WqA)
+	f32("q_norm.weight", lw.QNorm, cfg.QLoraRank)
+	fp8("wq_b", lw.WqB)
+	fp8("wkv", lw.Wkv)
+	f32("kv_norm.weight", lw.KVNorm, D)
+	bf16("wo_a.weight", lw.WoA, cfg.OGroups*cfg.OLoraRank, H*D/cfg.OGroups)
+	fp8("wo_b", lw.WoB)
+	f32("attn_sink", lw.AttnSink, H)
+	cmp := func(prefix string, c *attention.Compressor) {
+		w := c.Width()
+		f32(prefix+"wkv.weight", c.Wkv, w, dim)
+		f32(prefix+"wgate.weight", c.Wgate, w, dim)
+		f32(prefix+"ape", c.Ape, c.Ratio, w)
+		f32(prefix+"norm.weight", c.Norm, c.HeadDim)
+	}
+	if lw.Compressor != nil {
+		cmp("compressor.", lw.Compressor)
+	}
+	if ix := lw.Indexer; ix != nil {
+		fp8("indexer.wq_b", ix.WqB)
+		bf16("indexer.weights_proj.weight", ix.WeightsProj, ix.NHeads, dim)
+		cmp("indexer.compressor.", ix.Compressor)
+	}
+	return out
+}
+
+func f32Bytes(v []float32) []byte {
+	b := make([]byte, 4*len(v))
+	for i, x := range v {
+		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
+	}
+	return b
+}
+
+func bf16Bytes(v []float32) []byte {
+	b := make([]byte, 2*len(v))
+	for i, x := range v {
+		binary.LittleEndian.PutUint16(b[2*i:], quant.BF16Bits(x))
+	}
+	return b
+}
+
+func i32Bytes(v []int64) []byte {
+	b := make([]byte, 4*len(v))
+	for i, x := range v {
+		binary.LittleEndian.PutUint32(b[4*i:], uint32(int32(x)))
+	}
+	return b
+}
+
+func i64Bytes(v []int64) []byte {
+	b := make([]byte, 8*len(v))
+	for i, x := range v {
+		binary.LittleEndian.PutUint64(b[8*i:], uint64(x))
+	}
+	return b
+}
+
+// TensorRecord converts a Tensor to a dump record with key k and kind.
+func TensorRecord(t Tensor, k dump.Key, kind dump.Kind) dump.Record {
+	r := dump.Record{Key: k, Kind: kind, Shape: append([]int{}, t.Shape...)}
+	switch t.Kind {
+	case KindBF16:
+		r.DType, r.Data = dump.BF16, bf16Bytes(t.F)
+	case KindF32:
+		r.DType, r.Data = dump.F32, f32Bytes(t.F)
+	case KindI32:
+		r.DType, r.Data = dump.I32, i32Bytes(t.I)
+	default:
+		r.DType, r.Data = dump.I64, i64Bytes(t.I)
+	}
+	return r
+}
+
+func (s *Synth) writeDump(path, modelArgs string) error {
+	h := dump.Header{
+		ModelArgs:      modelArgs,
+		CompressRatios: append([]int{}, s.Cfg.CompressRatios...),
+		DTypePolicy:    map[string]string{"activations": "bf16", "linear": "fp8-e4m3", "kv_cache": "bf16 (FQ8 values)"},
+		Producer:       map[string]string{"engine": "sparsemla synth", "seed": fmt.Sprint(s.Seed)},
+	}
+	if s.Fault != nil {
+		h.User = map[string]string{"injected_fault": s.Fault.String()}
+	}
+	w, err := dump.Create(path, h)
+	if err != nil {
+		return err
+	}
+	fail := func(err error) error {
+		w.Close()
+		return fmt.Errorf("synth: %s: %w", path, err)
+	}
+	// GPU RoPE tables, [T, 32, 2] = (cos, sin).
+	tables := map[string]*RopeTable{}
+	for l := 0; l < s.Cfg.NLayers; l++ {
+		name := "freqs_cis_r0"
+		if s.Cfg.Ratio(l) > 0 {
+			name = "freqs_cis_cmp"
+		}
+		tables[name] = s.Rope[l]
+	}
+	for _, name := range []string{"freqs_cis_r0", "freqs_cis_cmp"} {
+		tb, ok := tables[name]
+		if !ok {
+			continue
+		}
+		cis := make([]float32, 2*len(tb.Cos))
+		for k := range tb.Cos {
+			cis[2*k], cis[2*k+1] = tb.Cos[k], tb.Sin[k]
+		}
+		rec := TensorRecord(FromF(KindF32, cis, tb.T, attention.RopePairs, 2),
+			dump.Key{Step: dump.NoStep, Layer: dump.Global, Stage: name}, dump.KindTable)
+		if err := w.Write(&rec); err != nil {
+			return fail(err)
+		}
+	}
+	layers := s.Src.Layers()
+	for _, l := range layers {
+		st := s.Src.Start[l]
+		for _, name := range sortedKeys(st) {
+			rec := TensorRecord(st[name], dump.Key{Request: SynthRequest, Step: int(s.Src.StartAfter), Layer: l, Stage: name}, dump.KindState)
+			if err := w.Write(&rec); err != nil {
+				return fail(err)
+			}
+		}
+	}
+	keys := make([]StageKey, 0, len(s.Src.Values))
+	for k := range s.Src.Values {
+		keys = append(keys, k)
+	}
+	sortStageKeys(keys)
+	for _, k := range keys {
+		rec := TensorRecord(s.Src.Values[k], dump.Key{Request: SynthRequest, Step: int(k.Step), Layer: k.Layer, Stage: k.Stage}, dump.KindStage)
+		if err := w.Write(&rec); err != nil {
+			return fail(err)
+		}
+	}
+	for req, vals := range s.Src.Others {
+		keys := keys[:0]
+		for k := range vals {
+			keys = append(keys, k)
+		}
+		sortStageKeys(keys)
+		for _, k := range keys {
+			rec := TensorRecord(vals[k], dump.Key{Request: req, Step: int(k.Step), Layer: k.Layer, Stage: k.Stage}, dump.KindStage)
+			if err := w.Write(&rec); err != nil {
+				return fail(err)
+			}
+		}
+	}
+	if s.Src.Hit != nil {
+		if err := w.WritePrefix(dump.PrefixHit{Request: SynthRequest, Source: s.Src.Hit.From, Tokens: int(s.Src.Hit.Tokens)}); err != nil {
+			return fail(err)
+		}
+	}
+	if err := w.Close(); err != nil {
+		return fmt.Errorf("synth: %s: %w", path, err)
+	}
+	return nil
+}
+
+func sortedKeys(m map[string]Tensor) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func sortStageKeys(k []StageKey) {
+	sort.Slice(k, func(i, j int) bool {
+		if k[i].Step != k[j].Step {
+			return k[i].Step < k[j].Step
+		}
+		if k[i].Layer != k[j].Layer {
+			return k[i].Layer < k[j].Layer
+		}
+		return k[i].Stage < k[j].Stage
+	})
+}
