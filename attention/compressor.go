@@ -337,16 +337,25 @@ type CompressorStep struct {
 // state after the step. rope is the layer's table (compressed rows use position
 // j·r).
 func (c *Compressor) Step(st *CompressorState, x []float32, pos int64, rope *RopeTable) CompressorStep {
-	w, d := c.Width(), c.HeadDim
-	out := CompressorStep{A: make([]float32, w), B: make([]float32, w)}
-	c.Project(out.A, out.B, x)
-	c.Ingest(st, out.A, out.B, pos)
+	w := c.Width()
+	a, b := make([]float32, w), make([]float32, w)
+	c.Project(a, b, x)
+	return c.StepFrom(st, a, b, pos, rope)
+}
+
+// StepFrom is [Compressor.Step] from the token's projections instead of x: a and
+// b are cmp_a and cmp_b [coff·d] (b without ape), e.g. the GPU's own values
+// when a replay separates the fp32 GEMMs from the state machine. The returned
+// step holds a and b (not copied).
+func (c *Compressor) StepFrom(st *CompressorState, a, b []float32, pos int64, rope *RopeTable) CompressorStep {
+	out := CompressorStep{A: a, B: b}
+	c.Ingest(st, a, b, pos)
 	if !c.Emits(pos) {
 		return out
 	}
 	out.Emitted = true
 	out.Row = pos / int64(c.Ratio)
-	out.Pooled = make([]float32, d)
+	out.Pooled = make([]float32, c.HeadDim)
 	c.Pool(out.Pooled, st)
 	c.Shift(st)
 	c.finish(&out, rope)
