@@ -209,7 +209,7 @@ func (c *Compressor) Pool(dst []float32, st *CompressorState) {
 		}
 		var sum float32
 		for e := 0; e < rows; e++ {
-			p[e] = expF32(st.Score[e*w+col(e)+ch] - m)
+			p[e] = exp32(st.Score[e*w+col(e)+ch] - m)
 			sum += p[e]
 		}
 		var acc float32
@@ -432,6 +432,3 @@ func (c *Compressor) Prefill(a, b []float32, S int, rope *RopeTable) (*Compresso
 	}
 	return st, rows
 }
-
-// expF32 is e^x rounded to fp32 (computed in float64).
-func expF32(x float32) float32 { return float32(math.Exp(float64(x))) }
