@@ -404,12 +404,11 @@ func (sr *StreamReader) Next() (Record, error) {
 			return Record{}, sr.s.errf("duplicate record %s (%s), first written as record %d", rec.Key, rec.Kind, prev)
 		}
 		sr.seen[id] = fi.index
-		var buf bytes.Buffer
-		n, err := io.CopyN(&buf, sr.s.r, fi.meta.NBytes)
+		data, err := readClaimed(sr.s.r, fi.meta.NBytes)
 		if err != nil {
-			return Record{}, fmt.Errorf("dump: %s: record %d (%s) at offset %d: truncated data (%d of %d bytes)", sr.s.name, fi.index, rec.Key, fi.dataOff, n, fi.meta.NBytes)
+			return Record{}, fmt.Errorf("dump: %s: record %d (%s) at offset %d: truncated data (%d of %d bytes)", sr.s.name, fi.index, rec.Key, fi.dataOff, len(data), fi.meta.NBytes)
 		}
-		rec.Data = buf.Bytes()
+		rec.Data = data
 		sr.s.advance(fi)
 		return rec, nil
 	}
@@ -417,3 +416,25 @@ func (sr *StreamReader) Next() (Record, error) {
 
 // Prefix returns the prefix-cache hits read so far.
 func (sr *StreamReader) Prefix() []PrefixHit { return sr.prefix }
+
+// claimChunk is the most readClaimed allocates before the bytes arrive.
+const claimChunk = 16 << 20
+
+// readClaimed reads n bytes whose length came from a header: it allocates at
+// most claimChunk up front and grows only as data actually arrives, so a
+// lying header on a short stream cannot make it allocate n bytes.
+func readClaimed(r io.Reader, n int64) ([]byte, error) {
+	buf := make([]byte, 0, min(n, claimChunk))
+	for int64(len(buf)) < n {
+		if len(buf) == cap(buf) {
+			buf = append(buf, make([]byte, min(n-int64(len(buf)), int64(cap(buf))))...)[:len(buf)]
+		}
+		want := min(n-int64(len(buf)), int64(cap(buf)-len(buf)))
+		m, err := io.ReadFull(r, buf[len(buf):len(buf)+int(want)])
+		buf = buf[:len(buf)+m]
+		if err != nil {
+			return buf, err
+		}
+	}
+	return buf, nil
+}

@@ -276,3 +276,17 @@ func FuzzNative(f *testing.F) {
 		}
 	})
 }
+
+// TestReadClaimedLies: a header claiming 1 TiB on a 10-byte stream fails
+// after reading what is there, without allocating the claim.
+func TestReadClaimedLies(t *testing.T) {
+	got, err := readClaimed(bytes.NewReader(make([]byte, 10)), 1<<40)
+	if err == nil || len(got) != 10 || cap(got) > claimChunk {
+		t.Errorf("len %d cap %d err %v", len(got), cap(got), err)
+	}
+	want := bytes.Repeat([]byte{1, 2, 3}, claimChunk) // 3 chunks: grows in steps
+	got, err = readClaimed(bytes.NewReader(want), int64(len(want)))
+	if err != nil || !bytes.Equal(got, want) {
+		t.Errorf("exact read: %d bytes, err %v", len(got), err)
+	}
+}
