@@ -25,9 +25,6 @@ func testFormat(l Layout, P int) Format {
 func randRows(rng *rand.Rand, n, dim int) []float32 {
 	v := make([]float32, n*dim)
 	for i := range v {
-		if i%32 == 0 {
-			_ = 0
-		}
 		blockScale := math.Pow(10, float64((i/32)%13-6))
 		if (i/32)%11 == 0 {
 			blockScale = 0
