@@ -4,27 +4,57 @@
 // # Overview
 //
 // Every tensor is a [Record]: a [Key] (request id, decode step = absolute
-// position p, layer, canonical stage name), a [DType], a shape and raw
-// little-endian bytes. Records come from:
+// position p, layer (-1 = global), canonical stage name), a [Kind] (stage,
+// replay start state, GPU table, KV page, weight), a [DType], a shape and
+// raw little-endian bytes. [Stages] lists the canonical stage names of one
+// V4 decode step with their dtypes and symbolic shapes (FORMAT.md has the
+// same table).
 //
-//   - safetensors files ([OpenSafetensors]): own reader, lazy per-tensor reads
-//     with ReadAt, header checked against the file size.
+// Sources, all yielding the same keyed index ([Dump], from [Open] or
+// [OpenMapped]):
 //
-// Decoding to numbers goes through the quant package ([Record.Float32],
-// [Record.Int64]); dump never imports engine (engine imports dump).
+//   - the native format (FORMAT.md): magic + version, a msgpack header frame
+//     (ModelArgs JSON, layer schedule, dtype policy, producer, user
+//     metadata), then one frame per record. [Writer] writes it, the Python
+//     package in capture/ writes it from PyTorch hooks, [StreamReader] reads
+//     it from any io.Reader, [Open] indexes a file or a directory of *.smd;
+//   - safetensors files or directories ([OpenSafetensors]: own reader, lazy
+//     per-tensor ReadAt, header validated against the file size);
+//   - .npy files and .npz archives ([ParseNpyHeader]; bf16/fp8 saved as their
+//     bits plus a name-map dtype override);
+//   - Hugging Face checkpoints ([OpenCheckpoint]: index.json + shards, only
+//     requested tensors read, official and HF names).
+//
+// Foreign tensor names become keys through a [NameMap] (JSON regexps with
+// named captures for request, step, layer, stage); built-in maps are embedded
+// from maps/*.json, and official-v4-tiny is detected automatically.
+//
+// Decoding goes through the quant package ([Record.Float32],
+// [Record.Int64], [Record.Stats]); dump never imports engine (engine imports
+// dump).
 //
 // # Shapes and axis order
 //
 // Shapes are PyTorch order, row-major, innermost axis last, with the batch and
 // sequence dims of size 1 removed (as in the official-v4-tiny golden dumps).
-// FP4 holds two E2M1 codes per byte, the even element in the low nibble.
+// FP4 holds two E2M1 codes per byte, the even element in the low nibble; its
+// shape counts elements.
 //
 // # Invariants
 //
+// A (key, kind) pair occurs at most once in a dump; readers reject
+// duplicates. State records are keyed by the step they are valid after.
 // Anything read from outside (files, headers, name maps) is validated before
-// use: a header's sizes are checked against the file size before anything is
-// allocated, element counts are checked for overflow, and every error names
-// the file, the record and the byte offset. Readers never panic on bad input.
+// use: claimed lengths are checked against the bytes left in the file before
+// anything is allocated (a stream of unknown size grows its buffer only as
+// data arrives), element counts are checked for overflow and against the
+// byte count, and every error names the file, the record and the byte
+// offset. Readers never panic on bad input (fuzz targets: FuzzNative,
+// FuzzSafetensorsHeader, FuzzNpyHeader, FuzzNameMap).
+//
+// Memory: the index holds only metadata; [Dump.Read] reads one record with
+// one ReadAt, so reading a many-GB dump needs the largest record, not the
+// file (BenchmarkNativeBig measures it).
 //
 // # Precision
 //
