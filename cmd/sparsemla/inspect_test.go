@@ -73,3 +73,22 @@ func TestInspectBadInput(t *testing.T) {
 		t.Errorf("two args: exit %d", code)
 	}
 }
+
+func TestInspectNpzWithMap(t *testing.T) {
+	code, out, errs := inspectRun("../../testdata/dump/capture/capture_smoke.npz", "--map", "../../testdata/dump/capture/smoke-npz.map.json", "--json")
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	var rep inspectReport
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Steps) != 2 || rep.Steps[0] != 5 || len(rep.Stages) != 1 || rep.Stages[0] != "cq" || rep.DTypes["bf16"] != 4 || len(rep.Unmapped) != 0 {
+		t.Errorf("steps %v stages %v dtypes %v unmapped %v", rep.Steps, rep.Stages, rep.DTypes, rep.Unmapped)
+	}
+	for _, r := range rep.List {
+		if r.Min == nil || *r.Min > -0.1 || *r.Max < 0.1 {
+			t.Errorf("%s/%d: values not decoded as bf16: min %v max %v", r.Stage, r.Layer, r.Min, r.Max)
+		}
+	}
+}
