@@ -3,6 +3,7 @@ package indexer
 import (
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"testing"
 
@@ -268,5 +269,32 @@ func TestHadamardPreservesScores(t *testing.T) {
 		if lim := 2 * 0x1p-9 * math.Sqrt(nq*nk); math.Abs(rot-direct) > lim {
 			t.Fatalf("trial %d: rotated dot %v vs %v (limit %v)", trial, rot, direct, lim)
 		}
+	}
+}
+
+// TestScoreRowsEqualsReference: the fused, parallel fast path gives the
+// reference's scores bit for bit, for several Tc (0 included) and GOMAXPROCS.
+func TestScoreRowsEqualsReference(t *testing.T) {
+	rng := rand.New(rand.NewPCG(6, 6))
+	const heads, hd = 8, 128
+	iq := randVec(rng, heads*hd)
+	w := randVec(rng, heads)
+	for _, procs := range []int{1, 2, 5} {
+		old := runtime.GOMAXPROCS(procs)
+		for _, tc := range []int{0, 1, 63, 64, 200, 1000} {
+			icache := randVec(rng, tc*hd)
+			qk := make([]float32, heads*tc)
+			IndexQK(qk, iq, icache, heads, hd)
+			want := make([]float32, tc)
+			IndexScore(want, qk, w)
+			got := make([]float32, tc)
+			ScoreRows(got, iq, icache, w, heads, hd)
+			for j := range want {
+				if math.Float32bits(got[j]) != math.Float32bits(want[j]) {
+					t.Fatalf("GOMAXPROCS=%d Tc=%d row %d: %v, reference %v", procs, tc, j, got[j], want[j])
+				}
+			}
+		}
+		runtime.GOMAXPROCS(old)
 	}
 }

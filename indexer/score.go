@@ -1,6 +1,10 @@
 package indexer
 
 import (
+	"runtime"
+
+	"golang.org/x/sync/errgroup"
+
 	"sparsemla/attention"
 	"sparsemla/quant"
 )
@@ -48,4 +52,39 @@ func IndexScore(score, qk, w []float32) {
 		}
 		score[j] = quant.BF16Round(sum)
 	}
+}
+
+// ScoreRows is the fast path of IndexQK followed by IndexScore: the same
+// per-row arithmetic (each dot product bf16-rounded, each ReLU·weight product
+// bf16-rounded, the head sum in fp32 in head order), fused per compressed row
+// so index_qk is never materialised, and spread over GOMAXPROCS goroutines by
+// contiguous row ranges. Every score is computed by exactly one goroutine with
+// the reference's order, so the result is bit-identical to the reference at any
+// GOMAXPROCS (TestScoreRowsEqualsReference).
+//
+// score is [Tc], iq [heads, headDim], icache [Tc, headDim], w [heads].
+func ScoreRows(score, iq, icache, w []float32, heads, headDim int) {
+	if headDim <= 0 || heads != len(w) || len(iq) != heads*headDim || len(icache) != len(score)*headDim {
+		panic("indexer: ScoreRows shape mismatch")
+	}
+	tc := len(score)
+	workers := min(runtime.GOMAXPROCS(0), max(tc/64, 1))
+	var g errgroup.Group
+	for wk := 0; wk < workers; wk++ {
+		lo, hi := wk*tc/workers, (wk+1)*tc/workers
+		g.Go(func() error {
+			qk := make([]float32, heads) // index_qk[:, j]
+			for j := lo; j < hi; j++ {
+				// qk[h] = bf16(icache[j] · iq[h]): the weight-matrix form of the same dot.
+				attention.BF16Linear(qk, icache[j*headDim:(j+1)*headDim], iq, heads, headDim)
+				var sum float32
+				for h, d := range qk {
+					sum += quant.BF16Round(max(d, 0) * w[h])
+				}
+				score[j] = quant.BF16Round(sum)
+			}
+			return nil
+		})
+	}
+	g.Wait()
 }
