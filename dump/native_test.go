@@ -269,10 +269,33 @@ func FuzzNative(f *testing.F) {
 	f.Add(writeNative(f, keyed()))
 	f.Add(writeNative(f, nil, PrefixHit{Request: "a", Source: "b", Tokens: 3}))
 	f.Add(fileHeader(1))
+	dir := f.TempDir()
 	f.Fuzz(func(t *testing.T, b []byte) {
 		err := streamAll(b)
 		if err != nil && strings.HasPrefix(err.Error(), "record accepted") {
 			t.Fatal(err)
+		}
+		// The indexed reader must agree with the stream reader.
+		p := filepath.Join(dir, "f.smd")
+		if werr := os.WriteFile(p, b, 0o644); werr != nil {
+			t.Fatal(werr)
+		}
+		d, oerr := Open(p)
+		if (err == nil) != (oerr == nil) {
+			t.Fatalf("stream err %v, index err %v", err, oerr)
+		}
+		if oerr != nil {
+			return
+		}
+		defer d.Close()
+		for i := range d.Entries {
+			r, rerr := d.Read(&d.Entries[i])
+			if rerr != nil {
+				t.Fatalf("indexed entry unreadable: %v", rerr)
+			}
+			if cerr := r.Check(); cerr != nil {
+				t.Fatalf("indexed record invalid: %v", cerr)
+			}
 		}
 	})
 }
