@@ -102,6 +102,10 @@ func stageKind(stage string) string {
 		return KindFP8Cache
 	case strings.HasPrefix(stage, "cmp_") || strings.HasPrefix(stage, "icmp_") || stage == "icache":
 		return KindCompressor
+	case stage == "kv_cache":
+		return KindCache
+	case stage == "topk_idxs":
+		return KindIndexList
 	}
 	return KindProjection
 }

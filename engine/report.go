@@ -30,6 +30,7 @@ type Report struct {
 	Summary       Summary       `json:"summary"`
 	First         *Divergence   `json:"first_divergence"`  // null when agree
 	Referee       *Referee      `json:"referee,omitempty"` // diff with weights
+	Probes        []Probe       `json:"probes,omitempty"`  // bisect: the steps probed, in order
 	Results       []StageResult `json:"stages"`
 }
 
@@ -116,6 +117,8 @@ const (
 	KindUpstream   = "upstream"
 	KindProjection = "projection"
 	KindNonFinite  = "NaN/inf"
+	KindCache      = "KV cache"
+	KindIndexList  = "index list"
 )
 
 func newReport(dump, mode string, gpuRope bool, steps []int64, layers []int) *Report {

@@ -15,6 +15,7 @@ import (
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgimg"
 	"gonum.org/v1/plot/vg/vgsvg"
 )
 
@@ -69,14 +70,28 @@ func (t indexTicks) Ticks(min, max float64) []plot.Tick {
 	return out
 }
 
+// plotPNG switches the inline images from SVG to PNG (tests render PNGs to
+// look at them).
+var plotPNG = false
+
 func svgDataURI(p *plot.Plot, w, h vg.Length) (template.URL, error) {
-	c := vgsvg.New(w, h)
-	p.Draw(draw.New(c))
 	var buf bytes.Buffer
-	if _, err := c.WriteTo(&buf); err != nil {
-		return "", err
+	mime := "image/svg+xml"
+	if plotPNG {
+		c := vgimg.PngCanvas{Canvas: vgimg.New(w, h)}
+		p.Draw(draw.New(c))
+		if _, err := c.WriteTo(&buf); err != nil {
+			return "", err
+		}
+		mime = "image/png"
+	} else {
+		c := vgsvg.New(w, h)
+		p.Draw(draw.New(c))
+		if _, err := c.WriteTo(&buf); err != nil {
+			return "", err
+		}
 	}
-	return template.URL("data:image/svg+xml;base64," + base64.StdEncoding.EncodeToString(buf.Bytes())), nil
+	return template.URL("data:" + mime + ";base64," + base64.StdEncoding.EncodeToString(buf.Bytes())), nil
 }
 
 // heatmapPlot draws the worst severity per (layer, step).

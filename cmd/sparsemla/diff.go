@@ -1,0 +1,75 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+
+	"sparsemla/engine"
+)
+
+func init() {
+	register(&command{
+		name:    "diff",
+		summary: "first divergence between two dumps of one run, with the reference as referee",
+		run:     runDiff,
+	})
+}
+
+const diffDoc = `Compares two dumps of the same run (same model, same tokens, e.g. two engines
+or two kernel versions) stage by stage in replay order and names the first stage
+where B leaves A's tolerance. When the weights are found (beside A, or
+--weights), the reference referees: it recomputes that stage from A's inputs and
+says which side it agrees with, and replays both dumps. Exit status: 0 the dumps
+agree, 1 they differ, 2 error.`
+
+func runDiff(args []string, stdout, stderr io.Writer) int {
+	var f replayFlags
+	fs := rpFlagSet("diff", "diff A B [--weights DIR] [--map FILE] [--tol FILE] [--json]", diffDoc, stderr)
+	f.register(fs, false)
+	pos, err := rpParseArgs(fs, args)
+	if err == flag.ErrHelp {
+		return exitOK
+	}
+	if err != nil {
+		return exitError
+	}
+	if len(pos) != 2 {
+		fs.Usage()
+		return exitError
+	}
+	tol, err := f.tolerance()
+	if err != nil {
+		return rpFail(stderr, "diff", err)
+	}
+	a, err := rpOpenDump(pos[0], &f, false)
+	if err != nil {
+		return rpFail(stderr, "diff", err)
+	}
+	defer a.Close()
+	fb := f
+	fb.weights = ""
+	b, err := rpOpenDump(pos[1], &fb, false)
+	if err != nil {
+		return rpFail(stderr, "diff", err)
+	}
+	defer b.Close()
+	var cfg *engine.Config
+	if a.model != nil {
+		cfg = a.model.Cfg
+	} else if cfg, err = engine.ParseConfig([]byte(a.d.Header.ModelArgs)); err != nil {
+		return rpFail(stderr, "diff", fmt.Errorf("%s: no usable model config: %w", pos[0], err))
+	}
+	rep, err := engine.Diff(context.Background(), cfg, a.model, a.src, b.src, tol)
+	if err != nil {
+		return rpFail(stderr, "diff", err)
+	}
+	if a.model == nil && !f.json {
+		fmt.Fprintln(stdout, "(no weights found: no referee)")
+	}
+	if err := rpWrite(stdout, rep, f.json); err != nil {
+		return rpFail(stderr, "diff", err)
+	}
+	return rpExit(rep)
+}

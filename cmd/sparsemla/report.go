@@ -1,0 +1,80 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+
+	"sparsemla/engine"
+)
+
+func init() {
+	register(&command{
+		name:    "report",
+		summary: "self-contained HTML page: error heatmap by layer x step, per-stage plots, diagnosis",
+		run:     runReport,
+	})
+}
+
+const reportDoc = `Replays DUMP (as 'replay' does) and writes a self-contained HTML page: the
+verdict and first-divergence diagnosis, a heatmap of the worst stage error by
+layer x step, one plot per stage of its metric (bf16 ulps, cos_diff or values
+differing) over the steps, and the table of failing and tied stages. Images
+are inline SVG. Exit status: 0 agree, 1 diverged, 2 error.`
+
+func runReport(args []string, stdout, stderr io.Writer) int {
+	var f replayFlags
+	fs := rpFlagSet("report", "report DUMP --html OUT [--mode local|propagated] [--weights DIR] [--map FILE] [--tol FILE]", reportDoc, stderr)
+	f.register(fs, true)
+	out := fs.String("html", "", "output HTML file (required)")
+	pos, err := rpParseArgs(fs, args)
+	if err == flag.ErrHelp {
+		return exitOK
+	}
+	if err != nil {
+		return exitError
+	}
+	if len(pos) != 1 || *out == "" {
+		fs.Usage()
+		return exitError
+	}
+	tol, err := f.tolerance()
+	if err != nil {
+		return rpFail(stderr, "report", err)
+	}
+	o, err := rpOpenDump(pos[0], &f, true)
+	if err != nil {
+		return rpFail(stderr, "report", err)
+	}
+	defer o.Close()
+	rep, err := engine.Replay(context.Background(), o.model, o.src, engine.ReplayOptions{
+		Mode: engine.ReplayMode(f.mode), Tol: tol, Progress: rpProgress(stderr, "report"),
+	})
+	if err != nil {
+		return rpFail(stderr, "report", err)
+	}
+	fh, err := os.Create(*out)
+	if err != nil {
+		return rpFail(stderr, "report", err)
+	}
+	if err := rep.WriteHTML(fh); err != nil {
+		fh.Close()
+		return rpFail(stderr, "report", err)
+	}
+	if err := fh.Close(); err != nil {
+		return rpFail(stderr, "report", err)
+	}
+	if f.json {
+		if err := rep.WriteJSON(stdout); err != nil {
+			return rpFail(stderr, "report", err)
+		}
+	} else {
+		fmt.Fprintf(stdout, "wrote %s (%s)\n", *out, rep.Verdict)
+		if rep.First != nil {
+			fmt.Fprintln(stdout, rep.First.Text)
+		}
+	}
+	return rpExit(rep)
+}
