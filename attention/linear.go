@@ -37,6 +37,7 @@ func QuantizeFP8Weight(W []float32, rows, cols int) *FP8Weight {
 	bc := (cols + quant.WeightBlock - 1) / quant.WeightBlock
 	codes := make([]uint8, rows*cols)
 	scale := make([]uint8, br*bc)
+	dq := make([]float32, rows*cols)
 	for bi := 0; bi < br; bi++ {
 		for bj := 0; bj < bc; bj++ {
 			var amax float32
@@ -50,12 +51,14 @@ func QuantizeFP8Weight(W []float32, rows, cols int) *FP8Weight {
 			s := quant.Pow2(e)
 			for n := bi * 128; n < min(rows, bi*128+128); n++ {
 				for k := bj * 128; k < min(cols, bj*128+128); k++ {
-					codes[n*cols+k] = quant.EncodeE4M3(min(max(W[n*cols+k]/s, -quant.E4M3Max), quant.E4M3Max))
+					c := quant.EncodeE4M3(min(max(W[n*cols+k]/s, -quant.E4M3Max), quant.E4M3Max))
+					codes[n*cols+k] = c
+					dq[n*cols+k] = quant.DecodeE4M3(c) * s // = DequantFP8Weight, exact
 				}
 			}
 		}
 	}
-	return NewFP8Weight(codes, scale, rows, cols)
+	return &FP8Weight{Rows: rows, Cols: cols, Codes: codes, Scale: scale, W: dq}
 }
 
 func abs32(x float32) float32 {

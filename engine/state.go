@@ -3,8 +3,10 @@ package engine
 import (
 	"fmt"
 	"math"
+	"math/rand/v2"
 
 	"sparsemla/attention"
+	"sparsemla/quant"
 )
 
 // LayerState is everything one layer carries from one decode step to the next
@@ -175,4 +177,89 @@ func maxRowsFor(r, maxRows int) int {
 		return 0
 	}
 	return maxRows
+}
+
+// SyntheticState builds a plausible state of layer w.Layer before the token at
+// position next, for explain and benchmarks, from seeded random attention
+// inputs x_t ~ bf16(N(0,1)) (one stream per token, so every path sees the same
+// x_t):
+//
+//   - window slots: the real K path (wkv → kv_norm → RoPE at t → FQ8) of the last
+//     min(next, window) tokens;
+//   - compressed rows j < next div r (and index keys for r = 4): a random pooled
+//     row finished by the real row path (norm → RoPE at j·r → FQ8, or
+//     Had → FQ4 for index keys) — on the right grids, but not pooled from
+//     the tokens (that would cost next projections);
+//   - compressor states: the real projections of the tokens of the open group
+//     (and, for r = 4, the previous group), advanced as decode does.
+//
+// rope must cover positions 0 … next−1.
+func SyntheticState(cfg *Config, w *LayerWeights, rope *RopeTable, next int64, seed uint64) *LayerState {
+	st := NewLayerState(cfg, w.Layer)
+	st.Next = next
+	D, win, r := cfg.HeadDim, int64(cfg.WindowSize), w.Ratio
+	xOf := func(t int64) []float32 { return SyntheticInput(cfg, t, seed).F }
+	for t := max(0, next-win); t < next; t++ {
+		k := make([]float32, D)
+		attention.FP8Linear(k, xOf(t), w.Wkv)
+		attention.RMSNorm(k, k, w.KVNorm, float32(cfg.NormEps))
+		rope.Apply(k[cfg.NopeDim():], t)
+		quant.FQ8(k[:cfg.NopeDim()], 64)
+		copy(st.KV[int(t%win)*D:], k)
+	}
+	if r == 0 {
+		return st
+	}
+	rng := rand.New(rand.NewPCG(seed, 1<<62))
+	row := func(c *attention.Compressor, j int) []float32 {
+		z := make([]float32, c.HeadDim)
+		for i := range z {
+			z[i] = quant.BF16Round(float32(rng.NormFloat64()))
+		}
+		n, ro := make([]float32, c.HeadDim), make([]float32, c.HeadDim)
+		c.Normed(n, z)
+		c.Roped(ro, n, int64(j), rope)
+		if c.Rotate {
+			c.Had(n, ro)
+			ro = n
+		}
+		out := make([]float32, c.HeadDim)
+		c.Quantize(out, ro)
+		return out
+	}
+	tc := int(next / int64(r))
+	for j := 0; j < tc; j++ {
+		st.KV = append(st.KV, row(w.Compressor, j)...)
+		if r == 4 {
+			st.ICache = append(st.ICache, row(w.Indexer.Compressor, j)...)
+		}
+	}
+	start := next - next%int64(r)
+	if r == 4 {
+		start = max(0, start-4)
+	}
+	advance := func(c *attention.Compressor, cs *attention.CompressorState, x []float32, t int64) {
+		a, b := make([]float32, c.Width()), make([]float32, c.Width())
+		c.Project(a, b, x)
+		c.Advance(cs, a, b, t)
+	}
+	for t := start; t < next; t++ {
+		x := xOf(t)
+		advance(w.Compressor, st.Cmp, x, t)
+		if r == 4 {
+			advance(w.Indexer.Compressor, st.ICmp, x, t)
+		}
+	}
+	return st
+}
+
+// SyntheticInput is the seeded random attention input of token p used by
+// SyntheticState: bf16(N(0,1)) [dim], the same x_p the state would have used.
+func SyntheticInput(cfg *Config, p int64, seed uint64) Tensor {
+	rng := rand.New(rand.NewPCG(seed, uint64(p)))
+	x := make([]float32, cfg.Dim)
+	for i := range x {
+		x[i] = quant.BF16Round(float32(rng.NormFloat64()))
+	}
+	return FromF(KindBF16, x, cfg.Dim)
 }

@@ -4,6 +4,9 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"runtime"
+
+	"golang.org/x/sync/errgroup"
 
 	"sparsemla/attention"
 	"sparsemla/dump"
@@ -186,22 +189,51 @@ func sameInts(a, b []int) bool {
 // deterministic, distributed like the golden's generator: linear weights
 // bf16(N(0,1)/sqrt(in)) (FP8 ones then block-quantised as the checkpoint is),
 // norm weights bf16(1 + 0.1·N), ape bf16(0.5·N), attn_sink bf16(N). Only the
-// layer asked for is generated.
+// layer asked for is generated. Every 128-row block of every matrix has its
+// own random stream, so blocks are generated in parallel and the result is the
+// same at any GOMAXPROCS.
 func RandomLayerWeights(cfg *Config, layer int, seed uint64) *LayerWeights {
 	r := cfg.Ratio(layer)
-	rng := rand.New(rand.NewPCG(seed, uint64(layer)+0x9e3779b97f4a7c15))
 	H, D, dim := cfg.NHeads, cfg.HeadDim, cfg.Dim
+	var id uint64 // matrix number: the stream of block b of matrix id is (seed, layer, id, b)
+	stream := func(b int) *rand.Rand {
+		return rand.New(rand.NewPCG(seed, uint64(layer)<<48|id<<32|uint64(b)))
+	}
+	// blocks runs f on every 128-row block of a rows-row matrix in parallel.
+	blocks := func(rows int, f func(b, r0, r1 int)) {
+		var g errgroup.Group
+		g.SetLimit(runtime.GOMAXPROCS(0))
+		for b := 0; b*128 < rows; b++ {
+			g.Go(func() error { f(b, b*128, min(rows, b*128+128)); return nil })
+		}
+		g.Wait()
+		id++
+	}
+	fill := func(dst []float32, rng *rand.Rand, s float64) {
+		for i := range dst {
+			dst[i] = quant.BF16Round(float32(rng.NormFloat64() * s))
+		}
+	}
 	lin := func(rows, cols int) []float32 {
 		w := make([]float32, rows*cols)
-		s := 1 / math.Sqrt(float64(cols))
-		for i := range w {
-			w[i] = quant.BF16Round(float32(rng.NormFloat64() * s))
-		}
+		blocks(rows, func(b, r0, r1 int) { fill(w[r0*cols:r1*cols], stream(b), 1/math.Sqrt(float64(cols))) })
 		return w
 	}
 	fp8 := func(rows, cols int) *attention.FP8Weight {
-		return attention.QuantizeFP8Weight(lin(rows, cols), rows, cols)
+		fw := &attention.FP8Weight{Rows: rows, Cols: cols, Codes: make([]uint8, rows*cols),
+			Scale: make([]uint8, len(fp8ScaleFlat(rows, cols))), W: make([]float32, rows*cols)}
+		bc := (cols + 127) / 128
+		blocks(rows, func(b, r0, r1 int) {
+			w := make([]float32, (r1-r0)*cols)
+			fill(w, stream(b), 1/math.Sqrt(float64(cols)))
+			q := attention.QuantizeFP8Weight(w, r1-r0, cols) // 128×128 blocks never straddle row blocks
+			copy(fw.Codes[r0*cols:], q.Codes)
+			copy(fw.W[r0*cols:], q.W)
+			copy(fw.Scale[b*bc:], q.Scale)
+		})
+		return fw
 	}
+	rng := stream(1 << 30) // the stream of the small vectors
 	vec := func(n int, mean, sd float64) []float32 {
 		v := make([]float32, n)
 		for i := range v {
@@ -231,4 +263,10 @@ func RandomLayerWeights(cfg *Config, layer int, seed uint64) *LayerWeights {
 			Compressor: cmp(cfg.IndexHeadDim, true)}
 	}
 	return lw
+}
+
+// fp8ScaleFlat is a zero slice with one entry per 128×128 block of [rows, cols].
+func fp8ScaleFlat(rows, cols int) []uint8 {
+	s := fp8Scale(rows, cols)
+	return make([]uint8, s[0]*s[1])
 }
