@@ -48,10 +48,13 @@ func readAll(tb testing.TB, p string) {
 		tb.Fatal(err)
 	}
 	defer d.Close()
+	var buf []byte
 	for i := range d.Entries {
-		if _, err := d.Read(&d.Entries[i]); err != nil {
+		r, err := d.ReadBuf(&d.Entries[i], buf)
+		if err != nil {
 			tb.Fatal(err)
 		}
+		buf = r.Data
 	}
 }
 

@@ -410,8 +410,13 @@ func (d *Dump) Get(k Key, kind Kind) (Record, error) {
 	return d.Read(e)
 }
 
-// Read reads one entry's bytes.
-func (d *Dump) Read(e *Entry) (Record, error) {
+// Read reads one entry's bytes into a new buffer.
+func (d *Dump) Read(e *Entry) (Record, error) { return d.ReadBuf(e, nil) }
+
+// ReadBuf is Read reusing buf's storage when it is large enough (the
+// record's Data then aliases buf). Loops over many records use it to avoid
+// one allocation per record.
+func (d *Dump) ReadBuf(e *Entry, buf []byte) (Record, error) {
 	r := Record{Key: e.Key, Kind: e.Kind, Name: e.Name, DType: e.DType, Shape: append([]int(nil), e.Shape...), Page: e.Page}
 	if e.npz != nil {
 		data, err := readNpzMember(e.npz)
@@ -424,7 +429,11 @@ func (d *Dump) Read(e *Entry) (Record, error) {
 		r.Data = data[e.npyData:]
 		return r, nil
 	}
-	r.Data = make([]byte, e.NBytes)
+	if int64(cap(buf)) >= e.NBytes {
+		r.Data = buf[:e.NBytes]
+	} else {
+		r.Data = make([]byte, e.NBytes)
+	}
 	if err := readAt(d.srcs[e.src], r.Data, e.Offset); err != nil {
 		return Record{}, fmt.Errorf("dump: %s: record %d (%s) at offset %d: reading %d bytes: %w", e.File, e.Record, e.Name, e.Offset, e.NBytes, err)
 	}

@@ -263,3 +263,26 @@ func FuzzNameMap(f *testing.F) {
 		_, _ = overrideDType(U8, []int{3, 4}, mp.dtype)
 	})
 }
+
+func TestOverrideDType(t *testing.T) {
+	cases := []struct {
+		from  DType
+		shape []int
+		to    DType
+		want  []int
+		err   bool
+	}{
+		{U8, []int{3, 4}, FP4, []int{3, 8}, false},
+		{U8, []int{3, 4}, BF16, []int{3, 2}, false},
+		{U8, []int{3, 5}, BF16, nil, true},
+		{U16, []int{7}, BF16, []int{7}, false},
+		{U8, []int{}, BF16, nil, true},
+		{I32, []int{2}, Invalid, []int{2}, false},
+	}
+	for _, c := range cases {
+		got, err := overrideDType(c.from, c.shape, c.to)
+		if (err != nil) != c.err || !c.err && !slices.Equal(got, c.want) {
+			t.Errorf("%s %v -> %s: %v, %v; want %v (err %v)", c.from, c.shape, c.to, got, err, c.want, c.err)
+		}
+	}
+}

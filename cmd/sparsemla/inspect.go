@@ -176,6 +176,7 @@ func buildInspect(d *dump.Dump, re *regexp.Regexp, stats bool) (*inspectReport, 
 		rep.Header.ModelArgs = json.RawMessage(d.Header.ModelArgs)
 	}
 	reqs, steps, stateAt, layers, stages, unknown := map[string]bool{}, map[int]bool{}, map[int]bool{}, map[int]bool{}, map[string]bool{}, map[string]bool{}
+	var buf []byte // reused across records: memory = the largest record
 	for i := range d.Entries {
 		e := &d.Entries[i]
 		if re != nil && !re.MatchString(e.Key.String()) {
@@ -193,10 +194,11 @@ func buildInspect(d *dump.Dump, re *regexp.Regexp, stats bool) (*inspectReport, 
 			rec.Shape = []int{}
 		}
 		if stats {
-			r, err := d.Read(e)
+			r, err := d.ReadBuf(e, buf)
 			if err != nil {
 				return nil, err
 			}
+			buf = r.Data
 			s, err := r.Stats()
 			if err != nil {
 				return nil, fmt.Errorf("%s: record %d (%s) at offset %d: %w", e.File, e.Record, e.Key, e.Offset, err)
