@@ -1,0 +1,289 @@
+package engine
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"math"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strings"
+	"testing"
+
+	"sparsemla/dump"
+	"sparsemla/quant"
+)
+
+var updateGolden = flag.Bool("update", false, "rewrite engine/testdata golden files")
+
+// openGolden opens a GPU-made dump directory under testdata/ and its model;
+// it skips the test when the directory is absent.
+func openGolden(t *testing.T, name string) (*Model, *DumpSource) {
+	t.Helper()
+	dir := filepath.Join("..", "testdata", name)
+	if _, err := os.Stat(dir); err != nil {
+		t.Skipf("%s absent: %v", dir, err)
+	}
+	d, err := dump.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	src, err := NewDumpSource(d, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := LoadModel(d, src, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, src
+}
+
+// TestReplayGPUDumpsAgree: the default tolerances give zero divergences on the
+// clean GPU dumps of the official model.py, in both modes, with every stage
+// of every step compared.
+func TestReplayGPUDumpsAgree(t *testing.T) {
+	for _, name := range []string{"official-v4-tiny", "gpu-v4-tiny-long"} {
+		t.Run(name, func(t *testing.T) {
+			m, src := openGolden(t, name)
+			if !m.GPURope {
+				t.Errorf("%s: the dump's GPU RoPE tables were not picked up", name)
+			}
+			for _, mode := range []ReplayMode{Local, Propagated} {
+				rep, err := Replay(context.Background(), m, src, ReplayOptions{Mode: mode})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if rep.Diverged() {
+					t.Errorf("%s %s: %s", name, mode, rep.First.Text)
+				}
+				if rep.Summary.Compared == 0 || rep.Summary.Skipped != 0 {
+					t.Errorf("%s %s: summary %+v", name, mode, rep.Summary)
+				}
+				t.Logf("%s %s: %+v", name, mode, rep.Summary)
+			}
+		})
+	}
+}
+
+// TestReplayGoldenCorrupted: one value of the official dump changed by one
+// bf16 ulp in an exact stage is the first divergence, at its place.
+func TestReplayGoldenCorrupted(t *testing.T) {
+	m, src := openGolden(t, "official-v4-tiny")
+	mem := NewMemSource("corrupted golden")
+	for _, p := range src.Steps() {
+		for _, l := range src.Layers() {
+			names := []string{"x"}
+			for _, d := range Stages(m.Cfg, l, p) {
+				names = append(names, d.Name)
+			}
+			for _, n := range names {
+				if v, ok, err := src.Stage(p, l, n); err != nil {
+					t.Fatal(err)
+				} else if ok {
+					mem.Put(p, l, n, v)
+				}
+			}
+		}
+	}
+	for _, l := range src.Layers() {
+		st, after, _, err := src.State(l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mem.Start[l], mem.StartAfter = st, after
+	}
+	k := StageKey{Step: 5, Layer: 2, Stage: "kv"}
+	v := mem.Values[k].Clone()
+	v.F[3] = quant.BF16Next(v.F[3], 1)
+	mem.Values[k] = v
+	rep, err := Replay(context.Background(), m, mem, ReplayOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.First == nil || rep.First.Step != 5 || rep.First.Layer != 2 || rep.First.Stage != "kv" {
+		t.Fatalf("first divergence %+v, want step 5 layer 2 kv", rep.First)
+	}
+}
+
+// TestReplayNaNPattern: NaN in some GPU heads of o is a divergence naming the
+// heads, not an input error.
+func TestReplayNaNPattern(t *testing.T) {
+	s, err := Synthesize(SynthOptions{Prefill: 4, Steps: 3, Seed: 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := StageKey{Step: 5, Layer: 1, Stage: "o"}
+	o := s.Src.Values[k].Clone()
+	D := o.Shape[1]
+	o.F[2*D+17] = float32(math.NaN())
+	s.Src.Values[k] = o
+	rep := replaySynth(t, s)
+	d := rep.First
+	if d == nil || d.Step != 5 || d.Layer != 1 || d.Stage != "o" {
+		t.Fatalf("first divergence %+v, want step 5 layer 1 o", d)
+	}
+	if len(d.Rows) != 1 || d.Rows[0] != 2 || !strings.Contains(d.Why, "NaN") {
+		t.Fatalf("diagnosis %q rows %v: want NaN in head 2", d.Why, d.Rows)
+	}
+}
+
+// TestReplayJSONDeterministic: the --json report is byte-identical at
+// GOMAXPROCS 1 and 2 (units run in parallel, results assembled in order).
+func TestReplayJSONDeterministic(t *testing.T) {
+	f := Fault{Kind: FaultSplitK, Step: 8, Layer: 2}
+	s, err := Synthesize(SynthOptions{Prefill: 6, Steps: 4, Seed: 3, Fault: &f})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func(procs int, mode ReplayMode) []byte {
+		old := runtime.GOMAXPROCS(procs)
+		defer runtime.GOMAXPROCS(old)
+		rep, err := Replay(context.Background(), s.Model(), s.Src, ReplayOptions{Mode: mode})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b bytes.Buffer
+		if err := rep.WriteJSON(&b); err != nil {
+			t.Fatal(err)
+		}
+		return b.Bytes()
+	}
+	for _, mode := range []ReplayMode{Local, Propagated} {
+		a, b := run(1, mode), run(2, mode)
+		if !bytes.Equal(a, b) {
+			t.Fatalf("%s: JSON differs between GOMAXPROCS 1 and 2", mode)
+		}
+	}
+}
+
+// jsonPaths lists every key path of a JSON value ("stages[].metrics.max_ulp"),
+// sorted and deduplicated: the structure of the schema, not its values.
+func jsonPaths(v any, prefix string, out map[string]bool) {
+	switch x := v.(type) {
+	case map[string]any:
+		for k, e := range x {
+			p := k
+			if prefix != "" {
+				p = prefix + "." + k
+			}
+			out[p] = true
+			jsonPaths(e, p, out)
+		}
+	case []any:
+		for _, e := range x {
+			jsonPaths(e, prefix+"[]", out)
+		}
+	}
+}
+
+// TestReplayJSONSchema checks the structure of the --json report against the
+// golden list of key paths in testdata/replay-schema.golden (regenerate with
+// go test ./engine -run JSONSchema -update, and document the change in
+// docs/replay-json.md with a new schema version if a field changed meaning).
+func TestReplayJSONSchema(t *testing.T) {
+	paths := map[string]bool{}
+	for _, f := range []*Fault{{Kind: FaultTopK, Step: 9, Layer: 1}, {Kind: FaultStalePrefix, Step: 8, Layer: 3}} {
+		s, err := Synthesize(SynthOptions{Prefill: 6, Steps: 4, Seed: 5, Fault: f})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rep := replaySynth(t, s)
+		if rep.Schema != SchemaVersion {
+			t.Fatalf("schema %q", rep.Schema)
+		}
+		var b bytes.Buffer
+		if err := rep.WriteJSON(&b); err != nil {
+			t.Fatal(err)
+		}
+		var v any
+		if err := json.Unmarshal(b.Bytes(), &v); err != nil {
+			t.Fatal(err)
+		}
+		jsonPaths(v, "", paths)
+	}
+	var list []string
+	for p := range paths {
+		list = append(list, p)
+	}
+	sort.Strings(list)
+	got := strings.Join(list, "\n") + "\n"
+	golden := filepath.Join("testdata", "replay-schema.golden")
+	if *updateGolden {
+		if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != string(want) {
+		t.Fatalf("JSON structure changed (schema %s):\ngot:\n%s\nwant:\n%s", SchemaVersion, got, want)
+	}
+}
+
+// TestBisect: a fault that stays in the cache (a stale page, a corrupted scale
+// byte) is found at its step with about log2(steps) replays.
+func TestBisect(t *testing.T) {
+	for _, f := range []Fault{{Kind: FaultStalePrefix, Step: 9, Layer: 3}, {Kind: FaultScaleByte, Step: 12, Layer: 0}} {
+		s, err := Synthesize(SynthOptions{Prefill: 6, Steps: 16, Seed: 9, Fault: &f})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rep, err := Bisect(context.Background(), s.Model(), s.Src, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep.First == nil || rep.First.Step != f.Step || rep.First.Layer != f.Layer || rep.First.Stage != f.Stage() {
+			t.Fatalf("%s: bisect found %+v", f, rep.First)
+		}
+		if rep.StepsReplayed > 6 {
+			t.Fatalf("%s: %d steps replayed of 16, want <= 6", f, rep.StepsReplayed)
+		}
+	}
+	s, err := Synthesize(SynthOptions{Prefill: 6, Steps: 8, Seed: 9})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := Bisect(context.Background(), s.Model(), s.Src, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Diverged() || rep.StepsReplayed != 1 {
+		t.Fatalf("clean dump: verdict %s after %d replays", rep.Verdict, rep.StepsReplayed)
+	}
+}
+
+// TestDiffReferee: diffing a clean dump against a faulty one names the fault's
+// stage and the referee says the clean side is right.
+func TestDiffReferee(t *testing.T) {
+	f := Fault{Kind: FaultFP8Scale, Step: 8, Layer: 1}
+	clean, err := Synthesize(SynthOptions{Prefill: 6, Steps: 4, Seed: 11})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad, err := Synthesize(SynthOptions{Prefill: 6, Steps: 4, Seed: 11, Fault: &f})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, order := range []struct {
+		a, b  *Synth
+		right string
+	}{{clean, bad, "a"}, {bad, clean, "b"}} {
+		rep, err := Diff(context.Background(), clean.Cfg, clean.Model(), order.a.Src, order.b.Src, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep.First == nil || rep.First.Step != f.Step || rep.First.Layer != f.Layer || rep.First.Stage != "kv" {
+			t.Fatalf("diff first %+v", rep.First)
+		}
+		if rep.Referee == nil || rep.Referee.Right != order.right {
+			t.Fatalf("referee %+v, want %s right", rep.Referee, order.right)
+		}
+	}
+}
