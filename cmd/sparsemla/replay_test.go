@@ -1,0 +1,169 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+)
+
+func rpRun(args ...string) (int, string, string) {
+	var out, errb bytes.Buffer
+	code := run(args, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+// rpDumps writes one clean and one faulty synthetic dump into a test
+// directory (synth is fast: a fraction of a second each).
+func rpDumps(t *testing.T) (clean, bad string) {
+	t.Helper()
+	dir := t.TempDir()
+	clean, bad = filepath.Join(dir, "clean"), filepath.Join(dir, "bad")
+	if code, _, e := rpRun("synth", "--out", clean, "--steps", "6", "--seed", "4"); code != 0 {
+		t.Fatal("synth clean: " + e)
+	}
+	if code, _, e := rpRun("synth", "--out", bad, "--steps", "6", "--seed", "4", "--fault", "wrong-lse@8,2"); code != 0 {
+		t.Fatal("synth bad: " + e)
+	}
+	return clean, bad
+}
+
+func TestReplayCommandExitCodes(t *testing.T) {
+	clean, bad := rpDumps(t)
+	if code, out, e := rpRun("replay", clean); code != exitOK || !strings.Contains(out, "agree") {
+		t.Fatalf("clean: exit %d\n%s%s", code, out, e)
+	}
+	code, out, e := rpRun("replay", bad)
+	if code != exitDiverged {
+		t.Fatalf("faulty: exit %d\n%s%s", code, out, e)
+	}
+	want := "first divergence: decode step 8, layer 2, stage o — attention kernel"
+	if !strings.Contains(out, want) {
+		t.Fatalf("faulty output lacks %q:\n%s", want, out)
+	}
+	if code, _, _ := rpRun("replay", "--mode", "propagated", clean); code != exitOK {
+		t.Fatalf("propagated clean: exit %d", code)
+	}
+}
+
+func TestReplayCommandErrors(t *testing.T) {
+	clean, _ := rpDumps(t)
+	cases := [][]string{
+		{"replay"},
+		{"replay", filepath.Join(clean, "no-such-dump")},
+		{"replay", "--mode", "sideways", clean},
+		{"replay", "--tol-stage", "o=fuzzy", clean},
+		{"replay", "--weights", filepath.Join(clean, "nothing-here"), clean},
+		{"diff", clean},
+		{"bisect"},
+		{"report", clean},
+		{"synth"},
+		{"synth", "--out", t.TempDir(), "--fault", "gremlins@1,1"},
+		{"synth", "--out", t.TempDir(), "--fault", "topk-off-by-one@7,0"},
+	}
+	for _, c := range cases {
+		code, out, e := rpRun(c...)
+		if code != exitError {
+			t.Errorf("%v: exit %d, want %d\n%s%s", c, code, exitError, out, e)
+		}
+		if strings.Contains(e, "goroutine") || strings.Contains(e, "panic") {
+			t.Errorf("%v: stack trace on stderr:\n%s", c, e)
+		}
+	}
+	// A one-line error names the file.
+	_, _, e := rpRun("replay", filepath.Join(clean, "no-such-dump"))
+	if strings.Count(strings.TrimSpace(e), "\n") != 0 || !strings.Contains(e, "no-such-dump") {
+		t.Errorf("error is not one line naming the file: %q", e)
+	}
+	for _, name := range []string{"replay", "diff", "bisect", "report", "synth", "demo"} {
+		if code, _, e := rpRun(name, "--help"); code != exitOK || !strings.Contains(e, "usage: sparsemla "+name) {
+			t.Errorf("%s --help: exit %d\n%s", name, code, e)
+		}
+	}
+}
+
+func TestReplayCommandJSON(t *testing.T) {
+	_, bad := rpDumps(t)
+	get := func(procs int) string {
+		old := runtime.GOMAXPROCS(procs)
+		defer runtime.GOMAXPROCS(old)
+		code, out, e := rpRun("replay", "--json", bad)
+		if code != exitDiverged {
+			t.Fatalf("exit %d: %s", code, e)
+		}
+		return out
+	}
+	a, b := get(1), get(2)
+	if a != b {
+		t.Fatal("--json output differs between GOMAXPROCS 1 and 2")
+	}
+	var rep struct {
+		Schema string `json:"schema"`
+		First  struct {
+			Step  int64  `json:"step"`
+			Layer int    `json:"layer"`
+			Stage string `json:"stage"`
+			Kind  string `json:"kind"`
+		} `json:"first_divergence"`
+	}
+	if err := json.Unmarshal([]byte(a), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if rep.Schema != "sparsemla.replay/v1" || rep.First.Step != 8 || rep.First.Layer != 2 || rep.First.Stage != "o" || rep.First.Kind != "attention kernel" {
+		t.Fatalf("JSON report %+v", rep)
+	}
+}
+
+func TestDiffBisectReportCommands(t *testing.T) {
+	clean, bad := rpDumps(t)
+	code, out, e := rpRun("diff", clean, bad)
+	if code != exitDiverged || !strings.Contains(out, "stage o") || !strings.Contains(out, "a is right") {
+		t.Fatalf("diff: exit %d\n%s%s", code, out, e)
+	}
+	if code, out, e := rpRun("diff", clean, clean); code != exitOK {
+		t.Fatalf("diff clean clean: exit %d\n%s%s", code, out, e)
+	}
+	// bisect needs a divergence that persists (a stale page stays in the cache).
+	stale := filepath.Join(t.TempDir(), "stale")
+	if code, _, e := rpRun("synth", "--out", stale, "--steps", "8", "--fault", "stale-prefix@9,3"); code != 0 {
+		t.Fatal(e)
+	}
+	code, out, e = rpRun("bisect", stale)
+	if code != exitDiverged || !strings.Contains(out, "replayed 4 of 8 steps") || !strings.Contains(out, "decode step 9, layer 3, stage kv_cache") {
+		t.Fatalf("bisect: exit %d\n%s%s", code, out, e)
+	}
+	html := filepath.Join(t.TempDir(), "r.html")
+	code, out, e = rpRun("report", bad, "--html", html)
+	if code != exitDiverged {
+		t.Fatalf("report: exit %d\n%s%s", code, out, e)
+	}
+	b, err := os.ReadFile(html)
+	if err != nil {
+		t.Fatal(err)
+	}
+	page := string(b)
+	for _, want := range []string{"<!DOCTYPE html>", "data:image/svg", "first divergence: decode step 8, layer 2, stage o", "Error by layer x step"} {
+		if !strings.Contains(page, want) {
+			t.Errorf("report page lacks %q", want)
+		}
+	}
+	if strings.Contains(page, "src=\"http") {
+		t.Error("report page is not self-contained")
+	}
+}
+
+func TestDemoCommand(t *testing.T) {
+	code, out, e := rpRun("demo")
+	if code != exitOK {
+		t.Fatalf("demo: exit %d\n%s%s", code, out, e)
+	}
+	for _, want := range []string{"== clean dump", "agree: no stage out of tolerance", "== faulty dump",
+		"first divergence: decode step 9, layer 3, stage kv_cache — prefix cache"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("demo output lacks %q:\n%s", want, out)
+		}
+	}
+}
