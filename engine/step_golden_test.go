@@ -17,14 +17,14 @@ import (
 // model.py on an H200; see its README.md).
 const goldenTiny = "../testdata/official-v4-tiny"
 
-type golden struct {
+type tinyGolden struct {
 	cfg   *Config
 	w     []*LayerWeights
 	rope  []*RopeTable // per layer, the GPU's own tables
 	files map[string]*dump.Safetensors
 }
 
-func openGoldenTiny(t testing.TB) *golden {
+func openGoldenTiny(t testing.TB) *tinyGolden {
 	t.Helper()
 	if _, err := os.Stat(filepath.Join(goldenTiny, "config.json")); err != nil {
 		t.Skipf("no golden copy at %s: %v", goldenTiny, err)
@@ -33,7 +33,7 @@ func openGoldenTiny(t testing.TB) *golden {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := &golden{cfg: cfg, files: map[string]*dump.Safetensors{}}
+	g := &tinyGolden{cfg: cfg, files: map[string]*dump.Safetensors{}}
 	ws := g.file(t, "weights.safetensors")
 	rt := g.file(t, "rope_tables.safetensors")
 	for l := 0; l < cfg.NLayers; l++ {
@@ -50,19 +50,19 @@ func openGoldenTiny(t testing.TB) *golden {
 		if err != nil {
 			t.Fatal(err)
 		}
-		g.rope = append(g.rope, RopeTableFromCisShape(t, cis, shape, name))
+		g.rope = append(g.rope, ropeFromCisShape(t, cis, shape, name))
 	}
 	return g
 }
 
-func RopeTableFromCisShape(t testing.TB, cis []float32, shape []int, name string) *RopeTable {
+func ropeFromCisShape(t testing.TB, cis []float32, shape []int, name string) *RopeTable {
 	if len(shape) != 3 || shape[1] != 32 || shape[2] != 2 {
 		t.Fatalf("%s has shape %v", name, shape)
 	}
 	return ropeFromCis(cis, shape[0], "rope_tables.safetensors:"+name)
 }
 
-func (g *golden) file(t testing.TB, name string) *dump.Safetensors {
+func (g *tinyGolden) file(t testing.TB, name string) *dump.Safetensors {
 	if f, ok := g.files[name]; ok {
 		return f
 	}
@@ -76,7 +76,7 @@ func (g *golden) file(t testing.TB, name string) *dump.Safetensors {
 }
 
 // tensor reads one dumped tensor as an engine Tensor (ok = false if absent).
-func (g *golden) tensor(t testing.TB, file, name string) (Tensor, bool) {
+func (g *tinyGolden) tensor(t testing.TB, file, name string) (Tensor, bool) {
 	f := g.file(t, file)
 	e, ok := f.Entry(name)
 	if !ok {
@@ -118,8 +118,8 @@ func prevFile(P int64) string {
 	return stepFile(P - 1)
 }
 
-// stageStat accumulates the agreement of one stage over steps and layers.
-type stageStat struct {
+// goldenStageStat accumulates the agreement of one stage over steps and layers.
+type goldenStageStat struct {
 	n, exact   int
 	maxULP     int32
 	maxRel     float64 // fp32 stages: max |ref−gpu| / max_i |gpu_i| (error relative to the tensor's scale)
@@ -128,17 +128,17 @@ type stageStat struct {
 	firstWorst string
 }
 
-type stats map[string]*stageStat
+type goldenStats map[string]*goldenStageStat
 
-func (s stats) get(name string) *stageStat {
+func (s goldenStats) get(name string) *goldenStageStat {
 	if s[name] == nil {
-		s[name] = &stageStat{}
+		s[name] = &goldenStageStat{}
 	}
 	return s[name]
 }
 
 // compare records ref against the dumped gpu value of one stage.
-func (s stats) compare(t *testing.T, where, name string, ref, gpu Tensor, scores []float32) {
+func (s goldenStats) compare(t *testing.T, where, name string, ref, gpu Tensor, scores []float32) {
 	st := s.get(name)
 	if !SameShape(ref.Shape, gpu.Shape) {
 		t.Errorf("%s %s: shape %v, dump %v", where, name, ref.Shape, gpu.Shape)
@@ -195,7 +195,7 @@ func (s stats) compare(t *testing.T, where, name string, ref, gpu Tensor, scores
 // compressed part (and index_topk/index_sel) as sets, where rows of the
 // reference's set missing from the dump's are allowed only if they tie with
 // the k-th score.
-func (s stats) compareIndexSet(t *testing.T, st *stageStat, where, name string, ref, gpu []int64, scores []float32) {
+func (s goldenStats) compareIndexSet(t *testing.T, st *goldenStageStat, where, name string, ref, gpu []int64, scores []float32) {
 	off := int64(0)
 	if name == "topk_idxs" {
 		w := s.windowLen()
@@ -244,9 +244,9 @@ func (s stats) compareIndexSet(t *testing.T, st *stageStat, where, name string, 
 	_ = sameOrder
 }
 
-func (s stats) windowLen() int { return 128 }
+func (s goldenStats) windowLen() int { return 128 }
 
-func (s stats) report(t *testing.T, title string) string {
+func (s goldenStats) report(t *testing.T, title string) string {
 	names := make([]string, 0, len(s))
 	for n := range s {
 		names = append(names, n)
@@ -268,7 +268,7 @@ func (s stats) report(t *testing.T, title string) string {
 // weights, and compares with the dumped value.
 func TestGoldenTeacherForced(t *testing.T) {
 	g := openGoldenTiny(t)
-	s := stats{}
+	s := goldenStats{}
 	for P := int64(2); P <= 7; P++ {
 		for l := 0; l < g.cfg.NLayers; l++ {
 			ctx := &StepContext{Cfg: g.cfg, Layer: l, Pos: P, W: g.w[l], Rope: g.rope[l]}
@@ -342,7 +342,7 @@ var propagatedTol = map[string]struct {
 	"kv_normed": {ulp: 1}, "kv_roped": {ulp: 1}, "cq": {ulp: 1}, "u": {ulp: 1},
 }
 
-func (s stats) check(t *testing.T, tol map[string]struct {
+func (s goldenStats) check(t *testing.T, tol map[string]struct {
 	ulp int32
 	rel float64
 }, what string) {
@@ -366,7 +366,7 @@ func (s stats) check(t *testing.T, tol map[string]struct {
 // the dump: this shows how close the whole chain stays.
 func TestGoldenPropagated(t *testing.T) {
 	g := openGoldenTiny(t)
-	s := stats{}
+	s := goldenStats{}
 	for l := 0; l < g.cfg.NLayers; l++ {
 		L := fmt.Sprintf("L%d.", l)
 		m := map[string]Tensor{}
