@@ -52,7 +52,7 @@ func sameBits(a, b []float32) bool {
 func TestStateShapes(t *testing.T) {
 	cfg, _ := Preset("tiny")
 	st := NewLayerState(cfg, 2) // r = 128
-	st.Next = 131                // last token 130: live rows 0 … 2
+	st.Next = 131               // last token 130: live rows 0 … 2
 	m := st.StateTensors()
 	if s := m["cmp_kv_state"].Shape; s[0] != 3 || s[1] != 512 {
 		t.Errorf("r = 128 cmp_kv_state shape %v, want [3 512]", s)
