@@ -17,24 +17,41 @@ import (
 // model.py on an H200; see its README.md).
 const goldenTiny = "../testdata/official-v4-tiny"
 
+// goldenLong is a longer GPU run of the same model past the first window wrap
+// (selected steps only); the tests use it when it is present.
+const goldenLong = "../testdata/gpu-v4-tiny-long"
+
 type tinyGolden struct {
+	dir   string
 	cfg   *Config
 	w     []*LayerWeights
 	rope  []*RopeTable // per layer, the GPU's own tables
 	files map[string]*dump.Safetensors
+	S     int64   // prompt length: the first decode step
+	steps []int64 // decode steps whose file holds the attention stages, ascending
 }
 
-func openGoldenTiny(t testing.TB) *tinyGolden {
+func openGoldenTiny(t testing.TB) *tinyGolden { return openGolden(t, goldenTiny) }
+
+// openGolden opens a directory in the official-v4-tiny layout (config.json,
+// weights.safetensors — or official-v4-tiny's when absent —, rope_tables,
+// prefill_state, step_<P>.safetensors).
+func openGolden(t testing.TB, dir string) *tinyGolden {
 	t.Helper()
-	if _, err := os.Stat(filepath.Join(goldenTiny, "config.json")); err != nil {
-		t.Skipf("no golden copy at %s: %v", goldenTiny, err)
+	if _, err := os.Stat(filepath.Join(dir, "config.json")); err != nil {
+		t.Skipf("no golden copy at %s: %v", dir, err)
 	}
-	cfg, err := LoadConfig(filepath.Join(goldenTiny, "config.json"))
+	cfg, err := LoadConfig(filepath.Join(dir, "config.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := &tinyGolden{cfg: cfg, files: map[string]*dump.Safetensors{}}
-	ws := g.file(t, "weights.safetensors")
+	g := &tinyGolden{dir: dir, cfg: cfg, files: map[string]*dump.Safetensors{}}
+	wname := "weights.safetensors"
+	if _, err := os.Stat(filepath.Join(dir, wname)); err != nil {
+		wname = filepath.Join("..", filepath.Base(goldenTiny), wname)
+		t.Logf("%s has no weights: using %s", dir, wname)
+	}
+	ws := g.file(t, wname)
 	rt := g.file(t, "rope_tables.safetensors")
 	for l := 0; l < cfg.NLayers; l++ {
 		w, err := LoadLayerWeights(cfg, l, ws)
@@ -52,6 +69,25 @@ func openGoldenTiny(t testing.TB) *tinyGolden {
 		}
 		g.rope = append(g.rope, ropeFromCisShape(t, cis, shape, name))
 	}
+	prompt, _, err := g.file(t, "prefill_state.safetensors").Int64("prompt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.S = int64(len(prompt))
+	names, _ := filepath.Glob(filepath.Join(dir, "step_*.safetensors"))
+	for _, n := range names {
+		var P int64
+		if _, err := fmt.Sscanf(filepath.Base(n), "step_%d.safetensors", &P); err != nil {
+			continue
+		}
+		if g.file(t, filepath.Base(n)).Has("L0.q_a") {
+			g.steps = append(g.steps, P)
+		}
+	}
+	sort.Slice(g.steps, func(i, j int) bool { return g.steps[i] < g.steps[j] })
+	if len(g.steps) == 0 {
+		t.Fatalf("%s: no decode step with attention stages", dir)
+	}
 	return g
 }
 
@@ -66,7 +102,7 @@ func (g *tinyGolden) file(t testing.TB, name string) *dump.Safetensors {
 	if f, ok := g.files[name]; ok {
 		return f
 	}
-	f, err := dump.OpenSafetensors(filepath.Join(goldenTiny, name))
+	f, err := dump.OpenSafetensors(filepath.Join(g.dir, name))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,8 +147,8 @@ func (g *tinyGolden) tensor(t testing.TB, file, name string) (Tensor, bool) {
 func stepFile(P int64) string { return fmt.Sprintf("step_%d.safetensors", P) }
 
 // prevFile is where the state before step P lives.
-func prevFile(P int64) string {
-	if P == 2 {
+func (g *tinyGolden) prevFile(P int64) string {
+	if P == g.S {
 		return "prefill_state.safetensors"
 	}
 	return stepFile(P - 1)
@@ -311,7 +347,7 @@ func TestGoldenComputedRope(t *testing.T) {
 
 func teacherForced(t *testing.T, g *tinyGolden) goldenStats {
 	s := goldenStats{}
-	for P := int64(2); P <= 7; P++ {
+	for _, P := range g.steps {
 		for l := 0; l < g.cfg.NLayers; l++ {
 			ctx := &StepContext{Cfg: g.cfg, Layer: l, Pos: P, W: g.w[l], Rope: g.rope[l]}
 			if err := ctx.Check(); err != nil {
@@ -323,7 +359,7 @@ func teacherForced(t *testing.T, g *tinyGolden) goldenStats {
 				for _, name := range def.Inputs {
 					file, key := stepFile(P), L+name
 					if strings.HasPrefix(name, PrevPrefix) {
-						file, key = prevFile(P), L+strings.TrimPrefix(name, PrevPrefix)
+						file, key = g.prevFile(P), L+strings.TrimPrefix(name, PrevPrefix)
 					}
 					v, ok := g.tensor(t, file, key)
 					if !ok {
@@ -407,40 +443,72 @@ func (s goldenStats) check(t *testing.T, tol map[string]struct {
 // the dump: this shows how close the whole chain stays.
 func TestGoldenPropagated(t *testing.T) {
 	g := openGoldenTiny(t)
+	s := propagated(t, g)
+	s.report(t, "propagated agreement (RunStep from dumped x, own state from the prefill state on)")
+	s.check(t, propagatedTol, "propagated")
+}
+
+// propagated chains RunStep over every run of consecutive dumped steps, each
+// run starting from the dumped state before its first step.
+func propagated(t *testing.T, g *tinyGolden) goldenStats {
 	s := goldenStats{}
-	for l := 0; l < g.cfg.NLayers; l++ {
-		L := fmt.Sprintf("L%d.", l)
-		m := map[string]Tensor{}
-		for _, name := range []string{"kv_cache", "cmp_kv_state", "cmp_score_state", "icache", "icmp_kv_state", "icmp_score_state"} {
-			if v, ok := g.tensor(t, "prefill_state.safetensors", L+name); ok {
-				m[name] = v
+	for i := 0; i < len(g.steps); {
+		j := i + 1
+		for j < len(g.steps) && g.steps[j] == g.steps[j-1]+1 {
+			j++
+		}
+		run := g.steps[i:j]
+		i = j
+		for l := 0; l < g.cfg.NLayers; l++ {
+			L := fmt.Sprintf("L%d.", l)
+			m := map[string]Tensor{}
+			for _, name := range []string{"kv_cache", "cmp_kv_state", "cmp_score_state", "icache", "icmp_kv_state", "icmp_score_state"} {
+				if v, ok := g.tensor(t, g.prevFile(run[0]), L+name); ok {
+					m[name] = v
+				}
 			}
-		}
-		st, err := LoadState(g.cfg, l, m)
-		if err != nil {
-			t.Fatal(err)
-		}
-		st.Next = 2
-		for P := int64(2); P <= 7; P++ {
-			ctx := &StepContext{Cfg: g.cfg, Layer: l, Pos: P, W: g.w[l], Rope: g.rope[l]}
-			x, _ := g.tensor(t, stepFile(P), L+"x")
-			out, next, err := RunStep(ctx, x, st)
+			st, err := LoadState(g.cfg, l, m)
 			if err != nil {
 				t.Fatal(err)
 			}
-			for _, def := range Stages(g.cfg, l, P) {
-				gpu, _ := g.tensor(t, stepFile(P), L+def.Name)
-				var scores []float32
-				if strings.HasPrefix(def.Name, "index_") || def.Name == "topk_idxs" {
-					if sc, ok := out["index_score"]; ok {
-						scores = sc.F
-					}
+			st.Next = run[0]
+			for _, P := range run {
+				ctx := &StepContext{Cfg: g.cfg, Layer: l, Pos: P, W: g.w[l], Rope: g.rope[l]}
+				x, _ := g.tensor(t, stepFile(P), L+"x")
+				out, next, err := RunStep(ctx, x, st)
+				if err != nil {
+					t.Fatal(err)
 				}
-				s.compare(t, fmt.Sprintf("P=%d L%d", P, l), def.Name, out[def.Name], gpu, scores)
+				for _, def := range Stages(g.cfg, l, P) {
+					gpu, ok := g.tensor(t, stepFile(P), L+def.Name)
+					if !ok {
+						t.Fatalf("P=%d L%d: stage %s not in the dump", P, l, def.Name)
+					}
+					var scores []float32
+					if strings.HasPrefix(def.Name, "index_") || def.Name == "topk_idxs" {
+						if sc, ok := out["index_score"]; ok {
+							scores = sc.F
+						}
+					}
+					s.compare(t, fmt.Sprintf("P=%d L%d", P, l), def.Name, out[def.Name], gpu, scores)
+				}
+				st = next
 			}
-			st = next
 		}
 	}
-	s.report(t, "propagated agreement (RunStep from dumped x, own state from the prefill state on)")
-	s.check(t, propagatedTol, "propagated")
+	return s
+}
+
+// TestGoldenLong runs the teacher-forced and propagated comparisons on the
+// longer GPU run (window wrap, first HCA row, top-k with Tc > index_topk) when
+// testdata/gpu-v4-tiny-long is present.
+func TestGoldenLong(t *testing.T) {
+	g := openGolden(t, goldenLong)
+	t.Logf("%s: prompt %d, decode steps with stages %v", g.dir, g.S, g.steps)
+	tf := teacherForced(t, g)
+	tf.report(t, "long run, teacher-forced")
+	tf.check(t, goldenTol, "long teacher-forced")
+	pr := propagated(t, g)
+	pr.report(t, "long run, propagated")
+	pr.check(t, propagatedTol, "long propagated")
 }
