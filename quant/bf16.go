@@ -25,8 +25,8 @@ const F16NaN uint16 = 0x7fff
 // Round to nearest, ties to even, exactly as torch's tensor.to(torch.bfloat16) on
 // CUDA (checked on every golden input, testdata/quant): fp32 subnormals round like
 // any other value, magnitudes from 0x7F7F8000 (halfway to 2^128) up become ±inf,
-// and every NaN becomes BF16NaN (0x7FFF, sign dropped). Note that torch's CPU cast
-// differs on NaN only (it keeps the sign).
+// and every NaN becomes BF16NaN (0x7FFF, sign dropped). torch's CPU cast differs
+// on NaN only (it gave 0xFFFF on the same inputs).
 func BF16Bits(f float32) uint16 {
 	b := math.Float32bits(f)
 	if b&0x7fffffff > 0x7f800000 {
@@ -93,8 +93,9 @@ func orderedToBF16(o int32) uint16 {
 
 // F16Bits rounds f to IEEE binary16 and returns its bits, as torch's
 // tensor.to(torch.float16) on CUDA: round to nearest even (through
-// github.com/x448/float16), overflow from 65520 up to ±inf, results below the
-// smallest subnormal 2^-24 rounded as subnormals, and every NaN to F16NaN (0x7FFF).
+// github.com/x448/float16) with subnormals on the 2^-24 grid, overflow from 65520
+// up to ±inf, and every NaN to F16NaN (0x7FFF). The spec uses fp16 nowhere; it is
+// here for dumps from engines that store fp16.
 func F16Bits(f float32) uint16 {
 	if f != f {
 		return F16NaN

@@ -1,15 +1,23 @@
 package quant
 
-// HadamardScale128 is f32(128^-0.5), bits 0x3DB504F3.
+// HadamardScale128 is f32(128^-0.5), bits 0x3DB504F3: the scale of Had on the
+// 128-dim indexer head.
 const HadamardScale128 float32 = 0.08838834764831845
 
-// Hadamard is the spec's Had(v) (§3.5), in place on a 128-vector of bf16 values:
+// Hadamard is the spec's Had(v) (§3.5), in place on a vector of bf16 values
+// whose length n is a power of two (128 in the model):
 //
-//	Had(v) = bf16( f32(128^-0.5) · (W·v) ),  W[i][j] = (-1)^popcount(i & j)
+//	Had(v) = bf16( f32(n^-0.5) · (W·v) ),  W[i][j] = (-1)^popcount(i & j)
 //
-// W·v is evaluated by the fast Walsh–Hadamard butterfly in fp32 (Sylvester order),
-// the way fast_hadamard_transform does; HadamardRef sums each row in index order.
-// The two can differ in the last fp32 bit before the bf16 rounding (§9.10).
+// with W in Sylvester (natural) order. W·v is evaluated by the fast
+// Walsh–Hadamard butterfly in fp32, stages h = 1, 2, 4, … (pairs j, j+h become
+// a+b, a-b), the way fast_hadamard_transform computes it for the official
+// rotate_activation. The indexer applies it to q and to the keys before FQ4; it is
+// orthonormal, so it leaves q·k unchanged apart from the quantisation.
+//
+// On the GPU golden vectors this equals torch's fp32 butterfly bit for bit and
+// differs from F.linear(x, W)·scale (cuBLAS) in 3 of 32,768 outputs, by one
+// bf16 ulp: fp32 sums of 128 terms depend on their order (§9.10).
 func Hadamard(v []float32) {
 	n := len(v)
 	if n&(n-1) != 0 || n == 0 {
@@ -29,9 +37,14 @@ func Hadamard(v []float32) {
 	}
 }
 
-// HadamardRef computes Had(v) as the plain matrix-vector product
-// out_i = Σ_j (-1)^popcount(i&j) · v_j (fp32, j ascending), then bf16(s · out_i).
-// dst and v must not overlap.
+// HadamardRef computes Had(v) as the plain matrix-vector product, the form the
+// fast_hadamard_transform library tests against:
+//
+//	dst[i] = bf16( f32(n^-0.5) · Σ_j (-1)^popcount(i&j) · v[j] )   (fp32, j ascending)
+//
+// It agrees with F.linear on CUDA on all 32,768 golden outputs and with Hadamard
+// to one bf16 ulp. dst and v must have the same power-of-two length and must not
+// overlap.
 func HadamardRef(dst, v []float32) {
 	n := len(v)
 	if n&(n-1) != 0 || n == 0 || len(dst) != n {
@@ -51,6 +64,8 @@ func HadamardRef(dst, v []float32) {
 	}
 }
 
+// hadamardScale returns f32(n^-0.5) for a power of two n (tested against
+// 1/math.Sqrt).
 func hadamardScale(n int) float32 {
 	if n == 128 {
 		return HadamardScale128
