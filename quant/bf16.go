@@ -25,8 +25,8 @@ const F16NaN uint16 = 0x7fff
 // Round to nearest, ties to even, exactly as torch's tensor.to(torch.bfloat16) on
 // CUDA (checked on every golden input, testdata/quant): fp32 subnormals round like
 // any other value, magnitudes from 0x7F7F8000 (halfway to 2^128) up become ±inf,
-// and every NaN becomes BF16NaN (0x7FFF, sign dropped). torch's CPU cast differs
-// on NaN only (it gave 0xFFFF on the same inputs).
+// and every NaN becomes BF16NaN (0x7FFF, sign dropped). torch's CPU cast agrees
+// except on NaN (it returned 0xFFFF for the NaNs inspected).
 func BF16Bits(f float32) uint16 {
 	b := math.Float32bits(f)
 	if b&0x7fffffff > 0x7f800000 {

@@ -73,7 +73,7 @@
 //
 //   - fp32 → bf16 and fp32 → fp16 round to nearest even; every NaN becomes the
 //     canonical 0x7FFF (sign and payload dropped). torch's CPU cast agrees on all
-//     57,437 golden inputs except the 42 NaNs (it gives 0xFFFF for bf16).
+//     57,437 golden inputs except the 42 NaNs (0xFFFF for the bf16 NaNs inspected).
 //   - fp32 → E4M3FN does not saturate: |x| > 464 and ±inf become NaN (0x7F with
 //     x's sign). The spec clamps to ±448 first, which EncodeE4M3Sat folds in.
 //   - fp32 → E5M2 overflows to ±inf from 61440 (halfway to 2^16).

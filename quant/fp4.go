@@ -62,7 +62,8 @@ func encodeE2M1Ref(f float32) uint8 {
 	return sign | uint8(c)
 }
 
-// E2M1 is the spec's E2M1(v): f rounded to the FP4 grid, as fp32.
+// E2M1 is the spec's E2M1(v) (§0.2): f rounded to the FP4 grid (EncodeE2M1),
+// returned as fp32.
 func E2M1(f float32) float32 { return DecodeE2M1(EncodeE2M1(f)) }
 
 // PackFP4 packs 4-bit codes two per byte, the even index in the low nibble

@@ -47,10 +47,12 @@ func init() {
 	}
 }
 
-// DecodeE4M3 returns the value of an FP8 E4M3FN code (0x7F and 0xFF are NaN).
+// DecodeE4M3 returns the exact fp32 value of an FP8 E4M3FN code, as torch's
+// .float() on CUDA; the NaN codes 0x7F and 0xFF give E4M3NaNBits with the sign.
 func DecodeE4M3(c uint8) float32 { return e4m3Table[c] }
 
-// DecodeE5M2 returns the value of an FP8 E5M2 code.
+// DecodeE5M2 returns the exact fp32 value of an FP8 E5M2 code, as torch's .float()
+// on CUDA: 0x7C/0xFC are ±inf, the NaN codes give E5M2NaNBits with the sign.
 func DecodeE5M2(c uint8) float32 { return e5m2Table[c] }
 
 // EncodeE4M3 rounds f to FP8 E4M3FN, nearest with ties to even, and returns the

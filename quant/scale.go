@@ -62,7 +62,8 @@ func Ceil2Exp(t float32) int {
 }
 
 // Pow2 is the reference kernel's fast_pow2: the fp32 whose bits are (x+127)<<23,
-// i.e. 2^x for -126 ≤ x ≤ 127 (x = -127 gives +0, as the bit trick does).
+// i.e. 2^x for -126 ≤ x ≤ 127 (x = -127 gives +0, as the bit trick does). x must
+// lie in [-127, 127].
 func Pow2(x int) float32 { return math.Float32frombits(uint32(x+127) << 23) }
 
 // Ceil2 is the spec's ceil2(t) (§0.2): the smallest power of two ≥ t for a
