@@ -14,16 +14,15 @@ const (
 	InvE2M1Max float32 = 1.0 / 6
 )
 
-// absMax returns max_i |v_i| in fp32 (NaN-propagating like torch's amax).
+// absMax returns max_i |v_i| in fp32, NaN if any v_i is NaN (like torch's amax).
+// With the sign bit cleared, fp32 bit patterns order like the magnitudes they
+// encode and every NaN pattern lies above +inf, so an integer max does it.
 func absMax(v []float32) float32 {
-	var a float32
+	var a uint32
 	for _, x := range v {
-		x = math.Float32frombits(math.Float32bits(x) &^ (1 << 31))
-		if x > a || x != x {
-			a = x
-		}
+		a = max(a, math.Float32bits(x)&^(1<<31))
 	}
-	return a
+	return math.Float32frombits(a)
 }
 
 func clamp(x, lo, hi float32) float32 { return min(max(x, lo), hi) }
@@ -62,7 +61,9 @@ func FQ8(v []float32, B int) {
 			continue
 		}
 		for i, x := range blk {
-			blk[i] = BF16Round(e4m3Table[EncodeE4M3Sat(x*inv)] * s) // = E4M3(clamp(x/s, ±448))·s
+			// E4M3(clamp(x/s, ±448))·s; the bf16 rounding is exact (4 significant bits
+			// times s ≥ 2^-22), so it is left out here and kept in fq8Ref.
+			blk[i] = e4m3Table[EncodeE4M3Sat(x*inv)] * s
 		}
 	}
 }
@@ -102,7 +103,9 @@ func FQ4(v []float32, B int) {
 			continue
 		}
 		for i, x := range blk {
-			blk[i] = BF16Round(e2m1Table[EncodeE2M1(x*inv)] * s) // EncodeE2M1 saturates: the clamp
+			// E2M1(clamp(x/s, ±6))·s (EncodeE2M1 saturates: the clamp); the bf16
+			// rounding is exact (2 significant bits times s ≥ 2^-126), kept in fq4Ref.
+			blk[i] = e2m1Table[EncodeE2M1(x*inv)] * s
 		}
 	}
 }
