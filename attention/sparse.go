@@ -47,7 +47,9 @@ func checkAttn(q, kv []float32, d int, idx []int32) (heads int) {
 //	ℓ_i = f32(q·K_i)·τ              (−∞ for −1 entries, whose row reads as 0)
 //	m'  = max(m, max_i ℓ_i);  α = exp(m − m');  P_i = exp(ℓ_i − m')
 //	l   = l·α + Σ_i P_i             (P unrounded)
-//	O   = O·α + Σ_i bf16(P_i)·K_i   (P rounded to bf16 for the P·V product)
+//	O   = O·α + Σ_i bf16(P_i)·K_i   (P rounded to bf16 for the P·V product,
+//	                                 accumulated into the rescaled O as the
+//	                                 kernel's `acc_o *= scale; gemm(P, K, acc_o)`)
 //	m   = m'
 //
 // then l += exp(σ_h − m) (the sink: a logit in the denominator only, it carries

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"sparsemla/attention"
 	"sparsemla/dump"
 	"sparsemla/quant"
 )
@@ -95,7 +96,7 @@ func ropeFromCisShape(t testing.TB, cis []float32, shape []int, name string) *Ro
 	if len(shape) != 3 || shape[1] != 32 || shape[2] != 2 {
 		t.Fatalf("%s has shape %v", name, shape)
 	}
-	return ropeFromCis(cis, shape[0], "rope_tables.safetensors:"+name)
+	return attention.RopeTableFromCis(cis, shape[0], "rope_tables.safetensors:"+name)
 }
 
 func (g *tinyGolden) file(t testing.TB, name string) *dump.Safetensors {
@@ -398,9 +399,11 @@ var goldenTol = map[string]struct {
 }{
 	// fp32 GEMMs (compressor projections): cuBLAS summation order.
 	"cmp_a": {rel: 1e-5}, "cmp_b": {rel: 1e-5}, "icmp_a": {rel: 1e-5}, "icmp_b": {rel: 1e-5},
-	// one bf16 ulp from fp32 summation order (RMSNorm mean, bf16 GEMM of wo_a).
+	// one bf16 ulp from fp32 summation order (RMSNorm mean, bf16 GEMM of wo_a,
+	// FP8 GEMM inside a 128-block, the P·V sum of attention; spec §9.1-9.2).
 	"kv_normed": {ulp: 1}, "cq": {ulp: 1}, "cmp_normed": {ulp: 1}, "icmp_normed": {ulp: 1},
-	"u": {ulp: 1},
+	"u": {ulp: 1}, "q_a": {ulp: 1}, "q_b": {ulp: 1}, "kv_raw": {ulp: 1}, "iq_b": {ulp: 1}, "y": {ulp: 1},
+	"o": {ulp: 1}, "o_inv": {ulp: 1},
 }
 
 // propagatedTol is the agreement of the propagated chain (RunStep from the
@@ -417,6 +420,8 @@ var propagatedTol = map[string]struct {
 	// the norm passes it on, FQ4/FQ8 of the row absorbs it (rows stay exact).
 	"cmp_pooled": {ulp: 2}, "cmp_normed": {ulp: 2}, "icmp_pooled": {ulp: 2}, "icmp_normed": {ulp: 2},
 	"kv_normed": {ulp: 1}, "kv_roped": {ulp: 1}, "cq": {ulp: 1}, "u": {ulp: 1},
+	"q_a": {ulp: 1}, "q_b": {ulp: 1}, "kv_raw": {ulp: 1}, "iq_b": {ulp: 1}, "y": {ulp: 1},
+	"o": {ulp: 1}, "o_inv": {ulp: 1},
 }
 
 func (s goldenStats) check(t *testing.T, tol map[string]struct {
