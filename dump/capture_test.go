@@ -73,7 +73,14 @@ func TestCaptureGPU(t *testing.T) {
 			if nz == 0 {
 				t.Errorf("p%d L%d.cq is all zero: the dumper did not clone before the in-place op", p, l)
 			}
-			for _, st := range []string{"x", "q_a", "cq"} {
+			// y (output rule on the module that also has the input rule x) = 2 cq.
+			y, _ := mustF32(t, d, Key{Step: p, Layer: l, Stage: "y"}, KindStage)
+			for i := range y {
+				if y[i] != 2*cq[i] {
+					t.Errorf("p%d L%d.y[%d] = %v, want 2*cq = %v", p, l, i, y[i], 2*cq[i])
+				}
+			}
+			for _, st := range []string{"x", "q_a", "cq", "y"} {
 				k := Key{Step: p, Layer: l, Stage: st}
 				a, _ := mustF32(t, d, k, KindStage)
 				b, _ := mustF32(t, split, k, KindStage)
@@ -144,5 +151,36 @@ func TestCaptureGPU(t *testing.T) {
 	}
 	if len(d.Prefix) != 1 || d.Prefix[0] != (PrefixHit{Request: "r1", Source: "", Tokens: 5}) {
 		t.Errorf("prefix hits %+v", d.Prefix)
+	}
+	if len(d.Incomplete) != 0 || len(split.Incomplete) != 0 {
+		t.Errorf("capture files without an end frame: %v %v", d.Incomplete, split.Incomplete)
+	}
+}
+
+// TestSafetensorsReference reads a file written by the reference
+// safetensors.torch.save_file (0.8.0) on the GPU machine.
+func TestSafetensorsReference(t *testing.T) {
+	s, err := OpenSafetensors(filepath.Join(captureDir, "st_ref.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if s.Metadata["producer"] != "safetensors.torch" {
+		t.Errorf("metadata %v", s.Metadata)
+	}
+	want := map[string][]float32{
+		"known_bf16": {1, -2.5, 3.140625},
+		"known_e4m3": {448, 1, -0.5, 0.001953125},
+		"known_e8m0": {1, 8, 1.0 / 1024},
+		"known_f16":  {65504, -1},
+	}
+	for name, w := range want {
+		v, _, err := s.Float32(name)
+		if err != nil || !slices.Equal(v, w) {
+			t.Errorf("%s = %v, %v; want %v", name, v, err, w)
+		}
+	}
+	if v, _, err := s.Int64("known_i64"); err != nil || !slices.Equal(v, []int64{5, -6}) {
+		t.Errorf("known_i64 = %v, %v", v, err)
 	}
 }

@@ -25,6 +25,7 @@ const (
 	frameHeader = "header"
 	frameTensor = "tensor"
 	framePrefix = "prefix"
+	frameEnd    = "end" // last frame: {"records": number of tensor frames}
 )
 
 // Header is the model/config record every native file starts with.
@@ -73,16 +74,19 @@ type frameMeta struct {
 	Page    *PageInfo `msgpack:"page,omitempty"`
 	// prefix
 	Prefix *PrefixHit `msgpack:"prefix,omitempty"`
+	// end
+	Records int `msgpack:"records,omitempty"`
 }
 
 // Writer writes a native dump file: magic, version, a header frame, then one
 // frame per record. It refuses duplicate (key, kind) pairs.
 type Writer struct {
-	w    *bufio.Writer
-	c    io.Closer
-	seen map[entryID]bool
-	n    int
-	err  error
+	w       *bufio.Writer
+	c       io.Closer
+	seen    map[entryID]bool
+	n       int // frames written
+	records int // tensor frames written
+	err     error
 }
 
 type entryID struct {
@@ -157,6 +161,7 @@ func (w *Writer) Write(r *Record) error {
 		return fmt.Errorf("dump: duplicate record %s (%s)", r.Key, r.Kind)
 	}
 	w.seen[id] = true
+	w.records++
 	shape := r.Shape
 	if shape == nil {
 		shape = []int{}
@@ -176,9 +181,11 @@ func (w *Writer) WritePrefix(p PrefixHit) error {
 	return w.frame(&frameMeta{T: framePrefix, Prefix: &p, Shape: []int{}}, nil)
 }
 
-// Close flushes the buffer and closes the file if Create opened it.
+// Close writes the end frame, flushes the buffer and closes the file if
+// Create opened it. A file without an end frame (a crashed capture) is still
+// readable; readers report it as incomplete.
 func (w *Writer) Close() error {
-	err := w.err
+	err := w.frame(&frameMeta{T: frameEnd, Records: w.records, Shape: []int{}}, nil)
 	if ferr := w.w.Flush(); err == nil && ferr != nil {
 		err = fmt.Errorf("dump: flush: %w", ferr)
 	}
@@ -207,6 +214,9 @@ type frameScanner struct {
 	off   int64
 	index int
 	meta  []byte
+	// tensors counts tensor frames; ended is set by the end frame.
+	tensors int
+	ended   bool
 }
 
 // errEnd is returned by next at a clean end of the stream.
@@ -244,6 +254,9 @@ func (s *frameScanner) next() (frameInfo, error) {
 	n, err := io.ReadFull(s.r, l[:])
 	if err == io.EOF {
 		return frameInfo{}, errEnd
+	}
+	if s.ended {
+		return frameInfo{}, s.errf("data after the end frame")
 	}
 	if err != nil {
 		return frameInfo{}, s.errf("truncated frame length (%d of 4 bytes)", n)
@@ -288,6 +301,13 @@ func (s *frameScanner) next() (frameInfo, error) {
 		if m.Prefix == nil || m.NBytes != 0 || m.Prefix.Tokens < 0 {
 			return frameInfo{}, s.errf("bad prefix frame")
 		}
+	case frameEnd:
+		if m.NBytes != 0 || m.Records != s.tensors {
+			return frameInfo{}, s.errf("end frame says %d tensor records, the file has %d", m.Records, s.tensors)
+		}
+		if s.ended {
+			return frameInfo{}, s.errf("second end frame")
+		}
 	case frameTensor:
 		if s.index == 0 {
 			return frameInfo{}, s.errf("tensor frame before the header frame")
@@ -295,6 +315,7 @@ func (s *frameScanner) next() (frameInfo, error) {
 		if err := m.check(); err != nil {
 			return frameInfo{}, s.errf("%v", err)
 		}
+		s.tensors++
 	default:
 		return frameInfo{}, s.errf("unknown frame type %q", m.T)
 	}
@@ -306,6 +327,9 @@ func (s *frameScanner) next() (frameInfo, error) {
 
 // advance moves past the data of fi.
 func (s *frameScanner) advance(fi frameInfo) {
+	if fi.meta.T == frameEnd {
+		s.ended = true
+	}
 	s.off = fi.dataOff + fi.meta.NBytes
 	s.index++
 }
@@ -393,8 +417,12 @@ func (sr *StreamReader) Next() (Record, error) {
 		if err != nil {
 			return Record{}, err
 		}
-		if fi.meta.T == framePrefix {
+		switch fi.meta.T {
+		case framePrefix:
 			sr.prefix = append(sr.prefix, *fi.meta.Prefix)
+			sr.s.advance(fi)
+			continue
+		case frameEnd:
 			sr.s.advance(fi)
 			continue
 		}
@@ -413,6 +441,11 @@ func (sr *StreamReader) Next() (Record, error) {
 		return rec, nil
 	}
 }
+
+// Complete reports whether the end frame was read (call after Next returned
+// io.EOF): false means the file was cut short at a frame boundary, e.g. by a
+// crashed capture; the records read are intact.
+func (sr *StreamReader) Complete() bool { return sr.s.ended }
 
 // Prefix returns the prefix-cache hits read so far.
 func (sr *StreamReader) Prefix() []PrefixHit { return sr.prefix }

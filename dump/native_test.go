@@ -109,7 +109,7 @@ func TestNativeRoundTrip(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if d.Format != "native" || len(d.Entries) != len(recs) || len(d.Prefix) != 1 {
+		if d.Format != "native" || len(d.Entries) != len(recs) || len(d.Prefix) != 1 || len(d.Incomplete) != 0 {
 			t.Fatalf("%s: format %s, %d entries, %d prefix", p, d.Format, len(d.Entries), len(d.Prefix))
 		}
 		for i := range recs {
@@ -205,6 +205,8 @@ func TestNativeBadInput(t *testing.T) {
 		{"frame type", cat(fileHeader(1), hdr, frame(t, map[string]any{"t": "what"}, nil)), "unknown frame type"},
 		{"duplicate", cat(fileHeader(1), hdr, good, good), "duplicate"},
 		{"truncated data", cat(fileHeader(1), hdr, good)[:len(cat(fileHeader(1), hdr, good))-1], "exceeds"},
+		{"end count", cat(fileHeader(1), hdr, good, frame(t, map[string]any{"t": "end", "records": 2}, nil)), "end frame says 2"},
+		{"after end", cat(fileHeader(1), hdr, frame(t, map[string]any{"t": "end"}, nil), good), "after the end frame"},
 		{"bad msgpack", cat(fileHeader(1), hdr, []byte{3, 0, 0, 0, 0xc1, 0xc1, 0xc1}), "bad frame meta"},
 	}
 	dir := t.TempDir()
@@ -226,42 +228,61 @@ func TestNativeBadInput(t *testing.T) {
 }
 
 func streamAll(b []byte) error {
+	_, err := streamComplete(b)
+	return err
+}
+
+// streamComplete reads every record and reports whether the end frame was seen.
+func streamComplete(b []byte) (bool, error) {
 	sr, err := NewStreamReader(bytes.NewReader(b), "fuzz")
 	if err != nil {
-		return err
+		return false, err
 	}
 	for {
 		r, err := sr.Next()
 		if errors.Is(err, io.EOF) {
-			return nil
+			return sr.Complete(), nil
 		}
 		if err != nil {
-			return err
+			return false, err
 		}
 		if err := r.Check(); err != nil {
-			return errors.New("record accepted but invalid: " + err.Error())
+			return false, errors.New("record accepted but invalid: " + err.Error())
 		}
 	}
 }
 
 // TestNativeTruncatedEverywhere cuts a valid dump at every byte: each cut
-// must be an error or a clean prefix of the records, never a panic.
+// must be an error, or (at a frame boundary) a clean prefix of the records
+// reported as incomplete; never a panic.
 func TestNativeTruncatedEverywhere(t *testing.T) {
 	b := writeNative(t, keyed()[:4])
 	dir := t.TempDir()
 	for n := 0; n < len(b); n++ {
-		err := streamAll(b[:n])
+		complete, err := streamComplete(b[:n])
+		if err == nil && complete {
+			t.Fatalf("cut at %d of %d: accepted as complete", n, len(b))
+		}
+		if n%3 != 0 && n > 64 {
+			continue // the indexed reader (one file write each) on every third cut
+		}
 		p := filepath.Join(dir, "t.smd")
 		if werr := os.WriteFile(p, b[:n], 0o644); werr != nil {
 			t.Fatal(werr)
 		}
 		d, oerr := Open(p)
 		if oerr == nil {
+			if len(d.Incomplete) != 1 {
+				t.Fatalf("cut at %d: index accepted it as complete", n)
+			}
 			d.Close()
 		}
 		if (err == nil) != (oerr == nil) {
 			t.Fatalf("cut at %d: stream err %v, index err %v", n, err, oerr)
 		}
+	}
+	if complete, err := streamComplete(b); err != nil || !complete {
+		t.Errorf("whole file: complete %v, err %v", complete, err)
 	}
 }
 

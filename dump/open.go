@@ -42,6 +42,9 @@ type Dump struct {
 	Entries  []Entry  // in file order
 	Prefix   []PrefixHit
 	Unmapped []string // "file: name" of tensors no map rule matched
+	// Incomplete lists native files without an end frame (cut short at a
+	// frame boundary, e.g. by a crashed capture); their records are intact.
+	Incomplete []string
 
 	byKey map[entryID]int
 	srcs  []*os.File
@@ -232,6 +235,9 @@ func (d *Dump) addNative(path string) error {
 		if err == errEnd {
 			if s.index == 0 {
 				return s.errf("missing header frame")
+			}
+			if !s.ended {
+				d.Incomplete = append(d.Incomplete, path)
 			}
 			break
 		}

@@ -6,9 +6,11 @@ The format (dump/FORMAT.md in the sparsemla repository):
     frame  = u32le(len(meta)) + meta (msgpack map) + data (meta["nbytes"] raw bytes)
 
 The first frame is the header (model config, layer schedule, dtype policy,
-producer, user metadata); every other frame is one tensor record keyed by
-(request, step = absolute position p, layer (-1 = global), stage) or a
-prefix-cache hit. Only torch and msgpack are needed.
+producer, user metadata); then one frame per tensor record keyed by
+(request, step = absolute position p, layer (-1 = global), stage) or
+prefix-cache hit; close() writes an end frame with the record count (a file
+without it, e.g. after a crash, is still readable and reported incomplete).
+Only torch and msgpack are needed.
 
 Usage::
 
@@ -132,6 +134,7 @@ class Dumper:
         self._pending = []       # (meta, tensor clone, dtype override)
         self._pending_bytes = 0
         self._files = {}         # file name -> open file
+        self._counts = {}        # file name -> tensor frames written
         self._seen = set()
         self.enabled = True
 
@@ -209,6 +212,7 @@ class Dumper:
             f.write(MAGIC + struct.pack("<I", VERSION))
             self._write_frame(f, {"t": "header", "header": self.header}, b"")
             self._files[name] = f
+            self._counts[name] = 0
         return f
 
     @staticmethod
@@ -223,7 +227,9 @@ class Dumper:
         for meta, t, dtype in self._pending:
             name, shape, data = _encode(t.cpu(), dtype)
             meta.update(dtype=name, shape=shape, nbytes=len(data))
-            self._write_frame(self._file_for(meta["step"]), meta, data)
+            f = self._file_for(meta["step"])
+            self._write_frame(f, meta, data)
+            self._counts[f.name] += 1
         self._pending, self._pending_bytes = [], 0
         for f in self._files.values():
             f.flush()
@@ -232,7 +238,8 @@ class Dumper:
         self.flush()
         if not self._files:
             self._file_for(self.step)   # an empty dump still has its header
-        for f in self._files.values():
+        for name, f in self._files.items():
+            self._write_frame(f, {"t": "end", "records": self._counts[name], "shape": []}, b"")
             f.close()
         self._files = {}
 
@@ -250,7 +257,8 @@ def hook_modules(model, dumper, rules):
     (fullmatch) against qualified module names and may capture (?P<layer>\\d+);
     stage is a str, "{name}"/"{leaf}" expand to the module name / its last
     component; which is "output" (default) or "input" (first positional
-    argument). Tuple outputs dump their first element. Tensors are squeezed of
+    argument). Every matching rule applies, so one module can have an input
+    and an output rule. Tuple outputs dump their first element. Tensors are squeezed of
     leading size-1 dims (batch, sequence) to match the canonical shapes.
     Returns the hook handles (call .remove() on each to detach).
     """
@@ -282,5 +290,4 @@ def hook_modules(model, dumper, rules):
                     if torch.is_tensor(out):
                         dumper.dump(st, squeeze(out), layer=layer)
                 handles.append(mod.register_forward_hook(post))
-            break
     return handles

@@ -9,6 +9,7 @@ Writes into $OUT (default ./out):
                       prefix s<p>/, taken BEFORE the in-place op that follows
                       the hook, so the Go test can check the clone-at-dump rule
   capture_split/      the same dump split per step (split="step")
+  st_ref.safetensors  the known tensors written by safetensors.torch.save_file
 The Go test dump/capture_test.go checks the values.
 """
 import os
@@ -72,7 +73,8 @@ d = Dumper(os.path.join(out, "capture_smoke.smd"), config=config,
 ds = Dumper(os.path.join(out, "capture_split"), config=config, split="step")
 rules = [(r"layers\.(?P<layer>\d+)\.attn\.wq_a", "q_a"),
          (r"layers\.(?P<layer>\d+)\.attn\.q_norm", "cq"),
-         (r"layers\.(?P<layer>\d+)\.attn", "x", "input")]
+         (r"layers\.(?P<layer>\d+)\.attn", "x", "input"),
+         (r"layers\.(?P<layer>\d+)\.attn", "y")]       # same module, output
 hook_modules(model, d, rules)
 hook_modules(model, ds, rules)
 taps = []
@@ -122,4 +124,23 @@ for (p, li, st), t in keep.items():
         t = t[0]
     arrs["s%d/L%d.%s" % (p, li, st)] = t.float().cpu().to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
 np.savez(os.path.join(out, "capture_smoke.npz"), **arrs)
+
+# The same known tensors through the reference safetensors writer, to check
+# the Go safetensors reader against an independent producer.
+from safetensors.torch import save_file  # noqa: E402
+st = {
+    "known_bf16": torch.tensor([1.0, -2.5, 3.140625], dtype=torch.bfloat16),
+    "known_e4m3": torch.tensor([448.0, 1.0, -0.5, 0.001953125]).to(torch.float8_e4m3fn),
+    "known_i64": torch.tensor([5, -6], dtype=torch.int64),
+    "known_f16": torch.tensor([65504.0, -1.0], dtype=torch.float16),
+}
+try:
+    st["known_e8m0"] = torch.tensor([1.0, 8.0, 2.0 ** -10]).to(torch.float8_e8m0fnu)
+    save_file(st, os.path.join(out, "st_ref.safetensors"), metadata={"producer": "safetensors.torch"})
+except Exception as e:  # older safetensors: no e8m0
+    print("e8m0 not supported by safetensors:", e)
+    del st["known_e8m0"]
+    save_file(st, os.path.join(out, "st_ref.safetensors"), metadata={"producer": "safetensors.torch"})
+import safetensors  # noqa: E402
+print("safetensors", safetensors.__version__)
 print("wrote", sorted(os.listdir(out)), "npz keys", sorted(arrs))

@@ -73,6 +73,7 @@ type inspectReport struct {
 	Inf      int64            `json:"inf"`
 	Prefix   []dump.PrefixHit `json:"prefix_hits"`
 	Unmapped []string         `json:"unmapped"`
+	Cut      []string         `json:"incomplete_files"`
 	Unknown  []string         `json:"noncanonical_stages"`
 	List     []inspectRecord  `json:"list,omitempty"`
 }
@@ -165,7 +166,7 @@ func runInspect(args []string, stdout, stderr io.Writer) int {
 func buildInspect(d *dump.Dump, re *regexp.Regexp, stats bool) (*inspectReport, error) {
 	rep := &inspectReport{
 		Path: d.Path, Format: d.Format, Kinds: map[string]int{}, DTypes: map[string]int{},
-		Prefix: d.Prefix, Unmapped: d.Unmapped,
+		Prefix: d.Prefix, Unmapped: d.Unmapped, Cut: d.Incomplete,
 		Header: inspectHeader{Version: d.Header.Version, CompressRatios: d.Header.CompressRatios,
 			DTypePolicy: d.Header.DTypePolicy, Producer: d.Header.Producer, User: d.Header.User},
 	}
@@ -258,6 +259,9 @@ func buildInspect(d *dump.Dump, re *regexp.Regexp, stats bool) (*inspectReport, 
 	sort.Strings(rep.Unknown)
 	if rep.Unmapped == nil {
 		rep.Unmapped = []string{}
+	}
+	if rep.Cut == nil {
+		rep.Cut = []string{}
 	}
 	if rep.Prefix == nil {
 		rep.Prefix = []dump.PrefixHit{}
@@ -369,6 +373,9 @@ func writeInspectText(w io.Writer, r *inspectReport, list, stats bool) {
 	}
 	if len(r.Unknown) > 0 {
 		fmt.Fprintf(w, "  not canonical stage names: %s\n", strings.Join(r.Unknown, " "))
+	}
+	for _, f := range r.Cut {
+		fmt.Fprintf(w, "  warning: %s has no end frame (cut short, e.g. by a crashed capture); its records are intact\n", f)
 	}
 	for _, p := range r.Prefix {
 		fmt.Fprintf(w, "  prefix hit: request %q reused %d tokens of request %q\n", p.Request, p.Tokens, p.Source)

@@ -92,3 +92,27 @@ func TestInspectNpzWithMap(t *testing.T) {
 		}
 	}
 }
+
+// TestInspectIncomplete: a capture cut at a frame boundary (no end frame)
+// is listed, with a warning.
+func TestInspectIncomplete(t *testing.T) {
+	b, err := os.ReadFile("../../testdata/dump/capture/capture_smoke.smd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The longest readable proper prefix ends where the end frame starts.
+	for cut := len(b) - 1; cut > 12; cut-- {
+		p := filepath.Join(t.TempDir(), "cut.smd")
+		if err := os.WriteFile(p, b[:cut], 0o644); err != nil {
+			t.Fatal(err)
+		}
+		code, out, _ := inspectRun(p, "--summary")
+		if code == exitOK {
+			if !strings.Contains(out, "warning: "+p+" has no end frame") {
+				t.Errorf("cut at %d: no warning:\n%s", cut, out)
+			}
+			return
+		}
+	}
+	t.Fatal("no cut of the capture was readable")
+}
