@@ -96,7 +96,7 @@ def make_weights(model, kernels, seed):
     g = torch.Generator().manual_seed(seed)
 
     def randn(shape):
-        return randn(shape)
+        return torch.randn(shape, generator=g, dtype=torch.float32, device="cpu")
 
     out = {}
     sd = model.state_dict()
