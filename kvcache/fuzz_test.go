@@ -40,7 +40,9 @@ func slowDecode(f Format, page []byte, e, d int) float32 {
 	return bf16At(e*2*f.Dim + 2*d)
 }
 
-func fuzzFormat(layout, p uint8) Format { return testFormat(allLayouts[int(layout)%len(allLayouts)], int(p)%5+1) }
+func fuzzFormat(layout, p uint8) Format {
+	return testFormat(allLayouts[int(layout)%len(allLayouts)], int(p)%5+1)
+}
 
 // FuzzDecodePage: any bytes decode without panicking, every value equals the
 // element-by-element decoder, and every fault points at a byte of its entry
