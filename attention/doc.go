@@ -22,6 +22,13 @@
 //	u    = WoA(o, wo_a)                        [G][R]
 //	y    = FP8Linear(wo_b, u)                  [dim]
 //
+// Around them: the visible sets and the emission timeline (VisibleWindow,
+// VisibleRows, EmitsRow, EmissionPos, RowRopePos, RowTokens), the index list
+// assembly (WindowIdx, CompressedIdx, IndexList), the plain two-pass definition
+// of attention (SparseAttnTwoPass) beside the kernel-order one, and FlashMLA's
+// split-K form (SparseAttnPartial, MergePartials: base-2 LSE, sink folded in
+// at the merge) so GPU partial results can be checked.
+//
 // The engine package chains these into named stages; this package only computes.
 //
 // # Shapes and axis order
