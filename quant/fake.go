@@ -196,9 +196,6 @@ func QuantizeFP4(packed, scales []uint8, v []float32, B int, rule ScaleRule, flo
 		x := BlockScaleExp(rule, absMax(blk), E2M1Max, floor)
 		scales[b] = scaleByte(x)
 		s, inv, ok := blockScale(x)
-		if !ok {
-			inv = 1 / s // only used when s is not a power of two the fast way can invert
-		}
 		for i := range out {
 			lo, hi := blk[2*i], blk[2*i+1]
 			if ok {
