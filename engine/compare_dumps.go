@@ -53,7 +53,7 @@ func Diff(ctx context.Context, cfg *Config, m *Model, a, b Source, tol *Toleranc
 				if s, ok, _ := a.Stage(p, l, "index_score"); ok {
 					in["index_score"] = s
 				}
-				judgeStage(&sr, ta, tb, in, tol.For(name), true)
+				judgeStage(&sr, ta, tb, in, tol.For(name), judgeCtx{gpuRope: true, window: cfg.WindowSize})
 				rep.Results = append(rep.Results, sr)
 				if sr.Status == StatusFail && rep.First == nil {
 					div := &Divergence{Step: p, Layer: l, Stage: name, Kind: stageKind(name), Mode: "diff",
@@ -126,8 +126,8 @@ func refereeStage(m *Model, a Source, def StageDef, p int64, l int, ta, tb Tenso
 	}
 	var sa, sb StageResult
 	sa.Stage, sb.Stage = def.Name, def.Name
-	judgeStage(&sa, ref, ta, in, tol.For(def.Name), m.GPURope)
-	judgeStage(&sb, ref, tb, in, tol.For(def.Name), m.GPURope)
+	judgeStage(&sa, ref, ta, in, tol.For(def.Name), judgeCtx{m.GPURope, m.Cfg.WindowSize})
+	judgeStage(&sb, ref, tb, in, tol.For(def.Name), judgeCtx{m.GPURope, m.Cfg.WindowSize})
 	okA := sa.Status != StatusFail
 	okB := sb.Status != StatusFail
 	switch {

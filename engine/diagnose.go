@@ -136,7 +136,7 @@ func upstreamInput(d DiagnoseInput) string {
 		}
 		var sr StageResult
 		sr.Stage = name
-		judgeStage(&sr, own, gpu, map[string]Tensor{}, tol.For(name), d.Model.GPURope)
+		judgeStage(&sr, own, gpu, map[string]Tensor{}, tol.For(name), judgeCtx{d.Model.GPURope, d.Model.Cfg.WindowSize})
 		if sr.Status == StatusFail {
 			return fmt.Sprintf("its input %s already differs between the reference chain and the dump (%s)", name, sr.Reason)
 		}
@@ -364,6 +364,9 @@ func diagnoseCache(d DiagnoseInput, div *Divergence) {
 	}
 	rows := RowDiff(ref, gpu, 0)
 	div.Rows = rows
+	if pd := pageDetail(d); pd != "" {
+		div.Detail = append(div.Detail, pd)
+	}
 	D := ref.Shape[1]
 	row := func(t Tensor, i int) []float32 { return t.F[i*D : (i+1)*D] }
 	var written, compressed, old []int
@@ -424,6 +427,21 @@ func diagnoseOldRows(d DiagnoseInput, div *Divergence, old []int, slot, W int) {
 	}
 	div.Kind = KindPrefix
 	why := fmt.Sprintf("cache rows %v (first: %s) were not written at this step but differ from this request's own rows after the previous step", old, pos)
+	if ps, ok := d.Src.(PrefixSource); ok && d.Model.VerifyPrefix != nil {
+		if hit, ok := ps.PrefixHit(); ok {
+			others := map[string]Tensor{}
+			if o, ok, _ := ps.OtherStage(hit.From, p, d.Result.Layer, "kv_cache"); ok {
+				others[hit.From] = o
+			}
+			// The request's own rows: the reference value (previous step's
+			// rows, which matched, plus this step's writes).
+			line, err := d.Model.VerifyPrefix(d.Model.Cfg, d.Result.Layer, hit, gpu, ref, others)
+			if err == nil && line != "" {
+				div.Why = fmt.Sprintf("%s; prefix-cache hit of %d tokens from request %q: %s", why, hit.Tokens, hit.From, line)
+				return
+			}
+		}
+	}
 	if ps, ok := d.Src.(PrefixSource); ok {
 		if hit, ok := ps.PrefixHit(); ok {
 			why += fmt.Sprintf("; the dump records a prefix-cache hit of %d tokens from request %q", hit.Tokens, hit.From)

@@ -31,6 +31,12 @@ type Model struct {
 	// GPURope says the tables are the GPU's own (dumped); RoPE stages are then
 	// held to their exact tolerance instead of one bf16 ulp.
 	GPURope bool
+	// Pages, when set, checks the GPU's KV page bytes (dump kind "page")
+	// against the reference rows; VerifyPrefix, when set, verifies a
+	// prefix-cache hit row by row. Both are implemented over the kvcache
+	// package by the command (kvcache imports engine).
+	Pages        PageCodec
+	VerifyPrefix PrefixVerifier
 }
 
 // ReplayOptions configure one replay.
@@ -147,7 +153,6 @@ func replayLocal(ctx context.Context, m *Model, src Source, steps []int64, layer
 		}
 	}
 	out := make([]unitResult, len(work))
-	prev := prevStepOf(src, steps)
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(runtime.GOMAXPROCS(0))
 	done := make(chan struct{}, len(work))
@@ -156,7 +161,7 @@ func replayLocal(ctx context.Context, m *Model, src Source, steps []int64, layer
 			if err := gctx.Err(); err != nil {
 				return err
 			}
-			r, err := localUnit(m, src, u, prev[u.step], opt.Tol)
+			r, err := localUnit(m, src, u, opt.Tol)
 			if err != nil {
 				return err
 			}
@@ -180,27 +185,12 @@ func replayLocal(ctx context.Context, m *Model, src Source, steps []int64, layer
 	return out, err
 }
 
-// prevStepOf maps each step to the step whose dumped values its "prev:" inputs
-// read: p-1 when the dump holds it; otherwise the start state is used if it is
-// valid after p-1 (marked by -1 here).
-func prevStepOf(src Source, steps []int64) map[int64]int64 {
-	all := map[int64]bool{}
-	for _, s := range src.Steps() {
-		all[s] = true
-	}
-	out := map[int64]int64{}
-	for _, p := range steps {
-		if all[p-1] {
-			out[p] = p - 1
-		} else {
-			out[p] = -1
-		}
-	}
-	return out
-}
-
 // localUnit replays the stages of one layer at one step from dumped inputs.
-func localUnit(m *Model, src Source, u unit, prevStep int64, tol *Tolerance) (unitResult, error) {
+//
+// "prev:X" inputs are the dumped X of step p-1 (a full or a state-only dumped
+// step), else the start state when it is valid after p-1.
+func localUnit(m *Model, src Source, u unit, tol *Tolerance) (unitResult, error) {
+	prevStep := u.step - 1
 	var res unitResult
 	ctx := &StepContext{Cfg: m.Cfg, Layer: u.layer, Pos: u.step, W: m.Weights[u.layer], Rope: m.Rope[u.layer]}
 	defs := Stages(m.Cfg, u.layer, u.step)
@@ -301,13 +291,28 @@ func localUnit(m *Model, src Source, u unit, prevStep int64, tol *Tolerance) (un
 			status[def.Name] = StatusMissing
 			continue
 		}
-		judgeStage(&sr, ref, gpu, in, tol.For(def.Name), m.GPURope)
+		judgeStage(&sr, ref, gpu, in, tol.For(def.Name), judgeCtx{m.GPURope, m.Cfg.WindowSize})
 		status[def.Name] = sr.Status
 		res.results = append(res.results, sr)
 		if sr.Status == StatusFail && res.first == nil {
 			res.first = Diagnose(DiagnoseInput{
 				Model: m, Src: src, Def: def, Result: sr, Ref: ref, GPU: gpu, In: in, Own: own, Mode: Local,
 			})
+		}
+		if def.Name == "kv_cache" {
+			// The GPU's page bytes, when dumped, must encode the same rows.
+			pr, ok, err := pageResult(m, src, u.step, u.layer, ref)
+			if err != nil {
+				return res, err
+			}
+			if ok {
+				res.results = append(res.results, pr)
+				if pr.Status == StatusFail && res.first == nil {
+					res.first = &Divergence{Step: u.step, Layer: u.layer, Stage: pr.Stage, Kind: KindFP8Cache, Mode: string(Local),
+						Inputs: pr.Inputs, Why: "the kv_cache rows matched, but the GPU's page bytes do not encode them: " + pr.Reason}
+					res.first.Text = fmt.Sprintf("first divergence: decode step %d, layer %d, stage %s — %s: %s", u.step, u.layer, pr.Stage, KindFP8Cache, res.first.Why)
+				}
+			}
 		}
 	}
 	return res, nil
@@ -317,12 +322,19 @@ func hasTensor(m map[string]Tensor, name string) bool { _, ok := m[name]; return
 
 // judgeStage compares ref with gpu under st and fills sr's status, reason,
 // metrics and severity. in holds the stage's inputs (index_score for sets).
-func judgeStage(sr *StageResult, ref, gpu Tensor, in map[string]Tensor, st StageTol, gpuRope bool) {
+// judgeCtx is what judging a stage needs besides the tolerance.
+type judgeCtx struct {
+	gpuRope bool // RoPE ran on the GPU's own table
+	window  int  // window size W: topk_idxs = W window entries, then the compressed part
+}
+
+func judgeStage(sr *StageResult, ref, gpu Tensor, in map[string]Tensor, st StageTol, jc judgeCtx) {
+	gpuRope := jc.gpuRope
 	sr.Tol = string(st.Mode)
 	sr.Shape = ref.Shape
 	sr.GPUShape = gpu.Shape
 	if st.Mode == ModeSet {
-		judgeSet(sr, ref, gpu, in)
+		judgeSet(sr, ref, gpu, in, jc.window)
 		return
 	}
 	if ref.Kind.IsFloat() != gpu.Kind.IsFloat() {
@@ -434,7 +446,23 @@ func propagateLayer(ctx context.Context, m *Model, src Source, steps []int64, la
 			return nil, err
 		}
 		if p != want {
-			return nil, fmt.Errorf("replay %s: propagated mode needs consecutive steps from %d; step %d is missing", src.Name(), want, want)
+			// A gap: re-seed the chain from the state the dump holds after
+			// p-1 (a state-only step), as a replay would from a start state.
+			seed := map[string]Tensor{}
+			for name := range NewLayerState(m.Cfg, layer).StateTensors() {
+				t, ok, err := src.Stage(p-1, layer, name)
+				if err != nil {
+					return nil, err
+				}
+				if ok {
+					seed[name] = t
+				}
+			}
+			ns, err := LoadState(m.Cfg, layer, seed)
+			if err != nil {
+				return nil, fmt.Errorf("replay %s: propagated mode: steps %d..%d are not in the dump and no state after step %d is: %w", src.Name(), want, p-1, p-1, err)
+			}
+			st = ns
 		}
 		want++
 		x, ok, err := src.Stage(p, layer, "x")
@@ -472,12 +500,12 @@ func propagateLayer(ctx context.Context, m *Model, src Source, steps []int64, la
 				continue
 			}
 			in := map[string]Tensor{}
-			if def.Name == "index_topk" || def.Name == "index_sel" {
+			if def.Name == "index_topk" || def.Name == "index_sel" || def.Name == "topk_idxs" {
 				if s, ok, _ := src.Stage(p, layer, "index_score"); ok {
 					in["index_score"] = s
 				}
 			}
-			judgeStage(&sr, ref, gpu, in, tol.For(def.Name), m.GPURope)
+			judgeStage(&sr, ref, gpu, in, tol.For(def.Name), judgeCtx{m.GPURope, m.Cfg.WindowSize})
 			ur.results = append(ur.results, sr)
 			if sr.Status == StatusFail && ur.first == nil {
 				ur.first = Diagnose(DiagnoseInput{Model: m, Src: src, Def: def, Result: sr, Ref: ref, GPU: gpu, In: in, Own: outs, Mode: Propagated})

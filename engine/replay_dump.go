@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"sync"
 
 	"sparsemla/attention"
 	"sparsemla/dump"
@@ -18,6 +19,9 @@ type DumpSource struct {
 	Request string
 	steps   []int64
 	layers  []int
+
+	pageOnce sync.Once
+	pageIdx  map[StageKey][]int // page entries per (step, layer)
 }
 
 // NewDumpSource selects request (empty: the dump's only request, or the first
@@ -58,7 +62,12 @@ func NewDumpSource(d *dump.Dump, request string) (*DumpSource, error) {
 		}
 		switch e.Kind {
 		case dump.KindStage:
-			steps[int64(e.Step)] = true
+			// A step that holds only state tensors (the state after a step
+			// that was decoded but not dumped) is not replayed; it serves
+			// the next step's "prev:" inputs.
+			if !stateStage[e.Stage] {
+				steps[int64(e.Step)] = true
+			}
 			layers[e.Layer] = true
 		case dump.KindState:
 			layers[e.Layer] = true
@@ -77,6 +86,11 @@ func NewDumpSource(d *dump.Dump, request string) (*DumpSource, error) {
 	}
 	return s, nil
 }
+
+// stateStage names the stage tensors that are a layer's state after a step
+// (LayerState.StateTensors).
+var stateStage = map[string]bool{"kv_cache": true, "cmp_kv_state": true, "cmp_score_state": true,
+	"icache": true, "icmp_kv_state": true, "icmp_score_state": true}
 
 // Name implements Source.
 func (s *DumpSource) Name() string { return s.D.Path }
@@ -272,4 +286,33 @@ func findWeights(dumpPath, weights string) (string, error) {
 		return "", fmt.Errorf("weights %s: no safetensors file there (want a file or a directory with weights.safetensors)", weights)
 	}
 	return "", fmt.Errorf("dump %s: no weights.safetensors beside it; pass --weights", dumpPath)
+}
+
+// Pages implements PageSource: the page records (kind "page", stage
+// "kv_cache" or "kv_cache/<n>") of the layer after the step.
+func (s *DumpSource) Pages(step int64, layer int) ([]Page, error) {
+	s.pageOnce.Do(func() {
+		s.pageIdx = map[StageKey][]int{}
+		for i := range s.D.Entries {
+			e := &s.D.Entries[i]
+			if e.Kind == dump.KindPage && e.Request == s.Request && isPageStage(e.Stage) {
+				k := StageKey{int64(e.Step), e.Layer, "kv_cache"}
+				s.pageIdx[k] = append(s.pageIdx[k], i)
+			}
+		}
+	})
+	var out []Page
+	for _, i := range s.pageIdx[StageKey{step, layer, "kv_cache"}] {
+		e := &s.D.Entries[i]
+		if e.Page == nil {
+			return nil, fmt.Errorf("dump %s: record %d (%s): page record without page info", e.File, e.Record, e.Key)
+		}
+		rec, err := s.D.Read(e)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, Page{Layout: e.Page.Layout, PageID: e.Page.PageID, BlockSize: e.Page.BlockSize,
+			BlockTable: append([]int(nil), e.Page.BlockTable...), Data: rec.Data})
+	}
+	return out, nil
 }

@@ -21,7 +21,7 @@ var updateGolden = flag.Bool("update", false, "rewrite engine/testdata golden fi
 
 // openGolden opens a GPU-made dump directory under testdata/ and its model;
 // it skips the test when the directory is absent.
-func openGolden(t *testing.T, name string) (*Model, *DumpSource) {
+func openReplayGolden(t *testing.T, name string) (*Model, *DumpSource) {
 	t.Helper()
 	dir := filepath.Join("..", "testdata", name)
 	if _, err := os.Stat(dir); err != nil {
@@ -49,7 +49,7 @@ func openGolden(t *testing.T, name string) (*Model, *DumpSource) {
 func TestReplayGPUDumpsAgree(t *testing.T) {
 	for _, name := range []string{"official-v4-tiny", "gpu-v4-tiny-long"} {
 		t.Run(name, func(t *testing.T) {
-			m, src := openGolden(t, name)
+			m, src := openReplayGolden(t, name)
 			if !m.GPURope {
 				t.Errorf("%s: the dump's GPU RoPE tables were not picked up", name)
 			}
@@ -73,7 +73,7 @@ func TestReplayGPUDumpsAgree(t *testing.T) {
 // TestReplayGoldenCorrupted: one value of the official dump changed by one
 // bf16 ulp in an exact stage is the first divergence, at its place.
 func TestReplayGoldenCorrupted(t *testing.T) {
-	m, src := openGolden(t, "official-v4-tiny")
+	m, src := openReplayGolden(t, "official-v4-tiny")
 	mem := NewMemSource("corrupted golden")
 	for _, p := range src.Steps() {
 		for _, l := range src.Layers() {

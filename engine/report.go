@@ -198,14 +198,35 @@ func (r *Report) WriteText(w io.Writer) {
 // judgeSet compares a top-k selection (index_topk, or index_sel = topk+128) as
 // a set with indexer.CompareSelection, using the dumped index_score (an input
 // of the stage) to recognise boundary ties.
-func judgeSet(sr *StageResult, ref, gpu Tensor, in map[string]Tensor) {
+//
+// topk_idxs in set mode (propagated replays, where the reference's own
+// index_sel orders tied rows by its own rule) is its window part (exact) and
+// its compressed part, 128 + index_topk, compared as a set.
+func judgeSet(sr *StageResult, ref, gpu Tensor, in map[string]Tensor, window int) {
 	if ref.Kind.IsFloat() || gpu.Kind.IsFloat() {
 		sr.Status, sr.Severity, sr.Reason = StatusFail, 2, "top-k must be an integer tensor"
 		return
 	}
 	off := int64(0)
 	if sr.Stage == "index_sel" {
-		off = 128
+		off = int64(window)
+	}
+	if sr.Stage == "topk_idxs" {
+		if len(ref.I) < window || len(gpu.I) < window {
+			sr.Status, sr.Severity = StatusFail, 2
+			sr.Reason = fmt.Sprintf("index list of %d entries, reference %d (window %d)", len(gpu.I), len(ref.I), window)
+			return
+		}
+		for i := 0; i < window; i++ {
+			if ref.I[i] != gpu.I[i] {
+				sr.Status, sr.Severity = StatusFail, 2
+				sr.Reason = fmt.Sprintf("window part differs at entry %d: GPU %d, reference %d", i, gpu.I[i], ref.I[i])
+				return
+			}
+		}
+		ref = FromI(ref.Kind, ref.I[window:], len(ref.I)-window)
+		gpu = FromI(gpu.Kind, gpu.I[window:], len(gpu.I)-window)
+		off = int64(window)
 	}
 	g := make([]int64, len(gpu.I))
 	for i, v := range gpu.I {

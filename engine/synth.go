@@ -361,7 +361,7 @@ func (g *gpuRun) layerStep(p int64, l int, x Tensor, prev map[string]Tensor) (ma
 			}
 			var sr StageResult
 			sr.Stage = def.Name
-			judgeStage(&sr, out, bad, in, DefaultTolerance().For(def.Name), true)
+			judgeStage(&sr, out, bad, in, DefaultTolerance().For(def.Name), judgeCtx{true, cfg.WindowSize})
 			if sr.Status != StatusFail {
 				return nil, fmt.Errorf("fault %s: %w", g.fault, ErrFaultInvisible)
 			}

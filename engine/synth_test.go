@@ -70,7 +70,7 @@ func TestSynthFaultsFound(t *testing.T) {
 	const prefill, steps = 6, 8
 	first, last := int64(prefill), int64(prefill+steps-1)
 	rng := rand.New(rand.NewPCG(2026, 11))
-	perKind := 3
+	perKind := 2
 	if testing.Short() {
 		perKind = 1
 	}

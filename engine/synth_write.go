@@ -28,7 +28,21 @@ const (
 // dump.smd, a native dump holding the header (ModelArgs), the GPU RoPE tables,
 // the start state of every layer, every stage of every dumped step of request
 // B, and for a stale-prefix fault the prefix-hit record and request A's cache.
-func (s *Synth) Write(dir string) error {
+func (s *Synth) Write(dir string) error { return s.WriteWith(dir, nil) }
+
+// SynthPageLayout and SynthPageBlock are the layout and page size of the KV
+// pages WriteWith adds: FlashMLA's MODEL1 FP8 layout, 64-entry pages (the SWA
+// page size of the engines), identity block table.
+const (
+	SynthPageLayout = "v4-model1"
+	SynthPageBlock  = 64
+)
+
+// WriteWith is Write; with a non-nil codec the dump also holds, for every
+// dumped step and layer, the kv_cache as KV pages (kind "page", stage
+// "kv_cache/<page>", layout SynthPageLayout) encoded from the GPU's rows, as a
+// serving engine's cache would hold them.
+func (s *Synth) WriteWith(dir string, codec PageCodec) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("synth: %w", err)
 	}
@@ -42,7 +56,7 @@ func (s *Synth) Write(dir string) error {
 	if err := s.writeWeights(filepath.Join(dir, SynthWeightsFile)); err != nil {
 		return err
 	}
-	return s.writeDump(filepath.Join(dir, SynthDumpFile), string(cfgJSON))
+	return s.writeDump(filepath.Join(dir, SynthDumpFile), string(cfgJSON), codec)
 }
 
 func (s *Synth) writeWeights(path string) error {
@@ -155,7 +169,7 @@ func TensorRecord(t Tensor, k dump.Key, kind dump.Kind) dump.Record {
 	return r
 }
 
-func (s *Synth) writeDump(path, modelArgs string) error {
+func (s *Synth) writeDump(path, modelArgs string, codec PageCodec) error {
 	h := dump.Header{
 		ModelArgs:      modelArgs,
 		CompressRatios: append([]int{}, s.Cfg.CompressRatios...),
@@ -218,6 +232,22 @@ func (s *Synth) writeDump(path, modelArgs string) error {
 			return fail(err)
 		}
 	}
+	if codec != nil {
+		for _, k := range keys {
+			if k.Stage != "kv_cache" {
+				continue
+			}
+			recs, err := s.pageRecords(codec, k, s.Src.Values[k])
+			if err != nil {
+				return fail(err)
+			}
+			for i := range recs {
+				if err := w.Write(&recs[i]); err != nil {
+					return fail(err)
+				}
+			}
+		}
+	}
 	for req, vals := range s.Src.Others {
 		keys := keys[:0]
 		for k := range vals {
@@ -261,4 +291,37 @@ func sortStageKeys(k []StageKey) {
 		}
 		return k[i].Stage < k[j].Stage
 	})
+}
+
+// pageRecords encodes one kv_cache [rows, D] into SynthPageBlock-entry pages.
+func (s *Synth) pageRecords(codec PageCodec, k StageKey, kc Tensor) ([]dump.Record, error) {
+	D, B := kc.Shape[1], SynthPageBlock
+	nb := (kc.Shape[0] + B - 1) / B
+	table := make([]int, nb)
+	for b := range table {
+		table[b] = b
+	}
+	live := map[int]bool{}
+	for _, i := range livePageRows(s.Cfg, k.Step, kc.Shape[0]) {
+		live[i] = true
+	}
+	var out []dump.Record
+	for b := 0; b < nb; b++ {
+		rows := map[int][]float32{}
+		for e := 0; e < B && b*B+e < kc.Shape[0]; e++ {
+			if i := b*B + e; live[i] {
+				rows[e] = kc.F[i*D : (i+1)*D]
+			}
+		}
+		data, err := codec.Rewrite(SynthPageLayout, D, B, nil, rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, dump.Record{
+			Key:  dump.Key{Request: SynthRequest, Step: int(k.Step), Layer: k.Layer, Stage: fmt.Sprintf("kv_cache/%d", b)},
+			Kind: dump.KindPage, DType: dump.U8, Shape: []int{len(data)}, Data: data,
+			Page: &dump.PageInfo{Layout: SynthPageLayout, PageID: b, BlockSize: B, BlockTable: table},
+		})
+	}
+	return out, nil
 }

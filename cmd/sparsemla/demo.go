@@ -64,7 +64,7 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 		if err != nil {
 			return rpFail(stderr, "demo", err)
 		}
-		if err := s.Write(out); err != nil {
+		if err := s.WriteWith(out, kvPages{}); err != nil {
 			return rpFail(stderr, "demo", err)
 		}
 		what := "no fault"
@@ -80,6 +80,7 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 		if err == nil {
 			var m *engine.Model
 			if m, err = engine.LoadModel(d, src, out); err == nil {
+				withCacheHooks(m)
 				var rep *engine.Report
 				if rep, err = engine.Replay(context.Background(), m, src, engine.ReplayOptions{}); err == nil {
 					rep.WriteText(stdout)

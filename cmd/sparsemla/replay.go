@@ -12,6 +12,7 @@ import (
 
 	"sparsemla/dump"
 	"sparsemla/engine"
+	"sparsemla/kvcache"
 )
 
 func init() {
@@ -119,6 +120,7 @@ func rpOpenDump(path string, f *replayFlags, needModel bool) (*rpOpened, error) 
 		}
 		o.model = nil
 	}
+	withCacheHooks(o.model)
 	return o, nil
 }
 
@@ -245,4 +247,101 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 		return rpFail(stderr, "replay", err)
 	}
 	return rpExit(rep)
+}
+
+// kvPages implements engine.PageCodec over the kvcache page codecs
+// (engine cannot import kvcache, which imports engine).
+type kvPages struct{}
+
+func kvFormat(layout string, dim, blockSize int) (kvcache.Format, kvcache.Layout, error) {
+	l, err := kvcache.ParseLayout(layout)
+	if err != nil {
+		return kvcache.Format{}, 0, err
+	}
+	f, err := kvcache.NewFormat(l, dim, blockSize)
+	return f, l, err
+}
+
+// Rewrite implements engine.PageCodec.
+func (kvPages) Rewrite(layout string, dim, blockSize int, page []byte, rows map[int][]float32) ([]byte, error) {
+	f, l, err := kvFormat(layout, dim, blockSize)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]byte, f.PageBytes())
+	if page != nil {
+		if len(page) != len(out) {
+			return nil, fmt.Errorf("%v page has %d bytes, want %d", f, len(page), len(out))
+		}
+		copy(out, page)
+	}
+	for e, row := range rows {
+		if e < 0 || e >= blockSize || len(row) != f.Dim {
+			return nil, fmt.Errorf("%v: entry %d with %d values", f, e, len(row))
+		}
+		f.EncodeEntry(out, e, row, kvcache.RefScaling(l))
+	}
+	return out, nil
+}
+
+// Compare implements engine.PageCodec.
+func (kvPages) Compare(layout string, dim, blockSize int, got, want []byte) (string, error) {
+	f, _, err := kvFormat(layout, dim, blockSize)
+	if err != nil {
+		return "", err
+	}
+	if len(got) != f.PageBytes() || len(want) != f.PageBytes() {
+		return "", fmt.Errorf("%v pages of %d and %d bytes, want %d", f, len(got), len(want), f.PageBytes())
+	}
+	if d := f.ComparePages(got, want); d != nil {
+		return d.String(), nil
+	}
+	return "", nil
+}
+
+// kvVerifyPrefix implements engine.PrefixVerifier with kvcache.VerifyPrefixHit
+// over the window rows of tokens [max(0, N-W), N) of one layer (presented to
+// the verifier as a one-layer window-only schedule: the compressed rows and
+// compressor state of the hit are checked by the replay's own kv_cache
+// comparison).
+func kvVerifyPrefix(cfg *engine.Config, layer int, hit engine.PrefixHit, gpu, own engine.Tensor, others map[string]engine.Tensor) (string, error) {
+	W, D, N := cfg.WindowSize, cfg.HeadDim, int(hit.Tokens)
+	rows := func(t engine.Tensor) kvcache.RowMap {
+		m := kvcache.RowMap{}
+		for tok := max(0, N-W); tok < N; tok++ {
+			slot := tok % W
+			if (slot+1)*D <= len(t.F) {
+				m[kvcache.RowKey{Layer: 0, Cache: kvcache.CacheWindow, Index: tok}] = t.F[slot*D : (slot+1)*D]
+			}
+		}
+		return m
+	}
+	o := map[string]kvcache.RowSource{}
+	for name, t := range others {
+		o[name] = rows(t)
+	}
+	h := kvcache.PrefixHit{Request: "replayed", Donor: hit.From, Tokens: N, Schedule: kvcache.Schedule{Window: W, Ratios: []int{0}}}
+	s, err := kvcache.VerifyPrefixHit(h, rows(gpu), rows(own), o)
+	if err != nil || s == nil {
+		return "", err
+	}
+	line := fmt.Sprintf("kvcache.VerifyPrefixHit: first stale row is the window row of token %d (layer %d)", s.Index, layer)
+	if s.Missing {
+		line += ", missing on the GPU"
+	} else {
+		line += fmt.Sprintf(": dim %d GPU %g, own %g (%d values differ)", s.Dim, s.GPU, s.Own, s.Values)
+	}
+	if s.MatchesOther != "" {
+		line += fmt.Sprintf("; it equals request %q's row of token %d: a stale page from that request", s.MatchesOther, s.OtherIndex)
+	}
+	return line + fmt.Sprintf(" (%d stale rows in the hit)", s.StaleRows), nil
+}
+
+// withCacheHooks wires the kvcache-backed page codec and prefix verifier.
+func withCacheHooks(m *engine.Model) *engine.Model {
+	if m != nil {
+		m.Pages = kvPages{}
+		m.VerifyPrefix = kvVerifyPrefix
+	}
+	return m
 }

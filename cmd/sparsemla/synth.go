@@ -61,7 +61,7 @@ func runSynth(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return rpFail(stderr, "synth", err)
 	}
-	if err := s.Write(*out); err != nil {
+	if err := s.WriteWith(*out, kvPages{}); err != nil {
 		return rpFail(stderr, "synth", err)
 	}
 	fmt.Fprintf(stdout, "wrote %s: %s config, steps %d..%d after a %d-token prefill, seed %d",
