@@ -221,8 +221,3 @@ func RunStep(ctx *StepContext, x Tensor, st *LayerState) (map[string]Tensor, *La
 	next.Next = ctx.Pos + 1
 	return out, next, nil
 }
-
-// ropeFromCis wraps a dumped F32 [T, 32, 2] (cos, sin) table.
-func ropeFromCis(cis []float32, T int, source string) *RopeTable {
-	return attention.RopeTableFromCis(cis, T, source)
-}

@@ -130,8 +130,11 @@ func LoadState(cfg *Config, layer int, m map[string]Tensor) (*LayerState, error)
 		}
 		return t, nil
 	}
-	maxRows := cfg.MaxSeqLen + 1<<30
-	kv, err := get("kv_cache", cfg.HeadDim, cfg.WindowSize, cfg.WindowSize+maxRowsFor(st.Ratio, maxRows))
+	maxCmp := 0 // compressed rows: none for r = 0, any number otherwise
+	if st.Ratio > 0 {
+		maxCmp = math.MaxInt32
+	}
+	kv, err := get("kv_cache", cfg.HeadDim, cfg.WindowSize, cfg.WindowSize+maxCmp)
 	if err != nil {
 		return nil, err
 	}
@@ -170,13 +173,6 @@ func LoadState(cfg *Config, layer int, m map[string]Tensor) (*LayerState, error)
 		}
 	}
 	return st, nil
-}
-
-func maxRowsFor(r, maxRows int) int {
-	if r == 0 {
-		return 0
-	}
-	return maxRows
 }
 
 // SyntheticState builds a plausible state of layer w.Layer before the token at
