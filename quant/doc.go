@@ -63,7 +63,9 @@
 // add (subnormal range), as torch's c10 code does, against references that round
 // the significand (roundMinifloat); FQ8 and FQ4 multiply by the exact inverse of
 // the power-of-two scale and use the saturating encoders in place of
-// clamp-then-round, against fq8Ref and fq4Ref, which transcribe the spec.
+// clamp-then-round, against fq8Ref and fq4Ref, which transcribe the spec;
+// DequantizeFP8 looks for NaN codes eight at a time and multiplies without a
+// per-element NaN check when a block has none, against dequantizeFP8Ref.
 //
 // # Precision
 //

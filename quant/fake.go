@@ -1,6 +1,9 @@
 package quant
 
-import "math"
+import (
+	"encoding/binary"
+	"math"
+)
 
 // Constants of the reference quantisers (spec §1, derived constants).
 const (
@@ -166,18 +169,54 @@ func QuantizeFP8(codes, scales []uint8, v []float32, B int, rule ScaleRule, floo
 //
 //	dst[i] = DecodeE4M3(codes[i]) · DecodeUE8M0(scales[i/B])
 //
-// exact for every finite result; NaN codes or a NaN scale give CanonicalNaN.
+// exact for every finite result; NaN codes or a NaN scale give CanonicalNaN, as
+// the CUDA multiply does. dequantizeFP8Ref is the per-element form; this one
+// checks each block for NaN codes first (eight at a time) and multiplies
+// without a per-element check when there are none, which is every block of a
+// healthy cache.
 func DequantizeFP8(dst []float32, codes, scales []uint8, B int) {
 	if B <= 0 || len(codes)%B != 0 || len(dst) < len(codes) || len(scales) < len(codes)/B {
 		panic("quant: DequantizeFP8 length mismatch")
 	}
 	for b := 0; b < len(codes)/B; b++ {
-		s := DecodeUE8M0(scales[b])
 		src := codes[b*B : (b+1)*B]
 		out := dst[b*B : (b+1)*B]
-		for i, c := range src {
-			out[i] = mulCUDA(e4m3Table[c], s)
+		if scales[b] == UE8M0NaN || hasE4M3NaN(src) {
+			dequantizeFP8Ref(out, src, scales[b:b+1], B)
+			continue
 		}
+		s := DecodeUE8M0(scales[b])
+		for i, c := range src {
+			out[i] = e4m3Table[c] * s // finite × power of two: never NaN
+		}
+	}
+}
+
+// hasE4M3NaN reports whether any code is 0x7F or 0xFF. It tests eight codes per
+// step: with the sign bits cleared, a byte is 0x7F exactly when adding 1 to it
+// sets its bit 7.
+func hasE4M3NaN(codes []uint8) bool {
+	const lo7, hi = 0x7f7f7f7f7f7f7f7f, 0x8080808080808080
+	i := 0
+	for ; i+8 <= len(codes); i += 8 {
+		w := binary.LittleEndian.Uint64(codes[i:]) & lo7
+		if (w+0x0101010101010101)&hi != 0 {
+			return true
+		}
+	}
+	for ; i < len(codes); i++ {
+		if codes[i]&0x7f == 0x7f {
+			return true
+		}
+	}
+	return false
+}
+
+// dequantizeFP8Ref is DequantizeFP8 element by element, every product through
+// mulCUDA: the reference for the fast loop.
+func dequantizeFP8Ref(dst []float32, codes, scales []uint8, B int) {
+	for i, c := range codes {
+		dst[i] = mulCUDA(e4m3Table[c], DecodeUE8M0(scales[i/B]))
 	}
 }
 

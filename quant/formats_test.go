@@ -709,3 +709,52 @@ func TestPanics(t *testing.T) {
 		}()
 	}
 }
+
+// TestDequantizeFP8MatchesReference checks the fast block loop (NaN codes found
+// eight at a time) against the per-element reference, NaN codes and NaN scales
+// included, with block sizes that leave a tail of fewer than eight codes.
+func TestDequantizeFP8MatchesReference(t *testing.T) {
+	r := rand.New(rand.NewPCG(11, 12))
+	for _, B := range []int{64, 7, 128, 1} {
+		codes := make([]uint8, 40*B)
+		scales := make([]uint8, 40)
+		for i := range codes {
+			codes[i] = uint8(r.IntN(256)) &^ 0x01 // even: never 0x7F/0xFF
+		}
+		for b := range scales {
+			scales[b] = uint8(100 + r.IntN(50))
+			switch b % 5 {
+			case 1: // one NaN code at a position that moves through the block
+				codes[b*B+(b*3)%B] |= 0x7f
+			case 2:
+				scales[b] = UE8M0NaN
+			case 3:
+				scales[b] = uint8(r.IntN(256))
+			}
+		}
+		fast := make([]float32, len(codes))
+		ref := make([]float32, len(codes))
+		DequantizeFP8(fast, codes, scales, B)
+		dequantizeFP8Ref(ref, codes, scales, B)
+		for i := range codes {
+			if bits(fast[i]) != bits(ref[i]) {
+				t.Fatalf("B=%d element %d (code %#x, scale %d): %#08x, reference %#08x", B, i, codes[i], scales[i/B], bits(fast[i]), bits(ref[i]))
+			}
+		}
+	}
+	for n := 1; n <= 20; n++ {
+		for p := 0; p < n; p++ {
+			codes := make([]uint8, n)
+			for i := range codes {
+				codes[i] = 0x7e | uint8(i&1)<<7
+			}
+			if hasE4M3NaN(codes) {
+				t.Fatalf("hasE4M3NaN true without NaN codes (n=%d)", n)
+			}
+			codes[p] = 0x7f | uint8(p&1)<<7
+			if !hasE4M3NaN(codes) {
+				t.Fatalf("hasE4M3NaN missed the NaN code at %d of %d", p, n)
+			}
+		}
+	}
+}
