@@ -1,0 +1,229 @@
+package attention
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"runtime"
+	"testing"
+
+	"golang.org/x/sync/errgroup"
+)
+
+// Benchmarks of the fast kernels at the V4-Flash dims (dim 4096, q_lora_rank
+// 1024, 64 heads × 512, o_groups 8 × o_lora_rank 1024, indexer 64 × 128).
+// Each reports GB/s of weight (or cache) bytes read and GFLOP/s (2 per
+// multiply-add) beside ns/op. Weights are generated here; several copies are
+// cycled so that the working set (≥ 256 MiB) exceeds the caches and the bytes
+// really come from memory:
+//
+//	go test ./attention -run '^$' -bench 'StreamRead|FP8Panels|Panels|SparseAttnFast|IndexScoresFast' -count 5
+
+// streamBuf is a 512 MiB buffer for the streaming-read baseline.
+var streamBuf []uint64
+
+// BenchmarkStreamRead is the memory bandwidth baseline: a plain sequential
+// read (sum of uint64 words) over 512 MiB, on one goroutine and on GOMAXPROCS
+// goroutines (disjoint halves). The FP8 GEMV target is ≥ 70 % of the parallel
+// figure.
+func BenchmarkStreamRead(b *testing.B) {
+	if streamBuf == nil {
+		streamBuf = make([]uint64, 64<<20)
+		for i := range streamBuf {
+			streamBuf[i] = uint64(i)
+		}
+	}
+	sum := func(v []uint64) uint64 {
+		var s0, s1, s2, s3 uint64
+		for i := 0; i+4 <= len(v); i += 4 {
+			s0 += v[i]
+			s1 += v[i+1]
+			s2 += v[i+2]
+			s3 += v[i+3]
+		}
+		return s0 + s1 + s2 + s3
+	}
+	for _, par := range []bool{false, true} {
+		b.Run(map[bool]string{false: "1core", true: "allcores"}[par], func(b *testing.B) {
+			var sink uint64
+			for b.Loop() {
+				if !par {
+					sink += sum(streamBuf)
+					continue
+				}
+				n := runtime.GOMAXPROCS(0)
+				var g errgroup.Group
+				part := make([]uint64, n)
+				for w := 0; w < n; w++ {
+					g.Go(func() error {
+						part[w] = sum(streamBuf[w*len(streamBuf)/n : (w+1)*len(streamBuf)/n])
+						return nil
+					})
+				}
+				g.Wait()
+				for _, s := range part {
+					sink += s
+				}
+			}
+			b.ReportMetric(float64(8*len(streamBuf))*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+			_ = sink
+		})
+	}
+}
+
+// copiesFor returns how many copies of an n-byte weight make ≥ 256 MiB.
+func copiesFor(n int) int { return max(1, (256<<20+n-1)/n) }
+
+// flashFP8 lists the FP8 attention weights of a V4-Flash layer [rows, cols].
+var flashFP8 = []struct {
+	name       string
+	rows, cols int
+}{
+	{"wq_a", 1024, 4096}, {"wq_b", 64 * 512, 1024}, {"wkv", 512, 4096}, {"wo_b", 4096, 8 * 1024}, {"indexer.wq_b", 64 * 128, 1024},
+}
+
+// randCodes makes a packed FP8 weight from random finite codes and scales near
+// 2^-8 (no fp32 copy, so that hundreds of MiB are cheap to make).
+func randCodes(rng *rand.Rand, rows, cols int) *FP8Panels {
+	codes := make([]uint8, rows*cols)
+	for i := range codes {
+		c := uint8(rng.Uint32())
+		if c&0x7f == 0x7f {
+			c ^= 1
+		}
+		codes[i] = c
+	}
+	scale := make([]uint8, ((rows+127)/128)*(cols/128))
+	for i := range scale {
+		scale[i] = uint8(127 - 12 + rng.IntN(4))
+	}
+	return PackFP8(codes, scale, rows, cols)
+}
+
+func BenchmarkFP8PanelsLinear(b *testing.B) {
+	for _, w := range flashFP8 {
+		b.Run(w.name, func(b *testing.B) {
+			rng := rand.New(rand.NewPCG(1, uint64(w.rows)))
+			ws := make([]*FP8Panels, copiesFor(w.rows*w.cols))
+			for i := range ws {
+				ws[i] = randCodes(rng, w.rows, w.cols)
+			}
+			x := bf16Vec(rng, w.cols, 1)
+			y := make([]float32, w.rows)
+			i := 0
+			for b.Loop() {
+				ws[i%len(ws)].Linear(y, x)
+				i++
+			}
+			s := b.Elapsed().Seconds() / float64(b.N)
+			b.ReportMetric(float64(w.rows*w.cols)/s/1e9, "GB/s")
+			b.ReportMetric(2*float64(w.rows*w.cols)/s/1e9, "GFLOP/s")
+		})
+	}
+}
+
+// BenchmarkFP8LinearReference is the scalar reference FP8Linear on the two
+// largest weights, for the speed-up.
+func BenchmarkFP8LinearReference(b *testing.B) {
+	for _, w := range flashFP8[1:2] {
+		b.Run(w.name, func(b *testing.B) {
+			rng := rand.New(rand.NewPCG(1, uint64(w.rows)))
+			p := randCodes(rng, w.rows, w.cols)
+			fw := NewFP8Weight(unpack(p), p.Scale, w.rows, w.cols)
+			x := bf16Vec(rng, w.cols, 1)
+			y := make([]float32, w.rows)
+			for b.Loop() {
+				FP8Linear(y, x, fw)
+			}
+			s := b.Elapsed().Seconds() / float64(b.N)
+			b.ReportMetric(2*float64(w.rows*w.cols)/s/1e9, "GFLOP/s")
+		})
+	}
+}
+
+// unpack returns the row-major codes of a packed weight.
+func unpack(p *FP8Panels) []uint8 {
+	codes := make([]uint8, p.Rows*p.Cols)
+	for n := 0; n < p.Rows; n++ {
+		for k := 0; k < p.Cols; k++ {
+			codes[n*p.Cols+k] = p.Codes[(n/PanelRows*p.Cols+k)*PanelRows+n%PanelRows]
+		}
+	}
+	return codes
+}
+
+// BenchmarkPanels: the bf16 / fp32 linears of a layer — wo_a (8 groups of
+// [1024, 4096], bf16), weights_proj [64, 4096] (bf16), the compressor
+// projections wkv + wgate [1024, 4096] (r = 4), [512, 4096] (r = 128) and
+// [256, 4096] (indexer), stored bf16 (lossless for checkpoint weights).
+func BenchmarkPanels(b *testing.B) {
+	for _, w := range []struct {
+		name       string
+		rows, cols int
+	}{{"wo_a", 8 * 1024, 4096}, {"weights_proj", 64, 4096}, {"cmp_r4.wkv", 1024, 4096}, {"cmp_r128.wkv", 512, 4096}, {"icmp.wkv", 256, 4096}} {
+		b.Run(w.name, func(b *testing.B) {
+			rng := rand.New(rand.NewPCG(2, uint64(w.rows)))
+			ws := make([]*Panels, copiesFor(2*w.rows*w.cols))
+			for i := range ws {
+				ws[i] = PackPanels(bf16Vec(rng, w.rows*w.cols, 0.02), w.rows, w.cols)
+			}
+			x := bf16Vec(rng, w.cols, 1)
+			y := make([]float32, w.rows)
+			i := 0
+			for b.Loop() {
+				ws[i%len(ws)].Linear(y, x)
+				i++
+			}
+			s := b.Elapsed().Seconds() / float64(b.N)
+			b.ReportMetric(float64(ws[0].Bytes())/s/1e9, "GB/s")
+			b.ReportMetric(2*float64(w.rows*w.cols)/s/1e9, "GFLOP/s")
+		})
+	}
+}
+
+// BenchmarkSparseAttnFast: 64 heads × 512 over an index list of 128 window
+// rows + 512 compressed rows (a CSA or HCA layer at 64K context), fast and
+// reference.
+func BenchmarkSparseAttnFast(b *testing.B) {
+	for _, fast := range []bool{true, false} {
+		b.Run(map[bool]string{true: "fast", false: "reference"}[fast], func(b *testing.B) {
+			q, kv, idx, sink := attnCase(3, 64, 128+16384, 640)
+			o := make([]float32, len(q))
+			for b.Loop() {
+				if fast {
+					SparseAttnFast(o, q, kv, 512, idx, sink, 0.044194173)
+				} else {
+					SparseAttn(o, q, kv, 512, idx, sink, 0.044194173)
+				}
+			}
+			s := b.Elapsed().Seconds() / float64(b.N)
+			b.ReportMetric(2*2*64*640*512/s/1e9, "GFLOP/s")
+		})
+	}
+}
+
+// BenchmarkIndexScoresFast: index_qk + index_score over Tc = ctx/4 index keys
+// (64 heads × 128), the part of a CSA step that grows with the context. 1M
+// context (Tc = 262,144, 128 MiB of keys) only with SPARSEMLA_BENCH_BIG=1.
+func BenchmarkIndexScoresFast(b *testing.B) {
+	ctxs := []int{4096, 65536}
+	if os.Getenv("SPARSEMLA_BENCH_BIG") == "1" {
+		ctxs = append(ctxs, 1<<20)
+	}
+	for _, ctx := range ctxs {
+		tc := ctx / 4
+		b.Run(fmt.Sprintf("ctx=%d", ctx), func(b *testing.B) {
+			rng := rand.New(rand.NewPCG(4, 4))
+			iq, ic, w := bf16Vec(rng, 64*128, 1), bf16Vec(rng, tc*128, 1), bf16Vec(rng, 64, 0.1)
+			score := make([]float32, tc)
+			for b.Loop() {
+				IndexScoresFast(score, iq, ic, w, 64, 128)
+			}
+			s := b.Elapsed().Seconds() / float64(b.N)
+			flop := 2 * 64 * 128 * float64(tc)
+			b.ReportMetric(flop/s/1e9, "GFLOP/s")
+			b.ReportMetric(flop/s/1e9/float64(runtime.GOMAXPROCS(0)), "GFLOP/s/core")
+			b.ReportMetric(4*128*float64(tc)/s/1e9, "GB/s")
+		})
+	}
+}

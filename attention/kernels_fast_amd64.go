@@ -1,0 +1,44 @@
+//go:build amd64 && !purego
+
+package attention
+
+// Assembly kernels (kernels_fast_amd64.s). Their contracts are in kernels_fast.go.
+
+func cpuid(eaxArg, ecxArg uint32) (eax, ebx, ecx, edx uint32)
+func xgetbv0() (eax, edx uint32)
+
+//go:noescape
+func fp8Panel64AVX2(y *float32, codes *uint8, x *float32, scl *float32, nkb int)
+
+//go:noescape
+func bf16Panel64AVX2(y *float32, w *uint16, x *float32, k int)
+
+//go:noescape
+func f32Panel64AVX2(y *float32, w *float32, x *float32, k int)
+
+//go:noescape
+func indexScore64AVX2(sums *float32, icache *float32, iqT *float32, w *float32, terms *float32, rows int)
+
+//go:noescape
+func pvChunkAVX2(acc *float32, rows **float32, p *float32, n int, alpha float32, d int)
+
+// detectAVX2 reports whether the CPU and OS support the instructions the
+// kernels use: AVX, AVX2 and F16C (VCVTPH2PS), with YMM state enabled.
+func detectAVX2() bool {
+	maxLeaf, _, _, _ := cpuid(0, 0)
+	if maxLeaf < 7 {
+		return false
+	}
+	_, _, ecx1, _ := cpuid(1, 0)
+	const osxsave, avx, f16c = 1 << 27, 1 << 28, 1 << 29
+	if ecx1&osxsave == 0 || ecx1&avx == 0 || ecx1&f16c == 0 {
+		return false
+	}
+	if xcr0, _ := xgetbv0(); xcr0&6 != 6 { // XMM and YMM state saved by the OS
+		return false
+	}
+	_, ebx7, _, _ := cpuid(7, 0)
+	return ebx7&(1<<5) != 0 // AVX2
+}
+
+var hasAVX2 = detectAVX2()

@@ -1,0 +1,28 @@
+//go:build !amd64 || purego
+
+package attention
+
+// Without the amd64 assembly (other architectures, or the purego build tag)
+// every fast path runs its pure-Go lane loop; these are never called.
+
+const hasAVX2 = false
+
+func fp8Panel64AVX2(y *float32, codes *uint8, x *float32, scl *float32, nkb int) {
+	panic("attention: no assembly kernels in this build")
+}
+
+func bf16Panel64AVX2(y *float32, w *uint16, x *float32, k int) {
+	panic("attention: no assembly kernels in this build")
+}
+
+func f32Panel64AVX2(y *float32, w *float32, x *float32, k int) {
+	panic("attention: no assembly kernels in this build")
+}
+
+func indexScore64AVX2(sums *float32, icache *float32, iqT *float32, w *float32, terms *float32, rows int) {
+	panic("attention: no assembly kernels in this build")
+}
+
+func pvChunkAVX2(acc *float32, rows **float32, p *float32, n int, alpha float32, d int) {
+	panic("attention: no assembly kernels in this build")
+}

@@ -1,0 +1,240 @@
+package attention
+
+import (
+	"math"
+	"math/rand/v2"
+	"runtime"
+	"testing"
+
+	"sparsemla/quant"
+)
+
+// eachPath runs f with the assembly kernels (when this machine has them) and
+// with the pure-Go lane loops, at GOMAXPROCS 1 and 2.
+func eachPath(t *testing.T, f func(t *testing.T)) {
+	t.Helper()
+	old, oldProcs := UseAssembly, runtime.GOMAXPROCS(0)
+	defer func() { UseAssembly = old; runtime.GOMAXPROCS(oldProcs) }()
+	for _, asm := range []bool{true, false} {
+		if asm && !HasAssembly() {
+			t.Log("no AVX2 kernels on this machine/build: testing the pure-Go path only")
+			continue
+		}
+		for _, procs := range []int{1, 2} {
+			UseAssembly = asm
+			runtime.GOMAXPROCS(procs)
+			name := "go"
+			if asm {
+				name = "asm"
+			}
+			t.Run(name+map[int]string{1: "/P1", 2: "/P2"}[procs], f)
+		}
+	}
+}
+
+func sameBits(t *testing.T, what string, got, want []float32) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("%s: %d values, want %d", what, len(got), len(want))
+	}
+	bad := 0
+	for i := range got {
+		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+			if bad < 5 {
+				t.Errorf("%s[%d] = %g (%08x), reference %g (%08x)", what, i, got[i], math.Float32bits(got[i]), want[i], math.Float32bits(want[i]))
+			}
+			bad++
+		}
+	}
+	if bad > 0 {
+		t.Errorf("%s: %d of %d values differ from the reference", what, bad, len(got))
+	}
+}
+
+func bf16Vec(rng *rand.Rand, n int, sd float64) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = quant.BF16Round(float32(rng.NormFloat64() * sd))
+	}
+	return v
+}
+
+// randFP8 makes an FP8 weight whose 128×128 blocks have scales spread over
+// several binades (so the per-block factors matter).
+func randFP8(rng *rand.Rand, rows, cols int) *FP8Weight {
+	W := make([]float32, rows*cols)
+	for n := 0; n < rows; n++ {
+		for k := 0; k < cols; k++ {
+			blk := (n/128)*7 + k/128
+			W[n*cols+k] = quant.BF16Round(float32(rng.NormFloat64() * math.Ldexp(1, blk%9-6)))
+		}
+	}
+	return QuantizeFP8Weight(W, rows, cols)
+}
+
+func TestFP8PanelsEqualFP8Linear(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	cases := []struct{ rows, cols int }{{64, 128}, {200, 384}, {512, 1024}, {1, 256}}
+	ws := make([]*FP8Weight, len(cases))
+	for i, c := range cases {
+		ws[i] = randFP8(rng, c.rows, c.cols)
+	}
+	xs := make([][]float32, len(cases))
+	for i, c := range cases {
+		xs[i] = bf16Vec(rng, c.cols, 3)
+		xs[i][5] = 0
+		if c.cols > 200 {
+			for k := 128; k < 256; k++ { // a block of tiny activations: small block scale
+				xs[i][k] *= 1e-6
+			}
+		}
+	}
+	eachPath(t, func(t *testing.T) {
+		for i, w := range ws {
+			want := make([]float32, w.Rows)
+			FP8Linear(want, xs[i], w)
+			p := PackFP8Weight(w)
+			if !p.exact {
+				t.Fatalf("case %d: ordinary weight not marked exact", i)
+			}
+			got := make([]float32, w.Rows)
+			p.Linear(got, xs[i])
+			sameBits(t, "y", got, want)
+		}
+	})
+}
+
+// TestFP8PanelsSpecial: NaN codes, extreme scales and non-finite activations
+// take the reference loop and still agree bit for bit.
+func TestFP8PanelsSpecial(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	nan := randFP8(rng, 128, 256)
+	nan.Codes[77*256+3] = 0x7f
+	quant.DequantFP8Weight(nan.W, nan.Codes, nan.Scale, 128, 256)
+	big := randFP8(rng, 128, 256)
+	big.Scale[1] = 127 + 110 // 2^110: outside the kernel's proven range
+	quant.DequantFP8Weight(big.W, big.Codes, big.Scale, 128, 256)
+	x := bf16Vec(rng, 256, 1)
+	xinf := append([]float32(nil), x...)
+	xinf[9] = float32(math.Inf(1))
+	eachPath(t, func(t *testing.T) {
+		for _, c := range []struct {
+			name string
+			w    *FP8Weight
+			x    []float32
+		}{{"nan code", nan, x}, {"big scale", big, x}, {"inf x", randFP8(rand.New(rand.NewPCG(5, 5)), 128, 256), xinf}} {
+			want := make([]float32, c.w.Rows)
+			FP8Linear(want, c.x, c.w)
+			got := make([]float32, c.w.Rows)
+			PackFP8Weight(c.w).Linear(got, c.x)
+			sameBits(t, c.name, got, want)
+		}
+	})
+	if PackFP8Weight(nan).exact || PackFP8Weight(big).exact {
+		t.Fatal("a NaN code or an extreme scale left the weight marked exact")
+	}
+}
+
+func TestPanelsEqualLinears(t *testing.T) {
+	rng := rand.New(rand.NewPCG(6, 7))
+	const rows, cols = 130, 300
+	bf := bf16Vec(rng, rows*cols, 0.05)
+	f32 := make([]float32, rows*cols)
+	for i := range f32 {
+		f32[i] = float32(rng.NormFloat64() * 0.05) // not bf16 values: stored fp32
+	}
+	x := bf16Vec(rng, cols, 1)
+	xf := make([]float32, cols)
+	for i := range xf {
+		xf[i] = float32(rng.NormFloat64())
+	}
+	eachPath(t, func(t *testing.T) {
+		for _, W := range [][]float32{bf, f32} {
+			p := PackPanels(W, rows, cols)
+			if (p.BF16 != nil) != (&W[0] == &bf[0]) {
+				t.Fatal("PackPanels chose the wrong storage")
+			}
+			for _, in := range [][]float32{x, xf} {
+				want, got := make([]float32, rows), make([]float32, rows)
+				F32Linear(want, in, W, rows, cols)
+				p.Dot(got, in)
+				sameBits(t, "Dot", got, want)
+				BF16Linear(want, in, W, rows, cols)
+				p.Linear(got, in)
+				sameBits(t, "Linear", got, want)
+			}
+		}
+	})
+}
+
+func TestWoAPanelsEqualWoA(t *testing.T) {
+	rng := rand.New(rand.NewPCG(8, 9))
+	const G, R, gd = 4, 96, 256
+	woa := bf16Vec(rng, G*R*gd, 0.05)
+	o := bf16Vec(rng, G*gd, 1)
+	eachPath(t, func(t *testing.T) {
+		want, got := make([]float32, G*R), make([]float32, G*R)
+		WoA(want, o, woa, G, R)
+		PackWoA(woa, G, R, gd).WoA(got, o)
+		sameBits(t, "u", got, want)
+	})
+}
+
+func TestSparseAttnFastEqualsReference(t *testing.T) {
+	eachPath(t, func(t *testing.T) {
+		for _, c := range []struct{ heads, rows, L int }{{64, 700, 640}, {4, 300, 150}, {70, 200, 64}, {8, 50, 13}} {
+			q, kv, idx, sink := attnCase(uint64(c.heads*c.L), c.heads, c.rows, c.L)
+			want, got := make([]float32, len(q)), make([]float32, len(q))
+			lw := SparseAttn(want, q, kv, 512, idx, sink, 0.044194173)
+			lg := SparseAttnFast(got, q, kv, 512, idx, sink, 0.044194173)
+			sameBits(t, "o", got, want)
+			sameBits(t, "lse", lg, lw)
+		}
+	})
+}
+
+// scoreRef is indexer.IndexQK + IndexScore (the indexer imports this package,
+// so the engine tests compare against the indexer itself as well).
+func scoreRef(iq, icache, w []float32, heads, hd int) []float32 {
+	tc := len(icache) / hd
+	score := make([]float32, tc)
+	for j := range score {
+		var sum float32
+		for h := 0; h < heads; h++ {
+			d := quant.BF16Round(dot(iq[h*hd:(h+1)*hd], icache[j*hd:(j+1)*hd]))
+			sum += quant.BF16Round(max(d, 0) * w[h])
+		}
+		score[j] = quant.BF16Round(sum)
+	}
+	return score
+}
+
+func TestIndexScoresFastEqualsReference(t *testing.T) {
+	rng := rand.New(rand.NewPCG(10, 11))
+	const hd = 128
+	mk := func(heads, tc int) (iq, ic, w []float32) {
+		iq, ic, w = bf16Vec(rng, heads*hd, 1), bf16Vec(rng, tc*hd, 1), bf16Vec(rng, heads, 0.1)
+		quant.FQ4(iq, 32)
+		quant.FQ4(ic, 32)
+		return
+	}
+	iq64, ic64, w64 := mk(64, 1000)
+	iq4, ic4, w4 := mk(4, 77)
+	// non-finite rows: a NaN key, a huge key (inf dot products)
+	icNaN := append([]float32(nil), ic64...)
+	icNaN[5*hd+3] = float32(math.NaN())
+	for k := 0; k < hd; k++ {
+		icNaN[9*hd+k] = 3e38
+	}
+	eachPath(t, func(t *testing.T) {
+		for _, c := range []struct {
+			iq, ic, w []float32
+			heads     int
+		}{{iq64, ic64, w64, 64}, {iq4, ic4, w4, 4}, {iq64, icNaN, w64, 64}, {iq64, ic64[:0], w64, 64}} {
+			want := scoreRef(c.iq, c.ic, c.w, c.heads, hd)
+			got := make([]float32, len(want))
+			IndexScoresFast(got, c.iq, c.ic, c.w, c.heads, hd)
+			sameBits(t, "score", got, want)
+		}
+	})
+}

@@ -1,0 +1,323 @@
+package attention
+
+import (
+	"math"
+	"runtime"
+
+	"golang.org/x/sync/errgroup"
+
+	"sparsemla/quant"
+)
+
+// Fast linears. A weight is repacked once ("prepared") into panels of
+// PanelRows consecutive output rows stored column-major inside the panel,
+// panel[k][lane], so that one SIMD lane owns one output row and walks its k in
+// ascending order. Each lane performs exactly the reference's fp32 operations
+// in the reference's order (a rounded product, then a rounded sum; never an
+// FMA), so every output is bit-identical to FP8Linear / BF16Linear /
+// F32Linear, and the result does not depend on how panels are spread over
+// goroutines (each row is computed by one goroutine only).
+
+// PanelRows is the number of output rows of one panel (8 AVX2 registers of 8
+// fp32 lanes).
+const PanelRows = 64
+
+// UseAssembly selects the AVX2 kernels when the CPU has them (the default). Set
+// it to false to run the pure-Go lane loops, which compute the same bits; the
+// tests compare the two. Build with -tags purego to leave the assembly out.
+var UseAssembly = hasAVX2
+
+// HasAssembly reports whether this build and CPU can run the AVX2 kernels.
+func HasAssembly() bool { return hasAVX2 }
+
+func useAsm() bool { return UseAssembly && hasAVX2 }
+
+// parallelFor runs f over [0, n) split into contiguous ranges, one per
+// goroutine (at most GOMAXPROCS of them, none when work is small). Callers only
+// write disjoint outputs per index, so results are independent of the split.
+func parallelFor(n int, work int, f func(lo, hi int)) {
+	workers := min(runtime.GOMAXPROCS(0), n)
+	if workers <= 1 || work < 1<<16 {
+		f(0, n)
+		return
+	}
+	var g errgroup.Group
+	for w := 0; w < workers; w++ {
+		lo, hi := w*n/workers, (w+1)*n/workers
+		g.Go(func() error { f(lo, hi); return nil })
+	}
+	g.Wait()
+}
+
+// FP8Panels is an FP8 weight [Rows, Cols] (E4M3 codes, UE8M0 128×128 block
+// scales) repacked for the fast FP8Linear: Codes is [ceil(Rows/64)][Cols][64]
+// (rows past Rows are zero padding), Scale is the checkpoint's
+// [ceil(Rows/128)][Cols/128] bytes. One byte per weight: no fp32 copy is kept.
+type FP8Panels struct {
+	Rows, Cols int
+	Codes      []uint8
+	Scale      []uint8
+	// exact reports that the kernel's factoring (block sums of qx·E4M3·2^-8,
+	// scaled by 2^(e+8)·s_b at the block end) provably equals the reference:
+	// no NaN code, every scale exponent e in [-90, 100].
+	exact bool
+}
+
+// PackFP8 repacks checkpoint codes [rows, cols] and scale bytes into panels.
+// cols must be a multiple of 128 (as FP8Linear requires).
+func PackFP8(codes, scale []uint8, rows, cols int) *FP8Panels {
+	cb := cols / ActBlock
+	if rows <= 0 || cols <= 0 || cols%ActBlock != 0 || len(codes) != rows*cols || len(scale) != ((rows+127)/128)*cb {
+		panic("attention: PackFP8 shape mismatch")
+	}
+	np := (rows + PanelRows - 1) / PanelRows
+	p := &FP8Panels{Rows: rows, Cols: cols, Codes: make([]uint8, np*cols*PanelRows), Scale: append([]uint8(nil), scale...), exact: true}
+	for _, b := range scale {
+		if e := int(b) - 127; b == quant.UE8M0NaN || e < -90 || e > 100 {
+			p.exact = false
+		}
+	}
+	parallelFor(np, rows*cols, func(lo, hi int) {
+		for pi := lo; pi < hi; pi++ {
+			dst := p.Codes[pi*cols*PanelRows : (pi+1)*cols*PanelRows]
+			for l := 0; l < PanelRows && pi*PanelRows+l < rows; l++ {
+				row := codes[(pi*PanelRows+l)*cols : (pi*PanelRows+l+1)*cols]
+				for k, c := range row {
+					dst[k*PanelRows+l] = c
+				}
+			}
+		}
+	})
+	for _, c := range p.Codes {
+		if c&0x7f == 0x7f { // E4M3 NaN: the fp16 trick would read it as 1.875
+			p.exact = false
+			break
+		}
+	}
+	return p
+}
+
+// PackFP8Weight repacks an FP8Weight (its codes and scales; W is not used).
+func PackFP8Weight(w *FP8Weight) *FP8Panels { return PackFP8(w.Codes, w.Scale, w.Rows, w.Cols) }
+
+// Bytes is the memory the packed weight holds.
+func (p *FP8Panels) Bytes() int64 { return int64(len(p.Codes) + len(p.Scale)) }
+
+// Linear is FP8Linear on the packed weight, bit-identical to it at any
+// GOMAXPROCS: x [Cols] bf16 values, y [Rows] bf16 results,
+//
+//	y[n] = bf16( Σ_b ( Σ_{k∈b} qx[k]·W[n,k] ) · s_b ).
+//
+// The assembly computes each block sum on the unscaled codes (E4M3·2^-8, exact
+// in fp16) and multiplies by the power of two 2^(e+8)·s_b at the block end: all
+// products are exact and no partial sum leaves the normal range, so the sums
+// are the reference's scaled by a power of two. Weights or activations outside
+// that range (NaN codes, extreme scales, non-finite x) take the reference loop.
+func (p *FP8Panels) Linear(y, x []float32) {
+	if len(x) != p.Cols || len(y) != p.Rows {
+		panic("attention: FP8Panels.Linear shape mismatch")
+	}
+	qx := make([]float32, len(x))
+	sx := make([]float32, len(x)/ActBlock)
+	quant.QuantizeActFP8(qx, sx, x, ActBlock)
+	cb := p.Cols / ActBlock
+	np := (p.Rows + PanelRows - 1) / PanelRows
+	asm := useAsm() && p.exact && normalPow2s(sx)
+	parallelFor(np, p.Rows*p.Cols, func(lo, hi int) {
+		var tmp [PanelRows]float32
+		scl := make([]float32, cb)
+		row := make([]float32, p.Cols)
+		codes := make([]uint8, p.Cols)
+		for pi := lo; pi < hi; pi++ {
+			n0 := pi * PanelRows
+			rb := n0 / 128
+			panel := p.Codes[pi*p.Cols*PanelRows : (pi+1)*p.Cols*PanelRows]
+			ok := asm
+			if ok {
+				for b := range scl {
+					scl[b] = quant.Pow2(int(p.Scale[rb*cb+b])-127+8) * sx[b]
+					ok = ok && isNormal(scl[b]) && math.Abs(float64(scl[b])) <= 0x1p100 && math.Abs(float64(scl[b])) >= 0x1p-100
+				}
+			}
+			if ok {
+				fp8Panel64AVX2(&tmp[0], &panel[0], &qx[0], &scl[0], cb)
+				for l := 0; l < PanelRows && n0+l < p.Rows; l++ {
+					y[n0+l] = quant.BF16Round(tmp[l])
+				}
+				continue
+			}
+			// reference loop on the row's exact dequantisation
+			for l := 0; l < PanelRows && n0+l < p.Rows; l++ {
+				for k := range codes {
+					codes[k] = panel[k*PanelRows+l]
+				}
+				quant.DequantFP8Weight(row, codes, p.Scale[rb*cb:(rb+1)*cb], 1, p.Cols)
+				var acc float32
+				for b, s := range sx {
+					var blk float32
+					for k := b * ActBlock; k < (b+1)*ActBlock; k++ {
+						blk += float32(qx[k] * row[k])
+					}
+					acc += float32(blk * s)
+				}
+				y[n0+l] = quant.BF16Round(acc)
+			}
+		}
+	})
+}
+
+func isNormal(f float32) bool {
+	e := math.Float32bits(f) >> 23 & 0xff
+	return e != 0 && e != 0xff
+}
+
+// normalPow2s reports whether every s is a finite, normal power of two.
+func normalPow2s(s []float32) bool {
+	for _, v := range s {
+		if !isNormal(v) || math.Float32bits(v)&0x7fffff != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// Panels is a bf16 or fp32 weight [Rows, Cols] repacked as
+// [ceil(Rows/64)][Cols][64] (rows past Rows are zero padding). Weights whose
+// every value is a bf16 value (weights_proj, wo_a, and the checkpoint's
+// compressor weights) are stored as bf16 bits (BF16 != nil), half the bytes;
+// others as fp32 (F32 != nil). Both widen to the same fp32 values.
+type Panels struct {
+	Rows, Cols int
+	BF16       []uint16
+	F32        []float32
+}
+
+// PackPanels repacks W [rows, cols] (row-major), choosing bf16 storage when it
+// is lossless.
+func PackPanels(W []float32, rows, cols int) *Panels {
+	if rows <= 0 || cols <= 0 || len(W) != rows*cols {
+		panic("attention: PackPanels shape mismatch")
+	}
+	np := (rows + PanelRows - 1) / PanelRows
+	bf := true
+	for _, v := range W {
+		if quant.BF16Round(v) != v || v != v {
+			bf = false
+			break
+		}
+	}
+	p := &Panels{Rows: rows, Cols: cols}
+	if bf {
+		p.BF16 = make([]uint16, np*cols*PanelRows)
+	} else {
+		p.F32 = make([]float32, np*cols*PanelRows)
+	}
+	parallelFor(np, rows*cols, func(lo, hi int) {
+		for pi := lo; pi < hi; pi++ {
+			base := pi * cols * PanelRows
+			for l := 0; l < PanelRows && pi*PanelRows+l < rows; l++ {
+				row := W[(pi*PanelRows+l)*cols : (pi*PanelRows+l+1)*cols]
+				for k, v := range row {
+					if bf {
+						p.BF16[base+k*PanelRows+l] = uint16(math.Float32bits(v) >> 16)
+					} else {
+						p.F32[base+k*PanelRows+l] = v
+					}
+				}
+			}
+		}
+	})
+	return p
+}
+
+// Bytes is the memory the packed weight holds.
+func (p *Panels) Bytes() int64 { return int64(2*len(p.BF16) + 4*len(p.F32)) }
+
+// Dot is F32Linear on the packed weight, bit-identical: y[n] = Σ_k x[k]·W[n,k],
+// fp32, k ascending, no rounding of y. x [Cols], y [Rows].
+func (p *Panels) Dot(y, x []float32) { p.apply(y, x, false) }
+
+// Linear is BF16Linear on the packed weight, bit-identical:
+// y[n] = bf16(Σ_k x[k]·W[n,k]).
+func (p *Panels) Linear(y, x []float32) { p.apply(y, x, true) }
+
+func (p *Panels) apply(y, x []float32, round bool) {
+	if len(x) != p.Cols || len(y) != p.Rows {
+		panic("attention: Panels shape mismatch")
+	}
+	np := (p.Rows + PanelRows - 1) / PanelRows
+	K := p.Cols
+	parallelFor(np, p.Rows*p.Cols, func(lo, hi int) {
+		var tmp [PanelRows]float32
+		for pi := lo; pi < hi; pi++ {
+			base := pi * K * PanelRows
+			switch {
+			case useAsm() && p.BF16 != nil:
+				bf16Panel64AVX2(&tmp[0], &p.BF16[base], &x[0], K)
+			case useAsm():
+				f32Panel64AVX2(&tmp[0], &p.F32[base], &x[0], K)
+			default:
+				tmp = [PanelRows]float32{}
+				for k, xv := range x {
+					o := base + k*PanelRows
+					for l := range tmp {
+						var w float32
+						if p.BF16 != nil {
+							w = quant.BF16ToF32(p.BF16[o+l])
+						} else {
+							w = p.F32[o+l]
+						}
+						tmp[l] += float32(xv * w)
+					}
+				}
+			}
+			n0 := pi * PanelRows
+			for l := 0; l < PanelRows && n0+l < p.Rows; l++ {
+				if round {
+					y[n0+l] = quant.BF16Round(tmp[l])
+				} else {
+					y[n0+l] = tmp[l]
+				}
+			}
+		}
+	})
+}
+
+// WoAPanels is the grouped output projection wo_a [G·R, (H/G)·d] packed per group.
+type WoAPanels struct {
+	Groups, Rank int
+	G            []*Panels
+}
+
+// PackWoA packs wo_a (bf16 values) per group.
+func PackWoA(woa []float32, groups, rank, gd int) *WoAPanels {
+	if len(woa) != groups*rank*gd {
+		panic("attention: PackWoA shape mismatch")
+	}
+	w := &WoAPanels{Groups: groups, Rank: rank}
+	for g := 0; g < groups; g++ {
+		w.G = append(w.G, PackPanels(woa[g*rank*gd:(g+1)*rank*gd], rank, gd))
+	}
+	return w
+}
+
+// Bytes is the memory the packed weight holds.
+func (w *WoAPanels) Bytes() int64 {
+	var n int64
+	for _, g := range w.G {
+		n += g.Bytes()
+	}
+	return n
+}
+
+// WoA is attention.WoA on the packed weight, bit-identical:
+// u[g][r] = bf16(Σ_k o[g][k]·wo_a[g·R+r][k]).
+func (w *WoAPanels) WoA(u, o []float32) {
+	gd := len(o) / w.Groups
+	if len(u) != w.Groups*w.Rank || len(o)%w.Groups != 0 {
+		panic("attention: WoAPanels shape mismatch")
+	}
+	for g, p := range w.G {
+		p.Linear(u[g*w.Rank:(g+1)*w.Rank], o[g*gd:(g+1)*gd])
+	}
+}

@@ -1,0 +1,171 @@
+package attention
+
+import (
+	"math"
+
+	"sparsemla/quant"
+)
+
+// transposeHeads writes q [heads][d] as qT [d][64·ceil(heads/64)] (one lane per
+// head, zero lanes past heads).
+func transposeHeads(q []float32, heads, d int) (qT []float32, lanes int) {
+	lanes = (heads + PanelRows - 1) / PanelRows * PanelRows
+	qT = make([]float32, d*lanes)
+	for h := 0; h < heads; h++ {
+		for k := 0; k < d; k++ {
+			qT[k*lanes+h] = q[h*d+k]
+		}
+	}
+	return qT, lanes
+}
+
+// SparseAttnFast is SparseAttn, bit-identical at any GOMAXPROCS: the same
+// chunked online softmax per head, in the same order, with the two inner loops
+// on SIMD lanes. The logits ℓ_i = f32(q_h·K_i)·τ run with one lane per head
+// (each lane a sequential fp32 dot product, k ascending), the P·V update with
+// one lane per dim (O[k] = O[k]·α, then O[k] += bf16(P_i)·K_i[k], i ascending).
+// Heads are spread over goroutines; each head is computed by one goroutine.
+// Shapes as SparseAttn; d must be a multiple of 64 for the kernels (other d
+// run the reference).
+func SparseAttnFast(o, q, kv []float32, d int, idx []int32, sink []float32, scale float32) (lse []float32) {
+	heads := checkAttn(q, kv, d, idx)
+	if len(o) != len(q) || len(sink) != heads {
+		panic("attention: SparseAttnFast output or sink length mismatch")
+	}
+	if !useAsm() || d%PanelRows != 0 || len(idx) == 0 {
+		return SparseAttn(o, q, kv, d, idx, sink, scale)
+	}
+	L := len(idx)
+	// logits[h*L+i] = f32(q_h·K_i)·τ, −∞ for −1 entries
+	logits := make([]float32, heads*L)
+	qT, lanes := transposeHeads(q, heads, d)
+	parallelFor(L, L*heads*d, func(lo, hi int) {
+		var tmp [PanelRows]float32
+		for i := lo; i < hi; i++ {
+			j := idx[i]
+			for g := 0; g < lanes; g += PanelRows {
+				if j >= 0 {
+					f32Panel64AVX2WithStride(&tmp, qT, g, lanes, kv[int(j)*d:int(j+1)*d])
+				}
+				for l := 0; l < PanelRows && g+l < heads; l++ {
+					s := negInf
+					if j >= 0 {
+						s = float32(tmp[l] * scale)
+					}
+					logits[(g+l)*L+i] = s
+				}
+			}
+		}
+	})
+	lse = make([]float32, heads)
+	parallelFor(heads, heads*L*d, func(lo, hi int) {
+		acc := make([]float32, d)
+		p := make([]float32, AttnChunk)
+		pv := make([]float32, 0, AttnChunk)
+		rows := make([]*float32, 0, AttnChunk)
+		for h := lo; h < hi; h++ {
+			s := logits[h*L : (h+1)*L]
+			m, l := negInf, float32(0)
+			clear(acc)
+			for c0 := 0; c0 < L; c0 += AttnChunk {
+				chunk := idx[c0:min(c0+AttnChunk, L)]
+				cs := s[c0 : c0+len(chunk)]
+				mNew := m
+				for _, v := range cs {
+					mNew = max(mNew, v)
+				}
+				alpha := exp32(m - mNew)
+				var sum float32
+				for i, v := range cs {
+					p[i] = exp32(v - mNew)
+					sum += p[i]
+				}
+				l = float32(l*alpha) + sum
+				pv, rows = pv[:0], rows[:0]
+				for i, j := range chunk {
+					if j >= 0 {
+						pv = append(pv, quant.BF16Round(p[i]))
+						rows = append(rows, &kv[int(j)*d])
+					}
+				}
+				var pp *float32
+				var rp **float32
+				if len(rows) > 0 {
+					pp, rp = &pv[0], &rows[0]
+				}
+				pvChunkAVX2(&acc[0], rp, pp, len(rows), alpha, d)
+				m = mNew
+			}
+			l += exp32(sink[h] - m)
+			oh := o[h*d : (h+1)*d]
+			for k, v := range acc {
+				oh[k] = quant.BF16Round(v / l)
+			}
+			lse[h] = m + log32(l)
+		}
+	})
+	return lse
+}
+
+// f32Panel64AVX2WithStride computes tmp[l] = Σ_k x[k]·qT[k·lanes + g + l] for
+// the 64 lanes starting at g. With lanes = 64 the panel is contiguous;
+// otherwise the lanes are copied out first.
+func f32Panel64AVX2WithStride(tmp *[PanelRows]float32, qT []float32, g, lanes int, x []float32) {
+	if lanes == PanelRows {
+		f32Panel64AVX2(&tmp[0], &qT[0], &x[0], len(x))
+		return
+	}
+	panel := make([]float32, len(x)*PanelRows)
+	for k := range x {
+		copy(panel[k*PanelRows:(k+1)*PanelRows], qT[k*lanes+g:k*lanes+g+PanelRows])
+	}
+	f32Panel64AVX2(&tmp[0], &panel[0], &x[0], len(x))
+}
+
+// IndexScoresFast is the fast path of the indexer's IndexQK followed by
+// IndexScore (indexer.ScoreRows), bit-identical at any GOMAXPROCS:
+//
+//	score[j] = bf16( Σ_h bf16( max(bf16(iq[h]·icache[j]), 0) · w[h] ) )
+//
+// with each dot product a sequential fp32 sum (k ascending) and the head sum in
+// fp32 in head order. The assembly runs one lane per head (64 heads × 128 dims,
+// the V4 indexer); other shapes, and rows whose score is not finite (where the
+// SIMD bf16 rounding of a NaN may differ), run the scalar reference form.
+// score [Tc], iq [heads][hd], icache [Tc][hd], w [heads].
+func IndexScoresFast(score, iq, icache, w []float32, heads, hd int) {
+	if hd <= 0 || heads != len(w) || len(iq) != heads*hd || len(icache) != len(score)*hd {
+		panic("attention: IndexScoresFast shape mismatch")
+	}
+	tc := len(score)
+	asm := useAsm() && heads == PanelRows && hd == 128
+	var iqT []float32
+	if asm {
+		iqT, _ = transposeHeads(iq, heads, hd)
+	}
+	const rowsPerTask = 256
+	parallelFor((tc+rowsPerTask-1)/rowsPerTask, tc*heads*hd, func(lo, hi int) {
+		var terms [PanelRows]float32
+		qk := make([]float32, heads)
+		for t := lo; t < hi; t++ {
+			j0, j1 := t*rowsPerTask, min(tc, (t+1)*rowsPerTask)
+			if asm {
+				indexScore64AVX2(&score[j0], &icache[j0*hd], &iqT[0], &w[0], &terms[0], j1-j0)
+			}
+			for j := j0; j < j1; j++ {
+				if asm {
+					s := quant.BF16Round(score[j])
+					if !math.IsInf(float64(s), 0) && s == s {
+						score[j] = s
+						continue
+					}
+				}
+				BF16Linear(qk, icache[j*hd:(j+1)*hd], iq, heads, hd)
+				var sum float32
+				for h, d := range qk {
+					sum += quant.BF16Round(max(d, 0) * w[h])
+				}
+				score[j] = quant.BF16Round(sum)
+			}
+		}
+	})
+}
