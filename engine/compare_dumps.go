@@ -20,6 +20,9 @@ func Diff(ctx context.Context, cfg *Config, m *Model, a, b Source, tol *Toleranc
 	}
 	steps := intersectSteps(a.Steps(), b.Steps())
 	layers := intersectInts(a.Layers(), b.Layers())
+	if len(steps) == 0 || len(layers) == 0 {
+		return nil, fmt.Errorf("diff %s %s: no decode step and layer in common (A steps %v, B steps %v)", a.Name(), b.Name(), a.Steps(), b.Steps())
+	}
 	rep := newReport(a.Name(), string(Local), m != nil && m.GPURope, steps, layers)
 	rep.Command, rep.Against = "diff", b.Name()
 	for _, p := range steps {

@@ -174,6 +174,9 @@ func (r *Report) WriteText(w io.Writer) {
 			fmt.Fprintf(w, "  tie: step %d layer %d %s: %s\n", sr.Step, sr.Layer, sr.Stage, sr.Reason)
 		}
 	}
+	if r.Referee != nil {
+		defer fmt.Fprintf(w, "referee: reference vs A %s, vs B %s: %s is right\n", r.Referee.A, r.Referee.B, r.Referee.Right)
+	}
 	if r.First == nil {
 		fmt.Fprintln(w, "agree: no stage out of tolerance")
 		return
@@ -189,9 +192,6 @@ func (r *Report) WriteText(w io.Writer) {
 			parts = append(parts, fmt.Sprintf("%s (%s, %s)", in.Name, in.From, in.Status))
 		}
 		fmt.Fprintln(w, "  inputs: "+strings.Join(parts, ", "))
-	}
-	if r.Referee != nil {
-		fmt.Fprintf(w, "referee: reference vs A %s, vs B %s: %s is right\n", r.Referee.A, r.Referee.B, r.Referee.Right)
 	}
 }
 

@@ -167,3 +167,43 @@ func TestDemoCommand(t *testing.T) {
 		}
 	}
 }
+
+// TestReplayPagesAndBadInput: a corrupted scale byte is named down to the page
+// byte (synth writes v4-model1 pages through the kvcache codecs), and a
+// truncated dump is one error line naming the file.
+func TestReplayPagesAndBadInput(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "sb")
+	if code, _, e := rpRun("synth", "--out", dir, "--steps", "6", "--fault", "scale-byte@9,2"); code != 0 {
+		t.Fatal(e)
+	}
+	code, out, e := rpRun("replay", dir)
+	if code != exitDiverged {
+		t.Fatalf("exit %d\n%s%s", code, out, e)
+	}
+	for _, want := range []string{"decode step 9, layer 2, stage kv_cache — FP8 cache", "page bytes: v4-model1 page 0", "scale", "1 bytes in 1 entries differ"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	smd := filepath.Join(dir, "dump.smd")
+	b, err := os.ReadFile(smd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(smd, b[:len(b)/2], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, out, e = rpRun("replay", dir)
+	if code != exitError || strings.Count(strings.TrimSpace(e), "\n") != 0 || !strings.Contains(e, "dump.smd") {
+		t.Fatalf("truncated dump: exit %d, stderr %q\n%s", code, e, out)
+	}
+	ga, gb := filepath.Join("..", "..", "testdata", "official-v4-tiny"), filepath.Join("..", "..", "testdata", "gpu-v4-tiny-long")
+	if _, err := os.Stat(gb); err == nil {
+		if code, _, e := rpRun("diff", ga, gb); code != exitError || !strings.Contains(e, "no decode step") {
+			t.Errorf("diff of dumps with no common step: exit %d, want %d (%s)", code, exitError, e)
+		}
+	}
+	if code, out, e := rpRun("diff", ga, ga); code != exitOK || !strings.Contains(out, "referee: reference vs A agree, vs B agree: both is right") {
+		t.Errorf("diff of the golden with itself: exit %d\n%s%s", code, out, e)
+	}
+}
