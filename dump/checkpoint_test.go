@@ -71,6 +71,18 @@ func TestCheckpointHF(t *testing.T) {
 	if _, err := c.Read("layers.9.attn.wkv.weight"); err == nil {
 		t.Error("missing tensor read")
 	}
+	// inspect / Open see the checkpoint directory as weights by layer.
+	d, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Map.Name != "hf-checkpoint" || len(d.Entries) != 4 {
+		t.Errorf("Open: map %s, %d entries", d.Map.Name, len(d.Entries))
+	}
+	if _, ok := d.Lookup(Key{Step: NoStep, Layer: 1, Stage: "model.layers.1.self_attn.wkv.weight"}, KindWeight); !ok {
+		t.Error("Open: layer-1 weight not indexed")
+	}
+	d.Close()
 	// A shard outside the directory is refused.
 	bad := strings.Replace(idx, `"model-00002-of-00002.safetensors"}`, `"../x.safetensors"}`, 1)
 	if err := os.WriteFile(filepath.Join(dir, "model.safetensors.index.json"), []byte(bad), 0o644); err != nil {
