@@ -20,6 +20,7 @@ type DiagnoseInput struct {
 	In     map[string]Tensor // the stage's inputs (dumped values in local mode)
 	Own    map[string]Tensor // the reference's own stage values at this step
 	Mode   ReplayMode
+	Tol    *Tolerance // the policy in force (nil: the mode's default)
 }
 
 // Diagnose names the kind of a divergence and why, from the stage that failed
@@ -121,7 +122,10 @@ func upstreamInput(d DiagnoseInput) string {
 		return ""
 	}
 	// Propagated: compare the reference's own inputs with the dumped ones.
-	tol := DefaultTolerance()
+	tol := d.Tol
+	if tol == nil {
+		tol = PropagatedTolerance()
+	}
 	for _, name := range d.Def.Inputs {
 		if strings.HasPrefix(name, "prev:") {
 			continue

@@ -272,7 +272,7 @@ func localUnit(m *Model, src Source, u unit, tol *Tolerance) (unitResult, error)
 			status[def.Name] = StatusSkipped
 			continue
 		}
-		ref, err := def.Compute(ctx, in)
+		ref, err := safeCompute(def, ctx, in)
 		if err != nil {
 			sr.Status, sr.Reason = StatusSkipped, "reference: "+err.Error()
 			res.results = append(res.results, sr)
@@ -296,7 +296,7 @@ func localUnit(m *Model, src Source, u unit, tol *Tolerance) (unitResult, error)
 		res.results = append(res.results, sr)
 		if sr.Status == StatusFail && res.first == nil {
 			res.first = Diagnose(DiagnoseInput{
-				Model: m, Src: src, Def: def, Result: sr, Ref: ref, GPU: gpu, In: in, Own: own, Mode: Local,
+				Model: m, Src: src, Def: def, Result: sr, Ref: ref, GPU: gpu, In: in, Own: own, Mode: Local, Tol: tol,
 			})
 		}
 		if def.Name == "kv_cache" {
@@ -319,6 +319,19 @@ func localUnit(m *Model, src Source, u unit, tol *Tolerance) (unitResult, error)
 }
 
 func hasTensor(m map[string]Tensor, name string) bool { _, ok := m[name]; return ok }
+
+// safeCompute runs a stage's Compute on dumped inputs. Compute validates its
+// inputs and returns errors; a panic that slips through on malformed dump data
+// is turned into an error naming the stage, so outside input never crashes a
+// replay.
+func safeCompute(def StageDef, ctx *StepContext, in map[string]Tensor) (t Tensor, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("stage %s failed on the dumped inputs: %v", def.Name, r)
+		}
+	}()
+	return def.Compute(ctx, in)
+}
 
 // judgeStage compares ref with gpu under st and fills sr's status, reason,
 // metrics and severity. in holds the stage's inputs (index_score for sets).
@@ -508,7 +521,7 @@ func propagateLayer(ctx context.Context, m *Model, src Source, steps []int64, la
 			judgeStage(&sr, ref, gpu, in, tol.For(def.Name), judgeCtx{m.GPURope, m.Cfg.WindowSize})
 			ur.results = append(ur.results, sr)
 			if sr.Status == StatusFail && ur.first == nil {
-				ur.first = Diagnose(DiagnoseInput{Model: m, Src: src, Def: def, Result: sr, Ref: ref, GPU: gpu, In: in, Own: outs, Mode: Propagated})
+				ur.first = Diagnose(DiagnoseInput{Model: m, Src: src, Def: def, Result: sr, Ref: ref, GPU: gpu, In: in, Own: outs, Mode: Propagated, Tol: tol})
 			}
 		}
 		out = append(out, ur)

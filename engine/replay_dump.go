@@ -218,10 +218,11 @@ func LoadModel(d *dump.Dump, src Source, weights string) (*Model, error) {
 	}
 	defer st.Close()
 	m := &Model{Cfg: cfg, Weights: map[int]*LayerWeights{}, Rope: map[int]*RopeTable{}}
-	T := cfg.MaxSeqLen
+	T0 := 1 // positions the steps need
 	for _, p := range src.Steps() {
-		T = max(T, int(p)+1)
+		T0 = max(T0, int(p)+1)
 	}
+	T := max(cfg.MaxSeqLen, T0)
 	gpu := map[string]*RopeTable{}
 	for _, name := range []string{"freqs_cis_r0", "freqs_cis_cmp"} {
 		e, ok := d.Lookup(dump.Key{Step: dump.NoStep, Layer: dump.Global, Stage: name}, dump.KindTable)
@@ -238,6 +239,9 @@ func LoadModel(d *dump.Dump, src Source, weights string) (*Model, error) {
 		f, err := rec.Float32()
 		if err != nil {
 			return nil, err
+		}
+		if rec.Shape[0] < T0 {
+			return nil, fmt.Errorf("dump %s: table %s covers positions 0..%d, the dump decodes position %d", d.Path, name, rec.Shape[0]-1, T0-1)
 		}
 		gpu[name] = attention.RopeTableFromCis(f, rec.Shape[0], d.Path+":"+name)
 	}

@@ -287,3 +287,36 @@ func TestDiffReferee(t *testing.T) {
 		}
 	}
 }
+
+// TestReplayMalformedDump: dumped tensors of the wrong shape, dtype or range
+// are divergences of the stage that holds them (and skips downstream), never
+// a panic.
+func TestReplayMalformedDump(t *testing.T) {
+	s, err := Synthesize(SynthOptions{Prefill: 6, Steps: 2, Seed: 13})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		key  StageKey
+		bad  Tensor
+		want string
+	}{
+		{StageKey{6, 0, "q"}, FromF(KindBF16, make([]float32, 3), 3), "shape"},
+		{StageKey{6, 1, "kv_cache"}, FromI(KindI64, make([]int64, 4), 4), "dtype"},
+		{StageKey{7, 2, "topk_idxs"}, FromI(KindI32, []int64{0, 999999, -7}, 3), "shape"},
+		{StageKey{7, 3, "index_topk"}, FromI(KindI64, []int64{5, 5}, 2), "index_topk"},
+	}
+	for _, c := range cases {
+		old := s.Src.Values[c.key]
+		s.Src.Values[c.key] = c.bad
+		rep := replaySynth(t, s)
+		s.Src.Values[c.key] = old
+		d := rep.First
+		if d == nil || d.Step != c.key.Step || d.Layer != c.key.Layer || d.Stage != c.key.Stage {
+			t.Fatalf("%v: first divergence %+v", c.key, d)
+		}
+		if !strings.Contains(d.Text, c.want) {
+			t.Errorf("%v: %q lacks %q", c.key, d.Text, c.want)
+		}
+	}
+}
