@@ -334,6 +334,13 @@ func (d *Dump) addSafetensors(path, rel string, prevFix *[]int) error {
 	}
 	for i, te := range st.Entries {
 		e := Entry{Name: te.Name, DType: te.DType, Shape: te.Shape, NBytes: te.Size, File: path, Record: i, Offset: te.Offset, src: src, fromDT: te.DType}
+		if dt, ok := rawDTypeNote(st.Metadata[te.Name]); ok && (te.DType == U8 || te.DType == I8) {
+			// "float8_e8m0fnu stored as raw uint8 bytes": the writer's own
+			// note of the real dtype (the official-v4-tiny convention).
+			if shape, err := overrideDType(te.DType, te.Shape, dt); err == nil {
+				e.DType, e.Shape = dt, shape
+			}
+		}
 		if err := d.mapTensor(e, rel, prevFix); err != nil {
 			return err
 		}
@@ -380,6 +387,20 @@ func (d *Dump) addNpz(path, rel string, prevFix *[]int) error {
 		}
 	}
 	return nil
+}
+
+// rawDTypeNote parses a safetensors metadata note "<torch dtype> stored as
+// raw ..." naming the real dtype of a tensor stored as bytes.
+func rawDTypeNote(note string) (DType, bool) {
+	name, rest, ok := strings.Cut(note, " stored as raw")
+	if !ok || rest == "" && name == "" {
+		return Invalid, false
+	}
+	dt, ok := ParseDType(name)
+	if !ok || dt.Bits() > 8 {
+		return Invalid, false
+	}
+	return dt, true
 }
 
 // checkLen verifies that n bytes hold r's shape.

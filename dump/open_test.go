@@ -64,6 +64,11 @@ func TestOpenGoldenDir(t *testing.T) {
 	if _, ok := d.Lookup(Key{Step: NoStep, Layer: 0, Stage: "layers.0.attn.wq_a.weight"}, KindWeight); !ok {
 		t.Error("weight layers.0.attn.wq_a.weight not indexed under layer 0")
 	}
+	// The metadata note "float8_e8m0fnu stored as raw uint8 bytes" makes the
+	// U8 scale an e8m0 record.
+	if e, ok := d.Lookup(Key{Step: NoStep, Layer: 0, Stage: "layers.0.attn.wq_a.scale"}, KindWeight); !ok || e.DType != E8M0 || !slices.Equal(e.Shape, []int{1, 2}) {
+		t.Errorf("wq_a.scale entry %+v", e)
+	}
 	if _, ok := d.Lookup(Key{Step: NoStep, Layer: Global, Stage: "freqs_cis_cmp"}, KindTable); !ok {
 		t.Error("freqs_cis_cmp table missing")
 	}
