@@ -15,12 +15,20 @@ func BenchmarkDecodePage(b *testing.B) {
 		page := make([]byte, f.PageBytes())
 		f.EncodePage(page, randRows(rng, 64, f.Dim), RefScaling(l))
 		dst := make([]float32, 64*f.Dim)
-		b.Run(l.String(), func(b *testing.B) {
-			b.SetBytes(int64(f.PageBytes()))
-			for b.Loop() {
-				f.DecodePage(dst, page)
+		for _, fast := range []bool{true, false} {
+			name := "fast/" + l.String()
+			if !fast {
+				name = "reference/" + l.String()
 			}
-		})
+			b.Run(name, func(b *testing.B) {
+				fastDecode = fast
+				defer func() { fastDecode = true }()
+				b.SetBytes(int64(f.PageBytes()))
+				for b.Loop() {
+					f.DecodePage(dst, page)
+				}
+			})
+		}
 	}
 }
 

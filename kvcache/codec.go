@@ -248,16 +248,22 @@ func decodeFP8Tile(dst []float32, codes []byte, b byte, f Format, e, coff, soff 
 // NaN codes, and (when the scale itself is sane) the tightness of the scale.
 func decodeFP8Codes(dst []float32, codes []byte, s float32, scaleOK bool, f Format, e, coff, soff int, faults Faults) Faults {
 	dst = dst[:len(codes)]
-	var maxMag uint8
-	for i, c := range codes {
-		dst[i] = e4m3Value[c] * s
-		maxMag = max(maxMag, c&0x7f)
+	var nan, half bool
+	if fastDecode {
+		nan, half = fp8Fast(dst, codes, s)
+	} else {
+		var maxMag uint8
+		for i, c := range codes {
+			dst[i] = e4m3Value[c] * s
+			maxMag = max(maxMag, c&0x7f)
+		}
+		nan, half = maxMag == 0x7f, maxMag >= e4m3Half
 	}
 	x := scaleExp(s)
 	if !exactExp(x) {
 		quant.BF16RoundSlice(dst)
 	}
-	if maxMag == 0x7f {
+	if nan {
 		first, n := -1, 0
 		for i, c := range codes {
 			if c&0x7f == 0x7f {
@@ -270,7 +276,11 @@ func decodeFP8Codes(dst []float32, codes []byte, s float32, scaleOK bool, f Form
 		off := coff + first
 		faults = append(faults, Fault{Kind: FaultCodeNaN, Entry: e, Offset: off, Loc: f.Locate(off), Bits: uint32(codes[first]),
 			Count: n, Detail: "E4M3 NaN code: no encoder writes it (values are clamped to ±448 first)"})
-	} else if scaleOK && x > FP8FlooredExpMax && maxMag < e4m3Half {
+	} else if scaleOK && x > FP8FlooredExpMax && !half {
+		var maxMag uint8
+		for _, c := range codes {
+			maxMag = max(maxMag, c&0x7f)
+		}
 		faults = append(faults, Fault{Kind: FaultScaleLoose, Entry: e, Offset: soff, Loc: f.Locate(soff), Bits: scaleBits(f, s),
 			Count: 1, Detail: fmt.Sprintf("scale 2^%d but the block's largest |code| is %g < 224: the codes were not written with this scale",
 				x, e4m3Value[maxMag])})
@@ -294,11 +304,15 @@ func decodeFP4Block(dst []float32, packed []byte, b byte, f Format, e, coff, sof
 	}
 	s := quant.DecodeUE8M0(b)
 	var maxMag uint8
-	for i, p := range packed {
-		lo, hi := p&0xf, p>>4
-		dst[2*i] = e2m1Value[lo] * s
-		dst[2*i+1] = e2m1Value[hi] * s
-		maxMag = max(maxMag, lo&7, hi&7)
+	if fastDecode {
+		maxMag = fp4Fast(dst, packed, s)
+	} else {
+		for i, p := range packed {
+			lo, hi := p&0xf, p>>4
+			dst[2*i] = e2m1Value[lo] * s
+			dst[2*i+1] = e2m1Value[hi] * s
+			maxMag = max(maxMag, lo&7, hi&7)
+		}
 	}
 	if !exactExp(x) {
 		quant.BF16RoundSlice(dst[:2*len(packed)])
@@ -355,6 +369,9 @@ func scaleBits(f Format, s float32) uint32 {
 func decodeBF16(dst []float32, src []byte, f Format, e, off int, faults Faults) Faults {
 	n := len(src) / 2
 	dst = dst[:n]
+	if fastDecode && !bf16Fast(dst, src) {
+		return faults
+	}
 	bad, first := 0, -1
 	for i := range dst {
 		h := uint16(src[2*i]) | uint16(src[2*i+1])<<8

@@ -305,3 +305,82 @@ func TestComparePages(t *testing.T) {
 		t.Fatalf("got %+v, want first at %d %v, 2 bytes in 2 entries, 2 masked", d, ropeOff, want)
 	}
 }
+
+// The word-at-a-time decoders give the reference loops' values and faults on
+// clean, corrupted and random pages of every layout.
+func TestFastDecodeMatchesReference(t *testing.T) {
+	if e4m3Hi != e4m3Half {
+		t.Fatalf("e4m3Hi %#x, code of 224 is %#x", e4m3Hi, e4m3Half)
+	}
+	rng := rand.New(rand.NewPCG(13, 14))
+	defer func() { fastDecode = true }()
+	for _, l := range allLayouts {
+		for _, P := range []int{1, 7} {
+			f := testFormat(l, P)
+			for trial := 0; trial < 20; trial++ {
+				page := make([]byte, f.PageBytes())
+				f.EncodePage(page, randRows(rng, P, f.Dim), RefScaling(l))
+				switch trial % 3 {
+				case 1: // a few corrupted bytes
+					for k := 0; k < 1+trial%5; k++ {
+						page[rng.IntN(len(page))] = uint8(rng.IntN(256))
+					}
+				case 2: // random bytes
+					for i := range page {
+						page[i] = uint8(rng.IntN(256))
+					}
+				}
+				var got, want []float32
+				var gotF, wantF Faults
+				for _, fast := range []bool{true, false} {
+					fastDecode = fast
+					dst := make([]float32, P*f.Dim)
+					fs := f.DecodePage(dst, page)
+					if fast {
+						got, gotF = dst, fs
+					} else {
+						want, wantF = dst, fs
+					}
+				}
+				for i := range want {
+					if !sameBits(got[i], want[i]) {
+						t.Fatalf("%v trial %d value %d: fast %g, reference %g", f, trial, i, got[i], want[i])
+					}
+				}
+				if len(gotF) != len(wantF) {
+					t.Fatalf("%v trial %d: fast %d faults, reference %d", f, trial, len(gotF), len(wantF))
+				}
+				for i := range wantF {
+					if gotF[i] != wantF[i] {
+						t.Fatalf("%v trial %d fault %d: fast %v, reference %v", f, trial, i, gotF[i], wantF[i])
+					}
+				}
+			}
+		}
+	}
+}
+
+// Pages of the same values under two scale rules differ in bytes but not in
+// values; CompareValues tells the two apart.
+func TestCompareValues(t *testing.T) {
+	rng := rand.New(rand.NewPCG(15, 16))
+	f := MustFormat(LayoutV4Model1, 0, 8)
+	rows := randRows(rng, 8, 512)
+	for e := 0; e < 8; e++ {
+		quant.FQ8(rows[e*512:e*512+448], 64)
+	}
+	a, b := make([]byte, f.PageBytes()), make([]byte, f.PageBytes())
+	f.EncodePage(a, rows, RefFP8)
+	f.EncodePage(b, rows, SGLangFP8)
+	if f.ComparePages(a, b) == nil {
+		t.Fatal("rules with different floors gave identical bytes; test rows lack floored blocks")
+	}
+	if d := f.CompareValues(a, b); d != nil {
+		t.Fatalf("same values reported different: %v", d)
+	}
+	b[3*Model1DataBytes+100] ^= 0x01
+	d := f.CompareValues(b, a)
+	if d == nil || d.Entry != 3 || d.Dim != 100 || d.Values != 1 || d.Entries != 1 {
+		t.Fatalf("%+v", d)
+	}
+}

@@ -52,3 +52,47 @@ func (f Format) ComparePages(got, want []byte) *ByteDiff {
 	}
 	return d
 }
+
+// ValueDiff is the result of a decoded-value page comparison.
+type ValueDiff struct {
+	Entry, Dim int     // first differing value
+	Got, Want  float32 //
+	Values     int     // differing values in the page
+	Entries    int     // entries with at least one differing value
+}
+
+func (d *ValueDiff) String() string {
+	return fmt.Sprintf("first difference at entry %d dim %d: got %g, want %g; %d values in %d entries differ",
+		d.Entry, d.Dim, d.Got, d.Want, d.Values, d.Entries)
+}
+
+// CompareValues decodes both pages and compares their values (NaN equals NaN,
+// +0 equals -0). Use it when the two pages may come from different encoders:
+// scale rules differ at powers of two (spec §9.4), and re-quantising an FQ8
+// row can halve a block's scale (its |max| rounded down to 224·s), so equal
+// values can have different bytes. In the official model's dumps 4 of 196
+// window/compressed tiles get a different scale byte when quantised from the
+// pre-FQ8 row than from the FQ8 row, with identical values.
+func (f Format) CompareValues(got, want []byte) *ValueDiff {
+	a := make([]float32, f.P*f.Dim)
+	b := make([]float32, f.P*f.Dim)
+	f.DecodePage(a, got)
+	f.DecodePage(b, want)
+	var d *ValueDiff
+	lastEntry := -1
+	for i := range a {
+		if a[i] == b[i] || (a[i] != a[i] && b[i] != b[i]) {
+			continue
+		}
+		e := i / f.Dim
+		if d == nil {
+			d = &ValueDiff{Entry: e, Dim: i % f.Dim, Got: a[i], Want: b[i]}
+		}
+		d.Values++
+		if e != lastEntry {
+			d.Entries++
+			lastEntry = e
+		}
+	}
+	return d
+}
