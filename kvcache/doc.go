@@ -9,12 +9,19 @@
 //     [Format.DecodePage] are bit-exact both ways with the GPU (testdata/kvcache
 //     holds pages made by torch on an H200). Decoding reports structural
 //     [Fault]s with entry, byte offset and field; [Format.ComparePages] names
-//     the first differing byte a kernel reads.
+//     the first differing byte a kernel reads (pad bytes masked), and
+//     [Format.CompareValues] the first differing decoded value (pages from
+//     different encoders can differ in bytes and agree in values, §9.4).
+//     DecodePage runs word-at-a-time decoders (codec_fast.go) beside the
+//     per-value reference loops; tests run both and an element-by-element
+//     decoder under fuzzing.
 //   - Block tables and per-layer caches (table.go, layer.go): slot =
 //     table[pos/B]·B + pos%B; a [LayerCache] holds the window ring, the
 //     compressed rows, the indexer keys and the fp32 compressor state of one
-//     layer (spec §2.2) in pools of any page size, and rebuilds the
-//     reference's kv_cache / kv_state tensors from them.
+//     layer (spec §2.2) in pools of any page size, gathers the rows of an
+//     attention index list in the reference's index space (window slots, then
+//     128 + j, -1 empty), and rebuilds the reference's kv_cache / kv_state
+//     tensors from them.
 //   - Radix prefix cache (radix.go, resume.go): token-keyed, page-aligned, with
 //     lock references, LRU eviction of unlocked leaves, and explicit V4 resume
 //     points: a prefix is only resumable where the window rows and compressor

@@ -209,6 +209,52 @@ func (c *LayerCache) ReferenceKV(p int) (engine.Tensor, []GatherFault, error) {
 	return out, faults, nil
 }
 
+// GatherIndexList decodes the rows an attention index list names at decode
+// step p, in the reference's index space (spec §4, golden key topk_idxs):
+// entry i < Window is window ring slot i (the newest token t ≤ p with
+// t mod Window = i), entry Window+j is compressed row j, -1 is empty (a zero
+// row, as the sparse kernel reads it). dst gets len(idx)·512 values. Faults
+// carry the list position (Index) and the token or row read (Pos).
+func (c *LayerCache) GatherIndexList(dst []float32, idx []int64, p int) ([]GatherFault, error) {
+	if len(dst) < len(idx)*512 {
+		panic("kvcache: GatherIndexList destination too short")
+	}
+	W := c.Geo.Window
+	var out []GatherFault
+	for i, x := range idx {
+		row := dst[i*512 : (i+1)*512]
+		var fs Faults
+		var err error
+		pos := int(x)
+		switch {
+		case x == -1:
+			clear(row)
+			continue
+		case x < 0:
+			return out, fmt.Errorf("index list entry %d: %d is negative (only -1 means empty)", i, x)
+		case x < int64(W):
+			pos = p - ((p-int(x))%W+W)%W
+			if pos < 0 {
+				return out, fmt.Errorf("index list entry %d: window slot %d holds no token at step %d", i, x, p)
+			}
+			fs, err = c.ReadWindow(row, pos)
+		default:
+			pos = int(x) - W
+			if c.Compressed == nil || pos >= (p+1)/c.Spec.Ratio {
+				return out, fmt.Errorf("index list entry %d: compressed row %d is not visible at step %d", i, pos, p)
+			}
+			fs, err = c.ReadCompressed(row, pos)
+		}
+		if err != nil {
+			return out, fmt.Errorf("index list entry %d: %w", i, err)
+		}
+		for _, f := range fs {
+			out = append(out, GatherFault{Index: i, Pos: pos, Fault: f})
+		}
+	}
+	return out, nil
+}
+
 func coffOf(ratio int) int {
 	if ratio == 4 {
 		return 2

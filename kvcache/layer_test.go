@@ -117,6 +117,27 @@ func TestLayerCacheReferenceKVGolden(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
+		// The index list of step 7 in the reference's index space (window slots
+		// 0..7, -1 padding, compressed rows 128+j) gathers the same rows.
+		idx := []int64{0, 5, 7, -1, 128, 129}
+		got := make([]float32, len(idx)*512)
+		if fs, err := c.GatherIndexList(got, idx, 7); err != nil || len(fs) != 0 {
+			t.Fatal(err, fs)
+		}
+		for i, src := range []int{0, 5, 7, -1, 8, 9} {
+			for d := 0; d < 512; d++ {
+				want := float32(0)
+				if src >= 0 {
+					want = l1[src*512+d]
+				}
+				if !sameBits(got[i*512+d], want) {
+					t.Fatalf("ring=%v list entry %d dim %d: %g, want %g", ring, i, d, got[i*512+d], want)
+				}
+			}
+		}
+		if _, err := c.GatherIndexList(got[:512], []int64{130}, 7); err == nil {
+			t.Fatal("compressed row 2 is not visible at step 7")
+		}
 		kv, faults, err := c.ReferenceKV(7)
 		if err != nil || len(faults) != 0 {
 			t.Fatal(err, faults)
