@@ -203,6 +203,9 @@ func Synthesize(opt SynthOptions) (*Synth, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.Dim*cfg.NHeads*cfg.HeadDim*cfg.NLayers > 1<<28 {
+		return nil, fmt.Errorf("synth: preset %q would need several GB of synthetic weights; use the tiny preset", opt.Config)
+	}
 	first, last := int64(opt.Prefill), int64(opt.Prefill+opt.Steps-1)
 	if last >= int64(cfg.MaxSeqLen) {
 		return nil, fmt.Errorf("synth: %d positions exceed max_seq_len %d", last+1, cfg.MaxSeqLen)

@@ -150,7 +150,7 @@ func rpProgress(stderr io.Writer, label string) func(done, total int) {
 
 // fail prints one error line and returns the error exit code.
 func rpFail(stderr io.Writer, cmd string, err error) int {
-	msg := err.Error()
+	msg := strings.TrimPrefix(err.Error(), cmd+": ")
 	var pe *rpParseErr
 	if errors.As(err, &pe) {
 		msg = pe.msg
