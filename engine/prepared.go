@@ -1,0 +1,316 @@
+package engine
+
+import (
+	"fmt"
+	"math"
+	"runtime"
+	"slices"
+
+	"golang.org/x/sync/errgroup"
+
+	"sparsemla/attention"
+	"sparsemla/indexer"
+	"sparsemla/quant"
+)
+
+// PreparedLayer is one layer's attention weights repacked once for the fast
+// decode path (attention.FP8Panels, attention.Panels): FP8 weights as E4M3
+// codes + UE8M0 block scales in 64-row panels (1 byte per weight, no fp32
+// copy), bf16 weights (wo_a, weights_proj) and the compressor projections as
+// bf16 panels (2 bytes per weight; fp32 when a value is not a bf16 value). The
+// small parameters (norms, attn_sink, ape) and the compressors' state machine
+// are shared with the LayerWeights it was made from.
+//
+// PreparedLayer.Step computes exactly what RunStep computes (bit for bit, at
+// any GOMAXPROCS: TestPreparedStepEqualsRunStep), updating the state in place
+// instead of materialising every stage tensor.
+type PreparedLayer struct {
+	Layer, Ratio       int
+	WqA, WqB, Wkv, WoB *attention.FP8Panels
+	WoA                *attention.WoAPanels
+	QNorm, KVNorm      []float32
+	AttnSink           []float32
+
+	Compressor       *attention.Compressor // state machine, pool, row path (r > 0)
+	CmpWkv, CmpWgate *attention.Panels     // its projections
+
+	Indexer            *indexer.Indexer // query path, head weights (r = 4)
+	IWqB               *attention.FP8Panels
+	IWeightsProj       *attention.Panels
+	ICmpWkv, ICmpWgate *attention.Panels
+}
+
+// Prepare repacks the layer's weights. The packed weights are new memory; the
+// fp32 FP8 dequantisations of w are not referenced, so a caller that keeps
+// only the PreparedLayer lets them be collected (the compressors and the
+// indexer struct are shared).
+func Prepare(cfg *Config, w *LayerWeights) *PreparedLayer {
+	p := &PreparedLayer{Layer: w.Layer, Ratio: w.Ratio,
+		WqA: attention.PackFP8Weight(w.WqA), WqB: attention.PackFP8Weight(w.WqB),
+		Wkv: attention.PackFP8Weight(w.Wkv), WoB: attention.PackFP8Weight(w.WoB),
+		WoA:   attention.PackWoA(w.WoA, cfg.OGroups, cfg.OLoraRank, cfg.NHeads*cfg.HeadDim/cfg.OGroups),
+		QNorm: w.QNorm, KVNorm: w.KVNorm, AttnSink: w.AttnSink,
+	}
+	if c := w.Compressor; c != nil {
+		p.Compressor = c
+		p.CmpWkv = attention.PackPanels(c.Wkv, c.Width(), c.Dim)
+		p.CmpWgate = attention.PackPanels(c.Wgate, c.Width(), c.Dim)
+	}
+	if ix := w.Indexer; ix != nil {
+		p.Indexer = ix
+		p.IWqB = attention.PackFP8Weight(ix.WqB)
+		p.IWeightsProj = attention.PackPanels(ix.WeightsProj, ix.NHeads, len(ix.WeightsProj)/ix.NHeads)
+		c := ix.Compressor
+		p.ICmpWkv = attention.PackPanels(c.Wkv, c.Width(), c.Dim)
+		p.ICmpWgate = attention.PackPanels(c.Wgate, c.Width(), c.Dim)
+	}
+	return p
+}
+
+// PackedBytes is the memory of the packed weights (what a replay of many steps
+// keeps per layer besides the small vectors and the fp32 compressor weights
+// the reference state machine shares).
+func (p *PreparedLayer) PackedBytes() int64 {
+	n := p.WqA.Bytes() + p.WqB.Bytes() + p.Wkv.Bytes() + p.WoB.Bytes() + p.WoA.Bytes()
+	for _, q := range []*attention.Panels{p.CmpWkv, p.CmpWgate, p.IWeightsProj, p.ICmpWkv, p.ICmpWgate} {
+		if q != nil {
+			n += q.Bytes()
+		}
+	}
+	if p.IWqB != nil {
+		n += p.IWqB.Bytes()
+	}
+	return n
+}
+
+// Step is one decode step of the layer at position pos (= st.Next when known)
+// from the bf16 attention input x [dim]: it returns y [dim] and advances st in
+// place (window slot pos mod 128 ← kv; compressor and indexer states; at
+// emitting steps the new compressed row and index key appended). The
+// arithmetic is RunStep's, stage for stage:
+//
+//	q_a, cq, q_b, q (HeadRMS, RoPE)      FP8Panels.Linear, RMSNorm, HeadRMS, RoPE
+//	kv                                    FP8Panels.Linear, RMSNorm, RoPE, FQ8
+//	iq, icache, iw, index_score, topk    FP8Panels / Panels, Compressor.StepFrom, IndexScoresFast, topKFast
+//	cmp_* (r > 0)                         Panels.Dot, Compressor.StepFrom
+//	o, o_inv, u, y                        SparseAttnFast, RoPE⁻¹, WoAPanels.WoA, FP8Panels.Linear
+//
+// An error (never a panic) reports a state that does not fit the layer.
+func (p *PreparedLayer) Step(cfg *Config, rope *RopeTable, st *LayerState, x []float32, pos int64) ([]float32, error) {
+	H, D, rd, win := cfg.NHeads, cfg.HeadDim, cfg.RopeHeadDim, cfg.WindowSize
+	eps := float32(cfg.NormEps)
+	r := p.Ratio
+	switch {
+	case len(x) != cfg.Dim:
+		return nil, fmt.Errorf("engine: prepared step layer %d: x has %d values, dim is %d", p.Layer, len(x), cfg.Dim)
+	case st.Ratio != r || st.HeadDim != D || st.Window != win || len(st.KV) < win*D || len(st.KV)%D != 0:
+		return nil, fmt.Errorf("engine: prepared step layer %d: the state does not fit the layer (r = %d, kv %d values)", p.Layer, st.Ratio, len(st.KV))
+	case st.Next != 0 && st.Next != pos:
+		return nil, fmt.Errorf("engine: layer %d: the state is at position %d, the step decodes position %d", p.Layer, st.Next, pos)
+	case pos <= 0 || pos >= int64(rope.T):
+		return nil, fmt.Errorf("engine: layer %d: position %d outside 1 … %d (RoPE table %s)", p.Layer, pos, rope.T-1, rope.Source)
+	case r > 0 && st.Rows() != int(pos/int64(r)):
+		return nil, fmt.Errorf("engine: layer %d: the kv cache has %d compressed rows, position %d needs %d", p.Layer, st.Rows(), pos, pos/int64(r))
+	case r == 4 && len(st.ICache) != st.Rows()*cfg.IndexHeadDim:
+		return nil, fmt.Errorf("engine: layer %d: the index key cache has %d values for %d rows", p.Layer, len(st.ICache), st.Rows())
+	}
+
+	// query path
+	qa := make([]float32, cfg.QLoraRank)
+	p.WqA.Linear(qa, x)
+	cq := make([]float32, len(qa))
+	attention.RMSNorm(cq, qa, p.QNorm, eps)
+	q := make([]float32, H*D)
+	p.WqB.Linear(q, cq)
+	attention.HeadRMS(q, D, eps)
+	for h := 0; h < H; h++ {
+		rope.Apply(q[h*D+D-rd:(h+1)*D], pos)
+	}
+
+	// window K = V
+	kv := make([]float32, D)
+	p.Wkv.Linear(kv, x)
+	attention.RMSNorm(kv, kv, p.KVNorm, eps)
+	rope.Apply(kv[cfg.NopeDim():], pos)
+	quant.FQ8(kv[:cfg.NopeDim()], 64)
+
+	// compressed part of the index list
+	var cmp []int32
+	if r == 4 {
+		sel, err := p.indexerStep(cfg, rope, st, x, cq, pos)
+		if err != nil {
+			return nil, err
+		}
+		cmp = sel
+	} else if r == 128 {
+		cmp = attention.CompressedIdx(pos, r, win)
+	}
+	idx := attention.IndexList(attention.WindowIdx(pos, win), cmp)
+
+	// main compressor, cache write
+	slot := int(pos % int64(win))
+	copy(st.KV[slot*D:(slot+1)*D], kv)
+	if r > 0 {
+		c := p.Compressor
+		a, b := make([]float32, c.Width()), make([]float32, c.Width())
+		p.CmpWkv.Dot(a, x)
+		p.CmpWgate.Dot(b, x)
+		s := c.StepFrom(st.Cmp, a, b, pos, rope)
+		if s.Emitted {
+			st.KV = append(st.KV, s.Out...)
+		}
+	}
+
+	// attention and output
+	o := make([]float32, H*D)
+	attention.SparseAttnFast(o, q, st.KV, D, idx, p.AttnSink, cfg.SoftmaxScale())
+	rope.RopeLast(o, D, pos, true)
+	u := make([]float32, cfg.OGroups*cfg.OLoraRank)
+	p.WoA.WoA(u, o)
+	y := make([]float32, cfg.Dim)
+	p.WoB.Linear(y, u)
+	st.Next = pos + 1
+	return y, nil
+}
+
+// indexerStep runs the indexer of an r = 4 layer (query, compressor, head
+// weights, scores, top-k) and returns index_sel as kv_cache offsets.
+func (p *PreparedLayer) indexerStep(cfg *Config, rope *RopeTable, st *LayerState, x, cq []float32, pos int64) ([]int32, error) {
+	ix := p.Indexer
+	hd := ix.NHeads * ix.HeadDim
+	iqB, iqR, iqH, iq := make([]float32, hd), make([]float32, hd), make([]float32, hd), make([]float32, hd)
+	p.IWqB.Linear(iqB, cq)
+	ix.QueryRoped(iqR, iqB, pos, rope)
+	ix.QueryHad(iqH, iqR)
+	ix.Query(iq, iqH)
+
+	c := ix.Compressor
+	a, b := make([]float32, c.Width()), make([]float32, c.Width())
+	p.ICmpWkv.Dot(a, x)
+	p.ICmpWgate.Dot(b, x)
+	s := c.StepFrom(st.ICmp, a, b, pos, rope)
+	if s.Emitted {
+		if int64(len(st.ICache)/ix.HeadDim) != s.Row {
+			return nil, fmt.Errorf("engine: layer %d: the index key cache has %d rows, the step emits row %d", p.Layer, len(st.ICache)/ix.HeadDim, s.Row)
+		}
+		st.ICache = append(st.ICache, s.Out...)
+	}
+
+	raw, iw := make([]float32, ix.NHeads), make([]float32, ix.NHeads)
+	p.IWeightsProj.Linear(raw, x)
+	ix.Weights(iw, raw)
+
+	tc := len(st.ICache) / ix.HeadDim
+	score := make([]float32, tc)
+	attention.IndexScoresFast(score, iq, st.ICache, iw, ix.NHeads, ix.HeadDim)
+	top := topKFast(score, ix.K(tc))
+	sel := make([]int32, len(top))
+	for i, j := range top {
+		sel[i] = int32(j) + int32(cfg.WindowSize)
+	}
+	return sel, nil
+}
+
+// scoreKey maps (score, row) to a uint64 whose descending order is the
+// reference top-k order (indexer.TopK): larger score first (NaN above every
+// number, −0 = +0), then lower row.
+func scoreKey(s float32, row int) uint64 {
+	var ord uint32
+	switch b := math.Float32bits(s); {
+	case s != s:
+		ord = math.MaxUint32
+	case s == 0:
+		ord = 0x80000000
+	case b>>31 != 0:
+		ord = ^b
+	default:
+		ord = b | 0x80000000
+	}
+	return uint64(ord)<<32 | uint64(^uint32(row))
+}
+
+// topKFast is indexer.TopK's selection (same rows, same order) by radix
+// selection on scoreKey, 16 bits at a time, then a sort of the k selected
+// keys: O(Tc + k log k) instead of a sort of all Tc rows. Keys are distinct
+// (they hold the row), so the selection is unique.
+func topKFast(scores []float32, k int) []int64 {
+	if k < 0 || k > len(scores) || len(scores) > math.MaxUint32 {
+		panic("engine: topKFast k out of range")
+	}
+	cand := make([]uint64, len(scores))
+	for i, s := range scores {
+		cand[i] = scoreKey(s, i)
+	}
+	sel := make([]uint64, 0, k)
+	var hist [1 << 16]int
+	for shift := 48; len(sel) < k && shift >= 0; shift -= 16 {
+		need := k - len(sel)
+		if len(cand) == need {
+			sel = append(sel, cand...)
+			break
+		}
+		clear(hist[:])
+		for _, c := range cand {
+			hist[c>>shift&0xffff]++
+		}
+		t, above := 0xffff, 0
+		for ; above+hist[t] < need; t-- {
+			above += hist[t]
+		}
+		next := cand[:0]
+		for _, c := range cand {
+			switch d := int(c >> shift & 0xffff); {
+			case d > t:
+				sel = append(sel, c)
+			case d == t:
+				next = append(next, c)
+			}
+		}
+		cand = next
+		if shift == 0 { // digit t at shift 0 identifies one key
+			sel = append(sel, cand[:k-len(sel)]...)
+		}
+	}
+	slices.SortFunc(sel, func(a, b uint64) int {
+		if a > b {
+			return -1
+		}
+		return 1
+	})
+	out := make([]int64, len(sel))
+	for i, c := range sel {
+		out[i] = int64(^uint32(c))
+	}
+	return out
+}
+
+// PreparedModel is every layer of a model prepared, with each layer's RoPE
+// table: what a replay of many decode steps keeps (weights packed once, reused
+// by every step).
+type PreparedModel struct {
+	Cfg    *Config
+	Layers []*PreparedLayer
+	Rope   []*RopeTable
+}
+
+// Step runs one attention-path decode step of every layer at position pos:
+// layer l reads xs[l] (its own attention input, as a dump provides it) and
+// advances states[l]; the outputs y[l] are returned. Layers are independent
+// given their inputs, so they run concurrently (at most GOMAXPROCS at a time);
+// each layer's arithmetic is the same at any GOMAXPROCS.
+func (m *PreparedModel) Step(states []*LayerState, xs [][]float32, pos int64) ([][]float32, error) {
+	if len(states) != len(m.Layers) || len(xs) != len(m.Layers) {
+		return nil, fmt.Errorf("engine: prepared model step: %d layers, %d states, %d inputs", len(m.Layers), len(states), len(xs))
+	}
+	ys := make([][]float32, len(m.Layers))
+	var g errgroup.Group
+	g.SetLimit(runtime.GOMAXPROCS(0))
+	for l, pl := range m.Layers {
+		g.Go(func() error {
+			y, err := pl.Step(m.Cfg, m.Rope[l], states[l], xs[l], pos)
+			ys[l] = y
+			return err
+		})
+	}
+	return ys, g.Wait()
+}
