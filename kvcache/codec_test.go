@@ -384,3 +384,30 @@ func TestCompareValues(t *testing.T) {
 		t.Fatalf("%+v", d)
 	}
 }
+
+// For bf16 block maxima the scale rules of spec §9.4 differ only through their
+// floors: |max|/448 of a bf16 value is either exactly a power of two or at
+// least ~2^-8 (relative) away from one, so ceil2-from-bits, log2+ceil after a
+// division and log2+ceil after a multiply by f32(1/448) agree on every
+// positive finite bf16 value whose block is not floored. Checked exhaustively.
+func TestScaleRulesAgreeOnBF16Maxima(t *testing.T) {
+	inv := float32(1.0 / 448)
+	n := 0
+	for h := uint16(1); h < 0x7f80; h++ {
+		a := quant.BF16ToF32(h)
+		if a < 0.0448 { // every floor (1e-4 on amax, 1e-4 on amax/448) is inactive above this
+			continue
+		}
+		ref := quant.BlockScaleExp(quant.ScaleCeil2, a, 448, 1e-4)
+		div := quant.BlockScaleExp(quant.ScaleLog2Ceil, a, 448, 1e-4)
+		fm := quant.BlockScaleExp(quant.ScaleFlashMLA, a, 448, 1e-4)
+		mul := int(math.Ceil(float64(float32(math.Log2(float64(a * inv)))))) // vLLM's Triton expression
+		if ref != div || ref != fm || ref != mul {
+			t.Fatalf("bf16 %#04x = %g: ceil2 %d, log2ceil %d, flashmla %d, vllm %d", h, a, ref, div, fm, mul)
+		}
+		n++
+	}
+	if n < 16000 {
+		t.Fatalf("only %d values checked", n)
+	}
+}
