@@ -300,8 +300,10 @@ func localUnit(m *Model, src Source, u unit, tol *Tolerance) (unitResult, error)
 			})
 		}
 		if def.Name == "kv_cache" {
-			// The GPU's page bytes, when dumped, must encode the same rows.
-			pr, ok, err := pageResult(m, src, u.step, u.layer, ref)
+			// The GPU's page bytes, when dumped, must encode the dumped rows
+			// (teacher-forced like every stage: kv_pages is computed from
+			// the dumped kv_cache).
+			pr, ok, err := pageResult(m, src, u.step, u.layer, gpu, sr.Status)
 			if err != nil {
 				return res, err
 			}

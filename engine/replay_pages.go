@@ -123,9 +123,9 @@ func comparePages(cfg *Config, codec PageCodec, p int64, ref Tensor, pages []Pag
 }
 
 // pageResult compares the dumped pages of (step, layer), if any, with the
-// reference kv_cache and returns the "kv_pages" stage result (ok false when
-// there is nothing to compare).
-func pageResult(m *Model, src Source, p int64, l int, ref Tensor) (StageResult, bool, error) {
+// dumped kv_cache rows (whose own comparison had status kvStatus) and returns
+// the "kv_pages" stage result (ok false when there is nothing to compare).
+func pageResult(m *Model, src Source, p int64, l int, ref Tensor, kvStatus string) (StageResult, bool, error) {
 	ps, ok := src.(PageSource)
 	if !ok || m.Pages == nil {
 		return StageResult{}, false, nil
@@ -136,7 +136,7 @@ func pageResult(m *Model, src Source, p int64, l int, ref Tensor) (StageResult, 
 	}
 	sr := StageResult{Step: p, Layer: l, Stage: "kv_pages", Tol: string(ModeExact), Shape: ref.Shape,
 		Equation: "kv_pages = the GPU's KV page bytes of kv_cache (serving layout), entry by entry",
-		Inputs:   []InputInfo{{Name: "kv_cache", From: FromReference, Status: "unchecked"}}}
+		Inputs:   []InputInfo{{Name: "kv_cache", From: FromDump, Status: inputStatus(kvStatus)}}}
 	d, err := comparePages(m.Cfg, m.Pages, p, ref, pages)
 	if err != nil {
 		return StageResult{}, false, fmt.Errorf("step %d layer %d pages: %w", p, l, err)
@@ -170,4 +170,16 @@ func pageDetail(d DiagnoseInput) string {
 // ("kv_cache" or "kv_cache/<page>").
 func isPageStage(stage string) bool {
 	return stage == "kv_cache" || strings.HasPrefix(stage, "kv_cache/")
+}
+
+// inputStatus maps a stage's comparison status to the status of an input
+// that reads it.
+func inputStatus(st string) string {
+	switch st {
+	case StatusPass, StatusTie:
+		return "matched"
+	case StatusFail:
+		return "diverged"
+	}
+	return "unchecked"
 }

@@ -85,6 +85,14 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 				if rep, err = engine.Replay(context.Background(), m, src, engine.ReplayOptions{}); err == nil {
 					rep.WriteText(stdout)
 				}
+				if err == nil && r.fault != nil {
+					// How the error grows: the reference's own chain, which
+					// never saw the fault, against the dump.
+					var prop *engine.Report
+					if prop, err = engine.Replay(context.Background(), m, src, engine.ReplayOptions{Mode: engine.Propagated}); err == nil {
+						fmt.Fprintf(stdout, "   $ sparsemla replay --mode propagated %s\n   %s\n", out, growth(prop))
+					}
+				}
 			}
 		}
 		d.Close()
@@ -94,4 +102,37 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintln(stdout, "\nTry: sparsemla synth --out DIR --fault KIND@step,layer (sparsemla synth --help lists the faults), then sparsemla replay DIR [--json] or sparsemla report DIR --html out.html")
 	return exitOK
+}
+
+// growth summarises a propagated replay: which (step, layer) units and how
+// many stages are out of tolerance.
+func growth(r *engine.Report) string {
+	type unit struct {
+		step  int64
+		layer int
+	}
+	n := map[unit]int{}
+	var order []unit
+	for _, s := range r.Results {
+		if s.Status != engine.StatusFail {
+			continue
+		}
+		u := unit{s.Step, s.Layer}
+		if n[u] == 0 {
+			order = append(order, u)
+		}
+		n[u]++
+	}
+	if len(order) == 0 {
+		return "propagated: the reference chain stays within tolerance"
+	}
+	msg := fmt.Sprintf("propagated: %d stages out of tolerance in", r.Summary.Fail)
+	for i, u := range order {
+		if i == 6 {
+			msg += fmt.Sprintf(" … (%d units)", len(order))
+			break
+		}
+		msg += fmt.Sprintf(" step %d/layer %d (%d)", u.step, u.layer, n[u])
+	}
+	return msg + ": the fault's effect persists in later steps through the cache"
 }
