@@ -87,6 +87,7 @@ type Writer struct {
 	n       int // frames written
 	records int // tensor frames written
 	err     error
+	meta    bytes.Buffer
 }
 
 type entryID struct {
@@ -128,10 +129,14 @@ func (w *Writer) frame(m *frameMeta, data []byte) error {
 	if w.err != nil {
 		return w.err
 	}
-	meta, err := msgpack.Marshal(m)
-	if err != nil {
+	// Sorted map keys: the same records always give the same bytes.
+	w.meta.Reset()
+	enc := msgpack.NewEncoder(&w.meta)
+	enc.SetSortMapKeys(true)
+	if err := enc.Encode(m); err != nil {
 		return fmt.Errorf("dump: encoding frame %d: %w", w.n, err)
 	}
+	meta := w.meta.Bytes()
 	if len(meta) > MaxMetaLen {
 		return fmt.Errorf("dump: frame %d meta is %d bytes (limit %d)", w.n, len(meta), MaxMetaLen)
 	}

@@ -291,3 +291,58 @@ def hook_modules(model, dumper, rules):
                         dumper.dump(st, squeeze(out), layer=layer)
                 handles.append(mod.register_forward_hook(post))
     return handles
+
+
+# -- reading ----------------------------------------------------------------
+_TORCH_OF = {v: k for k, v in _DTYPES.items()}
+
+
+def _decode(meta, data):
+    """Tensor of a tensor frame (CPU). fp4 comes back as float4_e2m1fn_x2
+    (last dim halved) when torch has it, else as packed uint8 bytes."""
+    name, shape = meta["dtype"], list(meta["shape"])
+    if name == "fp4":
+        packed = shape[:-1] + [shape[-1] // 2] if shape else []
+        t = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+        t = t.reshape(packed)
+        return t.view(_FP4) if _FP4 is not None else t
+    dt = _TORCH_OF.get(name)
+    if dt is None:
+        raise ValueError("sparsemla_capture: unknown dtype %r" % (name,))
+    if not data:
+        return torch.empty(shape, dtype=dt)
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dt).reshape(shape)
+
+
+def read(path):
+    """Read a native dump file: returns (header, records, prefix_hits, complete)
+    where records is a list of (meta, tensor) in file order and complete says
+    whether the end frame was present. For checking captures from Python; the
+    Go reader (sparsemla inspect) is the validating one."""
+    with open(path, "rb") as f:
+        b = f.read()
+    if b[:8] != MAGIC:
+        raise ValueError("%s: not a sparsemla dump" % path)
+    (version,) = struct.unpack_from("<I", b, 8)
+    if version != VERSION:
+        raise ValueError("%s: format version %d, this reader knows %d" % (path, version, VERSION))
+    off, header, records, prefix, complete = 12, None, [], [], False
+    while off < len(b):
+        (ml,) = struct.unpack_from("<I", b, off)
+        meta = msgpack.unpackb(b[off + 4: off + 4 + ml], raw=False)
+        off += 4 + ml
+        n = meta.get("nbytes", 0)
+        data = b[off: off + n]
+        if len(data) != n:
+            raise ValueError("%s: record at offset %d truncated" % (path, off))
+        off += n
+        t = meta.get("t")
+        if t == "header":
+            header = meta["header"]
+        elif t == "tensor":
+            records.append((meta, _decode(meta, data)))
+        elif t == "prefix":
+            prefix.append(meta["prefix"])
+        elif t == "end":
+            complete = True
+    return header, records, prefix, complete

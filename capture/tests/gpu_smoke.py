@@ -143,4 +143,34 @@ except Exception as e:  # older safetensors: no e8m0
     save_file(st, os.path.join(out, "st_ref.safetensors"), metadata={"producer": "safetensors.torch"})
 import safetensors  # noqa: E402
 print("safetensors", safetensors.__version__)
+
+# Python reader: our own capture, and the Go-written golden of every dtype.
+from sparsemla_capture import read  # noqa: E402
+hdr, recs, hits, complete = read(os.path.join(out, "capture_smoke.smd"))
+byk = {(m["step"], m["layer"], m["stage"], m["kind"]): t for m, t in recs}
+assert complete and hdr["producer"]["engine"] == "capture-smoke" and hits == [{"request": "r1", "source": "", "tokens": 5}]
+assert byk[(5, -1, "known_bf16", "stage")].tolist() == [1.0, -2.5, 3.140625]
+assert byk[(5, -1, "known_e4m3", "stage")].float().tolist() == [448.0, 1.0, -0.5, 0.001953125]
+assert torch.equal(byk[(5, 0, "cq", "stage")], keep[(5, 0, "cq")].reshape(-1).cpu())
+golden = os.path.join(os.path.dirname(__file__), "..", "..", "testdata", "dump", "native", "all_dtypes.smd")
+hdr, recs, hits, complete = read(golden)
+want = {"f32": [1.5, -2, float("inf")], "f64": [0.25, -3], "bf16": [[3.5, -0.125]], "f16": [65504, -1],
+        "e4m3": [448, 1, -1], "e5m2": [1, float("inf")], "e8m0": [1, 8], "i8": [-1, 5], "i16": [-32768],
+        "i32": [-1, 130], "i64": 1 << 40, "u8": [255, 0], "bool": [True], "empty": []}
+got = {m["name"]: t for m, t in recs}
+for k, v in want.items():
+    t = got[k]
+    if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e8m0fnu):
+        t = t.float()
+    if k == "empty":
+        assert list(t.shape) == [4, 0], t.shape
+        continue
+    assert t.tolist() == v, (k, t.tolist(), v)
+fp4 = got["fp4"]
+print("fp4 read back as", fp4.dtype, list(fp4.shape), "bytes", fp4.view(torch.uint8).tolist())
+assert fp4.view(torch.uint8).tolist() == [0x92, 0x07]
+assert complete and hits == [{"request": "r1", "source": "r0", "tokens": 12}], (complete, hits)
+pg = [m for m, _ in recs if "page" in m][0]["page"]
+assert pg["layout"] == "v4-model1" and pg["block_table"] == [7, 3], pg
+print("python reader: ok (capture + Go golden of", len(recs), "records)")
 print("wrote", sorted(os.listdir(out)), "npz keys", sorted(arrs))
