@@ -222,8 +222,15 @@ GPU RoPE table: {{.R.GPURope}}. Stages compared {{.R.Summary.Compared}}: {{.R.Su
 {{if .R.First.Detail}}<ul>{{range .R.First.Detail}}<li>{{.}}</li>{{end}}</ul>{{end}}
 <p>inputs: {{range .R.First.Inputs}}<code>{{.Name}}</code> ({{.From}}, {{.Status}}) {{end}}</p></div>
 {{else}}<div class="verdict agree"><b>agree</b>: no stage out of tolerance</div>{{end}}
-{{if .Heat}}<h2>Error by layer x step</h2><img src="{{.Heat}}" alt="heatmap">{{end}}
-<h2>Per-stage metrics</h2><div class="plots">{{range .Plots}}<img src="{{.}}" alt="stage plot">{{end}}</div>
+{{if .Heat}}<h2>Error by layer x step</h2><img src="{{.Heat}}" alt="heatmap">
+<p>Colour: the worst stage severity of the (step, layer): 0 (blue) bit-identical, below 1 within tolerance, 1 and above (red) out of tolerance.</p>{{end}}
+<h2>Stages</h2>
+<table><tr><th>stage</th><th>tol</th><th>compared</th><th>fail</th><th>tie</th><th>worst severity</th><th>at</th></tr>
+{{range .Sums}}<tr{{if .Fail}} class="fail"{{else if .Tie}} class="tie"{{end}}><td>{{.Stage}}</td><td>{{.Tol}}</td><td>{{.Compared}}</td><td>{{.Fail}}</td><td>{{.Tie}}</td><td>{{printf "%.3g" .Worst}}</td><td>{{.WorstAt}}</td></tr>{{end}}
+</table>
+<h2>Per-stage metrics over the steps</h2>
+{{if .Identical}}<p>Bit-identical at every step and layer: {{range $i, $s := .Identical}}{{if $i}}, {{end}}<code>{{$s}}</code>{{end}}.</p>{{end}}
+<div class="plots">{{range .Plots}}<img src="{{.}}" alt="stage plot">{{end}}</div>
 <h2>Out-of-tolerance and tied stages</h2>
 <table><tr><th>step</th><th>layer</th><th>stage</th><th>status</th><th>tol</th><th>reason</th></tr>
 {{range .Bad}}<tr class="{{.Status}}"><td>{{.Step}}</td><td>{{.Layer}}</td><td>{{.Stage}}</td><td>{{.Status}}</td><td>{{.Tol}}</td><td>{{.Reason}}</td></tr>{{end}}
@@ -240,17 +247,18 @@ func (r *Report) WriteHTML(w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	var stages []string
-	seen := map[string]bool{}
-	for _, s := range r.Results {
-		if !seen[s.Stage] && s.Metrics != nil {
-			seen[s.Stage] = true
-			stages = append(stages, s.Stage)
-		}
-	}
+	sums := r.stageSummaries()
 	var plots []template.URL
-	for _, st := range stages {
-		u, _, err := r.stagePlot(st)
+	var identical []string
+	for _, ss := range sums {
+		if ss.Worst == 0 {
+			identical = append(identical, ss.Stage)
+			continue
+		}
+		if !ss.hasMetrics {
+			continue
+		}
+		u, _, err := r.stagePlot(ss.Stage)
 		if err != nil {
 			return err
 		}
@@ -269,9 +277,56 @@ func (r *Report) WriteHTML(w io.Writer) error {
 	}
 	t := template.Must(template.New("report").Parse(htmlTemplate))
 	return t.Execute(w, struct {
-		R     *Report
-		Heat  template.URL
-		Plots []template.URL
-		Bad   []StageResult
-	}{r, heat, plots, bad})
+		R         *Report
+		Heat      template.URL
+		Plots     []template.URL
+		Bad       []StageResult
+		Sums      []stageSummary
+		Identical []string
+	}{r, heat, plots, bad, sums, identical})
+}
+
+// stageSummary is one row of the report's per-stage table.
+type stageSummary struct {
+	Stage      string
+	Tol        string
+	Compared   int
+	Fail, Tie  int
+	Worst      float64 // largest severity
+	WorstAt    string  // "step P layer L"
+	hasMetrics bool
+}
+
+// stageSummaries lists the stages in first-seen (replay) order, worst first.
+func (r *Report) stageSummaries() []stageSummary {
+	idx := map[string]int{}
+	var out []stageSummary
+	for _, s := range r.Results {
+		if s.Status != StatusPass && s.Status != StatusFail && s.Status != StatusTie {
+			continue
+		}
+		i, ok := idx[s.Stage]
+		if !ok {
+			i = len(out)
+			idx[s.Stage] = i
+			out = append(out, stageSummary{Stage: s.Stage, Tol: s.Tol})
+		}
+		ss := &out[i]
+		ss.Compared++
+		ss.hasMetrics = ss.hasMetrics || s.Metrics != nil
+		switch s.Status {
+		case StatusFail:
+			ss.Fail++
+		case StatusTie:
+			ss.Tie++
+		}
+		if s.Severity > ss.Worst || ss.WorstAt == "" {
+			if s.Severity > ss.Worst {
+				ss.Worst = s.Severity
+			}
+			ss.WorstAt = fmt.Sprintf("step %d layer %d", s.Step, s.Layer)
+		}
+	}
+	sort.SliceStable(out, func(a, b int) bool { return out[a].Worst > out[b].Worst })
+	return out
 }
