@@ -1,6 +1,7 @@
 package dump
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
@@ -101,8 +102,8 @@ type stEntryJSON struct {
 // It checks every entry's dtype, shape, byte count and bounds, and that no two
 // entries overlap.
 func ParseSafetensorsHeader(hdr []byte, dataSize int64) (*Safetensors, error) {
-	var raw map[string]json.RawMessage
-	if err := json.Unmarshal(hdr, &raw); err != nil {
+	raw, err := jsonObject(hdr)
+	if err != nil {
 		return nil, fmt.Errorf("header JSON at offset 8: %w", err)
 	}
 	st := &Safetensors{Metadata: map[string]string{}, byName: map[string]int{}}
@@ -304,4 +305,43 @@ func readAt(r io.ReaderAt, b []byte, off int64) error {
 		err = io.ErrUnexpectedEOF
 	}
 	return err
+}
+
+// jsonObject decodes a JSON object into its members, rejecting duplicate
+// keys (encoding/json would silently keep the last one).
+func jsonObject(b []byte) (map[string]json.RawMessage, error) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	tok, err := dec.Token()
+	if err != nil {
+		return nil, err
+	}
+	if d, ok := tok.(json.Delim); !ok || d != '{' {
+		return nil, fmt.Errorf("want a JSON object, got %v", tok)
+	}
+	out := map[string]json.RawMessage{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, err
+		}
+		key, ok := tok.(string)
+		if !ok {
+			return nil, fmt.Errorf("want an object key, got %v", tok)
+		}
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return nil, fmt.Errorf("member %q: %w", key, err)
+		}
+		if _, dup := out[key]; dup {
+			return nil, fmt.Errorf("duplicate tensor name %q", key)
+		}
+		out[key] = v
+	}
+	if _, err := dec.Token(); err != nil {
+		return nil, err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, fmt.Errorf("data after the header object")
+	}
+	return out, nil
 }

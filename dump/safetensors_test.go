@@ -256,6 +256,8 @@ func TestSafetensorsBadInput(t *testing.T) {
 		{"overlap", stFile(`{"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"b":{"dtype":"U8","shape":[2],"data_offsets":[1,3]}}`, 3), "overlaps"},
 		{"no shape", stFile(`{"a":{"dtype":"U8","data_offsets":[0,0]}}`, 0), "missing shape"},
 		{"bad metadata", stFile(`{"__metadata__":{"a":1}}`, 0), "__metadata__"},
+		{"duplicate", stFile(`{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"a":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}}`, 2), `duplicate tensor name "a"`},
+		{"not an object", stFile(`[1, 2]`, 0), "want a JSON object"},
 	}
 	for _, c := range cases {
 		_, err := NewSafetensors(bytes.NewReader(c.file), int64(len(c.file)), "bad.safetensors")
