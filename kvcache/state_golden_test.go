@@ -55,7 +55,7 @@ func TestStatePoolMatchesGPUState(t *testing.T) {
 	get := goldenF32(t)
 	for _, c := range []struct {
 		name, layer, prefix, ape string
-		ratio, d             int
+		ratio, d                 int
 	}{
 		{"main r=4", "L1", "cmp", "L1.ape", 4, 512},
 		{"indexer r=4", "L1", "icmp", "L1.iape", 4, 128},
