@@ -52,6 +52,7 @@ type node struct {
 	key      []int32          // tokens, a whole number of pages (empty for the root)
 	vals     []int64          // one value (KV slot) per token
 	start    int              // absolute position of key[0]
+	endPos   int              // start + len(key); never changes, so Handle.End needs no lock
 	lock     int
 	last     uint64           // access tick (LRU)
 	seq      uint64           // creation order (tie-break)
@@ -60,18 +61,20 @@ type node struct {
 	dead     bool
 }
 
-func (n *node) end() int { return n.start + len(n.key) }
+func (n *node) end() int { return n.endPos }
 
 // Handle names a node of the cache (the end of a matched or inserted prefix).
 // It stays valid across node splits; after the node is evicted Lock fails.
 type Handle struct{ n *node }
 
 // End is the number of tokens of the prefix the handle ends (0 for the root).
+// Safe to call concurrently with cache operations (a node's end never moves:
+// a split gives the prefix to a new parent).
 func (h Handle) End() int {
 	if h.n == nil {
 		return 0
 	}
-	return h.n.end()
+	return h.n.endPos
 }
 
 // NewRadixCache returns an empty cache matching pageSize tokens at a time.
@@ -109,7 +112,7 @@ func (c *RadixCache) commonPages(a, b []int32) int {
 func (c *RadixCache) split(n *node, l int) *node {
 	c.seq++
 	p := &node{parent: n.parent, children: map[string]*node{}, key: n.key[:l:l], vals: n.vals[:l:l],
-		start: n.start, lock: n.lock, last: n.last, seq: c.seq, window: n.window}
+		start: n.start, endPos: n.start + l, lock: n.lock, last: n.last, seq: c.seq, window: n.window}
 	for at, s := range n.snaps {
 		if at <= n.start+l {
 			if p.snaps == nil {
@@ -162,7 +165,7 @@ func (c *RadixCache) Insert(tokens []int32, vals []int64, snaps []Snapshot) (exi
 	if pos < n {
 		c.seq++
 		leaf := &node{parent: cur, children: map[string]*node{}, key: append([]int32(nil), tokens[pos:n]...),
-			vals: append([]int64(nil), vals[pos:n]...), start: pos, last: c.tick, seq: c.seq, window: true}
+			vals: append([]int64(nil), vals[pos:n]...), start: pos, endPos: n, last: c.tick, seq: c.seq, window: true}
 		cur.children[pageKey(leaf.key[:c.page])] = leaf
 		c.nodes++
 		c.evictable += n - pos
@@ -521,6 +524,8 @@ func (c *RadixCache) CheckInvariants() error {
 			err = fmt.Errorf("node at %d has %d values for %d tokens", n.start, len(n.vals), len(n.key))
 		case n.parent.children[pageKey(n.key[:c.page])] != n:
 			err = fmt.Errorf("node at %d is not keyed by its first page", n.start)
+		case n.endPos != n.start+len(n.key):
+			err = fmt.Errorf("node [%d, %d) records end %d", n.start, n.start+len(n.key), n.endPos)
 		case n.start != n.parent.end():
 			err = fmt.Errorf("node starts at %d, parent ends at %d", n.start, n.parent.end())
 		case n.lock < 0 || (n.parent != c.root && n.parent.lock < n.lock):
