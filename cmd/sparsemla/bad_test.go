@@ -695,14 +695,14 @@ func writeBadCorpus(t *testing.T, dir string) map[string][]byte {
 			`"b": {"dtype": "BF16", "shape": [2], "data_offsets": [4, 8]}}`, x8),
 		"st_shape_overflow.safetensors": safetensorsRaw(`{"q": {"dtype": "BF16", "shape": [4294967296, 4294967296, 4294967296], "data_offsets": [0, 8]}}`, x8),
 		// npy
-		"bad_magic.npy":     append([]byte("\x93NUMPZ\x01\x00"), x8...),
+		"bad_magic.npy":      append([]byte("\x93NUMPZ\x01\x00"), x8...),
 		"npy_claims_1tb.npy": npyRaw(1, "{'descr': '<u2', 'fortran_order': False, 'shape': (549755813888,), }\n", x8),
-		"npy_fortran.npy":   npyRaw(1, "{'descr': '<u2', 'fortran_order': True, 'shape': (4,), }\n", x8),
+		"npy_fortran.npy":    npyRaw(1, "{'descr': '<u2', 'fortran_order': True, 'shape': (4,), }\n", x8),
 		"npy_big_endian.npy": npyRaw(1, "{'descr': '>u2', 'fortran_order': False, 'shape': (4,), }\n", x8),
 		"npy_hlen_huge.npy":  append(append([]byte("\x93NUMPY\x02\x00"), 0xff, 0xff, 0xff, 0x7f), x8...),
 		// name maps
-		"map_bad_json.map.json":   []byte(`{"name": "x", "files": [`),
-		"map_bad_regexp.map.json": []byte(`{"name": "x", "files": [{"file": "^step_(?P<step>\\d+$", "rules": [{"match": ".*"}]}]}`),
+		"map_bad_json.map.json":     []byte(`{"name": "x", "files": [`),
+		"map_bad_regexp.map.json":   []byte(`{"name": "x", "files": [{"file": "^step_(?P<step>\\d+$", "rules": [{"match": ".*"}]}]}`),
 		"map_unknown_kind.map.json": []byte(`{"name": "x", "files": [{"file": ".*", "kind": "sideways", "rules": [{"match": ".*"}]}]}`),
 		// configs
 		"config_bad_json.json": []byte(`{"dim": 256, "n_heads": `),
