@@ -480,3 +480,36 @@ func TestRadixConcurrentStress(t *testing.T) {
 		t.Fatalf("accounting after releasing everything: %+v", u)
 	}
 }
+
+// V4-Flash (spec §1): 43 layers [0, 0, 4, 128, …, 4, 128, 4]: 21 C4, 20 C128.
+func TestScheduleSizesV4Flash(t *testing.T) {
+	ratios := []int{0, 0}
+	for len(ratios) < 43 {
+		ratios = append(ratios, 4, 128)
+	}
+	ratios = ratios[:43]
+	c4, c128 := 0, 0
+	for _, r := range ratios {
+		switch r {
+		case 4:
+			c4++
+		case 128:
+			c128++
+		}
+	}
+	if c4 != 21 || c128 != 20 {
+		t.Fatalf("schedule has %d C4 and %d C128 layers", c4, c128)
+	}
+	sz := Schedule{Window: 128, Ratios: ratios}.Sizes(LayoutV4Model1, LayoutIndexerFP8)
+	// spec §8.5: 21·(584/4 + 132/4) + 20·584/128 = 3850.25 bytes per token.
+	if sz.PrefixBytesPerToken != 3851 {
+		t.Fatalf("prefix bytes per token %d, want ⌈3850.25⌉", sz.PrefixBytesPerToken)
+	}
+	// 43 × 584 = 25,112 bytes of window rows per token (43 × 128 × 584 ≈ 3.2 MB per window).
+	if sz.WindowBytesPerToken != 43*584 {
+		t.Fatalf("window bytes per token %d", sz.WindowBytesPerToken)
+	}
+	if sz.SnapshotBytes != 21*(16384+4096) {
+		t.Fatalf("snapshot bytes %d", sz.SnapshotBytes)
+	}
+}

@@ -1,6 +1,9 @@
 package kvcache
 
-import "fmt"
+import (
+	"fmt"
+	"math"
+)
 
 // Schedule is what a model caches per layer, as far as resuming from a prefix
 // is concerned: the sliding window and the compress ratio of every layer
@@ -70,4 +73,36 @@ type ResumeRefusal struct {
 
 func (r *ResumeRefusal) Error() string {
 	return fmt.Sprintf("kvcache: prefix of %d tokens is cached but not resumable: %s", r.At, r.Reason)
+}
+
+// Sizes returns the byte costs of caching under this schedule with the given
+// layouts (main KV rows and indexer keys), for RadixCache accounting:
+//
+//	PrefixBytesPerToken = Σ_{r>0} kvEntry/r + Σ_{r=4} indexEntry/4   (rounded up)
+//	WindowBytesPerToken = layers · kvEntry
+//	SnapshotBytes       = Σ_{r>0} fp32 state of the tokens a resume at a
+//	                      page boundary needs: r = 4: the 4-token halo, of
+//	                      which the next row reads only the A halves (kv and
+//	                      score, d channels each): 4·2·512·4 B = 16 KiB (main)
+//	                      + 4·2·128·4 B = 4 KiB (indexer), tools-and-formats
+//	                      §3.4; r = 128: nothing at a 128-aligned boundary.
+//
+// With V4-Flash's schedule, MODEL1 and the FP8 indexer this gives spec §8.5's
+// ≈ 3,850 bytes per token of prefix.
+func (s Schedule) Sizes(kv, index Layout) Sizes {
+	kvb := MustFormat(kv, 512, 1).EntryBytes()
+	ib := MustFormat(index, 128, 1).EntryBytes()
+	var prefix float64
+	sz := Sizes{WindowBytesPerToken: len(s.Ratios) * kvb}
+	for _, r := range s.Ratios {
+		if r > 0 {
+			prefix += float64(kvb) / float64(r)
+		}
+		if r == 4 {
+			prefix += float64(ib) / 4
+			sz.SnapshotBytes += 4*2*512*4 + 4*2*128*4
+		}
+	}
+	sz.PrefixBytesPerToken = int(math.Ceil(prefix))
+	return sz
 }
