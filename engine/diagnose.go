@@ -5,6 +5,7 @@ import (
 	"math"
 	"strings"
 
+	"sparsemla/attention"
 	"sparsemla/quant"
 )
 
@@ -174,6 +175,21 @@ func diagnoseAttention(d DiagnoseInput, div *Divergence) {
 		}
 	}
 	inputs := "its inputs (q, kv_cache, topk_idxs) matched the reference"
+	if line := indexListSummary(d); line != "" {
+		div.Detail = append(div.Detail, line)
+	}
+	if why, lines, ok := diagnoseSplits(d, div.Heads); ok {
+		div.Detail = append(div.Detail, lines...)
+		if len(scaled) > 0 && len(other) == 0 {
+			why += fmt.Sprintf("; heads %v are the reference times a constant: the combine's LSE or sink term is wrong", div.Heads)
+			div.Detail = append(div.Detail, scaled...)
+		} else {
+			div.Detail = append(div.Detail, other...)
+			div.Detail = append(div.Detail, scaled...)
+		}
+		div.Why = inputs + "; " + why
+		return
+	}
 	switch {
 	case len(div.Heads) == 0:
 		div.Why = inputs + "; " + d.Result.Reason
@@ -545,4 +561,111 @@ func diagnoseIndexList(d DiagnoseInput, div *Divergence) {
 	}
 	div.Kind = KindCompressor
 	div.Why = fmt.Sprintf("compressed part of the index list differs (HCA: 128 + 0..Tc-1, Tc = (p+1) div %d): %s", r, d.Result.Reason)
+}
+
+// indexListSummary describes the index list the attention read.
+func indexListSummary(d DiagnoseInput) string {
+	idx, ok := d.In["topk_idxs"]
+	if !ok || idx.Kind.IsFloat() {
+		return ""
+	}
+	W := d.Model.Cfg.WindowSize
+	win, cmp := 0, 0
+	var rows []int64
+	for i, v := range idx.I {
+		switch {
+		case v < 0:
+		case i < W:
+			win++
+		default:
+			cmp++
+			if len(rows) < 8 {
+				rows = append(rows, v-int64(W))
+			}
+		}
+	}
+	s := fmt.Sprintf("index list: %d entries, %d valid window keys, %d compressed rows", len(idx.I), win, cmp)
+	if cmp > 0 {
+		s += fmt.Sprintf(" (first: %v)", rows)
+	}
+	return s
+}
+
+// diagnoseSplits uses split-K partials the dump holds beside o (stages
+// split_bounds [S+1] = offsets into topk_idxs, o_split/<s> [H, D] and
+// lse_split/<s> [H], FlashMLA's per-split output and base-2 LSE without the
+// sink): each split is recomputed from the dumped q, kv_cache and its slice of
+// the index list; if every split matches, the GPU's partials are merged the
+// reference way (attention.MergePartials) to tell a combine bug from a split
+// bug. ok is false when the dump has no partials.
+func diagnoseSplits(d DiagnoseInput, heads []int) (why string, lines []string, ok bool) {
+	p, l := d.Result.Step, d.Result.Layer
+	bt, has, err := d.Src.Stage(p, l, "split_bounds")
+	if err != nil || !has || bt.Kind.IsFloat() || len(bt.I) < 2 {
+		return "", nil, false
+	}
+	q, okq := d.In["q"]
+	kv, okk := d.In["kv_cache"]
+	idx, oki := d.In["topk_idxs"]
+	if !okq || !okk || !oki {
+		return "", nil, false
+	}
+	for i := 1; i < len(bt.I); i++ {
+		if bt.I[i] < bt.I[i-1] || bt.I[0] != 0 || bt.I[len(bt.I)-1] != int64(len(idx.I)) {
+			return "", []string{fmt.Sprintf("split_bounds %v do not cover the %d-entry index list", bt.I, len(idx.I))}, false
+		}
+	}
+	cfg := d.Model.Cfg
+	H, D := cfg.NHeads, cfg.HeadDim
+	ref := SplitPartials(cfg, q, kv, idx, bt.I)
+	gpuParts := make([]attentionPartial, len(ref))
+	outTol := DefaultTolerance().For("o")
+	lseTol := DefaultTolerance().For("lse")
+	for s := range ref {
+		o, ok1, _ := d.Src.Stage(p, l, fmt.Sprintf("o_split/%d", s))
+		lse, ok2, _ := d.Src.Stage(p, l, fmt.Sprintf("lse_split/%d", s))
+		if !ok1 || !ok2 || len(o.F) != H*D || len(lse.F) != H {
+			return "", nil, false
+		}
+		gpuParts[s] = attentionPartial{O: o.F, LSE2: lse.F}
+		mo := CompareFloat(FromF(KindF32, ref[s].O, H, D), FromF(KindF32, o.F, H, D), outTol, true)
+		ml := CompareFloat(FromF(KindF32, ref[s].LSE2, H), FromF(KindF32, lse.F, H), lseTol, true)
+		okO, whyO := outTol.Judge(mo, true)
+		okL, whyL := lseTol.Judge(ml, true)
+		if !okO || !okL {
+			msg := fmt.Sprintf("split %d (index entries %d..%d) already differs:", s, bt.I[s], bt.I[s+1]-1)
+			if !okO {
+				msg += " partial output " + whyO
+			}
+			if !okL {
+				msg += " partial LSE " + whyL
+			}
+			return msg + " — the split kernel, not the combine", lines, true
+		}
+		lines = append(lines, fmt.Sprintf("split %d (index entries %d..%d): partial output and LSE match the reference", s, bt.I[s], bt.I[s+1]-1))
+	}
+	// The reference o runs the kernel-faithful chunked softmax (P rounded
+	// to bf16 for P·V); a merge of fp32 partials differs from it in the low
+	// bits, so "reproduces o" means within tolerance or far closer to the
+	// reference than the GPU's o is.
+	merged := mergeGPUPartials(d, gpuParts)
+	mm := CompareFloat(d.Ref, merged, outTol, true)
+	okM, _ := outTol.Judge(mm, true)
+	if gpuCos := CosDiff(d.Ref.F, d.GPU.F); okM || mm.CosDiff*100 < gpuCos {
+		lines = append(lines, fmt.Sprintf("merged GPU partials vs reference o: cos_diff %.3g; GPU o vs reference o: cos_diff %.3g", mm.CosDiff, gpuCos))
+		return fmt.Sprintf("every split-K partial matches the reference, and merging them the reference way gives the reference o, but the GPU's o differs in heads %v: the split-K combine (merge) is wrong", heads), lines, true
+	}
+	return "every split-K partial matches the reference, but merging them does not reproduce o: the index list was split differently from split_bounds", lines, true
+}
+
+// attentionPartial is attention.Partial (kept local to name its use here).
+type attentionPartial = attention.Partial
+
+// mergeGPUPartials merges dumped partials with the reference combine
+// (attention.MergePartials: base-2 LSE, sink folded in) into a bf16 o.
+func mergeGPUPartials(d DiagnoseInput, parts []attentionPartial) Tensor {
+	cfg := d.Model.Cfg
+	o := make([]float32, cfg.NHeads*cfg.HeadDim)
+	attention.MergePartials(o, parts, d.Model.Weights[d.Result.Layer].AttnSink, cfg.HeadDim)
+	return FromF(KindBF16, o, cfg.NHeads, cfg.HeadDim)
 }

@@ -377,6 +377,17 @@ func (g *gpuRun) layerStep(p int64, l int, x Tensor, prev map[string]Tensor) (ma
 			copy(out.F[(cfg.WindowSize+j)*cfg.HeadDim:], g.lateRow)
 		}
 		vals[def.Name] = out
+		if def.Name == "o" {
+			// The GPU's split-K partials (FlashMLA form), dumped beside o.
+			if bounds := SplitBounds(in["topk_idxs"].I); bounds != nil {
+				parts := SplitPartials(cfg, in["q"], in["kv_cache"], in["topk_idxs"], bounds)
+				vals["split_bounds"] = FromI(KindI64, bounds, len(bounds))
+				for i, pt := range parts {
+					vals[fmt.Sprintf("o_split/%d", i)] = FromF(KindF32, pt.O, cfg.NHeads, cfg.HeadDim)
+					vals[fmt.Sprintf("lse_split/%d", i)] = FromF(KindF32, pt.LSE2, cfg.NHeads)
+				}
+			}
+		}
 	}
 	if p == 0 {
 		vals["y"] = NewF(KindBF16, cfg.Dim)
@@ -398,20 +409,11 @@ func (g *gpuRun) inject(ctx *StepContext, name string, out Tensor, in map[string
 	switch g.fault.Kind {
 	case FaultSplitK, FaultLSE:
 		q, kv, idx := in["q"], in["kv_cache"], in["topk_idxs"]
-		var valid []int32
-		for _, v := range idx.I {
-			if v >= 0 {
-				valid = append(valid, int32(v))
-			}
-		}
-		if len(valid) < 2 {
+		bounds := SplitBounds(idx.I)
+		if bounds == nil {
 			return Tensor{}, fmt.Errorf("fault %s: fewer than 2 keys", g.fault)
 		}
-		half := len(valid) / 2
-		parts := []attention.Partial{
-			attention.SparseAttnPartial(q.F, kv.F, D, valid[:half], cfg.SoftmaxScale()),
-			attention.SparseAttnPartial(q.F, kv.F, D, valid[half:], cfg.SoftmaxScale()),
-		}
+		parts := SplitPartials(cfg, q, kv, idx, bounds)
 		if g.fault.Kind == FaultLSE {
 			noSink := make([]float32, cfg.NHeads)
 			for i := range noSink {
@@ -509,4 +511,45 @@ func (g *gpuRun) inject(ctx *StepContext, name string, out Tensor, in map[string
 		return bad, nil
 	}
 	return Tensor{}, fmt.Errorf("fault %s: unknown kind", g.fault)
+}
+
+// SplitBounds splits an index list into the two split-K pieces synth dumps:
+// [0, h) and [h, len) where h is the list position after which half of the
+// valid (non −1) entries have been seen, so both splits hold keys. nil when
+// fewer than two entries are valid.
+func SplitBounds(idx []int64) []int64 {
+	valid := 0
+	for _, v := range idx {
+		if v >= 0 {
+			valid++
+		}
+	}
+	if valid < 2 {
+		return nil
+	}
+	seen := 0
+	for i, v := range idx {
+		if v >= 0 {
+			seen++
+		}
+		if seen == valid/2 {
+			return []int64{0, int64(i + 1), int64(len(idx))}
+		}
+	}
+	return nil
+}
+
+// SplitPartials computes the split-K partials of sparse attention over the
+// pieces topk_idxs[bounds[s]:bounds[s+1]] (attention.SparseAttnPartial:
+// FlashMLA's per-split output and base-2 LSE, no sink).
+func SplitPartials(cfg *Config, q, kv, idx Tensor, bounds []int64) []attention.Partial {
+	var parts []attention.Partial
+	for s := 0; s+1 < len(bounds); s++ {
+		sub := make([]int32, 0, bounds[s+1]-bounds[s])
+		for _, v := range idx.I[bounds[s]:bounds[s+1]] {
+			sub = append(sub, int32(v))
+		}
+		parts = append(parts, attention.SparseAttnPartial(q.F, kv.F, cfg.HeadDim, sub, cfg.SoftmaxScale()))
+	}
+	return parts
 }

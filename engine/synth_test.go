@@ -1,9 +1,12 @@
 package engine
 
 import (
+	"fmt"
+
 	"context"
 	"errors"
 	"math/rand/v2"
+	"sparsemla/attention"
 	"strings"
 	"testing"
 )
@@ -62,6 +65,17 @@ func faultPositions(cfg *Config, kind FaultKind, first, last int64) []Fault {
 	return out
 }
 
+// faultWhy is what the diagnosis of each fault must say.
+var faultWhy = map[FaultKind]string{
+	FaultSplitK:      "the split-K combine (merge) is wrong",
+	FaultLSE:         "times a constant",
+	FaultFP8Scale:    "scale rounded the other way",
+	FaultScaleByte:   "scale byte reads",
+	FaultTopK:        "not a boundary tie",
+	FaultStalePrefix: "a stale page from that request",
+	FaultCmpLate:     "did not emit it at its emission step",
+}
+
 // TestSynthFaultsFound injects every fault kind at seeded random positions and
 // checks that the local replay names exactly the injected step, layer and
 // stage, with the fault's diagnosis kind.
@@ -100,13 +114,48 @@ func TestSynthFaultsFound(t *testing.T) {
 				t.Fatalf("%s (seed %d): got step %d layer %d stage %s kind %q; want step %d layer %d stage %s kind %q\n%s",
 					f, seed, d.Step, d.Layer, d.Stage, d.Kind, f.Step, f.Layer, f.Stage(), f.Diagnosis(), d.Text)
 			}
-			if !strings.HasPrefix(d.Text, "first divergence: decode step ") {
-				t.Fatalf("%s: text %q", f, d.Text)
+			if !strings.HasPrefix(d.Text, "first divergence: decode step ") || !strings.Contains(d.Why, faultWhy[kind]) {
+				t.Fatalf("%s: text %q, want it to say %q", f, d.Text, faultWhy[kind])
 			}
 			t.Logf("%s: %s", f, d.Text)
 		}
 		if found == 0 {
 			t.Fatalf("%s: no visible injection in 20 tries", kind)
 		}
+	}
+}
+
+// TestReplaySplitKernel: when a dumped split-K partial itself differs (and o
+// was merged from it), the diagnosis names the split, not the combine.
+func TestReplaySplitKernel(t *testing.T) {
+	s, err := Synthesize(SynthOptions{Prefill: 6, Steps: 3, Seed: 21})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const p, l = 7, 1
+	cfg := s.Cfg
+	H, D := cfg.NHeads, cfg.HeadDim
+	var parts []attentionPartial
+	for i := 0; ; i++ {
+		o, ok := s.Src.Values[StageKey{p, l, fmt.Sprintf("o_split/%d", i)}]
+		if !ok {
+			break
+		}
+		lse := s.Src.Values[StageKey{p, l, fmt.Sprintf("lse_split/%d", i)}]
+		parts = append(parts, attentionPartial{O: append([]float32(nil), o.F...), LSE2: lse.F})
+	}
+	if len(parts) != 2 {
+		t.Fatalf("%d partials dumped, want 2", len(parts))
+	}
+	for k := 0; k < D; k++ { // head 2 of split 1 reads wrong keys: its output flips sign
+		parts[1].O[2*D+k] = -parts[1].O[2*D+k]
+	}
+	s.Src.Values[StageKey{p, l, "o_split/1"}] = FromF(KindF32, parts[1].O, H, D)
+	o := make([]float32, H*D)
+	attention.MergePartials(o, parts, s.Weights[l].AttnSink, D)
+	s.Src.Values[StageKey{p, l, "o"}] = FromF(KindBF16, o, H, D)
+	d := replaySynth(t, s).First
+	if d == nil || d.Step != p || d.Layer != l || d.Stage != "o" || !strings.Contains(d.Why, "split 1") || !strings.Contains(d.Why, "the split kernel") {
+		t.Fatalf("diagnosis %+v", d)
 	}
 }
