@@ -3,6 +3,7 @@ package kvcache
 import (
 	"encoding/binary"
 	"math"
+	"math/rand/v2"
 	"testing"
 
 	"sparsemla/quant"
@@ -40,27 +41,23 @@ func slowDecode(f Format, page []byte, e, d int) float32 {
 	return bf16At(e*2*f.Dim + 2*d)
 }
 
-func fuzzFormat(layout, p uint8) Format {
-	return testFormat(allLayouts[int(layout)%len(allLayouts)], int(p)%5+1)
-}
-
-// FuzzDecodePage: any bytes decode without panicking, every value equals the
+// fuzzDecode: any bytes decode without panicking, every value equals the
 // element-by-element decoder, and every fault points at a byte of its entry
-// whose Location Locate agrees with.
-func FuzzDecodePage(f *testing.F) {
-	for i, l := range allLayouts {
-		fm := testFormat(l, 2)
-		page := make([]byte, fm.PageBytes())
-		fm.EncodePage(page, make([]float32, 2*fm.Dim), RefScaling(l))
-		f.Add(uint8(i), uint8(1), page)
-		for j := range page {
-			page[j] = uint8(j * 37)
-		}
-		f.Add(uint8(i), uint8(1), page)
+// whose Location Locate agrees with. p picks the page size (1..5 entries).
+func fuzzDecode(f *testing.F, l Layout) {
+	fm := testFormat(l, 2)
+	page := make([]byte, fm.PageBytes())
+	fm.EncodePage(page, make([]float32, 2*fm.Dim), RefScaling(l))
+	f.Add(uint8(1), append([]byte(nil), page...))
+	fm.EncodePage(page, randRows(rand.New(rand.NewPCG(1, 1)), 2, fm.Dim), RefScaling(l))
+	f.Add(uint8(1), append([]byte(nil), page...))
+	for j := range page {
+		page[j] = uint8(j * 37)
 	}
-	f.Add(uint8(1), uint8(0), []byte{0xFF, 0x7F, 0x80})
-	f.Fuzz(func(t *testing.T, layout, p uint8, data []byte) {
-		fm := fuzzFormat(layout, p)
+	f.Add(uint8(1), page)
+	f.Add(uint8(0), []byte{0xFF, 0x7F, 0x80})
+	f.Fuzz(func(t *testing.T, p uint8, data []byte) {
+		fm := testFormat(l, int(p)%5+1)
 		page := make([]byte, fm.PageBytes())
 		copy(page, data)
 		dst := make([]float32, fm.P*fm.Dim)
@@ -83,6 +80,12 @@ func FuzzDecodePage(f *testing.F) {
 		}
 	})
 }
+
+func FuzzDecodeModel1(f *testing.F)       { fuzzDecode(f, LayoutV4Model1) }
+func FuzzDecodeV32(f *testing.F)          { fuzzDecode(f, LayoutV32) }
+func FuzzDecodeIndexerFP8(f *testing.F)   { fuzzDecode(f, LayoutIndexerFP8) }
+func FuzzDecodeIndexerMXFP4(f *testing.F) { fuzzDecode(f, LayoutIndexerMXFP4) }
+func FuzzDecodeBF16(f *testing.F)         { fuzzDecode(f, LayoutBF16) }
 
 // FuzzRadixOps interprets the input as an operation sequence on the radix
 // cache and its model (see radixRun.step) and checks every invariant after
