@@ -58,8 +58,13 @@ func Diagnose(d DiagnoseInput) *Divergence {
 	if sr.Metrics != nil && (sr.Metrics.GPUNaN != sr.Metrics.RefNaN || sr.Metrics.GPUInf != sr.Metrics.RefInf || len(sr.Metrics.NonFiniteRows) > 0) {
 		div.Kind = stageKind(sr.Stage)
 		div.Rows = sr.Metrics.NonFiniteRows
-		div.Why = fmt.Sprintf("the GPU output has %d NaN and %d inf where the reference has %d and %d (leading-axis rows %v); inputs matched, so this stage made them",
+		div.Why = fmt.Sprintf("the GPU output has %d NaN and %d inf where the reference has %d and %d (leading-axis rows %v)",
 			sr.Metrics.GPUNaN, sr.Metrics.GPUInf, sr.Metrics.RefNaN, sr.Metrics.RefInf, sr.Metrics.NonFiniteRows)
+		if bad := nonFiniteInputs(d); bad != "" {
+			div.Why += "; the reference inherits non-finite values from its input " + bad
+		} else {
+			div.Why += "; its inputs are finite and matched, so this stage made them"
+		}
 		return div
 	}
 	if sr.Reason != "" && (strings.HasPrefix(sr.Reason, "shape") || strings.HasPrefix(sr.Reason, "dtype")) && sr.Stage != "kv_cache" && sr.Stage != "topk_idxs" {
@@ -668,4 +673,32 @@ func mergeGPUPartials(d DiagnoseInput, parts []attentionPartial) Tensor {
 	o := make([]float32, cfg.NHeads*cfg.HeadDim)
 	attention.MergePartials(o, parts, d.Model.Weights[d.Result.Layer].AttnSink, cfg.HeadDim)
 	return FromF(KindBF16, o, cfg.NHeads, cfg.HeadDim)
+}
+
+// nonFiniteInputs names the first input of the stage holding NaN or inf, with
+// where it came from, or "".
+func nonFiniteInputs(d DiagnoseInput) string {
+	for _, info := range d.Result.Inputs {
+		t, ok := d.In[info.Name]
+		if !ok || !t.Kind.IsFloat() {
+			continue
+		}
+		nan, inf := 0, 0
+		for _, v := range t.F {
+			switch {
+			case v != v:
+				nan++
+			case !finite(v):
+				inf++
+			}
+		}
+		// score_state holds −∞ by design (empty entries); only NaN counts there.
+		if strings.HasSuffix(info.Name, "score_state") {
+			inf = 0
+		}
+		if nan+inf > 0 {
+			return fmt.Sprintf("%s (%s, %s: %d NaN, %d inf)", info.Name, info.From, info.Status, nan, inf)
+		}
+	}
+	return ""
 }

@@ -222,7 +222,10 @@ func LoadModel(d *dump.Dump, src Source, weights string) (*Model, error) {
 	for _, p := range src.Steps() {
 		T0 = max(T0, int(p)+1)
 	}
-	T := max(cfg.MaxSeqLen, T0)
+	if err := checkReplayConfig(cfg, T0); err != nil {
+		return nil, fmt.Errorf("dump %s: %w", d.Path, err)
+	}
+	T := T0 // a computed RoPE table covers the positions the dump decodes
 	gpu := map[string]*RopeTable{}
 	for _, name := range []string{"freqs_cis_r0", "freqs_cis_cmp"} {
 		e, ok := d.Lookup(dump.Key{Step: dump.NoStep, Layer: dump.Global, Stage: name}, dump.KindTable)
@@ -319,4 +322,29 @@ func (s *DumpSource) Pages(step int64, layer int) ([]Page, error) {
 			BlockTable: append([]int(nil), e.Page.BlockTable...), Data: rec.Data})
 	}
 	return out, nil
+}
+
+// Bounds on config values that size a replay's allocations but that no weight
+// shape checks (the weights fix dim, heads, ranks). V4 uses window 128, top-k
+// 512/1024 and at most 2^20 positions; the bounds leave ample room.
+const (
+	maxReplayWindow = 1 << 16
+	maxReplayTopK   = 1 << 20
+	maxReplayPos    = 1 << 24
+)
+
+// checkReplayConfig refuses configs and dumps whose sizes no real model has,
+// before anything is allocated from them.
+func checkReplayConfig(cfg *Config, positions int) error {
+	switch {
+	case cfg.WindowSize > maxReplayWindow:
+		return fmt.Errorf("config window_size = %d exceeds %d (V4 uses 128)", cfg.WindowSize, maxReplayWindow)
+	case cfg.IndexTopK > maxReplayTopK:
+		return fmt.Errorf("config index_topk = %d exceeds %d (V4 uses 512 or 1024)", cfg.IndexTopK, maxReplayTopK)
+	case cfg.MaxSeqLen > maxReplayPos:
+		return fmt.Errorf("config max_seq_len = %d exceeds %d positions", cfg.MaxSeqLen, maxReplayPos)
+	case positions > maxReplayPos:
+		return fmt.Errorf("the dump decodes position %d, beyond %d", positions-1, maxReplayPos)
+	}
+	return nil
 }

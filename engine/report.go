@@ -169,9 +169,17 @@ func (r *Report) WriteText(w io.Writer) {
 	if !r.GPURope {
 		fmt.Fprintln(w, "  (no GPU RoPE table in the dump: RoPE stages allowed one bf16 ulp)")
 	}
+	skipped := 0
 	for _, sr := range r.Results {
-		if sr.Status == StatusTie {
+		switch sr.Status {
+		case StatusTie:
 			fmt.Fprintf(w, "  tie: step %d layer %d %s: %s\n", sr.Step, sr.Layer, sr.Stage, sr.Reason)
+		case StatusSkipped:
+			if skipped == 0 {
+				fmt.Fprintf(w, "  warning: %d stages skipped (an input is not in the dump), first: step %d layer %d %s: %s\n",
+					s.Skipped, sr.Step, sr.Layer, sr.Stage, sr.Reason)
+			}
+			skipped++
 		}
 	}
 	if r.Referee != nil {

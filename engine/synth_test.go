@@ -1,14 +1,14 @@
 package engine
 
 import (
-	"fmt"
-
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
-	"sparsemla/attention"
 	"strings"
 	"testing"
+
+	"sparsemla/attention"
 )
 
 // replaySynth replays a synthetic dump in local mode.
