@@ -30,6 +30,19 @@
 //     GPU served from a prefix hit with the rows this request should have, and
 //     names the first stale or foreign row.
 //
+// # Using it in a replay
+//
+//	f, _ := kvcache.NewFormat(layout, 0, pageSize)   // layout parsed from the dump's id
+//	pool, err := kvcache.WrapPool(f, pageBytes, blockTable) // sizes checked, no copy
+//	faults, err := pool.Gather(rows, indexList)       // rows + faults naming entry/byte
+//	d := f.CompareValues(gpuPage, refPage)            // or ComparePages for bytes
+//	stale, err := kvcache.VerifyPrefixHit(hit, gpuRows, ownRows, otherRequests)
+//
+// A LayerCache does the same for one layer's window, compressed rows, indexer
+// keys and compressor state, and rebuilds the reference's kv_cache and
+// kv_state/score_state tensors (ReferenceKV, StatePool.Reference) for a direct
+// comparison with the dumped ones.
+//
 // # Shapes and axis order
 //
 // Row-major, innermost last (PyTorch order). A decoded page is [P, Dim] fp32

@@ -3,8 +3,6 @@ package kvcache
 import (
 	"fmt"
 	"math"
-
-	"sparsemla/engine"
 )
 
 // Geometry is how an engine pages the caches of one layer (spec §2.2,
@@ -175,38 +173,40 @@ func (c *LayerCache) ReadIndex(dst []float32, j int) (Faults, error) {
 // (spec §2.2, golden key L<l>.kv_cache): bf16 [128 + Tc, 512] (r > 0) or
 // [128, 512] (r = 0), Tc = (p+1) div r. Row s < 128 holds the newest token
 // t ≤ p with t mod 128 = s (zeros when no such token exists); row 128+j holds
-// compressed row j. Faults of every decoded entry are returned with the row.
-func (c *LayerCache) ReferenceKV(p int) (engine.Tensor, []GatherFault, error) {
+// compressed row j. The tensor is returned row-major with its row count (the
+// package stays below engine, which may import it). Faults of every decoded
+// entry are returned with the row.
+func (c *LayerCache) ReferenceKV(p int) (kv []float32, rows int, faults []GatherFault, err error) {
 	W := c.Geo.Window
 	tc := 0
 	if c.Spec.Ratio > 0 {
 		tc = (p + 1) / c.Spec.Ratio
 	}
-	out := engine.NewF(engine.KindBF16, W+tc, 512)
-	var faults []GatherFault
+	rows = W + tc
+	kv = make([]float32, rows*512)
 	for s := 0; s < W; s++ {
 		t := p - ((p-s)%W+W)%W // newest t ≤ p with t ≡ s (mod W)
 		if t < 0 {
 			continue
 		}
-		fs, err := c.ReadWindow(out.F[s*512:(s+1)*512], t)
+		fs, err := c.ReadWindow(kv[s*512:(s+1)*512], t)
 		if err != nil {
-			return out, faults, fmt.Errorf("kv_cache row %d: %w", s, err)
+			return kv, rows, faults, fmt.Errorf("kv_cache row %d: %w", s, err)
 		}
 		for _, f := range fs {
 			faults = append(faults, GatherFault{Index: s, Pos: t, Fault: f})
 		}
 	}
 	for j := 0; j < tc; j++ {
-		fs, err := c.ReadCompressed(out.F[(W+j)*512:(W+j+1)*512], j)
+		fs, err := c.ReadCompressed(kv[(W+j)*512:(W+j+1)*512], j)
 		if err != nil {
-			return out, faults, fmt.Errorf("kv_cache row %d: %w", W+j, err)
+			return kv, rows, faults, fmt.Errorf("kv_cache row %d: %w", W+j, err)
 		}
 		for _, f := range fs {
 			faults = append(faults, GatherFault{Index: W + j, Pos: j, Fault: f})
 		}
 	}
-	return out, faults, nil
+	return kv, rows, faults, nil
 }
 
 // GatherIndexList decodes the rows an attention index list names at decode
@@ -292,6 +292,9 @@ func NewStatePool(ratio, d, tokensPerPage, maxTokens int) *StatePool {
 // Width is coff·D, the width of a_t and of s_t.
 func (s *StatePool) Width() int { return coffOf(s.Ratio) * s.D }
 
+// Rows is coff·r, the number of rows of the reference kv_state / score_state.
+func (s *StatePool) Rows() int { return coffOf(s.Ratio) * s.Ratio }
+
 // Row returns token t's state row (a_t and s_t, views into the pool).
 func (s *StatePool) Row(t int) (kv, score []float32, err error) {
 	slot, err := s.Table.Slot(t, s.TokensPerPage)
@@ -355,14 +358,15 @@ func (s *StatePool) ReferenceTokens(p int) []int {
 }
 
 // Reference rebuilds the reference kv_state and score_state after decode step
-// p (fp32 [coff·r, coff·D] each, row-major) from the per-token rows.
-func (s *StatePool) Reference(p int) (kv, score engine.Tensor, err error) {
-	rows, w := coffOf(s.Ratio)*s.Ratio, s.Width()
-	kv = engine.NewF(engine.KindF32, rows, w)
-	score = engine.NewF(engine.KindF32, rows, w)
+// p (fp32 [coff·r, coff·D] each, row-major: Rows() × Width()) from the
+// per-token rows.
+func (s *StatePool) Reference(p int) (kv, score []float32, err error) {
+	rows, w := s.Rows(), s.Width()
+	kv = make([]float32, rows*w)
+	score = make([]float32, rows*w)
 	ninf := float32(math.Inf(-1))
 	for i, t := range s.ReferenceTokens(p) {
-		dk, ds := kv.F[i*w:(i+1)*w], score.F[i*w:(i+1)*w]
+		dk, ds := kv[i*w:(i+1)*w], score[i*w:(i+1)*w]
 		if t < 0 {
 			for c := range ds {
 				ds[c] = ninf

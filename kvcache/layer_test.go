@@ -138,12 +138,12 @@ func TestLayerCacheReferenceKVGolden(t *testing.T) {
 		if _, err := c.GatherIndexList(got[:512], []int64{130}, 7); err == nil {
 			t.Fatal("compressed row 2 is not visible at step 7")
 		}
-		kv, faults, err := c.ReferenceKV(7)
+		kv, rows, faults, err := c.ReferenceKV(7)
 		if err != nil || len(faults) != 0 {
 			t.Fatal(err, faults)
 		}
-		if kv.Shape[0] != 130 || kv.Shape[1] != 512 {
-			t.Fatalf("shape %v", kv.Shape)
+		if rows != 130 || len(kv) != 130*512 {
+			t.Fatalf("%d rows, %d values", rows, len(kv))
 		}
 		for r := 0; r < 130; r++ {
 			src := -1
@@ -158,8 +158,8 @@ func TestLayerCacheReferenceKVGolden(t *testing.T) {
 				if src >= 0 {
 					want = l1[src*512+d]
 				}
-				if !sameBits(kv.F[r*512+d], want) {
-					t.Fatalf("ring=%v kv_cache[%d][%d] = %g, want %g", ring, r, d, kv.F[r*512+d], want)
+				if !sameBits(kv[r*512+d], want) {
+					t.Fatalf("ring=%v kv_cache[%d][%d] = %g, want %g", ring, r, d, kv[r*512+d], want)
 				}
 			}
 		}
@@ -250,16 +250,16 @@ func TestStateReference(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if kv.Shape[0] != 8 || kv.Shape[1] != 4 {
-		t.Fatalf("shape %v", kv.Shape)
+	if s.Rows() != 8 || s.Width() != 4 || len(kv) != 32 {
+		t.Fatalf("shape %d x %d, %d values", s.Rows(), s.Width(), len(kv))
 	}
-	if kv.F[5*4] != 1 || score.F[5*4] != 11 || score.F[6*4] > -1e38 || kv.F[6*4] != 0 {
-		t.Fatalf("rows: kv %v score %v", kv.F, score.F)
+	if kv[5*4] != 1 || score[5*4] != 11 || score[6*4] > -1e38 || kv[6*4] != 0 {
+		t.Fatalf("rows: kv %v score %v", kv, score)
 	}
 	kv, _, _ = s.Reference(5) // rows 0..3 = tokens 0..3, row 4 = 4, row 5 = 5, rows 6,7 = 2,3
 	for i, want := range []float32{0, 1, 2, 3, 4, 5, 2, 3} {
-		if kv.F[i*4] != want {
-			t.Fatalf("row %d holds %g, want token %g", i, kv.F[i*4], want)
+		if kv[i*4] != want {
+			t.Fatalf("row %d holds %g, want token %g", i, kv[i*4], want)
 		}
 	}
 }

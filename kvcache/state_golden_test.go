@@ -97,8 +97,8 @@ func TestStatePoolMatchesGPUState(t *testing.T) {
 				wantSc, _ := get(fmt.Sprintf("step%d.%s.%s_score_state", p, c.layer, c.prefix))
 				// r = 128 dumps hold only the live rows 0 .. p mod 128.
 				for i := 0; i < shape[0]*shape[1]; i++ {
-					if !sameBits(kv.F[i], wantKV[i]) || !sameBits(sc.F[i], wantSc[i]) {
-						t.Fatalf("step %d row %d col %d: kv %g score %g, GPU %g %g", p, i/w, i%w, kv.F[i], sc.F[i], wantKV[i], wantSc[i])
+					if !sameBits(kv[i], wantKV[i]) || !sameBits(sc[i], wantSc[i]) {
+						t.Fatalf("step %d row %d col %d: kv %g score %g, GPU %g %g", p, i/w, i%w, kv[i], sc[i], wantKV[i], wantSc[i])
 					}
 				}
 			}
