@@ -153,6 +153,10 @@ func replayLocal(ctx context.Context, m *Model, src Source, steps []int64, layer
 		}
 	}
 	out := make([]unitResult, len(work))
+	replayed := map[int64]bool{}
+	for _, p := range steps {
+		replayed[p] = true
+	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(runtime.GOMAXPROCS(0))
 	done := make(chan struct{}, len(work))
@@ -161,7 +165,7 @@ func replayLocal(ctx context.Context, m *Model, src Source, steps []int64, layer
 			if err := gctx.Err(); err != nil {
 				return err
 			}
-			r, err := localUnit(m, src, u, opt.Tol)
+			r, err := localUnit(m, src, u, opt.Tol, replayed[u.step-1])
 			if err != nil {
 				return err
 			}
@@ -188,8 +192,9 @@ func replayLocal(ctx context.Context, m *Model, src Source, steps []int64, layer
 // localUnit replays the stages of one layer at one step from dumped inputs.
 //
 // "prev:X" inputs are the dumped X of step p-1 (a full or a state-only dumped
-// step), else the start state when it is valid after p-1.
-func localUnit(m *Model, src Source, u unit, tol *Tolerance) (unitResult, error) {
+// step), else the start state when it is valid after p-1. prevChecked says
+// whether step p-1 is replayed too (its values are then checked there).
+func localUnit(m *Model, src Source, u unit, tol *Tolerance, prevChecked bool) (unitResult, error) {
 	prevStep := u.step - 1
 	var res unitResult
 	ctx := &StepContext{Cfg: m.Cfg, Layer: u.layer, Pos: u.step, W: m.Weights[u.layer], Rope: m.Rope[u.layer]}
@@ -215,7 +220,10 @@ func localUnit(m *Model, src Source, u unit, tol *Tolerance) (unitResult, error)
 					}
 					if ok {
 						t, found = v, true
-						info.From, info.Status = FromPrevDump, "matched"
+						info.From, info.Status = FromPrevDump, "unchecked"
+						if prevChecked {
+							info.Status = "matched" // compared there; an earlier divergence would be reported first
+						}
 					}
 				}
 				if !found {
