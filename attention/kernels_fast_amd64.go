@@ -8,7 +8,7 @@ func cpuid(eaxArg, ecxArg uint32) (eax, ebx, ecx, edx uint32)
 func xgetbv0() (eax, edx uint32)
 
 //go:noescape
-func fp8Panel64AVX2(y *float32, codes *uint8, x *float32, scl *float32, nkb int)
+func fp8Panel64AVX2(y *float32, codes *uint8, x *float32, scl *float32, nkb, kb int)
 
 //go:noescape
 func bf16Panel64AVX2(y *float32, w *uint16, x *float32, k int)

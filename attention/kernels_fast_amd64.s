@@ -27,10 +27,13 @@ TEXT ·xgetbv0(SB), NOSPLIT, $0-8
 	MOVL DX, edx+4(FP)
 	RET
 
-// CODES16 converts 16 E4M3 codes at off(SI) into 16 fp32 values v·2^-8 in
-// (lo, hi) and accumulates x·v into (acclo, acchi), x broadcast in Y8, mask
-// 0xBF80 per word in Y15. fp16 bits = sign<<15 | (code&0x7f)<<7, which is
-// E4M3(code)·2^-8 exactly, subnormals included.
+// CODES16 converts 16 E4M3 codes at off(SI) into 16 fp32 values v·2^-8 and
+// accumulates x·v into (acclo, acchi), x broadcast in Y8, mask 0xBF80 per word
+// in Y15. fp16 bits = sign<<15 | (code&0x7f)<<7, which is E4M3(code)·2^-8
+// exactly, subnormals included. The product of x (an E4M3 or bf16 value) and
+// v has at most 12 significant bits, so it is exact in fp32 and the fused
+// multiply-add rounds once, exactly like the reference's product-then-sum
+// (callers check the operands keep the product in the normal range).
 #define CODES16(off, acclo, acchi) \
 	VPMOVZXBW off(SI), Y9; \
 	VPSLLW $8, Y9, Y9; \
@@ -39,10 +42,8 @@ TEXT ·xgetbv0(SB), NOSPLIT, $0-8
 	VCVTPH2PS X9, Y10; \
 	VEXTRACTI128 $1, Y9, X9; \
 	VCVTPH2PS X9, Y11; \
-	VMULPS Y8, Y10, Y10; \
-	VADDPS Y10, acclo, acclo; \
-	VMULPS Y8, Y11, Y11; \
-	VADDPS Y11, acchi, acchi
+	VFMADD231PS Y8, Y10, acclo; \
+	VFMADD231PS Y8, Y11, acchi
 
 // ACCBLK folds one 128-column block: acc[off] += blk·s.
 #define ACCBLK(off, blk) \
@@ -50,16 +51,18 @@ TEXT ·xgetbv0(SB), NOSPLIT, $0-8
 	VADDPS off(DI), blk, blk; \
 	VMOVUPS blk, off(DI)
 
-// func fp8Panel64AVX2(y *float32, codes *uint8, x *float32, scl *float32, nkb int)
+// func fp8Panel64AVX2(y *float32, codes *uint8, x *float32, scl *float32, nkb, kb int)
 //
 // y[0:64] = Σ_b scl[b] · Σ_{k in block b} x[k]·v[k][lane]   (v = E4M3·2^-8)
-// codes is [nkb·128][64] bytes, x [nkb·128], scl [nkb].
-TEXT ·fp8Panel64AVX2(SB), NOSPLIT, $0-40
+// in fp32, blocks of kb columns; codes is [nkb·kb][64] bytes, x [nkb·kb],
+// scl [nkb].
+TEXT ·fp8Panel64AVX2(SB), NOSPLIT, $0-48
 	MOVQ y+0(FP), DI
 	MOVQ codes+8(FP), SI
 	MOVQ x+16(FP), DX
 	MOVQ scl+24(FP), R8
 	MOVQ nkb+32(FP), CX
+	MOVQ kb+40(FP), R9
 	MOVL $0xBF80BF80, AX
 	MOVD AX, X15
 	VPBROADCASTD X15, Y15
@@ -82,7 +85,7 @@ fp8block:
 	VXORPS Y5, Y5, Y5
 	VXORPS Y6, Y6, Y6
 	VXORPS Y7, Y7, Y7
-	MOVQ $128, BX
+	MOVQ R9, BX
 
 fp8k:
 	VBROADCASTSS (DX), Y8

@@ -7,7 +7,7 @@ package attention
 
 const hasAVX2 = false
 
-func fp8Panel64AVX2(y *float32, codes *uint8, x *float32, scl *float32, nkb int) {
+func fp8Panel64AVX2(y *float32, codes *uint8, x *float32, scl *float32, nkb, kb int) {
 	panic("attention: no assembly kernels in this build")
 }
 

@@ -169,15 +169,47 @@ func TestPanelsEqualLinears(t *testing.T) {
 
 func TestWoAPanelsEqualWoA(t *testing.T) {
 	rng := rand.New(rand.NewPCG(8, 9))
-	const G, R, gd = 4, 96, 256
-	woa := bf16Vec(rng, G*R*gd, 0.05)
+	const G, R, gd = 4, 128, 256
+	bf := bf16Vec(rng, G*R*gd, 0.05) // not FP8-representable: bf16 panels
+	fp8 := randFP8(rng, G*R, gd).W   // dequantised FP8, as convert.py makes wo_a: FP8 panels
 	o := bf16Vec(rng, G*gd, 1)
+	oOdd := append([]float32(nil), o...) // a non-bf16 input: the FP8 path must fall back
+	oOdd[3] = 1.0000001
+	oTiny := append([]float32(nil), o...) // a value whose scaled copy leaves the kernel range
+	oTiny[7] = 0x1p-120
+	if w := PackWoA(bf, G, R, gd); w.FP8 != nil {
+		t.Fatal("random bf16 wo_a packed as FP8")
+	}
+	if w := PackWoA(fp8, G, R, gd); w.FP8 == nil || w.Bytes() != int64(G*R*gd+G*((R+127)/128)*(gd/128)) {
+		t.Fatal("FP8-derived wo_a not packed as FP8 codes")
+	}
 	eachPath(t, func(t *testing.T) {
-		want, got := make([]float32, G*R), make([]float32, G*R)
-		WoA(want, o, woa, G, R)
-		PackWoA(woa, G, R, gd).WoA(got, o)
-		sameBits(t, "u", got, want)
+		for _, woa := range [][]float32{bf, fp8} {
+			p := PackWoA(woa, G, R, gd)
+			for _, in := range [][]float32{o, oOdd, oTiny} {
+				want, got := make([]float32, G*R), make([]float32, G*R)
+				WoA(want, in, woa, G, R)
+				p.WoA(got, in)
+				sameBits(t, "u", got, want)
+			}
+		}
 	})
+}
+
+func TestEncodeFP8Blocks(t *testing.T) {
+	rng := rand.New(rand.NewPCG(12, 13))
+	w := randFP8(rng, 200, 256)
+	codes, scale, ok := EncodeFP8Blocks(w.W, 200, 256)
+	if !ok {
+		t.Fatal("an FP8-derived weight did not re-encode")
+	}
+	dq := make([]float32, len(w.W))
+	quant.DequantFP8Weight(dq, codes, scale, 200, 256)
+	sameBits(t, "dequantised", dq, w.W)
+	w.W[5] = quant.BF16Round(w.W[5] * 1.01) // one bf16 value off the E4M3 grid
+	if _, _, ok := EncodeFP8Blocks(w.W, 200, 256); ok && quant.E4M3(w.W[5]) != w.W[5] {
+		t.Fatal("a value off the E4M3 grid re-encoded")
+	}
 }
 
 func TestSparseAttnFastEqualsReference(t *testing.T) {

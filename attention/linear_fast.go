@@ -120,27 +120,70 @@ func (p *FP8Panels) Linear(y, x []float32) {
 	qx := make([]float32, len(x))
 	sx := make([]float32, len(x)/ActBlock)
 	quant.QuantizeActFP8(qx, sx, x, ActBlock)
+	p.apply(y, qx, sx)
+}
+
+// LinearPlain is BF16Linear on the packed weight — a bf16 GEMM without
+// activation quantisation, for wo_a, which convert.py dequantises from FP8 to
+// bf16 (PackWoA re-encodes it losslessly) — bit-identical:
+//
+//	y[n] = bf16( Σ_k x[k]·W[n,k] )     fp32, k ascending
+//
+// The assembly runs the whole row as one block on x[k]·2^(e+8) (the block's
+// scale moved onto x, exactly) against the unscaled codes: each product is the
+// reference's x[k]·W[n,k] exactly (x bf16, W E4M3-valued: ≤ 12 significant
+// bits). Inputs where that cannot be proven take the reference loop.
+func (p *FP8Panels) LinearPlain(y, x []float32) {
+	if len(x) != p.Cols || len(y) != p.Rows {
+		panic("attention: FP8Panels.LinearPlain shape mismatch")
+	}
+	p.apply(y, x, nil)
+}
+
+// apply computes y from the activation x: with sx, FP8Linear's blockwise form
+// (x = qx, the quantised activation, s_b = sx[b]); with sx == nil,
+// LinearPlain's single sum.
+func (p *FP8Panels) apply(y, x, sx []float32) {
 	cb := p.Cols / ActBlock
 	np := (p.Rows + PanelRows - 1) / PanelRows
-	asm := useAsm() && p.exact && normalPow2s(sx)
+	asm := useAsm() && p.exact
+	if sx != nil {
+		asm = asm && normalPow2s(sx)
+	} else {
+		for _, v := range x {
+			asm = asm && quant.BF16Round(v) == v
+		}
+	}
 	parallelFor(np, p.Rows*p.Cols, func(lo, hi int) {
 		var tmp [PanelRows]float32
 		scl := make([]float32, cb)
+		xs := make([]float32, p.Cols)
 		row := make([]float32, p.Cols)
 		codes := make([]uint8, p.Cols)
+		one := []float32{1}
 		for pi := lo; pi < hi; pi++ {
 			n0 := pi * PanelRows
 			rb := n0 / 128
+			srow := p.Scale[rb*cb : (rb+1)*cb]
 			panel := p.Codes[pi*p.Cols*PanelRows : (pi+1)*p.Cols*PanelRows]
 			ok := asm
-			if ok {
+			if ok && sx != nil {
 				for b := range scl {
-					scl[b] = quant.Pow2(int(p.Scale[rb*cb+b])-127+8) * sx[b]
-					ok = ok && isNormal(scl[b]) && math.Abs(float64(scl[b])) <= 0x1p100 && math.Abs(float64(scl[b])) >= 0x1p-100
+					scl[b] = quant.Pow2(int(srow[b])-127+8) * sx[b]
+					ok = ok && inKernelRange(scl[b])
+				}
+			} else if ok {
+				for k, v := range x {
+					xs[k] = v * quant.Pow2(int(srow[k/ActBlock])-127+8)
+					ok = ok && (xs[k] == 0 || inKernelRange(xs[k]))
 				}
 			}
 			if ok {
-				fp8Panel64AVX2(&tmp[0], &panel[0], &qx[0], &scl[0], cb)
+				if sx != nil {
+					fp8Panel64AVX2(&tmp[0], &panel[0], &x[0], &scl[0], cb, ActBlock)
+				} else {
+					fp8Panel64AVX2(&tmp[0], &panel[0], &xs[0], &one[0], 1, p.Cols)
+				}
 				for l := 0; l < PanelRows && n0+l < p.Rows; l++ {
 					y[n0+l] = quant.BF16Round(tmp[l])
 				}
@@ -151,12 +194,16 @@ func (p *FP8Panels) Linear(y, x []float32) {
 				for k := range codes {
 					codes[k] = panel[k*PanelRows+l]
 				}
-				quant.DequantFP8Weight(row, codes, p.Scale[rb*cb:(rb+1)*cb], 1, p.Cols)
+				quant.DequantFP8Weight(row, codes, srow, 1, p.Cols)
+				if sx == nil {
+					y[n0+l] = quant.BF16Round(dot(x, row))
+					continue
+				}
 				var acc float32
 				for b, s := range sx {
 					var blk float32
 					for k := b * ActBlock; k < (b+1)*ActBlock; k++ {
-						blk += float32(qx[k] * row[k])
+						blk += float32(x[k] * row[k])
 					}
 					acc += float32(blk * s)
 				}
@@ -164,6 +211,68 @@ func (p *FP8Panels) Linear(y, x []float32) {
 			}
 		}
 	})
+}
+
+// inKernelRange reports 2^-100 ≤ |f| ≤ 2^100 (f finite, normal, and far from
+// both ends of the fp32 range, so the kernel's products stay normal).
+func inKernelRange(f float32) bool {
+	a := math.Abs(float64(f))
+	return a >= 0x1p-100 && a <= 0x1p100
+}
+
+// EncodeFP8Blocks re-encodes W [rows, cols] (cols a multiple of 128) as E4M3
+// codes with one UE8M0 scale per 128×128 block, when that is lossless: every
+// W[n,k] equals E4M3(code)·2^(scale−127) exactly (true of wo_a, which
+// convert.py dequantises from the checkpoint's FP8). Each block takes the
+// smallest scale 2^e with amax ≤ 448·2^e. ok is false when some value is not
+// representable.
+func EncodeFP8Blocks(W []float32, rows, cols int) (codes, scale []uint8, ok bool) {
+	if rows <= 0 || cols <= 0 || cols%ActBlock != 0 || len(W) != rows*cols {
+		panic("attention: EncodeFP8Blocks shape mismatch")
+	}
+	br, bc := (rows+127)/128, cols/128
+	codes, scale = make([]uint8, rows*cols), make([]uint8, br*bc)
+	for bi := 0; bi < br; bi++ {
+		for bj := 0; bj < bc; bj++ {
+			var amax float32
+			for n := bi * 128; n < min(rows, bi*128+128); n++ {
+				for _, v := range W[n*cols+bj*128 : n*cols+bj*128+128] {
+					if v != v || math.IsInf(float64(v), 0) {
+						return nil, nil, false
+					}
+					amax = max(amax, abs32(v))
+				}
+			}
+			e := 0
+			if amax > 0 {
+				e = quant.Ceil2Exp(amax / quant.E4M3Max)
+			}
+			if e < -126 || e > 126 || quant.Pow2(e)*quant.E4M3Max < amax {
+				return nil, nil, false
+			}
+			scale[bi*bc+bj] = uint8(e + 127)
+			s := quant.Pow2(e)
+			for n := bi * 128; n < min(rows, bi*128+128); n++ {
+				for k := bj * 128; k < bj*128+128; k++ {
+					v := W[n*cols+k]
+					c := quant.EncodeE4M3(v / s)
+					if quant.DecodeE4M3(c)*s != v || v/s*s != v {
+						return nil, nil, false
+					}
+					codes[n*cols+k] = c
+				}
+			}
+		}
+	}
+	// the reference dequantisation must give back W bit for bit
+	dq := make([]float32, rows*cols)
+	quant.DequantFP8Weight(dq, codes, scale, rows, cols)
+	for i, v := range dq {
+		if math.Float32bits(v) != math.Float32bits(W[i]) {
+			return nil, nil, false
+		}
+	}
+	return codes, scale, true
 }
 
 func isNormal(f float32) bool {
@@ -283,20 +392,36 @@ func (p *Panels) apply(y, x []float32, round bool) {
 	})
 }
 
-// WoAPanels is the grouped output projection wo_a [G·R, (H/G)·d] packed per group.
+// WoAPanels is the grouped output projection wo_a [G·R, (H/G)·d] packed per
+// group: as FP8 codes + block scales (FP8, 1 byte per weight) when the bf16
+// values re-encode losslessly (EncodeFP8Blocks: they do for checkpoint
+// weights), else as bf16 panels (BF16).
 type WoAPanels struct {
 	Groups, Rank int
-	G            []*Panels
+	FP8          []*FP8Panels
+	BF16         []*Panels
 }
 
-// PackWoA packs wo_a (bf16 values) per group.
+// PackWoA packs wo_a per group.
 func PackWoA(woa []float32, groups, rank, gd int) *WoAPanels {
 	if len(woa) != groups*rank*gd {
 		panic("attention: PackWoA shape mismatch")
 	}
 	w := &WoAPanels{Groups: groups, Rank: rank}
-	for g := 0; g < groups; g++ {
-		w.G = append(w.G, PackPanels(woa[g*rank*gd:(g+1)*rank*gd], rank, gd))
+	if gd%ActBlock == 0 {
+		for g := 0; g < groups; g++ {
+			codes, scale, ok := EncodeFP8Blocks(woa[g*rank*gd:(g+1)*rank*gd], rank, gd)
+			if !ok {
+				w.FP8 = nil
+				break
+			}
+			w.FP8 = append(w.FP8, PackFP8(codes, scale, rank, gd))
+		}
+	}
+	if w.FP8 == nil {
+		for g := 0; g < groups; g++ {
+			w.BF16 = append(w.BF16, PackPanels(woa[g*rank*gd:(g+1)*rank*gd], rank, gd))
+		}
 	}
 	return w
 }
@@ -304,8 +429,23 @@ func PackWoA(woa []float32, groups, rank, gd int) *WoAPanels {
 // Bytes is the memory the packed weight holds.
 func (w *WoAPanels) Bytes() int64 {
 	var n int64
-	for _, g := range w.G {
+	for _, g := range w.FP8 {
 		n += g.Bytes()
+	}
+	for _, g := range w.BF16 {
+		n += g.Bytes()
+	}
+	return n
+}
+
+// MACs is the number of multiply-adds of one WoA.
+func (w *WoAPanels) MACs() int64 {
+	var n int64
+	for _, g := range w.FP8 {
+		n += int64(g.Rows * g.Cols)
+	}
+	for _, g := range w.BF16 {
+		n += int64(g.Rows * g.Cols)
 	}
 	return n
 }
@@ -317,7 +457,11 @@ func (w *WoAPanels) WoA(u, o []float32) {
 	if len(u) != w.Groups*w.Rank || len(o)%w.Groups != 0 {
 		panic("attention: WoAPanels shape mismatch")
 	}
-	for g, p := range w.G {
-		p.Linear(u[g*w.Rank:(g+1)*w.Rank], o[g*gd:(g+1)*gd])
+	for g := 0; g < w.Groups; g++ {
+		if w.FP8 != nil {
+			w.FP8[g].LinearPlain(u[g*w.Rank:(g+1)*w.Rank], o[g*gd:(g+1)*gd])
+		} else {
+			w.BF16[g].Linear(u[g*w.Rank:(g+1)*w.Rank], o[g*gd:(g+1)*gd])
+		}
 	}
 }

@@ -242,6 +242,13 @@ func topKFast(scores []float32, k int) []int64 {
 		cand[i] = scoreKey(s, i)
 	}
 	sel := make([]uint64, 0, k)
+	if len(cand) < 8192 { // a sort is cheaper than the 2^16-bucket histograms
+		slices.Sort(cand)
+		for i := len(cand) - 1; i >= len(cand)-k; i-- {
+			sel = append(sel, cand[i])
+		}
+		cand = cand[:0]
+	}
 	var hist [1 << 16]int
 	for shift := 48; len(sel) < k && shift >= 0; shift -= 16 {
 		need := k - len(sel)

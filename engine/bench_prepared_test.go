@@ -1,0 +1,330 @@
+package engine
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"runtime"
+	"sync"
+	"testing"
+
+	"golang.org/x/sync/errgroup"
+
+	"sparsemla/attention"
+	"sparsemla/indexer"
+)
+
+// Benchmarks of the prepared (fast) decode path at the real V4-Flash dims with
+// random weights and caches generated here (nothing large is committed):
+//
+//	go test ./engine -run '^$' -bench 'Prepared|TopKFast|FastStages' -count 5
+//	SPARSEMLA_BENCH_BIG=1 go test ./engine -run '^$' -bench 'PreparedModelStep|PreparedLayerStep' -benchtime 5x -count 5 -timeout 60m
+//
+// Each step benchmark reports ms/step, GB/s (packed weight bytes + the cache
+// bytes the step reads) and GFLOP/s (2 per multiply-add of the linears, the
+// indexer scoring and the attention). The 1M-token cases and the whole
+// 43-layer step need SPARSEMLA_BENCH_BIG=1 (≈ 9 GiB for 43 layers at 64K).
+
+func benchBig() bool { return os.Getenv("SPARSEMLA_BENCH_BIG") == "1" }
+
+// fastRand fills a []float32 with bf16 values ±2^[lo, lo+3) quickly (random
+// bits, not normal samples: enough for timing, never NaN or infinite).
+func fastRand(rng *rand.Rand, n, lo int) []float32 {
+	v := make([]float32, n)
+	for i := 0; i < n; i += 4 {
+		u := rng.Uint64()
+		for j := 0; j < 4 && i+j < n; j++ {
+			h := uint32(u >> (16 * j))
+			exp := uint32(127+lo) + (h>>7)&3
+			v[i+j] = math.Float32frombits((h&0x8000)<<16 | exp<<23 | (h&0x7f)<<16)
+		}
+	}
+	return v
+}
+
+// randPackedFP8 is a packed FP8 weight from random finite codes with scales
+// near 2^-12 (what FP8 checkpoints hold for these widths).
+func randPackedFP8(rng *rand.Rand, rows, cols int) *attention.FP8Panels {
+	codes := make([]uint8, rows*cols)
+	for i := 0; i < len(codes); i += 8 {
+		u := rng.Uint64()
+		for j := 0; j < 8 && i+j < len(codes); j++ {
+			c := uint8(u >> (8 * j))
+			if c&0x7f == 0x7f {
+				c ^= 1
+			}
+			codes[i+j] = c
+		}
+	}
+	scale := make([]uint8, ((rows+127)/128)*(cols/128))
+	for i := range scale {
+		scale[i] = uint8(127 - 12 + rng.IntN(3))
+	}
+	return attention.PackFP8(codes, scale, rows, cols)
+}
+
+// benchLayer makes a prepared layer of the real dims with random weights and
+// a random state of ctx tokens (next position = ctx+1, a step that emits no
+// compressed row, so the step can be repeated on the same state).
+func benchLayer(cfg *Config, layer, ctx int, seed uint64) (*PreparedLayer, *LayerState, *RopeTable, []float32, int64) {
+	rng := rand.New(rand.NewPCG(seed, uint64(layer)))
+	r := cfg.Ratio(layer)
+	H, D, dim := cfg.NHeads, cfg.HeadDim, cfg.Dim
+	gd := H * D / cfg.OGroups
+	p := &PreparedLayer{Layer: layer, Ratio: r,
+		WqA: randPackedFP8(rng, cfg.QLoraRank, dim), WqB: randPackedFP8(rng, H*D, cfg.QLoraRank),
+		Wkv: randPackedFP8(rng, D, dim), WoB: randPackedFP8(rng, dim, cfg.OGroups*cfg.OLoraRank),
+		QNorm: fastRand(rng, cfg.QLoraRank, -1), KVNorm: fastRand(rng, D, -1), AttnSink: fastRand(rng, H, -1),
+	}
+	// wo_a: the checkpoint's FP8, dequantised to bf16 by convert.py, re-encoded
+	// by PackWoA as codes + scales (as Prepare does for real weights)
+	woa := &attention.WoAPanels{Groups: cfg.OGroups, Rank: cfg.OLoraRank}
+	for g := 0; g < cfg.OGroups; g++ {
+		woa.FP8 = append(woa.FP8, randPackedFP8(rng, cfg.OLoraRank, gd))
+	}
+	p.WoA = woa
+	cmp := func(d int, rotate bool) (*attention.Compressor, *attention.Panels, *attention.Panels) {
+		w := Coff(r) * d
+		c := &attention.Compressor{Ratio: r, HeadDim: d, Dim: dim, Rotate: rotate, Eps: float32(cfg.NormEps),
+			Wkv: fastRand(rng, w*dim, -8), Wgate: fastRand(rng, w*dim, -8), Ape: fastRand(rng, r*w, -2), Norm: fastRand(rng, d, -1)}
+		return c, attention.PackPanels(c.Wkv, w, dim), attention.PackPanels(c.Wgate, w, dim)
+	}
+	pos := int64(ctx + 1)
+	st := NewLayerState(cfg, layer)
+	st.Next = pos
+	st.KV = fastRand(rng, cfg.WindowSize*D, -1)
+	fillState := func(cs *attention.CompressorState) {
+		copy(cs.KV, fastRand(rng, len(cs.KV), -1))
+		copy(cs.Score, fastRand(rng, len(cs.Score), -1))
+	}
+	if r > 0 {
+		p.Compressor, p.CmpWkv, p.CmpWgate = cmp(D, false)
+		st.KV = append(st.KV, fastRand(rng, int(pos/int64(r))*D, -1)...)
+		fillState(st.Cmp)
+	}
+	if r == 4 {
+		ix := &indexer.Indexer{NHeads: cfg.IndexNHeads, HeadDim: cfg.IndexHeadDim, TopK: cfg.IndexTopK}
+		ix.Compressor, p.ICmpWkv, p.ICmpWgate = cmp(cfg.IndexHeadDim, true)
+		p.Indexer = ix
+		p.IWqB = randPackedFP8(rng, cfg.IndexNHeads*cfg.IndexHeadDim, cfg.QLoraRank)
+		p.IWeightsProj = attention.PackPanels(fastRand(rng, cfg.IndexNHeads*dim, -8), cfg.IndexNHeads, dim)
+		st.ICache = fastRand(rng, st.Rows()*cfg.IndexHeadDim, -1)
+		fillState(st.ICmp)
+	}
+	return p, st, sharedRope(cfg, layer, ctx+2), fastRand(rng, dim, -1), pos
+}
+
+var ropeCache sync.Map // (r > 0, T) → *RopeTable
+
+// sharedRope is the layer's RoPE table, shared by layers with the same
+// parameters (SWA layers use one, r > 0 layers another).
+func sharedRope(cfg *Config, layer, T int) *RopeTable {
+	key := fmt.Sprint(cfg.Ratio(layer) > 0, T)
+	if t, ok := ropeCache.Load(key); ok {
+		return t.(*RopeTable)
+	}
+	t := LayerRope(cfg, layer, T)
+	ropeCache.Store(key, t)
+	return t
+}
+
+// stepCost is the arithmetic (FLOP, 2 per multiply-add) and the bytes a
+// prepared step of layer p reads from weights and caches with Tc compressed
+// rows and an index list of L entries.
+func stepCost(cfg *Config, p *PreparedLayer, tc int) (flop, bytes float64) {
+	bytes = float64(p.PackedBytes())
+	var macs float64
+	for _, w := range []*attention.FP8Panels{p.WqA, p.WqB, p.Wkv, p.WoB, p.IWqB} {
+		if w != nil {
+			macs += float64(w.Rows * w.Cols)
+		}
+	}
+	macs += float64(p.WoA.MACs())
+	for _, w := range []*attention.Panels{p.CmpWkv, p.CmpWgate, p.IWeightsProj, p.ICmpWkv, p.ICmpWgate} {
+		if w != nil {
+			macs += float64(w.Rows * w.Cols)
+		}
+	}
+	L := cfg.WindowSize
+	switch p.Ratio {
+	case 4:
+		macs += float64(cfg.IndexNHeads * cfg.IndexHeadDim * tc)
+		bytes += float64(4 * cfg.IndexHeadDim * tc)
+		L += min(cfg.IndexTopK, tc)
+	case 128:
+		L += tc
+	}
+	macs += float64(2 * cfg.NHeads * cfg.HeadDim * L)
+	bytes += float64(4 * cfg.HeadDim * L)
+	return 2 * macs, bytes
+}
+
+func reportStep(b *testing.B, flop, bytes float64) {
+	s := b.Elapsed().Seconds() / float64(b.N)
+	b.ReportMetric(s*1e3, "ms/step")
+	b.ReportMetric(bytes/s/1e9, "GB/s")
+	b.ReportMetric(flop/s/1e9, "GFLOP/s")
+}
+
+// BenchmarkPreparedLayerStep: one decode step of an SWA (layer 0), CSA (layer
+// 2) and HCA (layer 3) layer at contexts 4K and 64K (1M with
+// SPARSEMLA_BENCH_BIG=1). Only the CSA indexer grows with the context
+// (linearly in Tc = ctx/4); the rest is flat (HCA reads ctx/128 rows).
+func BenchmarkPreparedLayerStep(b *testing.B) {
+	cfg, _ := Preset("flash")
+	ctxs := []int{4096, 65536}
+	if benchBig() {
+		ctxs = append(ctxs, 1<<20)
+	}
+	for _, layer := range []int{0, 2, 3} {
+		for _, ctx := range ctxs {
+			b.Run(fmt.Sprintf("%s/ctx=%d", cfg.LayerKind(layer), ctx), func(b *testing.B) {
+				p, st, rope, x, pos := benchLayer(cfg, layer, ctx, 1)
+				flop, bytes := stepCost(cfg, p, st.Rows())
+				b.ResetTimer()
+				for b.Loop() {
+					st.Next = pos
+					if _, err := p.Step(cfg, rope, st, x, pos); err != nil {
+						b.Fatal(err)
+					}
+				}
+				reportStep(b, flop, bytes)
+			})
+		}
+	}
+}
+
+// BenchmarkPreparedModelStep is the whole 43-layer attention-path step of
+// V4-Flash (each layer with its own input, as in a replay) at context 4K and
+// 64K, all layers' weights prepared once and kept (SPARSEMLA_BENCH_BIG=1).
+// Target at 64K on 2 cores: ≤ 1 s per step. It also reports the memory of
+// the packed weights (GiB) and the heap in use.
+func BenchmarkPreparedModelStep(b *testing.B) {
+	if !benchBig() {
+		b.Skip("set SPARSEMLA_BENCH_BIG=1 (≈ 9 GiB)")
+	}
+	cfg, _ := Preset("flash")
+	for _, ctx := range []int{4096, 65536} {
+		b.Run(fmt.Sprintf("ctx=%d", ctx), func(b *testing.B) {
+			n := cfg.NLayers
+			m := &PreparedModel{Cfg: cfg, Layers: make([]*PreparedLayer, n), Rope: make([]*RopeTable, n)}
+			states, xs := make([]*LayerState, n), make([][]float32, n)
+			var g errgroup.Group
+			g.SetLimit(runtime.GOMAXPROCS(0))
+			for l := 0; l < n; l++ {
+				g.Go(func() error {
+					m.Layers[l], states[l], m.Rope[l], xs[l], _ = benchLayer(cfg, l, ctx, 2)
+					return nil
+				})
+			}
+			g.Wait()
+			pos := int64(ctx + 1)
+			var flop, bytes float64
+			var packed int64
+			for l, p := range m.Layers {
+				f, by := stepCost(cfg, p, states[l].Rows())
+				flop, bytes, packed = flop+f, bytes+by, packed+p.PackedBytes()
+			}
+			runtime.GC()
+			var ms runtime.MemStats
+			runtime.ReadMemStats(&ms)
+			b.ResetTimer()
+			for b.Loop() {
+				for _, st := range states {
+					st.Next = pos
+				}
+				if _, err := m.Step(states, xs, pos); err != nil {
+					b.Fatal(err)
+				}
+			}
+			reportStep(b, flop, bytes)
+			b.ReportMetric(float64(packed)/(1<<30), "packedGiB")
+			b.ReportMetric(float64(ms.HeapInuse)/(1<<30), "heapGiB")
+		})
+	}
+	ropeCache.Clear()
+}
+
+// BenchmarkPreparedReplaySteps replays N consecutive decode steps of a CSA
+// layer (context 4K, growing, emitting every 4th step) on one prepared layer:
+// the weights are packed once, so the time per step stays flat in N.
+func BenchmarkPreparedReplaySteps(b *testing.B) {
+	cfg, _ := Preset("flash")
+	p, st0, _, x, pos0 := benchLayer(cfg, 2, 4096, 3)
+	rope := LayerRope(cfg, 2, 4096+2+64)
+	for _, n := range []int{1, 4, 16, 64} {
+		b.Run(fmt.Sprintf("N=%d", n), func(b *testing.B) {
+			for b.Loop() {
+				b.StopTimer()
+				st := st0.Clone()
+				b.StartTimer()
+				for i := 0; i < n; i++ {
+					if _, err := p.Step(cfg, rope, st, x, pos0+int64(i)); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			b.ReportMetric(b.Elapsed().Seconds()/float64(b.N)/float64(n)*1e3, "ms/step")
+		})
+	}
+}
+
+// BenchmarkTopKFast: top-512 of Tc scores, radix selection vs indexer.TopK
+// (a sort of all Tc rows).
+func BenchmarkTopKFast(b *testing.B) {
+	tcs := []int{1024, 16384}
+	if benchBig() {
+		tcs = append(tcs, 262144)
+	}
+	for _, tc := range tcs {
+		rng := rand.New(rand.NewPCG(9, 9))
+		score := fastRand(rng, tc, -2)
+		for i := range score {
+			if i%3 == 0 {
+				score[i] = 0 // ReLU zeros: many ties
+			}
+		}
+		b.Run(fmt.Sprintf("fast/Tc=%d", tc), func(b *testing.B) {
+			for b.Loop() {
+				topKFast(score, 512)
+			}
+		})
+		b.Run(fmt.Sprintf("indexer.TopK/Tc=%d", tc), func(b *testing.B) {
+			for b.Loop() {
+				indexer.TopK(score, 512)
+			}
+		})
+	}
+}
+
+// BenchmarkFastStages times the small stages of a step at the V4-Flash dims:
+// RoPE of the 64 query heads, the main compressor step with its projections
+// (r = 4, d = 512) at an emitting position, and HeadRMS.
+func BenchmarkFastStages(b *testing.B) {
+	cfg, _ := Preset("flash")
+	p, st, rope, x, _ := benchLayer(cfg, 2, 4096, 4)
+	q := fastRand(rand.New(rand.NewPCG(1, 1)), cfg.NHeads*cfg.HeadDim, -1)
+	b.Run("rope_q", func(b *testing.B) {
+		for b.Loop() {
+			for h := 0; h < cfg.NHeads; h++ {
+				rope.Apply(q[h*cfg.HeadDim+cfg.NopeDim():(h+1)*cfg.HeadDim], 4097)
+			}
+		}
+	})
+	b.Run("head_rms", func(b *testing.B) {
+		for b.Loop() {
+			attention.HeadRMS(q, cfg.HeadDim, 1e-6)
+		}
+	})
+	b.Run("compressor_step", func(b *testing.B) {
+		c := p.Compressor
+		for b.Loop() {
+			a, g := make([]float32, c.Width()), make([]float32, c.Width())
+			p.CmpWkv.Dot(a, x)
+			p.CmpWgate.Dot(g, x)
+			s := st.Cmp.Clone()
+			c.StepFrom(s, a, g, 4099, rope)
+		}
+	})
+}
