@@ -50,6 +50,7 @@ func Diagnose(d DiagnoseInput) *Divergence {
 	div := &Divergence{Step: sr.Step, Layer: sr.Layer, Stage: sr.Stage, Mode: string(d.Mode), Inputs: sr.Inputs}
 	defer func() {
 		div.Text = fmt.Sprintf("first divergence: decode step %d, layer %d, stage %s — %s: %s", div.Step, div.Layer, div.Stage, div.Kind, div.Why)
+		div.Hint = hints[div.Kind]
 	}()
 	if up := upstreamInput(d); up != "" {
 		div.Kind, div.Why = KindUpstream, up

@@ -97,6 +97,21 @@ type Divergence struct {
 	Rows   []int    `json:"rows,omitempty"`
 	Blocks []int    `json:"blocks,omitempty"`
 	Detail []string `json:"detail,omitempty"` // further lines for a human
+	Hint   string   `json:"hint,omitempty"`   // where to look next
+}
+
+// hints says, per diagnosis kind, where a GPU engineer should look next.
+var hints = map[string]string{
+	KindAttention:  "check the sparse-attention kernel's split-K combine (LSE merge, sink folded as lse += log2(1 + 2^(σ·log2e − lse))) and the keys it gathers; dump split_bounds/o_split/lse_split to separate a split from the combine",
+	KindIndexer:    "check the indexer's top-k (k = min(index_topk, Tc), descending scores, indices offset by 128); ties at the k-th score are legal, other differences are not",
+	KindIndexScore: "check the indexer query path (wq_b, RoPE, Hadamard, FQ4) and the per-head ReLU·weight products, each rounded to bf16 before the head sum (spec §6)",
+	KindFP8Cache:   "check the KV writer: FQ8 scale = ceil2(f32(max(amax,1e-4)·f32(1/448))) per 64-block, UE8M0 byte = exponent+127, and the page bytes it stores",
+	KindCompressor: "check the compressor's state update and emission condition ((p+1) mod r == 0, row j = p div r written before attention at the same step)",
+	KindPrefix:     "check the prefix/radix cache: the rows served for the reused prefix belong to another request (a window ring page that is not content-addressed is a known DeepSeek-V4 serving bug)",
+	KindUpstream:   "look at the earlier divergence of the input named; this stage only inherited it",
+	KindProjection: "check the linear / norm / RoPE kernel of this stage against its equation (FP8 activation quantisation per 128, fp32 accumulation, bf16 out)",
+	KindCache:      "check the cache write of this step (window slot p mod W, compressed row 128 + p div r)",
+	KindIndexList:  "check the index list given to sparse attention: window ring order oldest to newest, -1 padding at the end, then 128 + selected rows",
 }
 
 // Referee is the diff verdict on which of two dumps the reference agrees with.
@@ -193,6 +208,9 @@ func (r *Report) WriteText(w io.Writer) {
 	fmt.Fprintln(w, d.Text)
 	for _, line := range d.Detail {
 		fmt.Fprintln(w, "  "+line)
+	}
+	if d.Hint != "" {
+		fmt.Fprintln(w, "  hint: "+d.Hint)
 	}
 	if len(d.Inputs) > 0 {
 		var parts []string

@@ -220,6 +220,7 @@ GPU RoPE table: {{.R.GPURope}}. Stages compared {{.R.Summary.Compared}}: {{.R.Su
 {{.R.Summary.Tie}} tie, {{.R.Summary.Fail}} fail; {{.R.Summary.Missing}} not dumped, {{.R.Summary.Skipped}} skipped.</p>
 {{if .R.First}}<div class="verdict diverged"><b>{{.R.First.Text}}</b>
 {{if .R.First.Detail}}<ul>{{range .R.First.Detail}}<li>{{.}}</li>{{end}}</ul>{{end}}
+{{if .R.First.Hint}}<p><i>hint:</i> {{.R.First.Hint}}</p>{{end}}
 <p>inputs: {{range .R.First.Inputs}}<code>{{.Name}}</code> ({{.From}}, {{.Status}}) {{end}}</p></div>
 {{else}}<div class="verdict agree"><b>agree</b>: no stage out of tolerance</div>{{end}}
 {{if .Heat}}<h2>Error by layer x step</h2><img src="{{.Heat}}" alt="heatmap">

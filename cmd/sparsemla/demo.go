@@ -100,6 +100,9 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 			return rpFail(stderr, "demo", err)
 		}
 	}
+	if *keep == "" {
+		fmt.Fprintln(stdout, "\n(the dumps above are removed now; 'sparsemla demo --keep DIR' keeps them)")
+	}
 	fmt.Fprintln(stdout, "\nTry: sparsemla synth --out DIR --fault KIND@step,layer (sparsemla synth --help lists the faults), then sparsemla replay DIR [--json] or sparsemla report DIR --html out.html")
 	return exitOK
 }
