@@ -320,3 +320,35 @@ func TestReplayMalformedDump(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkReplayLocal measures a local replay of the official GPU dump
+// (6 steps x 4 layers, every stage recomputed and compared).
+func BenchmarkReplayLocal(b *testing.B) {
+	dir := filepath.Join("..", "testdata", "official-v4-tiny")
+	if _, err := os.Stat(dir); err != nil {
+		b.Skip(dir + " absent")
+	}
+	d, err := dump.Open(dir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer d.Close()
+	src, err := NewDumpSource(d, "")
+	if err != nil {
+		b.Fatal(err)
+	}
+	m, err := LoadModel(d, src, "")
+	if err != nil {
+		b.Fatal(err)
+	}
+	var stages int
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		rep, err := Replay(context.Background(), m, src, ReplayOptions{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		stages = rep.Summary.Compared
+	}
+	b.ReportMetric(float64(stages)*float64(b.N)/b.Elapsed().Seconds(), "stages/s")
+}
