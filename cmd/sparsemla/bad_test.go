@@ -91,6 +91,9 @@ func checkRun(t *testing.T, args []string, exit int, want []string, maxAllocMB i
 	code, out, e := rpRun(args...)
 	runtime.ReadMemStats(&after)
 	alloc := after.TotalAlloc - before.TotalAlloc
+	if testing.Verbose() && os.Getenv("SPARSEMLA_BAD_SHOW") != "" {
+		t.Logf("%v: exit %d\nstdout:\n%s\nstderr:\n%s", args, code, clip(out), e)
+	}
 	if code != exit {
 		t.Errorf("%v: exit %d, want %d\nstdout:\n%s\nstderr:\n%s", args, code, exit, clip(out), e)
 	}
@@ -479,6 +482,17 @@ var badMakers = map[string]func(t *testing.T, base, dir, file string) string{
 	},
 	"config-window-mismatch": func(t *testing.T, base, dir, _ string) string {
 		return derive(t, base, dir, editModelArgs("window_size", 64), nil)
+	},
+	"config-huge-window": func(t *testing.T, base, dir, _ string) string {
+		return derive(t, base, dir, editModelArgs("window_size", 1<<40), nil)
+	},
+	// A huge max_seq_len and no GPU RoPE tables: the reference would compute
+	// a table of max_seq_len rows.
+	"config-huge-seq-len": func(t *testing.T, base, dir, _ string) string {
+		return derive(t, base, dir, editModelArgs("max_seq_len", 1<<40), func(r *dump.Record) bool { return r.Kind != dump.KindTable })
+	},
+	"config-huge-topk": func(t *testing.T, base, dir, _ string) string {
+		return derive(t, base, dir, editModelArgs("index_topk", 1<<40), nil)
 	},
 	"config-broken-json": func(t *testing.T, base, dir, _ string) string {
 		return derive(t, base, dir, func(h *dump.Header) { h.ModelArgs = `{"dim": 256,` }, nil)
