@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"sparsemla/dump"
@@ -32,6 +33,7 @@ type replayFlags struct {
 	tolStage rpMultiFlag
 	request  string
 	json     bool
+	steps    string
 }
 
 type rpMultiFlag []string
@@ -44,6 +46,7 @@ func (f *replayFlags) register(fs *flag.FlagSet, withMode bool) {
 	fs.StringVar(&f.mapFile, "map", "", "name map for non-native dumps: a JSON file or a built-in name (default: detected)")
 	if withMode {
 		fs.StringVar(&f.mode, "mode", "local", "local (teacher-forced: each stage from the dump's own inputs) or propagated (the reference's own chain from each layer's x)")
+		fs.StringVar(&f.steps, "steps", "", "replay only these decode steps: P, A-B or a comma list of both (default: all)")
 	}
 	fs.StringVar(&f.tolFile, "tol", "", "JSON file overriding stage tolerances (docs/replay-json.md)")
 	fs.Var(&f.tolStage, "tol-stage", "override one stage's tolerance, e.g. 'o=close,abs=2e-3,rel=0.02,cos=1e-5' or 'u=ulp,max_ulp=3' (repeatable)")
@@ -237,8 +240,12 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 		return rpFail(stderr, "replay", err)
 	}
 	defer o.Close()
+	steps, err := parseSteps(f.steps)
+	if err != nil {
+		return rpFail(stderr, "replay", err)
+	}
 	rep, err := engine.Replay(context.Background(), o.model, o.src, engine.ReplayOptions{
-		Mode: engine.ReplayMode(f.mode), Tol: tol, Progress: rpProgress(stderr, "replay"),
+		Mode: engine.ReplayMode(f.mode), Tol: tol, Steps: steps, Progress: rpProgress(stderr, "replay"),
 	})
 	if err != nil {
 		return rpFail(stderr, "replay", err)
@@ -344,4 +351,30 @@ func withCacheHooks(m *engine.Model) *engine.Model {
 		m.VerifyPrefix = kvVerifyPrefix
 	}
 	return m
+}
+
+// parseSteps parses --steps: "P", "A-B" or a comma list of both; "" is nil
+// (every step).
+func parseSteps(s string) ([]int64, error) {
+	if s == "" {
+		return nil, nil
+	}
+	var out []int64
+	for _, part := range strings.Split(s, ",") {
+		lo, hi, isRange := strings.Cut(part, "-")
+		a, err := strconv.ParseInt(strings.TrimSpace(lo), 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("--steps %q: %q is not a step", s, part)
+		}
+		b := a
+		if isRange {
+			if b, err = strconv.ParseInt(strings.TrimSpace(hi), 10, 64); err != nil || b < a || b-a > 1<<20 {
+				return nil, fmt.Errorf("--steps %q: %q is not a range A-B with A <= B", s, part)
+			}
+		}
+		for p := a; p <= b; p++ {
+			out = append(out, p)
+		}
+	}
+	return out, nil
 }

@@ -207,3 +207,15 @@ func TestReplayPagesAndBadInput(t *testing.T) {
 		t.Errorf("diff of the golden with itself: exit %d\n%s%s", code, out, e)
 	}
 }
+
+func TestParseSteps(t *testing.T) {
+	got, err := parseSteps("3, 7-9,12")
+	if err != nil || len(got) != 5 || got[0] != 3 || got[1] != 7 || got[3] != 9 || got[4] != 12 {
+		t.Fatalf("parseSteps: %v %v", got, err)
+	}
+	for _, bad := range []string{"x", "9-7", "1-", "1-99999999999", ","} {
+		if _, err := parseSteps(bad); err == nil {
+			t.Errorf("parseSteps(%q): no error", bad)
+		}
+	}
+}

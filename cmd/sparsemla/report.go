@@ -49,8 +49,12 @@ func runReport(args []string, stdout, stderr io.Writer) int {
 		return rpFail(stderr, "report", err)
 	}
 	defer o.Close()
+	steps, err := parseSteps(f.steps)
+	if err != nil {
+		return rpFail(stderr, "report", err)
+	}
 	rep, err := engine.Replay(context.Background(), o.model, o.src, engine.ReplayOptions{
-		Mode: engine.ReplayMode(f.mode), Tol: tol, Progress: rpProgress(stderr, "report"),
+		Mode: engine.ReplayMode(f.mode), Tol: tol, Steps: steps, Progress: rpProgress(stderr, "report"),
 	})
 	if err != nil {
 		return rpFail(stderr, "report", err)
