@@ -104,9 +104,6 @@ func SameShape(a, b []int) bool {
 	return true
 }
 
-// ShapeString prints a shape as [4 512].
-func ShapeString(s []int) string { return fmt.Sprint(s) }
-
 // CosDiff is the DeepGEMM/FlashMLA similarity distance
 //
 //	cos_diff = 1 - 2·Σ x_i·y_i / (Σ x_i² + Σ y_i²)
