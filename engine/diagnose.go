@@ -238,7 +238,10 @@ func diagnoseSelection(d DiagnoseInput, div *Divergence) {
 	scoresOK := "the index scores are not in the dump"
 	for _, in := range d.Result.Inputs {
 		if in.Name == "index_score" {
-			scoresOK = fmt.Sprintf("the index scores matched the reference (%s)", in.Status)
+			scoresOK = "the index scores matched the reference"
+			if in.Status != "matched" {
+				scoresOK = fmt.Sprintf("the index scores (%s, %s) were judged against the dump's own scores", in.From, in.Status)
+			}
 		}
 	}
 	if set == nil {

@@ -502,10 +502,13 @@ func propagateLayer(ctx context.Context, m *Model, src Source, steps []int64, la
 		}
 		st = next
 		var ur unitResult
+		status := map[string]string{} // this step's stage statuses
 		for _, def := range Stages(m.Cfg, layer, p) {
 			sr := StageResult{Step: p, Layer: layer, Stage: def.Name, Equation: def.Equation}
 			for _, n := range def.Inputs {
-				sr.Inputs = append(sr.Inputs, InputInfo{Name: n, From: FromPropagate, Status: "unchecked"})
+				// The chain's own value; same-step inputs were compared
+				// with the dump just before.
+				sr.Inputs = append(sr.Inputs, InputInfo{Name: n, From: FromPropagate, Status: inputStatus(status[n])})
 			}
 			ref, ok := outs[def.Name]
 			if !ok {
@@ -522,13 +525,21 @@ func propagateLayer(ctx context.Context, m *Model, src Source, steps []int64, la
 				ur.results = append(ur.results, sr)
 				continue
 			}
+			// The chain's own inputs (for the diagnosis); a top-k set is
+			// judged against the dumped scores, as in a local replay.
 			in := map[string]Tensor{}
+			for _, n := range def.Inputs {
+				if t, ok := outs[n]; ok {
+					in[n] = t
+				}
+			}
 			if def.Name == "index_topk" || def.Name == "index_sel" || def.Name == "topk_idxs" {
 				if s, ok, _ := src.Stage(p, layer, "index_score"); ok {
 					in["index_score"] = s
 				}
 			}
 			judgeStage(&sr, ref, gpu, in, tol.For(def.Name), judgeCtx{m.GPURope, m.Cfg.WindowSize})
+			status[def.Name] = sr.Status
 			ur.results = append(ur.results, sr)
 			if sr.Status == StatusFail && ur.first == nil {
 				ur.first = Diagnose(DiagnoseInput{Model: m, Src: src, Def: def, Result: sr, Ref: ref, GPU: gpu, In: in, Own: outs, Mode: Propagated, Tol: tol})
