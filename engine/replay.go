@@ -81,7 +81,25 @@ type unitResult struct {
 
 // Replay replays src against the reference and returns the report (Verdict
 // "agree" or "diverged"). err is for unusable input (unreadable dump, missing
-// weights, a gap in the steps a propagated replay needs).
+// weights, a gap in the steps a propagated replay cannot bridge).
+//
+// Order: decode steps ascending, then layers, then the stages of Stages (spec
+// order). In Local mode (teacher-forced, the default) each stage is computed
+// by its StageDef.Compute from the DUMPED values of its inputs — "prev:X"
+// inputs from the dump of step p-1 or the start state — and compared with the
+// dumped value of the stage, so an error is charged to the stage that made
+// it; (step, layer) units run in parallel and are assembled in order, so the
+// report is identical at any GOMAXPROCS. In Propagated mode RunStep chains the
+// reference's own values from each layer's dumped x, carrying its own state
+// from the start state (re-seeded from a dumped state across gaps), to show
+// how an error grows.
+//
+// Each comparison is judged by the stage's tolerance (DefaultTolerance,
+// PropagatedTolerance, overridable; docs/replay-json.md): exact, bf16 ulps,
+// FlashMLA's abs-or-rel plus cos_diff, or top-k sets with boundary ties. The
+// first failing stage is diagnosed (Diagnose) with what its inputs looked
+// like; KV pages and prefix hits in the dump are checked through Model.Pages
+// and Model.VerifyPrefix when set.
 func Replay(ctx context.Context, m *Model, src Source, opt ReplayOptions) (*Report, error) {
 	if opt.Mode == "" {
 		opt.Mode = Local
