@@ -8,6 +8,7 @@ package main
 // or made by the test from a small synthetic dump ("make": a mutation below).
 
 import (
+	"archive/zip"
 	"bytes"
 	"encoding/binary"
 	"encoding/json"
@@ -232,7 +233,7 @@ func TestMain(m *testing.M) {
 }
 
 // readAll reads every record, the header and the prefix hits of a native file.
-func readAll(t *testing.T, path string) (dump.Header, []dump.Record, []dump.PrefixHit) {
+func readAll(t testing.TB, path string) (dump.Header, []dump.Record, []dump.PrefixHit) {
 	t.Helper()
 	f, err := os.Open(path)
 	if err != nil {
@@ -674,6 +675,30 @@ func npyRaw(version byte, dict string, data []byte) []byte {
 	return append(append(b, dict...), data...)
 }
 
+// npzClaim is an .npz whose zip directory says its one stored member holds
+// 64 GiB (with an npy header to match); the archive is a few hundred bytes.
+func npzClaim(t *testing.T) []byte {
+	const claim = 1 << 36
+	dict := "{'descr': '<u2', 'fortran_order': False, 'shape': (34359738304,), }"
+	for (10+len(dict)+1)%64 != 0 {
+		dict += " "
+	}
+	npy := npyRaw(1, dict+"\n", make([]byte, 16))
+	var buf bytes.Buffer
+	zw := zip.NewWriter(&buf)
+	w, err := zw.CreateRaw(&zip.FileHeader{Name: "L0.q.npy", Method: zip.Store, CompressedSize64: claim, UncompressedSize64: claim})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Write(npy); err != nil {
+		t.Fatal(err)
+	}
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
 // writeBadCorpus returns the committed files of testdata/bad by name.
 func writeBadCorpus(t *testing.T, dir string) map[string][]byte {
 	x8 := make([]byte, 8)
@@ -713,6 +738,7 @@ func writeBadCorpus(t *testing.T, dir string) map[string][]byte {
 		"npy_claims_1tb.npy": npyRaw(1, "{'descr': '<u2', 'fortran_order': False, 'shape': (549755813888,), }\n", x8),
 		"npy_fortran.npy":    npyRaw(1, "{'descr': '<u2', 'fortran_order': True, 'shape': (4,), }\n", x8),
 		"npy_big_endian.npy": npyRaw(1, "{'descr': '>u2', 'fortran_order': False, 'shape': (4,), }\n", x8),
+		"npz_claims_64g.npz": npzClaim(t),
 		"npy_hlen_huge.npy":  append(append([]byte("\x93NUMPY\x02\x00"), 0xff, 0xff, 0xff, 0x7f), x8...),
 		// name maps
 		"map_bad_json.map.json":     []byte(`{"name": "x", "files": [`),
