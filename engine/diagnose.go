@@ -85,9 +85,25 @@ func Diagnose(d DiagnoseInput) *Divergence {
 		diagnoseIndexList(d, div)
 	default:
 		div.Kind = stageKind(sr.Stage)
-		div.Why = fmt.Sprintf("%s; inputs matched, so %s itself differs (%s)", sr.Reason, sr.Stage, orEq(sr.Equation))
+		div.Why = fmt.Sprintf("%s; %s, so %s itself differs (%s)", sr.Reason, inputsPhrase(sr.Inputs), sr.Stage, orEq(sr.Equation))
 	}
 	return div
+}
+
+// inputsPhrase says how a stage's inputs compared: "its inputs (a, b)
+// matched the reference", or which of them were not checked.
+func inputsPhrase(ins []InputInfo) string {
+	var names, unchecked []string
+	for _, in := range ins {
+		names = append(names, in.Name)
+		if in.Status != "matched" {
+			unchecked = append(unchecked, fmt.Sprintf("%s from %s %s", in.Name, in.From, in.Status))
+		}
+	}
+	if len(unchecked) == 0 {
+		return fmt.Sprintf("its inputs (%s) matched the reference", strings.Join(names, ", "))
+	}
+	return fmt.Sprintf("its inputs (%s) matched the reference or were not checked (%s)", strings.Join(names, ", "), strings.Join(unchecked, "; "))
 }
 
 func orEq(eq string) string {
@@ -180,7 +196,7 @@ func diagnoseAttention(d DiagnoseInput, div *Divergence) {
 			other = append(other, fmt.Sprintf("head %d cos_diff %.3g, max abs %.3g", h, m.CosDiff, m.MaxAbs))
 		}
 	}
-	inputs := "its inputs (q, kv_cache, topk_idxs) matched the reference"
+	inputs := inputsPhrase(d.Result.Inputs)
 	if line := indexListSummary(d); line != "" {
 		div.Detail = append(div.Detail, line)
 	}
