@@ -42,3 +42,6 @@ func detectAVX2() bool {
 }
 
 var hasAVX2 = detectAVX2()
+
+//go:noescape
+func fp8PlainPanel64AVX2(y *float32, codes *uint8, x *float32, scl *float32, nkb int)

@@ -2,10 +2,12 @@
 
 #include "textflag.h"
 
-// Kernels of the fast paths (see kernels_fast.go for the contracts). Every
-// kernel keeps one lane per output (a weight row, a head), and each lane does
-// the reference's fp32 operations in the reference's order: a product
-// (VMULPS, never fused) then a sum (VADDPS), k ascending. So a lane's result is
+// Kernels of the fast paths (contracts in linear_fast.go and sparse_fast.go).
+// Every kernel keeps one lane per output (a weight row, a head, a dim), and
+// each lane does the reference's fp32 operations in the reference's order: a
+// rounded product then a rounded sum (VMULPS, VADDPS), k ascending. The FP8
+// kernels fuse the two (VFMADD231PS) because their products are exact (see
+// CODES16), which makes the fused result the same bits. So a lane's result is
 // bit-identical to the scalar reference loop.
 
 // func cpuid(eaxArg, ecxArg uint32) (eax, ebx, ecx, edx uint32)
@@ -110,6 +112,59 @@ fp8k:
 	ADDQ $4, R8
 	DECQ CX
 	JNZ  fp8block
+	VZEROUPPER
+	RET
+
+// func fp8PlainPanel64AVX2(y *float32, codes *uint8, x *float32, scl *float32, nkb int)
+//
+// y[0:64] = Σ_k (x[k]·scl[k/128])·v[k][lane]   one fp32 sum over all k
+// (v = E4M3·2^-8, so x[k]·scl[b]·v = x[k]·W[n,k] when scl[b] = 2^(e_b+8));
+// codes is [nkb·128][64] bytes, x [nkb·128], scl [nkb].
+TEXT ·fp8PlainPanel64AVX2(SB), NOSPLIT, $0-40
+	MOVQ y+0(FP), DI
+	MOVQ codes+8(FP), SI
+	MOVQ x+16(FP), DX
+	MOVQ scl+24(FP), R8
+	MOVQ nkb+32(FP), CX
+	MOVL $0xBF80BF80, AX
+	MOVD AX, X15
+	VPBROADCASTD X15, Y15
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+
+plainblock:
+	VBROADCASTSS (R8), Y14
+	MOVQ $128, BX
+
+plaink:
+	VBROADCASTSS (DX), Y8
+	VMULPS Y14, Y8, Y8
+	CODES16(0, Y0, Y1)
+	CODES16(16, Y2, Y3)
+	CODES16(32, Y4, Y5)
+	CODES16(48, Y6, Y7)
+	ADDQ $64, SI
+	ADDQ $4, DX
+	DECQ BX
+	JNZ  plaink
+	ADDQ $4, R8
+	DECQ CX
+	JNZ  plainblock
+
+	VMOVUPS Y0, 0(DI)
+	VMOVUPS Y1, 32(DI)
+	VMOVUPS Y2, 64(DI)
+	VMOVUPS Y3, 96(DI)
+	VMOVUPS Y4, 128(DI)
+	VMOVUPS Y5, 160(DI)
+	VMOVUPS Y6, 192(DI)
+	VMOVUPS Y7, 224(DI)
 	VZEROUPPER
 	RET
 

@@ -26,3 +26,7 @@ func indexScore64AVX2(sums *float32, icache *float32, iqT *float32, w *float32, 
 func pvChunkAVX2(acc *float32, rows **float32, p *float32, n int, alpha float32, d int) {
 	panic("attention: no assembly kernels in this build")
 }
+
+func fp8PlainPanel64AVX2(y *float32, codes *uint8, x *float32, scl *float32, nkb int) {
+	panic("attention: no assembly kernels in this build")
+}

@@ -3,6 +3,7 @@ package attention
 import (
 	"math"
 	"runtime"
+	"sync/atomic"
 
 	"golang.org/x/sync/errgroup"
 
@@ -32,19 +33,30 @@ func HasAssembly() bool { return hasAVX2 }
 
 func useAsm() bool { return UseAssembly && hasAVX2 }
 
-// parallelFor runs f over [0, n) split into contiguous ranges, one per
-// goroutine (at most GOMAXPROCS of them, none when work is small). Callers only
-// write disjoint outputs per index, so results are independent of the split.
+// parallelFor runs f over [0, n) in contiguous chunks that GOMAXPROCS
+// goroutines take from a shared counter (so a goroutine the OS delays does not
+// hold the others up), none when work is small. Callers only write disjoint
+// outputs per index and compute each index the same way whoever runs it, so
+// results do not depend on the split or the number of goroutines.
 func parallelFor(n int, work int, f func(lo, hi int)) {
 	workers := min(runtime.GOMAXPROCS(0), n)
 	if workers <= 1 || work < 1<<16 {
 		f(0, n)
 		return
 	}
+	chunk := max(1, n/(8*workers))
+	var next atomic.Int64
 	var g errgroup.Group
 	for w := 0; w < workers; w++ {
-		lo, hi := w*n/workers, (w+1)*n/workers
-		g.Go(func() error { f(lo, hi); return nil })
+		g.Go(func() error {
+			for {
+				lo := int(next.Add(int64(chunk))) - chunk
+				if lo >= n {
+					return nil
+				}
+				f(lo, min(n, lo+chunk))
+			}
+		})
 	}
 	g.Wait()
 }
@@ -129,8 +141,8 @@ func (p *FP8Panels) Linear(y, x []float32) {
 //
 //	y[n] = bf16( Σ_k x[k]·W[n,k] )     fp32, k ascending
 //
-// The assembly runs the whole row as one block on x[k]·2^(e+8) (the block's
-// scale moved onto x, exactly) against the unscaled codes: each product is the
+// The assembly runs the whole row as one sum of x[k]·2^(e_b+8) (the block's
+// scale moved onto x, exactly) times the unscaled codes: each product is the
 // reference's x[k]·W[n,k] exactly (x bf16, W E4M3-valued: ≤ 12 significant
 // bits). Inputs where that cannot be proven take the reference loop.
 func (p *FP8Panels) LinearPlain(y, x []float32) {
@@ -147,42 +159,50 @@ func (p *FP8Panels) apply(y, x, sx []float32) {
 	cb := p.Cols / ActBlock
 	np := (p.Rows + PanelRows - 1) / PanelRows
 	asm := useAsm() && p.exact
+	// plain: the smallest nonzero and the largest |x| of each 128-block, so
+	// that x[k]·2^(e_b+8) is checked per block, not per element
+	var lo, hi []float64
 	if sx != nil {
 		asm = asm && normalPow2s(sx)
-	} else {
-		for _, v := range x {
-			asm = asm && quant.BF16Round(v) == v
+	} else if asm {
+		lo, hi = make([]float64, cb), make([]float64, cb)
+		for b := range cb {
+			lo[b] = math.Inf(1)
+			for _, v := range x[b*ActBlock : (b+1)*ActBlock] {
+				a := math.Abs(float64(v))
+				asm = asm && quant.BF16Round(v) == v
+				if a != 0 {
+					lo[b], hi[b] = min(lo[b], a), max(hi[b], a)
+				}
+			}
 		}
 	}
-	parallelFor(np, p.Rows*p.Cols, func(lo, hi int) {
+	parallelFor(np, p.Rows*p.Cols, func(plo, phi int) {
 		var tmp [PanelRows]float32
 		scl := make([]float32, cb)
-		xs := make([]float32, p.Cols)
 		row := make([]float32, p.Cols)
 		codes := make([]uint8, p.Cols)
-		one := []float32{1}
-		for pi := lo; pi < hi; pi++ {
+		for pi := plo; pi < phi; pi++ {
 			n0 := pi * PanelRows
 			rb := n0 / 128
 			srow := p.Scale[rb*cb : (rb+1)*cb]
 			panel := p.Codes[pi*p.Cols*PanelRows : (pi+1)*p.Cols*PanelRows]
 			ok := asm
-			if ok && sx != nil {
-				for b := range scl {
-					scl[b] = quant.Pow2(int(srow[b])-127+8) * sx[b]
-					ok = ok && inKernelRange(scl[b])
-				}
-			} else if ok {
-				for k, v := range x {
-					xs[k] = v * quant.Pow2(int(srow[k/ActBlock])-127+8)
-					ok = ok && (xs[k] == 0 || inKernelRange(xs[k]))
+			for b := 0; ok && b < cb; b++ {
+				f := quant.Pow2(int(srow[b]) - 127 + 8)
+				if sx != nil {
+					scl[b] = f * sx[b]
+					ok = inKernelRange(scl[b])
+				} else {
+					scl[b] = f
+					ok = hi[b] == 0 || (lo[b]*float64(f) >= 0x1p-100 && hi[b]*float64(f) <= 0x1p100)
 				}
 			}
 			if ok {
 				if sx != nil {
 					fp8Panel64AVX2(&tmp[0], &panel[0], &x[0], &scl[0], cb, ActBlock)
 				} else {
-					fp8Panel64AVX2(&tmp[0], &panel[0], &xs[0], &one[0], 1, p.Cols)
+					fp8PlainPanel64AVX2(&tmp[0], &panel[0], &x[0], &scl[0], cb)
 				}
 				for l := 0; l < PanelRows && n0+l < p.Rows; l++ {
 					y[n0+l] = quant.BF16Round(tmp[l])

@@ -1,0 +1,178 @@
+#!/usr/bin/python3
+"""One DeepSeek-V4-Flash CSA-layer decode step (layer 2, context 65,536) in
+PyTorch on the CPU, fp32, on the exact inputs bench/csastep wrote, timed.
+
+This is the step a user would otherwise write: the FP8 weights dequantised to
+fp32 once (W = E4M3(code) * 2^(scale-127), as the reference does), then
+model.py's decode path with fp32 tensors and BLAS GEMVs (torch.mv, the
+fastest of the forms measured here: F.linear on a vector, x @ W.T and a
+batched bmm for wo_a were 1.5-3x slower): wq_a, q_norm, wq_b,
+per-head RMS, RoPE; wkv, kv_norm, RoPE; the indexer (wq_b, RoPE, Hadamard,
+its compressor's projections and state write, weights_proj, index scores over
+every key, top-512); the main compressor's projections and state write; the
+window write; sparse attention with the sink over the 640 selected rows;
+inverse RoPE; wo_a (grouped) and wo_b. It leaves out the bf16 roundings and
+the FP8/FP4 activation fake-quantisation (cheaper for PyTorch, so the
+comparison favours it).
+
+    /usr/bin/python3 bench/torch_step.py /tmp/csastep [--threads 2] [--runs 20]
+
+Prints the median time, the ratio to sparsemla's median (from manifest.json)
+and the cosine similarity of the two y (a check that both computed the same
+step; they differ by the bf16/fp32 precision, not by the algorithm).
+"""
+import argparse
+import json
+import os
+import statistics
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+def e4m3_table():
+    t = np.zeros(256, dtype=np.float32)
+    for c in range(256):
+        s = -1.0 if c & 0x80 else 1.0
+        e = (c >> 3) & 0xF
+        m = c & 7
+        if e == 0xF and m == 7:
+            t[c] = np.nan
+        elif e == 0:
+            t[c] = s * m / 8 * 2.0 ** -6
+        else:
+            t[c] = s * (1 + m / 8) * 2.0 ** (e - 7)
+    return t
+
+
+def load(d):
+    man = json.load(open(os.path.join(d, "manifest.json")))
+    arrs = {}
+    for t in man["tensors"]:
+        dt = np.uint8 if t["dtype"] == "u8" else np.float32
+        arrs[t["name"]] = np.fromfile(os.path.join(d, t["file"]), dtype=dt).reshape(t["shape"])
+    return man, arrs
+
+
+def dequant(arrs, name):
+    codes, scale = arrs[name + ".codes"], arrs[name + ".scale"]
+    w = E4M3[codes]
+    s = np.exp2(scale.astype(np.float32) - 127).astype(np.float32)
+    s = np.repeat(np.repeat(s, 128, axis=0), 128, axis=1)[: w.shape[0], : w.shape[1]]
+    return torch.from_numpy(np.ascontiguousarray(w * s))
+
+
+def rms(x, w, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def rope(x, cos, sin, inverse=False):
+    """Rotate the last 64 dims of x (interleaved pairs) in place."""
+    pe = x[..., -64:].view(*x.shape[:-1], 32, 2)
+    x0, x1 = pe[..., 0].clone(), pe[..., 1].clone()
+    s = -sin if inverse else sin
+    pe[..., 0] = x0 * cos - x1 * s
+    pe[..., 1] = x0 * s + x1 * cos
+
+
+def hadamard(n):
+    h = torch.ones(1, 1)
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return h * n ** -0.5
+
+
+E4M3 = e4m3_table()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("dir")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--runs", type=int, default=20)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    man, arrs = load(a.dir)
+    T = lambda n: torch.from_numpy(np.ascontiguousarray(arrs[n]))
+    eps, pos, win, topk = man["eps"], man["pos"], man["window"], man["topk"]
+    W = {n: dequant(arrs, n) for n in ["wq_a", "wq_b", "wkv", "wo_b", "idx.wq_b"]}
+    for n in ["wo_a", "q_norm", "kv_norm", "attn_sink", "cmp.wkv", "cmp.wgate", "cmp.ape",
+              "idx.weights_proj", "icmp.wkv", "icmp.wgate", "icmp.ape", "x", "cos", "sin"]:
+        W[n] = T(n)
+    G = 8
+    wo_a = W["wo_a"].view(G, -1, W["wo_a"].shape[1])
+    had = hadamard(128)
+    kv_cache0, icache = T("kv_cache"), T("icache")
+    states0 = {n: T(n) for n in ["cmp_kv_state", "cmp_score_state", "icmp_kv_state", "icmp_score_state"]}
+    cos, sin = W["cos"], W["sin"]
+    window = torch.tensor([(pos - win + 1 + i) % win for i in range(win)], dtype=torch.long)
+
+    lin = torch.mv  # y = W x
+
+    def step(kv_cache, st, idx=None):
+        x = W["x"]
+        cq = rms(lin(W["wq_a"], x), W["q_norm"], eps)
+        q = lin(W["wq_b"], cq).view(64, 512)
+        q = q * torch.rsqrt(q.pow(2).mean(-1, keepdim=True) + eps)
+        rope(q, cos, sin)
+        kv = rms(lin(W["wkv"], x), W["kv_norm"], eps)
+        rope(kv, cos, sin)
+        # indexer
+        iq = lin(W["idx.wq_b"], cq).view(64, 128)
+        rope(iq, cos, sin)
+        iq = iq @ had
+        r = 4 + pos % 4
+        st["icmp_kv_state"][r] = lin(W["icmp.wkv"], x)
+        st["icmp_score_state"][r] = lin(W["icmp.wgate"], x) + W["icmp.ape"][pos % 4]
+        iw = lin(W["idx.weights_proj"], x) * man["index_weight_scale"]
+        score = iw @ torch.relu(iq @ icache.T)
+        sel = score.topk(min(topk, score.shape[0])).indices + win
+        # main compressor
+        st["cmp_kv_state"][r] = lin(W["cmp.wkv"], x)
+        st["cmp_score_state"][r] = lin(W["cmp.wgate"], x) + W["cmp.ape"][pos % 4]
+        # cache write, sparse attention with the sink
+        kv_cache[pos % win] = kv
+        kvs = kv_cache[torch.cat([window, sel]) if idx is None else idx]
+        logits = (q @ kvs.T) * man["softmax_scale"]
+        sink = W["attn_sink"]
+        m = torch.maximum(logits.max(-1).values, sink)
+        p = torch.exp(logits - m[:, None])
+        l = p.sum(-1) + torch.exp(sink - m)
+        o = (p @ kvs) / l[:, None]
+        rope(o, cos, sin, inverse=True)
+        og = o.reshape(G, -1)
+        u = torch.cat([lin(wo_a[g], og[g]) for g in range(G)])
+        return lin(W["wo_b"], u)
+
+    kv_cache = kv_cache0.clone()
+    st = {k: v.clone() for k, v in states0.items()}
+    times = []
+    with torch.no_grad():
+        for i in range(3 + a.runs):
+            t0 = time.perf_counter()
+            y = step(kv_cache, st)
+            if i >= 3:
+                times.append((time.perf_counter() - t0) * 1e3)
+    med = statistics.median(times)
+    y_go = T("y_go")
+    cosim = float(F.cosine_similarity(y, y_go, dim=0))
+    # the same step on sparsemla's index list: separates the algorithm from the
+    # top-k (whose scores sparsemla computes on the FP4-quantised query and keys)
+    idx_go = T("topk_idxs").long()
+    with torch.no_grad():
+        y2 = step(kv_cache0.clone(), {k: v.clone() for k, v in states0.items()}, idx_go)
+    cosim2 = float(F.cosine_similarity(y2, y_go, dim=0))
+    print(f"cosine(y_torch, y_sparsemla) with sparsemla's index list = {cosim2:.5f}")
+    go = man["go_median_ms"]
+    print(f"pytorch {torch.__version__} fp32 step ({a.threads} threads): median {med:.1f} ms over {a.runs} runs")
+    print(f"cosine(y_torch, y_sparsemla) = {cosim:.5f}")
+    print(f"sparsemla {go:.1f} ms vs pytorch {med:.1f} ms: sparsemla is {med / go:.2f}x PyTorch's speed")
+    json.dump({"torch_median_ms": med, "torch_runs": times, "go_median_ms": go, "ratio": med / go,
+               "cosine": cosim, "cosine_same_index_list": cosim2, "threads": a.threads, "torch": torch.__version__},
+              open(os.path.join(a.dir, "torch.json"), "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
