@@ -616,8 +616,13 @@ func rewriteSafetensors(t *testing.T, from, to string, edit func(*dump.Record) b
 
 func writeSafetensorsFile(t *testing.T, path string, recs []dump.Record) {
 	t.Helper()
+	writeSafetensorsFileMeta(t, path, recs, nil)
+}
+
+func writeSafetensorsFileMeta(t *testing.T, path string, recs []dump.Record, meta map[string]string) {
+	t.Helper()
 	var buf bytes.Buffer
-	if err := dump.WriteSafetensors(&buf, recs, nil); err != nil {
+	if err := dump.WriteSafetensors(&buf, recs, meta); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
