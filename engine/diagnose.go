@@ -568,13 +568,16 @@ func diagnoseIndexList(d DiagnoseInput, div *Divergence) {
 	W := d.Model.Cfg.WindowSize
 	ref, gpu := d.Ref, d.GPU
 	if len(ref.I) < W || len(gpu.I) < W {
-		div.Kind, div.Why = KindProjection, d.Result.Reason
+		div.Kind, div.Why = KindIndexList, "the index list has "+d.Result.Reason
 		return
 	}
 	for i := 0; i < W; i++ {
 		if ref.I[i] != gpu.I[i] {
-			div.Kind = KindProjection
+			div.Kind = KindIndexList
 			div.Why = fmt.Sprintf("window part of the index list differs at entry %d: GPU %d, reference %d (ring order oldest to newest, -1 padding at the end, spec §4)", i, gpu.I[i], ref.I[i])
+			if padFront(gpu.I[:W]) && !padFront(ref.I[:W]) {
+				div.Why += "; the GPU puts the -1 padding first: the V4.1 window layout (spec §11 item 9) in a V4 model"
+			}
 			return
 		}
 	}
@@ -721,4 +724,10 @@ func nonFiniteInputs(d DiagnoseInput) string {
 		}
 	}
 	return ""
+}
+
+// padFront reports whether a window list starts with -1 entries followed by
+// valid ones (the V4.1 layout).
+func padFront(w []int64) bool {
+	return len(w) > 1 && w[0] < 0 && w[len(w)-1] >= 0
 }

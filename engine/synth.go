@@ -41,11 +41,15 @@ const (
 	// FaultCmpLate: the main compressor writes its row one step late: at the
 	// emission step the cache row is still zero, it appears at the next step.
 	FaultCmpLate FaultKind = "compressor-late"
+	// FaultWindowOrder: the window part of the index list puts its -1
+	// padding first (the V4.1 layout, spec §11 item 9) in a V4 model; steps
+	// p < W-1 only (later windows have no padding).
+	FaultWindowOrder FaultKind = "window-order"
 )
 
 // FaultKinds lists every injectable fault.
 func FaultKinds() []FaultKind {
-	return []FaultKind{FaultSplitK, FaultLSE, FaultFP8Scale, FaultScaleByte, FaultTopK, FaultStalePrefix, FaultCmpLate}
+	return []FaultKind{FaultSplitK, FaultLSE, FaultFP8Scale, FaultScaleByte, FaultTopK, FaultStalePrefix, FaultCmpLate, FaultWindowOrder}
 }
 
 // Fault is one injected fault at decode step Step, layer Layer.
@@ -95,6 +99,8 @@ func (f Fault) Stage() string {
 		return "kv"
 	case FaultTopK:
 		return "index_topk"
+	case FaultWindowOrder:
+		return "topk_idxs"
 	}
 	return "kv_cache"
 }
@@ -110,6 +116,8 @@ func (f Fault) Diagnosis() string {
 		return KindIndexer
 	case FaultStalePrefix:
 		return KindPrefix
+	case FaultWindowOrder:
+		return KindIndexList
 	}
 	return KindCompressor
 }
@@ -142,6 +150,10 @@ func (f Fault) Check(cfg *Config, first, last int64) error {
 	case FaultScaleByte, FaultStalePrefix:
 		if f.Step < 1 {
 			return fmt.Errorf("fault %s: needs an earlier token in the window", f)
+		}
+	case FaultWindowOrder:
+		if f.Step >= int64(cfg.WindowSize-1) {
+			return fmt.Errorf("fault %s: the window list has no -1 padding at step >= %d", f, cfg.WindowSize-1)
 		}
 	}
 	return nil
@@ -499,6 +511,17 @@ func (g *gpuRun) inject(ctx *StepContext, name string, out Tensor, in map[string
 			slot := int(t % int64(W))
 			copy(bad.F[slot*D:(slot+1)*D], o.F[slot*D:(slot+1)*D])
 		}
+		return bad, nil
+	case FaultWindowOrder:
+		var valid, pad []int64
+		for _, v := range out.I[:W] {
+			if v >= 0 {
+				valid = append(valid, v)
+			} else {
+				pad = append(pad, v)
+			}
+		}
+		copy(bad.I, append(pad, valid...))
 		return bad, nil
 	case FaultCmpLate:
 		j := attention.EmittedRow(g.fault.Step, cfg.Ratio(g.fault.Layer))

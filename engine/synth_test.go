@@ -74,6 +74,7 @@ var faultWhy = map[FaultKind]string{
 	FaultTopK:        "not a boundary tie",
 	FaultStalePrefix: "a stale page from that request",
 	FaultCmpLate:     "did not emit it at its emission step",
+	FaultWindowOrder: "the V4.1 window layout",
 }
 
 // TestSynthFaultsFound injects every fault kind at seeded random positions and
