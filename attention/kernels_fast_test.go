@@ -270,3 +270,19 @@ func TestIndexScoresFastEqualsReference(t *testing.T) {
 		}
 	})
 }
+
+func TestIndexQKFastEqualsReference(t *testing.T) {
+	rng := rand.New(rand.NewPCG(14, 15))
+	for _, heads := range []int{64, 4, 70} {
+		iq, ic := bf16Vec(rng, heads*128, 1), bf16Vec(rng, 300*128, 1)
+		want := make([]float32, heads*300)
+		for h := 0; h < heads; h++ {
+			BF16Linear(want[h*300:(h+1)*300], iq[h*128:(h+1)*128], ic, 300, 128)
+		}
+		eachPath(t, func(t *testing.T) {
+			got := make([]float32, len(want))
+			IndexQKFast(got, iq, ic, heads, 128)
+			sameBits(t, "qk", got, want)
+		})
+	}
+}

@@ -169,3 +169,34 @@ func IndexScoresFast(score, iq, icache, w []float32, heads, hd int) {
 		}
 	})
 }
+
+// IndexQKFast is the indexer's IndexQK (index_qk, materialised for a replay
+// that compares it), bit-identical at any GOMAXPROCS:
+//
+//	qk[h][j] = bf16( Σ_k iq[h][k] · icache[j][k] )     k ascending, fp32
+//
+// with one SIMD lane per head. qk [heads, Tc], iq [heads, hd], icache [Tc, hd].
+func IndexQKFast(qk, iq, icache []float32, heads, hd int) {
+	if hd <= 0 || len(iq) != heads*hd || len(icache)%hd != 0 || len(qk) != heads*(len(icache)/hd) {
+		panic("attention: IndexQKFast shape mismatch")
+	}
+	tc := len(icache) / hd
+	if !useAsm() || tc == 0 {
+		for h := 0; h < heads; h++ {
+			BF16Linear(qk[h*tc:(h+1)*tc], iq[h*hd:(h+1)*hd], icache, tc, hd)
+		}
+		return
+	}
+	qT, lanes := transposeHeads(iq, heads, hd)
+	parallelFor(tc, tc*heads*hd, func(lo, hi int) {
+		var tmp [PanelRows]float32
+		for j := lo; j < hi; j++ {
+			for g := 0; g < lanes; g += PanelRows {
+				f32Panel64AVX2WithStride(&tmp, qT, g, lanes, icache[j*hd:(j+1)*hd])
+				for l := 0; l < PanelRows && g+l < heads; l++ {
+					qk[(g+l)*tc+j] = quant.BF16Round(tmp[l])
+				}
+			}
+		}
+	})
+}

@@ -38,7 +38,13 @@ type PreparedLayer struct {
 	IWqB               *attention.FP8Panels
 	IWeightsProj       *attention.Panels
 	ICmpWkv, ICmpWgate *attention.Panels
+
+	src map[*attention.FP8Weight]*attention.FP8Panels // packed copy of each FP8 weight of the source LayerWeights
 }
+
+// packedOf returns the packed copy of the source FP8 weight w, nil if w is not
+// one of the weights the layer was prepared from.
+func (p *PreparedLayer) packedOf(w *attention.FP8Weight) *attention.FP8Panels { return p.src[w] }
 
 // Prepare repacks the layer's weights. The packed weights are new memory; the
 // fp32 FP8 dequantisations of w are not referenced, so a caller that keeps
@@ -56,9 +62,11 @@ func Prepare(cfg *Config, w *LayerWeights) *PreparedLayer {
 		p.CmpWkv = attention.PackPanels(c.Wkv, c.Width(), c.Dim)
 		p.CmpWgate = attention.PackPanels(c.Wgate, c.Width(), c.Dim)
 	}
+	p.src = map[*attention.FP8Weight]*attention.FP8Panels{w.WqA: p.WqA, w.WqB: p.WqB, w.Wkv: p.Wkv, w.WoB: p.WoB}
 	if ix := w.Indexer; ix != nil {
 		p.Indexer = ix
 		p.IWqB = attention.PackFP8Weight(ix.WqB)
+		p.src[ix.WqB] = p.IWqB
 		p.IWeightsProj = attention.PackPanels(ix.WeightsProj, ix.NHeads, len(ix.WeightsProj)/ix.NHeads)
 		c := ix.Compressor
 		p.ICmpWkv = attention.PackPanels(c.Wkv, c.Width(), c.Dim)
