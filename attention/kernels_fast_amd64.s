@@ -31,15 +31,16 @@ TEXT ·xgetbv0(SB), NOSPLIT, $0-8
 
 // CODES16 converts 16 E4M3 codes at off(SI) into 16 fp32 values v·2^-8 and
 // accumulates x·v into (acclo, acchi), x broadcast in Y8, mask 0xBF80 per word
-// in Y15. fp16 bits = sign<<15 | (code&0x7f)<<7, which is E4M3(code)·2^-8
+// in Y15: the sign-extended code shifted left by 7 has the sign in bits 15
+// and 14 and the magnitude in bits 13..7; clearing bit 14 leaves the fp16
+// bits sign<<15 | (code&0x7f)<<7, which is E4M3(code)·2^-8
 // exactly, subnormals included. The product of x (an E4M3 or bf16 value) and
 // v has at most 12 significant bits, so it is exact in fp32 and the fused
 // multiply-add rounds once, exactly like the reference's product-then-sum
 // (callers check the operands keep the product in the normal range).
 #define CODES16(off, acclo, acchi) \
-	VPMOVZXBW off(SI), Y9; \
-	VPSLLW $8, Y9, Y9; \
-	VPSRAW $1, Y9, Y9; \
+	VPMOVSXBW off(SI), Y9; \
+	VPSLLW $7, Y9, Y9; \
 	VPAND Y15, Y9, Y9; \
 	VCVTPH2PS X9, Y10; \
 	VEXTRACTI128 $1, Y9, X9; \
