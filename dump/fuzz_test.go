@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -127,4 +128,43 @@ func FuzzCheckpointIndex(f *testing.F) {
 			_ = c.LayerAttention(l)
 		}
 	})
+}
+
+// TestNpzStoredMemberClaim: a stored member whose zip directory entry claims
+// more bytes than the archive holds (64 GiB in a few hundred bytes, with an
+// npy header to match) is refused at Open; it used to be indexed and then
+// allocated in full by Read (found by engineer I's bad-input corpus,
+// testdata/bad/npz_claims_64g.npz).
+func TestNpzStoredMemberClaim(t *testing.T) {
+	const claim = 1 << 36
+	dict := "{'descr': '<u2', 'fortran_order': False, 'shape': (34359738304,), }"
+	for (10+len(dict)+1)%64 != 0 {
+		dict += " "
+	}
+	dict += "\n"
+	npy := append(append([]byte("\x93NUMPY\x01\x00"), byte(len(dict)), byte(len(dict)>>8)), dict...)
+	var buf bytes.Buffer
+	zw := zip.NewWriter(&buf)
+	w, err := zw.CreateRaw(&zip.FileHeader{Name: "L0.q.npy", Method: zip.Store, CompressedSize64: claim, UncompressedSize64: claim})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Write(append(npy, make([]byte, 16)...)); err != nil {
+		t.Fatal(err)
+	}
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(t.TempDir(), "claim.npz")
+	if err := os.WriteFile(p, buf.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d, err := Open(p)
+	if err == nil {
+		d.Close()
+		t.Fatal("Open accepted a stored member larger than the archive")
+	}
+	if !strings.Contains(err.Error(), "exceeds the") || !strings.Contains(err.Error(), "L0.q.npy") {
+		t.Fatalf("error %q does not name the member and the claim", err)
+	}
 }

@@ -182,8 +182,10 @@ func readNpzMember(f *zip.File) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-// listNpz parses the header of every .npy member of an archive.
-func listNpz(zr *zip.Reader, ra io.ReaderAt, name string) ([]npzMember, error) {
+// listNpz parses the header of every .npy member of an archive of size
+// bytes. A stored member must lie inside the archive: its size comes from
+// the zip directory, and Dump.Read allocates it.
+func listNpz(zr *zip.Reader, ra io.ReaderAt, size int64, name string) ([]npzMember, error) {
 	var out []npzMember
 	for i, f := range zr.File {
 		if !strings.HasSuffix(f.Name, ".npy") {
@@ -193,6 +195,9 @@ func listNpz(zr *zip.Reader, ra io.ReaderAt, name string) ([]npzMember, error) {
 		var err error
 		stored := int64(-1)
 		if off, oerr := f.DataOffset(); oerr == nil && f.Method == zip.Store && f.CompressedSize64 == f.UncompressedSize64 {
+			if off < 0 || off > size || f.UncompressedSize64 > uint64(size-off) {
+				return nil, fmt.Errorf("dump: %s: member %d %q: stored member of %d bytes at offset %d exceeds the %d-byte archive", name, i, f.Name, f.UncompressedSize64, off, size)
+			}
 			// Stored (np.savez): parse in place through the archive's ReaderAt.
 			hdr, err = ParseNpyHeader(io.NewSectionReader(ra, off, int64(f.UncompressedSize64)), int64(f.UncompressedSize64))
 			stored = off

@@ -371,7 +371,7 @@ func (d *Dump) addNpz(path, rel string, prevFix *[]int) error {
 	if err != nil {
 		return fmt.Errorf("dump: %s: npz: %w", path, err)
 	}
-	ms, err := listNpz(zr, f, path)
+	ms, err := listNpz(zr, f, size, path)
 	if err != nil {
 		return err
 	}
