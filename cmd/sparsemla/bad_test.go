@@ -45,11 +45,17 @@ type badCase struct {
 	// of a golden dump that uses File). At least one is set.
 	File string `json:"file,omitempty"`
 	Make string `json:"make,omitempty"`
-	// Args is the command line; "{in}" is replaced by the input path.
+	// Args is the command line; "{in}" is replaced by the input path,
+	// "{base}" by the clean synthetic dump, "{tmp}" by a new temp directory.
 	Args []string `json:"args"`
 	Exit int      `json:"exit"`
 	// Note says why the expected behaviour is what it is (not checked).
 	Note string `json:"note,omitempty"`
+	// KnownBug marks a case whose expected behaviour is the right one but is
+	// not met yet: it is skipped while it fails (with the bug and what went
+	// wrong in the skip message) and fails once it passes, so the mark is
+	// removed when the bug is fixed.
+	KnownBug string `json:"known_bug,omitempty"`
 	// Want are substrings of the one stderr line (exit 2) or of stdout
 	// (exit 0 and 1). "{name}" is replaced by the input's base name.
 	Want []string `json:"want"`
@@ -80,8 +86,8 @@ func loadBadCases(t *testing.T) []badCase {
 }
 
 // checkRun runs args and checks the exit code, the output shape and the
-// allocation bound; it returns stdout and stderr.
-func checkRun(t *testing.T, args []string, exit int, want []string, maxAllocMB int) (string, string) {
+// allocation bound; it returns what is wrong (nil when all is well).
+func checkRun(t *testing.T, args []string, exit int, want []string, maxAllocMB int) []string {
 	t.Helper()
 	if maxAllocMB == 0 {
 		maxAllocMB = 256
@@ -95,31 +101,33 @@ func checkRun(t *testing.T, args []string, exit int, want []string, maxAllocMB i
 	if testing.Verbose() && os.Getenv("SPARSEMLA_BAD_SHOW") != "" {
 		t.Logf("%v: exit %d\nstdout:\n%s\nstderr:\n%s", args, code, clip(out), e)
 	}
+	var bad []string
+	errorf := func(format string, a ...any) { bad = append(bad, fmt.Sprintf(format, a...)) }
 	if code != exit {
-		t.Errorf("%v: exit %d, want %d\nstdout:\n%s\nstderr:\n%s", args, code, exit, clip(out), e)
+		errorf("%v: exit %d, want %d\nstdout:\n%s\nstderr:\n%s", args, code, exit, clip(out), e)
 	}
 	if strings.Contains(e, "goroutine ") || strings.Contains(e, "panic") || strings.Contains(out, "goroutine ") || strings.Contains(out, "panic:") {
-		t.Errorf("%v: stack trace or panic in the output:\n%s%s", args, clip(out), e)
+		errorf("%v: stack trace or panic in the output:\n%s%s", args, clip(out), e)
 	}
 	if alloc > uint64(maxAllocMB)<<20 {
-		t.Errorf("%v: allocated %d MiB, bound %d MiB", args, alloc>>20, maxAllocMB)
+		errorf("%v: allocated %d MiB, bound %d MiB", args, alloc>>20, maxAllocMB)
 	}
 	text := out
 	if exit == exitError {
 		text = e
 		if lines := strings.Count(strings.TrimRight(e, "\n"), "\n") + 1; lines != 1 || !strings.HasSuffix(e, "\n") {
-			t.Errorf("%v: stderr is %d lines, want one:\n%s", args, lines, e)
+			errorf("%v: stderr is %d lines, want one:\n%s", args, lines, e)
 		}
 		if !strings.HasPrefix(e, "sparsemla "+args[0]+": ") {
-			t.Errorf("%v: stderr does not start with %q: %q", args, "sparsemla "+args[0]+": ", e)
+			errorf("%v: stderr does not start with %q: %q", args, "sparsemla "+args[0]+": ", e)
 		}
 	}
 	for _, w := range want {
 		if !strings.Contains(text, w) {
-			t.Errorf("%v: output lacks %q:\n%s", args, w, clip(text))
+			errorf("%v: output lacks %q:\n%s", args, w, clip(text))
 		}
 	}
-	return out, e
+	return bad
 }
 
 func clip(s string) string {
@@ -133,7 +141,7 @@ func clip(s string) string {
 func TestBadCorpus(t *testing.T) {
 	cases := loadBadCases(t)
 	base := badBase(t)
-	tried := 0
+	tried, knownBugs := 0, 0
 	for _, c := range cases {
 		t.Run(c.Name, func(t *testing.T) {
 			var in string
@@ -152,17 +160,28 @@ func TestBadCorpus(t *testing.T) {
 			}
 			args := make([]string, len(c.Args))
 			for i, a := range c.Args {
-				args[i] = strings.ReplaceAll(strings.ReplaceAll(a, "{in}", in), "{base}", base)
+				args[i] = strings.NewReplacer("{in}", in, "{base}", base, "{tmp}", t.TempDir()).Replace(a)
 			}
 			want := make([]string, len(c.Want))
 			for i, w := range c.Want {
 				want[i] = strings.ReplaceAll(w, "{name}", filepath.Base(in))
 			}
-			checkRun(t, args, c.Exit, want, c.MaxAllocMB)
+			bad := checkRun(t, args, c.Exit, want, c.MaxAllocMB)
 			tried++
+			switch {
+			case c.KnownBug == "":
+				for _, b := range bad {
+					t.Error(b)
+				}
+			case len(bad) == 0:
+				t.Errorf("known bug fixed (%s): remove known_bug from the case", c.KnownBug)
+			default:
+				knownBugs++
+				t.Skipf("known bug: %s\n%s", c.KnownBug, strings.Join(bad, "\n"))
+			}
 		})
 	}
-	t.Logf("%d bad-input cases run", tried)
+	t.Logf("%d bad-input cases run, %d of them known bugs (skipped)", tried, knownBugs)
 }
 
 // TestBadCorpusFiles: the committed corpus is what writeBadCorpus writes,
@@ -508,6 +527,44 @@ var badMakers = map[string]func(t *testing.T, base, dir, file string) string{
 		os.Remove(w)
 		rewriteSafetensors(t, filepath.Join(base, "weights.safetensors"), w, func(r *dump.Record) bool {
 			return r.Name != "layers.1.attn.wkv.weight"
+		})
+		return dir
+	},
+	// A UE8M0 block scale of an FP8 weight is 0xFF (the NaN code).
+	"weights-scale-ff": func(t *testing.T, base, dir, _ string) string {
+		derive(t, base, dir, nil, nil)
+		w := filepath.Join(dir, "weights.safetensors")
+		os.Remove(w)
+		found := false
+		rewriteSafetensors(t, filepath.Join(base, "weights.safetensors"), w, func(r *dump.Record) bool {
+			if r.Name == "layers.1.attn.wkv.scale" {
+				r.Data[1] = 0xFF
+				found = true
+			}
+			return true
+		})
+		if !found {
+			t.Fatal("no layers.1.attn.wkv.scale in the synthetic weights")
+		}
+		return dir
+	},
+	// NaN in a weight (the attention sink of layer 2).
+	"weights-nan-sink": func(t *testing.T, base, dir, _ string) string {
+		derive(t, base, dir, nil, nil)
+		w := filepath.Join(dir, "weights.safetensors")
+		os.Remove(w)
+		rewriteSafetensors(t, filepath.Join(base, "weights.safetensors"), w, func(r *dump.Record) bool {
+			if r.Name == "layers.2.attn.attn_sink" {
+				switch r.DType {
+				case dump.F32:
+					setF32(r, 1, float32(math.NaN()))
+				case dump.BF16:
+					setBF16(r, 1, float32(math.NaN()))
+				default:
+					t.Fatalf("attn_sink dtype %s", r.DType)
+				}
+			}
+			return true
 		})
 		return dir
 	},
