@@ -254,13 +254,16 @@ func Synthesize(opt SynthOptions) (*Synth, error) {
 			s.Src.Others[SynthOtherRequest][StageKey{opt.Fault.Step, l, "kv_cache"}] = t
 		}
 	}
-	g := &gpuRun{s: s, seed: opt.Seed, last: last, fault: opt.Fault, other: other}
+	g := &gpuRun{s: s, seed: opt.Seed, last: last}
+	if opt.Fault != nil {
+		g.inj = newFaultInjector(*opt.Fault, opt.Seed, other)
+	}
 	g.onStep = func(p int64, l int, vals map[string]Tensor) {
 		if p < first {
 			return
 		}
 		for name, t := range vals {
-			if g.fault != nil && g.hidden[name] && p == g.fault.Step && l == g.fault.Layer {
+			if g.inj != nil && g.inj.hides(p, l, name) {
 				continue
 			}
 			s.Src.Put(p, l, name, t)
@@ -283,17 +286,13 @@ type gpuRun struct {
 	s       *Synth
 	seed    uint64
 	last    int64
-	fault   *Fault
-	other   map[int]Tensor // request A's kv_cache at the fault step (stale-prefix)
-	hidden  map[string]bool
-	lateRow []float32 // compressor-late: the row to write one step late
+	inj     *faultInjector // nil: a clean run
 	onStep  func(p int64, l int, vals map[string]Tensor)
 	onState func(p int64, l int, st map[string]Tensor)
 }
 
 func (g *gpuRun) run() error {
 	cfg := g.s.Cfg
-	g.hidden = map[string]bool{}
 	rng := rand.New(rand.NewPCG(g.seed, 0x5eed))
 	states := make([]map[string]Tensor, cfg.NLayers)
 	for l := range states {
@@ -352,7 +351,6 @@ func (g *gpuRun) layerStep(p int64, l int, x Tensor, prev map[string]Tensor) (ma
 	cfg := g.s.Cfg
 	ctx := &StepContext{Cfg: cfg, Layer: l, Pos: p, W: g.s.Weights[l], Rope: g.s.Rope[l]}
 	vals := map[string]Tensor{"x": x}
-	here := g.fault != nil && g.fault.Step == p && g.fault.Layer == l
 	for _, def := range Stages(cfg, l, p) {
 		if p == 0 && prefillSkips[def.Name] {
 			continue
@@ -369,24 +367,15 @@ func (g *gpuRun) layerStep(p int64, l int, x Tensor, prev map[string]Tensor) (ma
 		if err != nil {
 			return nil, fmt.Errorf("stage %s: %w", def.Name, err)
 		}
-		if here && def.Name == g.fault.Stage() {
-			bad, err := g.inject(ctx, def.Name, out, in)
-			if err != nil {
+		if g.inj != nil && g.inj.at(p, l, def.Name) {
+			// The "GPU" is the reference here, so the value to corrupt
+			// and the reference value are the same.
+			if out, err = g.inj.apply(ctx, out, out, in, true); err != nil {
 				return nil, err
 			}
-			var sr StageResult
-			sr.Stage = def.Name
-			judgeStage(&sr, out, bad, in, DefaultTolerance().For(def.Name), judgeCtx{true, cfg.WindowSize})
-			if sr.Status != StatusFail {
-				return nil, fmt.Errorf("fault %s: %w", g.fault, ErrFaultInvisible)
-			}
-			out = bad
 		}
-		if g.fault != nil && g.fault.Kind == FaultCmpLate && g.fault.Layer == l && p == g.fault.Step+1 && def.Name == "kv_cache" {
-			// The late write lands one step after the emission step.
-			out = out.Clone()
-			j := attention.EmittedRow(g.fault.Step, cfg.Ratio(l))
-			copy(out.F[(cfg.WindowSize+j)*cfg.HeadDim:], g.lateRow)
+		if g.inj != nil {
+			out = g.inj.lateWrite(ctx, def.Name, out)
 		}
 		vals[def.Name] = out
 		if def.Name == "o" {
@@ -413,20 +402,90 @@ func (g *gpuRun) layerStep(p int64, l int, x Tensor, prev map[string]Tensor) (ma
 // output is taken as zero (the synthetic residual stream is unchanged).
 var prefillSkips = map[string]bool{"topk_idxs": true, "o": true, "o_inv": true, "u": true, "y": true}
 
-// inject returns the faulty value of stage name (out is the correct one).
-func (g *gpuRun) inject(ctx *StepContext, name string, out Tensor, in map[string]Tensor) (Tensor, error) {
+// faultInjector applies one Fault the way a buggy GPU makes it. Synthesize
+// (a synthetic GPU run) and WriteFaulted (a faulted copy of a dump) share it.
+type faultInjector struct {
+	fault Fault
+	seed  uint64 // scale-byte: which 64-block's scale byte flips
+	// other is, per layer, the kv_cache another request (the donor of a
+	// stale prefix-cache page) held at the fault step (stale-prefix only).
+	other map[int]Tensor
+	// hidden names the stages a faulty GPU did not produce at the fault's
+	// step and layer (compressor-late: the row is not computed there); they
+	// are left out of the dump.
+	hidden  map[string]bool
+	lateRow []float32 // compressor-late: the row the GPU writes one step late
+}
+
+func newFaultInjector(f Fault, seed uint64, other map[int]Tensor) *faultInjector {
+	j := &faultInjector{fault: f, seed: seed, other: other, hidden: map[string]bool{}}
+	if f.Kind == FaultCmpLate {
+		for _, n := range []string{"cmp_pooled", "cmp_normed", "cmp_roped", "cmp_row"} {
+			j.hidden[n] = true
+		}
+	}
+	return j
+}
+
+// at reports whether stage name of (step p, layer l) is where the fault lives.
+func (j *faultInjector) at(p int64, l int, name string) bool {
+	return p == j.fault.Step && l == j.fault.Layer && name == j.fault.Stage()
+}
+
+// hides reports whether stage name of (p, l) is one the faulty GPU did not
+// produce.
+func (j *faultInjector) hides(p int64, l int, name string) bool {
+	return p == j.fault.Step && l == j.fault.Layer && j.hidden[name]
+}
+
+// apply returns the faulty value of the fault's stage: base is the GPU's
+// correct value (corrupted in a copy), ref the reference value computed from
+// the stage's inputs in (base itself for a synthetic run). The faulty value
+// must be out of tolerance against ref, else ErrFaultInvisible.
+func (j *faultInjector) apply(ctx *StepContext, base, ref Tensor, in map[string]Tensor, gpuRope bool) (Tensor, error) {
+	name := j.fault.Stage()
+	bad, err := j.corrupt(ctx, base, in)
+	if err != nil {
+		return Tensor{}, err
+	}
+	var sr StageResult
+	sr.Stage = name
+	judgeStage(&sr, ref, bad, in, DefaultTolerance().For(name), judgeCtx{gpuRope, ctx.Cfg.WindowSize})
+	if sr.Status != StatusFail {
+		return Tensor{}, fmt.Errorf("fault %s: %w", j.fault, ErrFaultInvisible)
+	}
+	return bad, nil
+}
+
+// lateWrite is the compressor-late fault's second half: at step Step+1 the
+// kv_cache finally receives the row due at the emission step. Any other
+// stage or step is returned unchanged.
+func (j *faultInjector) lateWrite(ctx *StepContext, name string, out Tensor) Tensor {
+	f := j.fault
+	if f.Kind != FaultCmpLate || ctx.Layer != f.Layer || ctx.Pos != f.Step+1 || name != "kv_cache" || j.lateRow == nil {
+		return out
+	}
+	cfg := ctx.Cfg
+	out = out.Clone()
+	r := attention.EmittedRow(f.Step, cfg.Ratio(ctx.Layer))
+	copy(out.F[(cfg.WindowSize+r)*cfg.HeadDim:], j.lateRow)
+	return out
+}
+
+// corrupt returns base with the fault applied.
+func (j *faultInjector) corrupt(ctx *StepContext, out Tensor, in map[string]Tensor) (Tensor, error) {
 	cfg := ctx.Cfg
 	D, W := cfg.HeadDim, cfg.WindowSize
 	bad := out.Clone()
-	switch g.fault.Kind {
+	switch j.fault.Kind {
 	case FaultSplitK, FaultLSE:
 		q, kv, idx := in["q"], in["kv_cache"], in["topk_idxs"]
 		bounds := SplitBounds(idx.I)
 		if bounds == nil {
-			return Tensor{}, fmt.Errorf("fault %s: fewer than 2 keys", g.fault)
+			return Tensor{}, fmt.Errorf("fault %s: fewer than 2 keys", j.fault)
 		}
 		parts := SplitPartials(cfg, q, kv, idx, bounds)
-		if g.fault.Kind == FaultLSE {
+		if j.fault.Kind == FaultLSE {
 			noSink := make([]float32, cfg.NHeads)
 			for i := range noSink {
 				noSink[i] = float32(math.Inf(-1))
@@ -464,9 +523,9 @@ func (g *gpuRun) inject(ctx *StepContext, name string, out Tensor, in map[string
 		}
 		return bad, nil
 	case FaultScaleByte:
-		slot := int((g.fault.Step - 1) % int64(W))
+		slot := int((j.fault.Step - 1) % int64(W))
 		row := bad.F[slot*D : (slot+1)*D]
-		rng := rand.New(rand.NewPCG(g.seed, uint64(g.fault.Step)<<8|uint64(g.fault.Layer)))
+		rng := rand.New(rand.NewPCG(j.seed, uint64(j.fault.Step)<<8|uint64(j.fault.Layer)))
 		for try := 0; try < 16; try++ {
 			b := rng.IntN((D - 64) / 64)
 			blk := row[b*64 : (b+1)*64]
@@ -483,19 +542,19 @@ func (g *gpuRun) inject(ctx *StepContext, name string, out Tensor, in map[string
 			}
 			return bad, nil
 		}
-		return Tensor{}, fmt.Errorf("fault %s: no non-zero block in window slot %d", g.fault, slot)
+		return Tensor{}, fmt.Errorf("fault %s: no non-zero block in window slot %d", j.fault, slot)
 	case FaultTopK:
 		scores := in["index_score"].F
 		k := len(out.I)
 		tc := len(scores)
 		_, tr := indexer.TopK(scores, k)
 		ties := tr.KthScore
-		j := out.I[k-1]
+		last := out.I[k-1]
 		sel := map[int64]bool{}
 		for _, v := range out.I {
 			sel[v] = true
 		}
-		for _, c := range []int64{j + 1, j - 1} {
+		for _, c := range []int64{last + 1, last - 1} {
 			if c < 0 || c >= int64(tc) {
 				continue
 			}
@@ -504,10 +563,10 @@ func (g *gpuRun) inject(ctx *StepContext, name string, out Tensor, in map[string
 				return bad, nil
 			}
 		}
-		return Tensor{}, fmt.Errorf("fault %s: %w", g.fault, ErrFaultInvisible)
+		return Tensor{}, fmt.Errorf("fault %s: %w", j.fault, ErrFaultInvisible)
 	case FaultStalePrefix:
-		o := g.other[g.fault.Layer]
-		for t := max(0, g.fault.Step-4); t < g.fault.Step; t++ {
+		o := j.other[j.fault.Layer]
+		for t := max(0, j.fault.Step-4); t < j.fault.Step; t++ {
 			slot := int(t % int64(W))
 			copy(bad.F[slot*D:(slot+1)*D], o.F[slot*D:(slot+1)*D])
 		}
@@ -524,16 +583,13 @@ func (g *gpuRun) inject(ctx *StepContext, name string, out Tensor, in map[string
 		copy(bad.I, append(pad, valid...))
 		return bad, nil
 	case FaultCmpLate:
-		j := attention.EmittedRow(g.fault.Step, cfg.Ratio(g.fault.Layer))
-		row := bad.F[(W+j)*D : (W+j+1)*D]
-		g.lateRow = append([]float32(nil), row...)
+		e := attention.EmittedRow(j.fault.Step, cfg.Ratio(j.fault.Layer))
+		row := bad.F[(W+e)*D : (W+e+1)*D]
+		j.lateRow = append([]float32(nil), row...)
 		clear(row)
-		for _, n := range []string{"cmp_pooled", "cmp_normed", "cmp_roped", "cmp_row"} {
-			g.hidden[n] = true
-		}
 		return bad, nil
 	}
-	return Tensor{}, fmt.Errorf("fault %s: unknown kind", g.fault)
+	return Tensor{}, fmt.Errorf("fault %s: unknown kind", j.fault)
 }
 
 // SplitBounds splits an index list into the two split-K pieces synth dumps:
