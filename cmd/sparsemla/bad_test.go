@@ -936,3 +936,76 @@ func frameCuts(t *testing.T, b []byte) []truncCut {
 	sort.Slice(cuts, func(i, j int) bool { return cuts[i].at < cuts[j].at })
 	return cuts
 }
+
+// TestBadSafetensorsTruncations cuts one step file of the official-v4-tiny
+// golden (a safetensors dump read through its name map) inside the 8-byte
+// header length, inside the JSON header, and at the start, middle and end of
+// every tensor's data, and replays and inspects the directory: always one
+// error line naming the file (exit 2), never a panic or a replay of partial
+// data.
+func TestBadSafetensorsTruncations(t *testing.T) {
+	src := filepath.Join("..", "..", "testdata", "official-v4-tiny")
+	b, err := os.ReadFile(filepath.Join(src, "step_3.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hlen := int(binary.LittleEndian.Uint64(b))
+	var hdr map[string]json.RawMessage
+	if err := json.Unmarshal(b[8:8+hlen], &hdr); err != nil {
+		t.Fatal(err)
+	}
+	cuts := []int{0, 4, 8, 8 + hlen/3, 8 + hlen - 1}
+	for name, raw := range hdr {
+		if name == "__metadata__" {
+			continue
+		}
+		var e struct {
+			Offsets [2]int `json:"data_offsets"`
+		}
+		if err := json.Unmarshal(raw, &e); err != nil {
+			t.Fatal(err)
+		}
+		a, z := 8+hlen+e.Offsets[0], 8+hlen+e.Offsets[1]
+		cuts = append(cuts, a+1, (a+z)/2, z-1)
+	}
+	sort.Ints(cuts)
+	if !*truncAll {
+		var keep []int
+		for i, c := range cuts {
+			if i < 12 || i%17 == 0 {
+				keep = append(keep, c)
+			}
+		}
+		cuts = keep
+	}
+	dir := t.TempDir()
+	ents, err := os.ReadDir(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if e.Name() == "step_3.safetensors" {
+			continue
+		}
+		abs, _ := filepath.Abs(filepath.Join(src, e.Name()))
+		if err := os.Symlink(abs, filepath.Join(dir, e.Name())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := filepath.Join(dir, "step_3.safetensors")
+	runs := 0
+	for _, c := range cuts {
+		if err := os.WriteFile(p, b[:c], 0o644); err != nil {
+			t.Fatal(err)
+		}
+		for _, args := range [][]string{{"inspect", "--summary", dir}, {"replay", dir}} {
+			code, out, e := rpRun(args...)
+			runs++
+			if code != exitError || strings.Count(strings.TrimRight(e, "\n"), "\n") != 0 || !strings.Contains(e, "step_3.safetensors") ||
+				strings.Contains(e, "panic") || strings.Contains(e, "goroutine ") {
+				t.Errorf("%s cut at %d of %d: exit %d, want 2 with one line naming step_3.safetensors; stderr %q\n%s", args[0], c, len(b), code, e, clip(out))
+			}
+		}
+	}
+	t.Logf("%d cuts x 2 commands = %d runs", len(cuts), runs)
+}
