@@ -496,6 +496,25 @@ var badMakers = map[string]func(t *testing.T, base, dir, file string) string{
 			return true
 		})
 	},
+	// KV page records with hostile page info.
+	"page-bad-layout": pageEdit(func(pi *dump.PageInfo) { pi.Layout = "fp9-sideways" }),
+	"page-zero-block": pageEdit(func(pi *dump.PageInfo) { pi.BlockSize = 0 }),
+	"page-huge-block": pageEdit(func(pi *dump.PageInfo) { pi.BlockSize = 1 << 40 }),
+	"page-negative-id": pageEdit(func(pi *dump.PageInfo) { pi.PageID = -7 }),
+	"page-table-out-of-range": pageEdit(func(pi *dump.PageInfo) {
+		for i := range pi.BlockTable {
+			pi.BlockTable[i] = 1 << 40
+		}
+	}),
+	"page-short-bytes": func(t *testing.T, base, dir, _ string) string {
+		return derive(t, base, dir, nil, func(r *dump.Record) bool {
+			if r.Kind == dump.KindPage && r.Request == "B" && r.Step == 8 && r.Layer == 2 && r.Stage == "kv_cache/0" {
+				r.Data = r.Data[:len(r.Data)-100]
+				r.Shape = []int{len(r.Data)}
+			}
+			return true
+		})
+	},
 	// The dump's model args name other dims than its records and weights.
 	"config-dim-mismatch": func(t *testing.T, base, dir, _ string) string {
 		return derive(t, base, dir, editModelArgs("n_heads", 8), nil)
@@ -648,6 +667,21 @@ var badMakers = map[string]func(t *testing.T, base, dir, file string) string{
 		}
 		return dir
 	},
+}
+
+// pageEdit edits the page info of the first page of layer 2 at step 8.
+func pageEdit(edit func(*dump.PageInfo)) func(t *testing.T, base, dir, _ string) string {
+	return func(t *testing.T, base, dir, _ string) string {
+		return derive(t, base, dir, nil, func(r *dump.Record) bool {
+			if r.Kind == dump.KindPage && r.Request == "B" && r.Step == 8 && r.Layer == 2 && r.Stage == "kv_cache/0" {
+				pi := *r.Page
+				pi.BlockTable = append([]int(nil), pi.BlockTable...)
+				edit(&pi)
+				r.Page = &pi
+			}
+			return true
+		})
+	}
 }
 
 func rewriteSafetensors(t *testing.T, from, to string, edit func(*dump.Record) bool) {
