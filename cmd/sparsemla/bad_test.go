@@ -496,6 +496,11 @@ var badMakers = map[string]func(t *testing.T, base, dir, file string) string{
 			return true
 		})
 	},
+	// A stale-prefix dump whose prefix-hit record names a request the dump
+	// does not hold, or claims 2^40 reused tokens.
+	"prefix-unknown-source": prefixEdit(func(p *dump.PrefixHit) { p.Source = "nobody" }),
+	"prefix-huge-tokens":    prefixEdit(func(p *dump.PrefixHit) { p.Tokens = 1 << 40 }),
+	"prefix-self":           prefixEdit(func(p *dump.PrefixHit) { p.Source = p.Request }),
 	// KV page records with hostile page info.
 	"page-bad-layout": pageEdit(func(pi *dump.PageInfo) { pi.Layout = "fp9-sideways" }),
 	"page-zero-block": pageEdit(func(pi *dump.PageInfo) { pi.BlockSize = 0 }),
@@ -667,6 +672,45 @@ var badMakers = map[string]func(t *testing.T, base, dir, file string) string{
 		}
 		return dir
 	},
+}
+
+// prefixEdit writes a synthetic dump with a stale-prefix fault (layer 3,
+// step 9) and edits its prefix-hit record.
+func prefixEdit(edit func(*dump.PrefixHit)) func(t *testing.T, base, dir, _ string) string {
+	return func(t *testing.T, _, dir, _ string) string {
+		src := filepath.Join(t.TempDir(), "stale")
+		if code, _, e := rpRun("synth", "--out", src, "--steps", "5", "--seed", "3", "--fault", "stale-prefix@9,3"); code != exitOK {
+			t.Fatal(e)
+		}
+		for _, f := range []string{"config.json", "weights.safetensors"} {
+			if err := os.Rename(filepath.Join(src, f), filepath.Join(dir, f)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		h, recs, prefix := readAll(t, filepath.Join(src, "dump.smd"))
+		if len(prefix) == 0 {
+			t.Fatal("the stale-prefix dump has no prefix-hit record")
+		}
+		w, err := dump.Create(filepath.Join(dir, "dump.smd"), h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range recs {
+			if err := w.Write(&recs[i]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, p := range prefix {
+			edit(&p)
+			if err := w.WritePrefix(p); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := w.Close(); err != nil {
+			t.Fatal(err)
+		}
+		return dir
+	}
 }
 
 // pageEdit edits the page info of the first page of layer 2 at step 8.
