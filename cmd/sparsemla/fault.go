@@ -1,0 +1,117 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+
+	"sparsemla/engine"
+)
+
+func init() {
+	register(&command{
+		name:    "fault",
+		summary: "write a copy of any dump with a GPU fault injected (replays to that fault)",
+		run:     runFault,
+	})
+}
+
+const faultDoc = `Writes into DIR a copy of the dump DUMP (any format replay reads: a native dump,
+a GPU safetensors directory such as testdata/official-v4-tiny, ...) with one GPU
+fault injected at decode step P, layer L, the way a buggy GPU would have
+produced it: the faulty stage's dumped value is corrupted, every stage of that
+step and layer that reads it is recomputed from it with the reference (so a
+local replay names exactly the injected stage), and when the fault lives in the
+cache the later steps carry it. Everything else is copied unchanged. DIR gets
+dump.smd (native), config.json and a copy of the weights, so
+'sparsemla replay DIR' needs no flags. Fault kinds (KIND@P,L):
+  splitk-merge     sparse-attention split-K combine adds a partial unscaled
+  wrong-lse        the combine's LSE misses the attention sink
+  fp8-scale        FQ8 block scale rounded down instead of up (window K)
+  scale-byte       one UE8M0 scale byte of an older cache row has a bit flipped (--seed picks the block)
+  topk-off-by-one  the indexer's last top-k row is off by one (CSA layers, Tc > index_topk)
+  stale-prefix     the last four window rows come from another request's page (--seed picks its tokens)
+  compressor-late  the compressed row is written one step late (CSA layers, emission steps)
+  window-order     the window index list puts its -1 padding first (the V4.1 layout; steps < window-1)
+A fault that cannot happen at P, L (or would not change its stage beyond
+tolerance there) is refused with exit status 2.`
+
+func runFault(args []string, stdout, stderr io.Writer) int {
+	fs := rpFlagSet("fault", "fault --in DUMP --out DIR --fault KIND@step,layer [--seed S] [--weights W] [--map FILE] [--request R]", faultDoc, stderr)
+	in := fs.String("in", "", "the dump to copy (or give it as the argument)")
+	out := fs.String("out", "", "output directory (required; created, must be empty)")
+	faultFlag := fs.String("fault", "", "the fault, KIND@step,layer (required; see above)")
+	seed := fs.Uint64("seed", 1, "seed of what the fault leaves to chance (scale-byte block, stale-prefix donor tokens)")
+	var f replayFlags
+	fs.StringVar(&f.weights, "weights", "", "weights of DUMP: a safetensors file or a directory with weights.safetensors (default: beside the dump); copied into DIR")
+	fs.StringVar(&f.mapFile, "map", "", "name map for non-native dumps: a JSON file or a built-in name (default: detected)")
+	fs.StringVar(&f.request, "request", "", "request to fault when the dump holds several (default: the one replay picks)")
+	pos, err := rpParseArgs(fs, args)
+	if err == flag.ErrHelp {
+		return exitOK
+	}
+	if err != nil {
+		return exitError
+	}
+	if len(pos) == 1 && *in == "" {
+		*in = pos[0]
+		pos = nil
+	}
+	if len(pos) != 0 || *in == "" || *out == "" || *faultFlag == "" {
+		fs.Usage()
+		return exitError
+	}
+	flt, err := engine.ParseFault(*faultFlag)
+	if err != nil {
+		return rpFail(stderr, "fault", err)
+	}
+	o, err := rpOpenDump(*in, &f, true)
+	if err != nil {
+		return rpFail(stderr, "fault", err)
+	}
+	defer o.Close()
+	res, err := engine.WriteFaulted(o.d, o.src, o.model, *out, engine.FaultOptions{
+		Fault: flt, Seed: *seed, Weights: f.weights, Pages: kvPages{},
+	})
+	if err != nil {
+		return rpFail(stderr, "fault", err)
+	}
+	fmt.Fprintf(stdout, "wrote %s: %s with fault %s (%d records)\n", res.Dir, *in, flt, res.Records)
+	fmt.Fprintf(stdout, "  first divergence expected: decode step %d, layer %d, stage %s — %s\n", flt.Step, flt.Layer, flt.Stage(), flt.Diagnosis())
+	fmt.Fprintf(stdout, "  changed: %s\n", stageKeys(res.Changed))
+	if len(res.Dropped) > 0 {
+		fmt.Fprintf(stdout, "  left out (not computed by the faulty GPU): %s\n", stageKeys(res.Dropped))
+	}
+	if res.Pages > 0 {
+		fmt.Fprintf(stdout, "  KV page records re-encoded: %d\n", res.Pages)
+	}
+	if res.Donor != "" {
+		fmt.Fprintf(stdout, "  prefix-cache hit of %d tokens from request %q added, with its kv_cache at step %d\n", flt.Step, res.Donor, flt.Step)
+	}
+	if res.Unmapped > 0 {
+		fmt.Fprintf(stdout, "  note: %d tensors of the input matched no name-map rule and are not in the copy\n", res.Unmapped)
+	}
+	fmt.Fprintf(stdout, "replay it: sparsemla replay %s\n", res.Dir)
+	return exitOK
+}
+
+// stageKeys prints stage keys grouped by step and layer:
+// "p5/L1: o, o_inv, u, y; p6/L1: ...".
+func stageKeys(keys []engine.StageKey) string {
+	if len(keys) == 0 {
+		return "nothing"
+	}
+	var parts []string
+	for i := 0; i < len(keys); {
+		j := i
+		var names []string
+		for j < len(keys) && keys[j].Step == keys[i].Step && keys[j].Layer == keys[i].Layer {
+			names = append(names, keys[j].Stage)
+			j++
+		}
+		parts = append(parts, fmt.Sprintf("p%d/L%d: %s", keys[i].Step, keys[i].Layer, strings.Join(names, ", ")))
+		i = j
+	}
+	return strings.Join(parts, "; ")
+}
