@@ -502,9 +502,9 @@ var badMakers = map[string]func(t *testing.T, base, dir, file string) string{
 	"prefix-huge-tokens":    prefixEdit(func(p *dump.PrefixHit) { p.Tokens = 1 << 40 }),
 	"prefix-self":           prefixEdit(func(p *dump.PrefixHit) { p.Source = p.Request }),
 	// KV page records with hostile page info.
-	"page-bad-layout": pageEdit(func(pi *dump.PageInfo) { pi.Layout = "fp9-sideways" }),
-	"page-zero-block": pageEdit(func(pi *dump.PageInfo) { pi.BlockSize = 0 }),
-	"page-huge-block": pageEdit(func(pi *dump.PageInfo) { pi.BlockSize = 1 << 40 }),
+	"page-bad-layout":  pageEdit(func(pi *dump.PageInfo) { pi.Layout = "fp9-sideways" }),
+	"page-zero-block":  pageEdit(func(pi *dump.PageInfo) { pi.BlockSize = 0 }),
+	"page-huge-block":  pageEdit(func(pi *dump.PageInfo) { pi.BlockSize = 1 << 40 }),
 	"page-negative-id": pageEdit(func(pi *dump.PageInfo) { pi.PageID = -7 }),
 	"page-table-out-of-range": pageEdit(func(pi *dump.PageInfo) {
 		for i := range pi.BlockTable {
