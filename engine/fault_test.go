@@ -1,0 +1,374 @@
+package engine
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"sparsemla/dump"
+)
+
+// openFaultInput opens a GPU-made dump under testdata/ (committed: a missing
+// one fails the test) with its model.
+func openFaultInput(t *testing.T, name string) (*dump.Dump, *DumpSource, *Model) {
+	t.Helper()
+	d, err := dump.Open(filepath.Join("..", "testdata", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	src, err := NewDumpSource(d, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := LoadModel(d, src, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d, src, m
+}
+
+// faultWhyGPU is what the diagnosis of each fault must say on a GPU dump. It
+// is faultWhy, except that the official dumps hold no split-K partials, so a
+// split-K merge fault is told from the per-head shape of o alone.
+func faultWhyGPU(k FaultKind) string {
+	if k == FaultSplitK {
+		return "not a rescaling of the reference: a split-K partial/merge error"
+	}
+	return faultWhy[k]
+}
+
+// TestFaultedCopyGPUDumps writes a faulted copy of the GPU dumps for every
+// fault kind that applies to them and replays it: the first divergence is
+// exactly the injected step, layer and stage with the fault's diagnosis; no
+// stage of another layer or an earlier step fails; and every record the copy
+// does not list as changed or dropped is byte-identical to the input's.
+func TestFaultedCopyGPUDumps(t *testing.T) {
+	cases := []struct {
+		dump  string
+		fault string
+		fails int // stages out of tolerance in the whole replay
+	}{
+		{"official-v4-tiny", "splitk-merge@5,1", 1},
+		{"official-v4-tiny", "wrong-lse@4,2", 1},
+		{"official-v4-tiny", "fp8-scale@3,0", 1},
+		{"official-v4-tiny", "scale-byte@6,3", 1},
+		{"official-v4-tiny", "stale-prefix@6,1", 1},
+		// The late row lands at step 4: the cache differs there too.
+		{"official-v4-tiny", "compressor-late@3,1", 2},
+		{"official-v4-tiny", "window-order@2,0", 1},
+		{"gpu-v4-tiny-long", "topk-off-by-one@255,1", 1},
+		// Carried across the state-only step 254 into step 255.
+		{"gpu-v4-tiny-long", "fp8-scale@128,0", 1},
+	}
+	for _, c := range cases {
+		t.Run(c.dump+"/"+c.fault, func(t *testing.T) {
+			f, err := ParseFault(c.fault)
+			if err != nil {
+				t.Fatal(err)
+			}
+			d, src, m := openFaultInput(t, c.dump)
+			dir := t.TempDir()
+			res, err := WriteFaulted(d, src, m, dir, FaultOptions{Fault: f, Seed: 3})
+			if err != nil {
+				t.Fatal(err)
+			}
+			fd, err := dump.Open(filepath.Join(dir, SynthDumpFile))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer fd.Close()
+			if got := fd.Header.User["injected_fault"]; got != c.fault {
+				t.Errorf("header names fault %q, want %q", got, c.fault)
+			}
+			fsrc, err := NewDumpSource(fd, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			fm, err := LoadModel(fd, fsrc, "") // weights found beside the copy
+			if err != nil {
+				t.Fatal(err)
+			}
+			rep, err := Replay(context.Background(), fm, fsrc, ReplayOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			dv := rep.First
+			if dv == nil {
+				t.Fatal("the faulted copy replays clean")
+			}
+			if dv.Step != f.Step || dv.Layer != f.Layer || dv.Stage != f.Stage() || dv.Kind != f.Diagnosis() {
+				t.Fatalf("first divergence step %d layer %d stage %s kind %q; want step %d layer %d stage %s kind %q\n%s",
+					dv.Step, dv.Layer, dv.Stage, dv.Kind, f.Step, f.Layer, f.Stage(), f.Diagnosis(), dv.Text)
+			}
+			if !strings.Contains(dv.Why, faultWhyGPU(f.Kind)) {
+				t.Errorf("diagnosis %q does not say %q", dv.Text, faultWhyGPU(f.Kind))
+			}
+			fails := 0
+			for _, r := range rep.Results {
+				if r.Status != StatusFail {
+					continue
+				}
+				fails++
+				if r.Layer != f.Layer || r.Step < f.Step {
+					t.Errorf("step %d layer %d stage %s fails: outside the fault's layer and later steps", r.Step, r.Layer, r.Stage)
+				}
+			}
+			if fails != c.fails {
+				t.Errorf("%d stages fail, want %d", fails, c.fails)
+			}
+			checkCopyIdentical(t, d, fd, res)
+		})
+	}
+}
+
+// checkCopyIdentical checks that the copy holds every record of the input
+// (weights excepted: they are the copied weights file) byte for byte, except
+// the stage records the copy lists as changed (which must differ) or dropped
+// (which must be absent).
+func checkCopyIdentical(t *testing.T, in, out *dump.Dump, res *FaultedCopy) {
+	t.Helper()
+	changed, dropped := map[StageKey]bool{}, map[StageKey]bool{}
+	for _, k := range res.Changed {
+		changed[k] = true
+	}
+	for _, k := range res.Dropped {
+		dropped[k] = true
+	}
+	if len(changed) == 0 {
+		t.Fatal("the copy changed nothing")
+	}
+	for i := range in.Entries {
+		e := &in.Entries[i]
+		if e.Kind == dump.KindWeight {
+			continue
+		}
+		sk := StageKey{int64(e.Step), e.Layer, e.Stage}
+		mine := e.Kind == dump.KindStage && e.Request == res.Request
+		oe, ok := out.Lookup(e.Key, e.Kind)
+		if mine && dropped[sk] {
+			if ok {
+				t.Errorf("%s: dropped, but in the copy", e.Key)
+			}
+			continue
+		}
+		if !ok {
+			t.Errorf("%s (%s): not in the copy", e.Key, e.Kind)
+			continue
+		}
+		a, err := in.Read(e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := out.Read(oe)
+		if err != nil {
+			t.Fatal(err)
+		}
+		same := a.DType == b.DType && SameShape(a.Shape, b.Shape) && bytes.Equal(a.Data, b.Data)
+		switch {
+		case mine && changed[sk] && same:
+			t.Errorf("%s: listed as changed but identical", e.Key)
+		case !(mine && changed[sk]) && !same:
+			t.Errorf("%s (%s): differs from the input but is not listed as changed", e.Key, e.Kind)
+		}
+	}
+}
+
+// TestFaultedCopyCarriesCache: a cache fault stays in the later steps' cache
+// until a token overwrites its window slot — across the steps 129..253 the
+// long dump does not hold (step 254 is state only) — and the outputs read
+// from it change with it; a fault that does not live in the cache changes
+// its step only.
+func TestFaultedCopyCarriesCache(t *testing.T) {
+	d, src, m := openFaultInput(t, "gpu-v4-tiny-long")
+	res, err := WriteFaulted(d, src, m, t.TempDir(), FaultOptions{Fault: Fault{Kind: FaultFP8Scale, Step: 128, Layer: 0}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	has := map[StageKey]bool{}
+	for _, k := range res.Changed {
+		has[k] = true
+	}
+	// Token 128 sits in window slot 0 until token 256 overwrites it.
+	for _, k := range []StageKey{{128, 0, "kv"}, {128, 0, "kv_cache"}, {128, 0, "y"}, {254, 0, "kv_cache"}, {255, 0, "kv_cache"}, {255, 0, "o"}} {
+		if !has[k] {
+			t.Errorf("%s not changed; changed: %v", k, res.Changed)
+		}
+	}
+	for _, k := range res.Changed {
+		if k.Step == 256 || k.Layer != 0 || (k.Step == 128 && (k.Stage == "kv_raw" || k.Stage == "q")) {
+			t.Errorf("%s changed: upstream of the fault, another layer, or past the overwrite", k)
+		}
+	}
+	if res.CarriedTo != 255 {
+		t.Errorf("carried to step %d, want 255", res.CarriedTo)
+	}
+
+	res, err = WriteFaulted(d, src, m, t.TempDir(), FaultOptions{Fault: Fault{Kind: FaultSplitK, Step: 127, Layer: 3}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range res.Changed {
+		if k.Step != 127 || k.Layer != 3 {
+			t.Errorf("splitk-merge@127,3 changed %s", k)
+		}
+	}
+}
+
+// TestFaultedCopyRefused: faults that cannot happen at the position asked
+// for, or positions the dump does not hold, are errors, and nothing is
+// written.
+func TestFaultedCopyRefused(t *testing.T) {
+	cases := []struct {
+		dump, fault, want string
+	}{
+		{"official-v4-tiny", "topk-off-by-one@7,1", "selects every one of its Tc = 2"},
+		{"gpu-v4-tiny-long", "topk-off-by-one@255,0", "no indexer"},
+		{"official-v4-tiny", "compressor-late@4,1", "not an emission step"},
+		{"gpu-v4-tiny-long", "compressor-late@255,2", "needs a CSA layer"},
+		{"gpu-v4-tiny-long", "window-order@128,0", "no -1 padding"},
+		{"gpu-v4-tiny-long", "splitk-merge@200,1", "not a dumped decode step"},
+		{"gpu-v4-tiny-long", "splitk-merge@254,1", "not a dumped decode step"},
+		{"official-v4-tiny", "wrong-lse@9,1", "outside the dumped steps"},
+		{"official-v4-tiny", "wrong-lse@3,4", "layer outside"},
+	}
+	for _, c := range cases {
+		f, err := ParseFault(c.fault)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, src, m := openFaultInput(t, c.dump)
+		dir := filepath.Join(t.TempDir(), "out")
+		_, err = WriteFaulted(d, src, m, dir, FaultOptions{Fault: f})
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s on %s: error %v, want one saying %q", c.fault, c.dump, err, c.want)
+		}
+		if _, serr := os.Stat(dir); serr == nil {
+			t.Errorf("%s: refused, but %s was created", c.fault, dir)
+		}
+	}
+	// A stale-prefix fault on a dump that already records a prefix hit, and
+	// an output directory that is not empty.
+	d, src, m := openFaultInput(t, "official-v4-tiny")
+	first := filepath.Join(t.TempDir(), "first")
+	if _, err := WriteFaulted(d, src, m, first, FaultOptions{Fault: Fault{Kind: FaultStalePrefix, Step: 6, Layer: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	fd, err := dump.Open(filepath.Join(first, SynthDumpFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fd.Close()
+	fsrc, err := NewDumpSource(fd, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fm, err := LoadModel(fd, fsrc, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := WriteFaulted(fd, fsrc, fm, t.TempDir(), FaultOptions{Fault: Fault{Kind: FaultStalePrefix, Step: 7, Layer: 3}}); err == nil || !strings.Contains(err.Error(), "already records a prefix-cache hit") {
+		t.Errorf("second stale-prefix: error %v", err)
+	}
+	if _, err := WriteFaulted(d, src, m, first, FaultOptions{Fault: Fault{Kind: FaultLSE, Step: 6, Layer: 1}}); err == nil || !strings.Contains(err.Error(), "not empty") {
+		t.Errorf("non-empty output directory: error %v", err)
+	}
+}
+
+// TestFaultedCopyOfSynth: a faulted copy of a clean synthetic dump (KV pages
+// and split-K partials beside o) replays like a dump synthesised with the
+// same fault: the pages and partials of the changed values are re-encoded and
+// recomputed, so only the injected stage fails.
+func TestFaultedCopyOfSynth(t *testing.T) {
+	s, err := Synthesize(SynthOptions{Prefill: 6, Steps: 6, Seed: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := t.TempDir()
+	if err := s.WriteWith(in, testPageCodec{}); err != nil {
+		t.Fatal(err)
+	}
+	d, err := dump.Open(filepath.Join(in, SynthDumpFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	src, err := NewDumpSource(d, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := LoadModel(d, src, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []Fault{{FaultSplitK, 8, 1}, {FaultScaleByte, 9, 3}} {
+		dir := t.TempDir()
+		res, err := WriteFaulted(d, src, m, dir, FaultOptions{Fault: f, Pages: testPageCodec{}})
+		if errors.Is(err, ErrFaultInvisible) {
+			t.Fatalf("%s: %v", f, err)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f.Kind == FaultScaleByte && res.Pages == 0 {
+			t.Errorf("%s: no page re-encoded", f)
+		}
+		fd, err := dump.Open(filepath.Join(dir, SynthDumpFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fsrc, err := NewDumpSource(fd, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		fm, err := LoadModel(fd, fsrc, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		fm.Pages = testPageCodec{}
+		rep, err := Replay(context.Background(), fm, fsrc, ReplayOptions{})
+		fd.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep.First == nil || rep.First.Step != f.Step || rep.First.Layer != f.Layer || rep.First.Stage != f.Stage() || rep.First.Kind != f.Diagnosis() || !strings.Contains(rep.First.Why, faultWhy[f.Kind]) {
+			t.Fatalf("%s: first divergence %+v", f, rep.First)
+		}
+		if rep.Summary.Fail != 1 {
+			t.Errorf("%s: %d stages fail, want 1", f, rep.Summary.Fail)
+		}
+	}
+}
+
+// testPageCodec is a PageCodec for tests (engine cannot import kvcache):
+// every entry is its row as dim bf16 values, whatever the layout name.
+type testPageCodec struct{}
+
+func (testPageCodec) Rewrite(layout string, dim, blockSize int, page []byte, rows map[int][]float32) ([]byte, error) {
+	out := make([]byte, 2*dim*blockSize)
+	if page != nil {
+		if len(page) != len(out) {
+			return nil, fmt.Errorf("page of %d bytes, want %d", len(page), len(out))
+		}
+		copy(out, page)
+	}
+	for e, row := range rows {
+		if e < 0 || e >= blockSize || len(row) != dim {
+			return nil, fmt.Errorf("entry %d with %d values", e, len(row))
+		}
+		copy(out[2*dim*e:], bf16Bytes(row))
+	}
+	return out, nil
+}
+
+func (testPageCodec) Compare(layout string, dim, blockSize int, got, want []byte) (string, error) {
+	if !bytes.Equal(got, want) {
+		return "pages differ", nil
+	}
+	return "", nil
+}
