@@ -49,7 +49,7 @@ type FaultedCopy struct {
 // (SynthConfigFile, SynthWeightsFile, SynthDumpFile), so replay, report,
 // diff and bisect find the native dump and the weights beside it.
 
-// WriteFaulted writes into dir (created; it must not exist or be empty) a
+// WriteFaulted writes into dir (created; new, empty, or an earlier copy) a
 // copy of the dump d (replayed request src, reference m) in which the fault
 // opt.Fault is applied the way a buggy GPU would have produced it:
 //
@@ -90,7 +90,7 @@ func WriteFaulted(d *dump.Dump, src *DumpSource, m *Model, dir string, opt Fault
 	if err != nil {
 		return nil, err
 	}
-	if err := prepareOutDir(dir); err != nil {
+	if err := prepareOutDir(dir, d, wpath); err != nil {
 		return nil, err
 	}
 	res := &FaultedCopy{Dir: dir, Fault: opt.Fault, Request: src.Request, Donor: pl.donor, Unmapped: len(d.Unmapped), CarriedTo: pl.carriedTo}
@@ -726,10 +726,40 @@ func bitIdentical(a, b Tensor) bool {
 	return true
 }
 
-// prepareOutDir creates dir, refusing one that holds files already.
-func prepareOutDir(dir string) error {
-	if ents, err := os.ReadDir(dir); err == nil && len(ents) > 0 {
-		return fmt.Errorf("fault: output directory %s exists and is not empty", dir)
+// prepareOutDir creates dir. It refuses a directory holding files other
+// than those of a faulted copy or synthetic dump (an earlier copy is
+// replaced), and the directory of the input dump or its weights.
+func prepareOutDir(dir string, d *dump.Dump, wpath string) error {
+	if fi, err := os.Stat(dir); err == nil {
+		if !fi.IsDir() {
+			return fmt.Errorf("fault: output %s is not a directory", dir)
+		}
+		inputs := []string{wpath}
+		for _, e := range d.Entries {
+			inputs = append(inputs, e.File)
+		}
+		seen := map[string]bool{}
+		for _, f := range inputs {
+			in := filepath.Dir(f)
+			if seen[in] {
+				continue
+			}
+			seen[in] = true
+			if ifi, err := os.Stat(in); err == nil && os.SameFile(fi, ifi) {
+				return fmt.Errorf("fault: output directory %s holds the input dump or its weights; write the copy elsewhere", dir)
+			}
+		}
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			return fmt.Errorf("fault: %w", err)
+		}
+		for _, e := range ents {
+			switch e.Name() {
+			case SynthConfigFile, SynthWeightsFile, SynthDumpFile:
+			default:
+				return fmt.Errorf("fault: output directory %s holds %s: want a new or empty directory (or an earlier copy to replace)", dir, e.Name())
+			}
+		}
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("fault: %w", err)

@@ -275,8 +275,20 @@ func TestFaultedCopyRefused(t *testing.T) {
 	if _, err := WriteFaulted(fd, fsrc, fm, t.TempDir(), FaultOptions{Fault: Fault{Kind: FaultStalePrefix, Step: 7, Layer: 3}}); err == nil || !strings.Contains(err.Error(), "already records a prefix-cache hit") {
 		t.Errorf("second stale-prefix: error %v", err)
 	}
-	if _, err := WriteFaulted(d, src, m, first, FaultOptions{Fault: Fault{Kind: FaultLSE, Step: 6, Layer: 1}}); err == nil || !strings.Contains(err.Error(), "not empty") {
-		t.Errorf("non-empty output directory: error %v", err)
+	// An earlier copy is replaced; a directory with other files, or the
+	// input's own, is refused.
+	if _, err := WriteFaulted(fd, fsrc, fm, first, FaultOptions{Fault: Fault{Kind: FaultLSE, Step: 6, Layer: 1}}); err == nil || !strings.Contains(err.Error(), "holds the input dump") {
+		t.Errorf("output over the input: error %v", err)
+	}
+	if _, err := WriteFaulted(d, src, m, first, FaultOptions{Fault: Fault{Kind: FaultLSE, Step: 6, Layer: 1}}); err != nil {
+		t.Errorf("replacing an earlier copy: %v", err)
+	}
+	other := t.TempDir()
+	if err := os.WriteFile(filepath.Join(other, "notes.txt"), []byte("mine"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := WriteFaulted(d, src, m, other, FaultOptions{Fault: Fault{Kind: FaultLSE, Step: 6, Layer: 1}}); err == nil || !strings.Contains(err.Error(), "holds notes.txt") {
+		t.Errorf("directory with other files: error %v", err)
 	}
 }
 

@@ -1,0 +1,163 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"sparsemla/engine"
+)
+
+// ftDiagnosis is the diagnosis kind, as replay prints it, of each fault.
+var ftDiagnosis = map[string]string{
+	"splitk-merge":    "attention kernel",
+	"wrong-lse":       "attention kernel",
+	"fp8-scale":       "FP8 cache",
+	"scale-byte":      "FP8 cache",
+	"topk-off-by-one": "indexer selection",
+	"stale-prefix":    "prefix cache",
+	"compressor-late": "compressor",
+	"window-order":    "index list",
+}
+
+// TestFaultCommandGPUDumps: for every fault kind that applies to the GPU
+// dumps, 'fault' writes a copy that 'replay' (no flags: the weights are
+// beside it) names at exactly the injected step, layer and stage with the
+// fault's diagnosis, in text and in --json, with exit status 1.
+func TestFaultCommandGPUDumps(t *testing.T) {
+	cases := []struct{ dump, fault, stage string }{
+		{"official-v4-tiny", "splitk-merge@5,1", "o"},
+		{"official-v4-tiny", "wrong-lse@4,2", "o"},
+		{"official-v4-tiny", "fp8-scale@3,0", "kv"},
+		{"official-v4-tiny", "scale-byte@6,3", "kv_cache"},
+		{"official-v4-tiny", "stale-prefix@6,1", "kv_cache"},
+		{"official-v4-tiny", "compressor-late@3,1", "kv_cache"},
+		{"official-v4-tiny", "window-order@2,0", "topk_idxs"},
+		{"gpu-v4-tiny-long", "topk-off-by-one@255,1", "index_topk"},
+		{"gpu-v4-tiny-long", "scale-byte@128,3", "kv_cache"},
+	}
+	if len(ftDiagnosis) != len(engine.FaultKinds()) {
+		t.Fatalf("ftDiagnosis covers %d kinds, engine has %d", len(ftDiagnosis), len(engine.FaultKinds()))
+	}
+	covered := map[string]bool{}
+	for _, c := range cases {
+		kind, at, _ := strings.Cut(c.fault, "@")
+		covered[kind] = true
+		var step int64
+		var layer int
+		if _, err := fmt.Sscanf(at, "%d,%d", &step, &layer); err != nil {
+			t.Fatal(err)
+		}
+		t.Run(c.dump+"/"+c.fault, func(t *testing.T) {
+			out := filepath.Join(t.TempDir(), "faulted")
+			code, so, e := rpRun("fault", "--in", filepath.Join("..", "..", "testdata", c.dump), "--out", out, "--fault", c.fault)
+			if code != exitOK {
+				t.Fatalf("fault: exit %d\n%s%s", code, so, e)
+			}
+			if !strings.Contains(so, "replay it: sparsemla replay "+out) {
+				t.Errorf("fault output does not say how to replay the copy:\n%s", so)
+			}
+			code, so, e = rpRun("replay", out)
+			if code != exitDiverged {
+				t.Fatalf("replay: exit %d\n%s%s", code, so, e)
+			}
+			want := fmt.Sprintf("first divergence: decode step %d, layer %d, stage %s — %s: ", step, layer, c.stage, ftDiagnosis[kind])
+			if !strings.Contains(so, want) {
+				t.Fatalf("replay output lacks %q:\n%s", want, so)
+			}
+			code, so, e = rpRun("replay", "--json", out)
+			if code != exitDiverged {
+				t.Fatalf("replay --json: exit %d\n%s", code, e)
+			}
+			var rep struct {
+				Dump  string `json:"dump"`
+				First struct {
+					Step  int64  `json:"step"`
+					Layer int    `json:"layer"`
+					Stage string `json:"stage"`
+					Kind  string `json:"kind"`
+				} `json:"first_divergence"`
+			}
+			if err := json.Unmarshal([]byte(so), &rep); err != nil {
+				t.Fatal(err)
+			}
+			if rep.First.Step != step || rep.First.Layer != layer || rep.First.Stage != c.stage || rep.First.Kind != ftDiagnosis[kind] {
+				t.Fatalf("JSON first divergence %+v, want step %d layer %d stage %s kind %s", rep.First, step, layer, c.stage, ftDiagnosis[kind])
+			}
+			if !strings.HasPrefix(rep.Dump, out) {
+				t.Errorf("JSON names dump %q, want the copy %s", rep.Dump, out)
+			}
+		})
+	}
+	if len(covered) != len(ftDiagnosis) {
+		t.Errorf("cases cover %d of the %d fault kinds", len(covered), len(ftDiagnosis))
+	}
+}
+
+// TestFaultCommandReport: 'report --html' on a faulted copy writes a page
+// that names the first divergence and its diagnosis.
+func TestFaultCommandReport(t *testing.T) {
+	dir := t.TempDir()
+	out := filepath.Join(dir, "faulted")
+	if code, so, e := rpRun("fault", filepath.Join("..", "..", "testdata", "official-v4-tiny"), "--out", out, "--fault", "stale-prefix@6,1", "--seed", "9"); code != exitOK {
+		t.Fatalf("fault: exit %d\n%s%s", code, so, e)
+	}
+	page := filepath.Join(dir, "report.html")
+	code, so, e := rpRun("report", out, "--html", page)
+	if code != exitDiverged {
+		t.Fatalf("report: exit %d\n%s%s", code, so, e)
+	}
+	b, err := os.ReadFile(page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	html := string(b)
+	for _, want := range []string{"decode step 6, layer 1, stage kv_cache", "prefix cache", "a stale page from that request", out} {
+		if !strings.Contains(html, want) {
+			t.Errorf("HTML report does not name %q", want)
+		}
+	}
+}
+
+// TestFaultCommandErrors: faults that cannot happen where asked, and bad
+// arguments, exit 2 with one line on stderr and write nothing.
+func TestFaultCommandErrors(t *testing.T) {
+	tiny := filepath.Join("..", "..", "testdata", "official-v4-tiny")
+	long := filepath.Join("..", "..", "testdata", "gpu-v4-tiny-long")
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--in", tiny, "--fault", "topk-off-by-one@7,1"}, "selects every one of its Tc = 2 compressed rows"},
+		{[]string{"--in", long, "--fault", "topk-off-by-one@255,2"}, "no indexer"},
+		{[]string{"--in", tiny, "--fault", "compressor-late@5,3"}, "not an emission step"},
+		{[]string{"--in", long, "--fault", "window-order@255,1"}, "no -1 padding"},
+		{[]string{"--in", long, "--fault", "fp8-scale@200,0"}, "not a dumped decode step"},
+		{[]string{"--in", tiny, "--fault", "gremlins@3,1"}, "unknown kind"},
+		{[]string{"--in", filepath.Join(tiny, "no-such-dump"), "--fault", "wrong-lse@3,1"}, "no-such-dump"},
+		{[]string{"--fault", "wrong-lse@3,1"}, "usage: sparsemla fault"},
+		{[]string{"--in", tiny}, "usage: sparsemla fault"},
+	}
+	for _, c := range cases {
+		out := filepath.Join(t.TempDir(), "faulted")
+		code, so, e := rpRun(append([]string{"fault", "--out", out}, c.args...)...)
+		if code != exitError {
+			t.Errorf("%v: exit %d, want %d\n%s%s", c.args, code, exitError, so, e)
+		}
+		if !strings.Contains(e, c.want) {
+			t.Errorf("%v: stderr does not say %q:\n%s", c.args, c.want, e)
+		}
+		if !strings.HasPrefix(c.want, "usage") && strings.Count(strings.TrimSpace(e), "\n") != 0 {
+			t.Errorf("%v: error is not one line: %q", c.args, e)
+		}
+		if _, err := os.Stat(out); err == nil {
+			t.Errorf("%v: refused, but %s was written", c.args, out)
+		}
+	}
+	if code, _, e := rpRun("fault", "--help"); code != exitOK || !strings.Contains(e, "usage: sparsemla fault") {
+		t.Errorf("fault --help: exit %d\n%s", code, e)
+	}
+}
