@@ -123,6 +123,15 @@ func TestFaultedCopyGPUDumps(t *testing.T) {
 				t.Errorf("%d stages fail, want %d", fails, c.fails)
 			}
 			checkCopyIdentical(t, d, fd, res)
+			// The propagated replay (the reference's own chain from each
+			// layer's dumped x) finds the same first divergence.
+			prop, err := Replay(context.Background(), fm, fsrc, ReplayOptions{Mode: Propagated})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if pd := prop.First; pd == nil || pd.Step != f.Step || pd.Layer != f.Layer || pd.Stage != f.Stage() || pd.Kind != f.Diagnosis() {
+				t.Errorf("propagated replay: first divergence %+v", pd)
+			}
 		})
 	}
 }
@@ -207,6 +216,22 @@ func TestFaultedCopyCarriesCache(t *testing.T) {
 	}
 	if res.CarriedTo != 255 {
 		t.Errorf("carried to step %d, want 255", res.CarriedTo)
+	}
+	// The copy is deterministic: a second one is byte-identical.
+	a, err := os.ReadFile(filepath.Join(res.Dir, SynthDumpFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res2, err := WriteFaulted(d, src, m, t.TempDir(), FaultOptions{Fault: Fault{Kind: FaultFP8Scale, Step: 128, Layer: 0}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(res2.Dir, SynthDumpFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(a, b) {
+		t.Error("two faulted copies of the same dump and fault differ")
 	}
 
 	res, err = WriteFaulted(d, src, m, t.TempDir(), FaultOptions{Fault: Fault{Kind: FaultSplitK, Step: 127, Layer: 3}})
