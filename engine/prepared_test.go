@@ -196,3 +196,41 @@ func TestIndexScoresFastEqualsIndexer(t *testing.T) {
 		}
 	})
 }
+
+// TestStagesFastEqualReference runs RunStep (every stage of the graph, as the
+// replays do) with and without prepared weights (W.Fast) and requires every
+// stage tensor to agree bit for bit, at emitting and non-emitting steps.
+func TestStagesFastEqualReference(t *testing.T) {
+	cfg := smallFlash(t)
+	for _, c := range []struct {
+		layer int
+		pos   int64
+	}{{0, 200}, {2, 510}, {2, 511}, {3, 383}} {
+		w := RandomLayerWeights(cfg, c.layer, 11)
+		rope := LayerRope(cfg, c.layer, int(c.pos)+1)
+		st := SyntheticState(cfg, w, rope, c.pos, 2)
+		x := SyntheticInput(cfg, c.pos, 4)
+		ctx := &StepContext{Cfg: cfg, Layer: c.layer, Pos: c.pos, W: w, Rope: rope}
+		want, _, err := RunStep(ctx, x, st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		PrepareLayer(cfg, w)
+		eachFastPath(t, func(t *testing.T) {
+			got, _, err := RunStep(ctx, x, st)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got) != len(want) {
+				t.Fatalf("%d stages, reference %d", len(got), len(want))
+			}
+			for name, wt := range want {
+				g := got[name]
+				if k := bitsEqual(g.F, wt.F); k != -1 || !slices.Equal(g.I, wt.I) {
+					t.Fatalf("layer %d step %d: stage %s differs from the reference (float index %d)", c.layer, c.pos, name, k)
+				}
+			}
+		})
+		w.Fast = nil
+	}
+}

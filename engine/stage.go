@@ -131,10 +131,10 @@ func addCompressor(add func(string, string, func(*StepContext, map[string]Tensor
 		return ctx.W.Compressor
 	}
 	add(p+"a", p+"a = Wkv · f32(x)  (fp32)", func(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
-		return cmpProject(c(ctx), in, true)
+		return cmpProject(ctx, c(ctx), in, true)
 	}, "x")
 	add(p+"b", p+"b = Wgate · f32(x)  (fp32, ape not yet added)", func(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
-		return cmpProject(c(ctx), in, false)
+		return cmpProject(ctx, c(ctx), in, false)
 	}, "x")
 	add(p+"kv_state", p+"kv_state = prev with row (r=4: 4 + p mod 4; r=128: p mod 128) ← "+p+"a; r=4 emission shifts rows 4..7 to 0..3",
 		func(ctx *StepContext, in map[string]Tensor) (Tensor, error) {

@@ -11,7 +11,10 @@ import (
 // This file holds the Compute function of every stage (see Stages for the
 // order). Each reads its inputs by name, checks their sizes (inputs may come
 // from a dump, so a mismatch is an error, not a panic), and calls the
-// attention / indexer step it names.
+// attention / indexer step it names. The heavy steps go through the
+// StepContext helpers of prepared_stages.go (ctx.fp8Lin, ctx.sparseAttn, …),
+// which run the reference loops, or the bit-identical fast kernels when the
+// layer's weights are prepared (W.Fast).
 
 // inF returns the float input name with exactly n elements.
 func inF(in map[string]Tensor, name string, n int) ([]float32, error) {
@@ -51,18 +54,12 @@ func inI(in map[string]Tensor, name string) ([]int64, error) {
 
 func bf16T(data []float32, shape ...int) Tensor { return FromF(KindBF16, data, shape...) }
 
-func fp8Lin(w *attention.FP8Weight, x []float32) []float32 {
-	y := make([]float32, w.Rows)
-	attention.FP8Linear(y, x, w)
-	return y
-}
-
 func stageQA(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
 	x, err := inF(in, "x", ctx.Cfg.Dim)
 	if err != nil {
 		return Tensor{}, err
 	}
-	return bf16T(fp8Lin(ctx.W.WqA, x), ctx.Cfg.QLoraRank), nil
+	return bf16T(ctx.fp8Lin(ctx.W.WqA, x), ctx.Cfg.QLoraRank), nil
 }
 
 func stageCQ(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
@@ -80,7 +77,7 @@ func stageQB(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
 	if err != nil {
 		return Tensor{}, err
 	}
-	return bf16T(fp8Lin(ctx.W.WqB, cq), ctx.Cfg.NHeads, ctx.Cfg.HeadDim), nil
+	return bf16T(ctx.fp8Lin(ctx.W.WqB, cq), ctx.Cfg.NHeads, ctx.Cfg.HeadDim), nil
 }
 
 // headNormed is HeadRMS applied to a copy of q_b [H][D].
@@ -130,7 +127,7 @@ func stageKVRaw(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
 	if err != nil {
 		return Tensor{}, err
 	}
-	return bf16T(fp8Lin(ctx.W.Wkv, x), ctx.Cfg.HeadDim), nil
+	return bf16T(ctx.fp8Lin(ctx.W.Wkv, x), ctx.Cfg.HeadDim), nil
 }
 
 func stageKVNormed(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
@@ -183,7 +180,7 @@ func stageIqB(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
 		return Tensor{}, err
 	}
 	dst := make([]float32, ix.NHeads*ix.HeadDim)
-	ix.QueryB(dst, cq)
+	ctx.indexerQueryB(dst, cq)
 	return bf16T(dst, ix.NHeads, ix.HeadDim), nil
 }
 
@@ -228,7 +225,7 @@ func stageIwRaw(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
 	}
 	ix := ctx.W.Indexer
 	w := make([]float32, ix.NHeads)
-	ix.WeightsRaw(w, x)
+	ctx.indexerWeightsRaw(w, x)
 	return bf16T(w, len(w)), nil
 }
 
@@ -254,7 +251,7 @@ func stageIndexQK(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
 		return Tensor{}, err
 	}
 	qk := make([]float32, ix.NHeads*tc)
-	indexer.IndexQK(qk, iq, ic, ix.NHeads, ix.HeadDim)
+	ctx.indexQK(qk, iq, ic, ix.NHeads, ix.HeadDim)
 	return bf16T(qk, ix.NHeads, tc), nil
 }
 
@@ -278,7 +275,7 @@ func stageIndexTopK(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
 	if !ok || !t.Kind.IsFloat() || len(t.Shape) != 1 || len(t.F) != t.Len() {
 		return Tensor{}, fmt.Errorf("input index_score missing or not a float vector")
 	}
-	top, _ := indexer.TopK(t.F, ctx.W.Indexer.K(len(t.F)))
+	top := ctx.topK(t.F, ctx.W.Indexer.K(len(t.F)))
 	return FromI(KindI64, top, len(top)), nil
 }
 
@@ -321,13 +318,13 @@ func stageTopkIdxs(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
 
 // ---- compressor (main "cmp_", indexer "icmp_") ----
 
-func cmpProject(c *attention.Compressor, in map[string]Tensor, wantA bool) (Tensor, error) {
+func cmpProject(ctx *StepContext, c *attention.Compressor, in map[string]Tensor, wantA bool) (Tensor, error) {
 	x, err := inF(in, "x", c.Dim)
 	if err != nil {
 		return Tensor{}, err
 	}
 	a, b := make([]float32, c.Width()), make([]float32, c.Width())
-	c.Project(a, b, x)
+	ctx.project(c, a, b, x)
 	if wantA {
 		return FromF(KindF32, a, len(a)), nil
 	}
@@ -492,7 +489,7 @@ func stageO(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
 		idx[i] = int32(v)
 	}
 	o := make([]float32, H*D)
-	attention.SparseAttn(o, q, kv, D, idx, ctx.W.AttnSink, ctx.Cfg.SoftmaxScale())
+	ctx.sparseAttn(o, q, kv, D, idx, ctx.W.AttnSink, ctx.Cfg.SoftmaxScale())
 	return bf16T(o, H, D), nil
 }
 
@@ -514,7 +511,7 @@ func stageU(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
 		return Tensor{}, err
 	}
 	u := make([]float32, G*R)
-	attention.WoA(u, o, ctx.W.WoA, G, R)
+	ctx.woA(u, o)
 	return bf16T(u, G, R), nil
 }
 
@@ -523,5 +520,5 @@ func stageY(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
 	if err != nil {
 		return Tensor{}, err
 	}
-	return bf16T(fp8Lin(ctx.W.WoB, u), ctx.Cfg.Dim), nil
+	return bf16T(ctx.fp8Lin(ctx.W.WoB, u), ctx.Cfg.Dim), nil
 }

@@ -39,6 +39,11 @@ type LayerWeights struct {
 	AttnSink           []float32
 	Compressor         *attention.Compressor // nil for r = 0
 	Indexer            *indexer.Indexer      // nil unless r = 4
+
+	// Fast, when set (PrepareLayer, Model.PrepareFast), holds packed copies
+	// of these weights and makes the stage computations run the fast kernels,
+	// which give the same bits; nil (the default) runs the reference loops.
+	Fast *PreparedLayer
 }
 
 // weightShape is one expected tensor of a layer: its name suffix and shape.

@@ -1,0 +1,122 @@
+package engine
+
+import (
+	"sparsemla/attention"
+	"sparsemla/indexer"
+)
+
+// The switch between the reference loops and the fast kernels inside the
+// stage graph (Stages / RunStep / the replays). A layer runs its stages on the
+// fast kernels when its LayerWeights carry prepared weights (W.Fast, set by
+// Model.PrepareFast or PrepareLayer); without them (the default) every stage
+// runs the reference loops. Both give the same bits
+// (TestStagesFastEqualReference), so the switch only changes the speed.
+
+// PrepareLayer attaches the packed weights of w to it (w.Fast), so that stage
+// computations with these weights run the fast kernels. The packed weights are
+// a copy: change w afterwards and call PrepareLayer again (or set w.Fast = nil).
+func PrepareLayer(cfg *Config, w *LayerWeights) {
+	w.Fast = nil
+	w.Fast = Prepare(cfg, w)
+}
+
+// PrepareFast prepares every layer of the model (PrepareLayer): replays of
+// many steps then pack the weights once and run the fast kernels.
+func (m *Model) PrepareFast() {
+	for _, w := range m.Weights {
+		PrepareLayer(m.Cfg, w)
+	}
+}
+
+// fast returns the prepared weights of the step's layer, nil for the reference.
+func (ctx *StepContext) fast() *PreparedLayer {
+	if ctx.W == nil {
+		return nil
+	}
+	return ctx.W.Fast
+}
+
+// fp8Lin is FP8Linear(w, x), on the packed copy of w when the layer is prepared.
+func (ctx *StepContext) fp8Lin(w *attention.FP8Weight, x []float32) []float32 {
+	y := make([]float32, w.Rows)
+	if p := ctx.fast(); p != nil {
+		if pw := p.packedOf(w); pw != nil {
+			pw.Linear(y, x)
+			return y
+		}
+	}
+	attention.FP8Linear(y, x, w)
+	return y
+}
+
+// indexerQueryB is Indexer.QueryB (iq_b).
+func (ctx *StepContext) indexerQueryB(dst, cq []float32) {
+	if p := ctx.fast(); p != nil && p.IWqB != nil {
+		p.IWqB.Linear(dst, cq)
+		return
+	}
+	ctx.W.Indexer.QueryB(dst, cq)
+}
+
+// indexerWeightsRaw is Indexer.WeightsRaw (iw_raw).
+func (ctx *StepContext) indexerWeightsRaw(dst, x []float32) {
+	if p := ctx.fast(); p != nil && p.IWeightsProj != nil {
+		p.IWeightsProj.Linear(dst, x)
+		return
+	}
+	ctx.W.Indexer.WeightsRaw(dst, x)
+}
+
+// indexQK is indexer.IndexQK (index_qk).
+func (ctx *StepContext) indexQK(qk, iq, icache []float32, heads, hd int) {
+	if ctx.fast() != nil {
+		attention.IndexQKFast(qk, iq, icache, heads, hd)
+		return
+	}
+	indexer.IndexQK(qk, iq, icache, heads, hd)
+}
+
+// topK is the selection of indexer.TopK (index_topk).
+func (ctx *StepContext) topK(scores []float32, k int) []int64 {
+	if ctx.fast() != nil {
+		return topKFast(scores, k)
+	}
+	top, _ := indexer.TopK(scores, k)
+	return top
+}
+
+// project is Compressor.Project (cmp_a, cmp_b / icmp_a, icmp_b) for the main
+// or the indexer compressor of the layer.
+func (ctx *StepContext) project(c *attention.Compressor, a, b, x []float32) {
+	if p := ctx.fast(); p != nil {
+		switch {
+		case c == p.Compressor && p.CmpWkv != nil:
+			p.CmpWkv.Dot(a, x)
+			p.CmpWgate.Dot(b, x)
+			return
+		case p.Indexer != nil && c == p.Indexer.Compressor && p.ICmpWkv != nil:
+			p.ICmpWkv.Dot(a, x)
+			p.ICmpWgate.Dot(b, x)
+			return
+		}
+	}
+	c.Project(a, b, x)
+}
+
+// sparseAttn is attention.SparseAttn (o).
+func (ctx *StepContext) sparseAttn(o, q, kv []float32, d int, idx []int32, sink []float32, scale float32) {
+	if ctx.fast() != nil {
+		attention.SparseAttnFast(o, q, kv, d, idx, sink, scale)
+		return
+	}
+	attention.SparseAttn(o, q, kv, d, idx, sink, scale)
+}
+
+// woA is attention.WoA (u).
+func (ctx *StepContext) woA(u, o []float32) {
+	if p := ctx.fast(); p != nil {
+		p.WoA.WoA(u, o)
+		return
+	}
+	attention.WoA(u, o, ctx.W.WoA, ctx.Cfg.OGroups, ctx.Cfg.OLoraRank)
+}
