@@ -1,12 +1,15 @@
 package main
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"sparsemla/dump"
+	"sparsemla/engine"
 	"sparsemla/quant"
 )
 
@@ -237,4 +240,121 @@ func swapTie(t *testing.T, from, to string, layers []int) int {
 	}
 	writeSafetensorsFileMeta(t, to, out, st.Metadata)
 	return changed
+}
+
+// TestTieConsistentGPU goes one step further than TestTieIsNotADivergence:
+// it builds the dump a GPU that picked another member of the boundary tie
+// would really write. On layer 3 (the last layer of the tiny model, so
+// nothing after its attention output is replayed) at p = 126, 255 and 256 the
+// selection is swapped as above and o, o_inv, u and y are recomputed from the
+// swapped selection by the reference stages. The local replay must then agree
+// (ties, no failure); a propagated replay, whose chain selects by the
+// reference rule, must also agree when it follows the GPU's legal choice.
+func TestTieConsistentGPU(t *testing.T) {
+	src := filepath.Join("..", "..", "testdata", "gpu-v4-tiny-long")
+	dir := t.TempDir()
+	ents, err := os.ReadDir(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps := map[string]int64{"step_126.safetensors": 126, "step_255.safetensors": 255, "step_256.safetensors": 256}
+	for _, e := range ents {
+		abs, _ := filepath.Abs(filepath.Join(src, e.Name()))
+		if _, ok := steps[e.Name()]; ok {
+			if n := swapTie(t, abs, filepath.Join(dir, e.Name()), []int{3}); n != 1 {
+				t.Fatalf("%s: swapped %d layers", e.Name(), n)
+			}
+			continue
+		}
+		if err := os.Symlink(abs, filepath.Join(dir, e.Name())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Recompute layer 3's attention outputs from the swapped selection.
+	d, err := dump.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srcD, err := engine.NewDumpSource(d, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := engine.LoadModel(d, srcD, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fresh := map[string]map[string]engine.Tensor{}
+	for file, p := range steps {
+		ctx := &engine.StepContext{Cfg: m.Cfg, Layer: 3, Pos: p, W: m.Weights[3], Rope: m.Rope[3]}
+		vals := map[string]engine.Tensor{}
+		for _, def := range engine.Stages(m.Cfg, 3, p) {
+			switch def.Name {
+			case "o", "o_inv", "u", "y":
+			default:
+				continue
+			}
+			in := map[string]engine.Tensor{}
+			for _, name := range def.Inputs {
+				if v, ok := vals[name]; ok {
+					in[name] = v
+					continue
+				}
+				v, ok, err := srcD.Stage(p, 3, name)
+				if err != nil || !ok {
+					t.Fatalf("step %d: input %s: %v", p, name, err)
+				}
+				in[name] = v
+			}
+			out, err := def.Compute(ctx, in)
+			if err != nil {
+				t.Fatalf("step %d: %s: %v", p, def.Name, err)
+			}
+			vals[def.Name] = out
+		}
+		fresh[file] = vals
+	}
+	d.Close()
+	for file, vals := range fresh {
+		path := filepath.Join(dir, file)
+		st, err := dump.OpenSafetensors(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var recs []dump.Record
+		for _, n := range st.Names() {
+			r, err := st.Read(n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r.Name = n
+			if v, ok := vals[strings.TrimPrefix(n, "L3.")]; ok && strings.HasPrefix(n, "L3.") {
+				if r.DType != dump.BF16 || len(v.F) != r.Len() {
+					t.Fatalf("%s %s: dtype %s, %d values for %d", file, n, r.DType, len(v.F), r.Len())
+				}
+				for i, x := range v.F {
+					binary.LittleEndian.PutUint16(r.Data[2*i:], quant.BF16Bits(x))
+				}
+			}
+			recs = append(recs, r)
+		}
+		meta := st.Metadata
+		st.Close()
+		writeSafetensorsFileMeta(t, path, recs, meta)
+	}
+	code, s := replayJSON(t, dir)
+	if code != exitOK || s.Summary.Fail != 0 {
+		t.Errorf("local: exit %d, %d fail; first: %s", code, s.Summary.Fail, firstFail(s))
+	}
+	t.Logf("local: %d ties, %d fail", s.Summary.Tie, s.Summary.Fail)
+	code, s = replayJSON(t, "--mode", "propagated", dir)
+	t.Logf("propagated: %d ties, %d fail", s.Summary.Tie, s.Summary.Fail)
+	// Known bug (reported by engineer I): the propagated chain attends to the
+	// reference's own tie choice, so o, o_inv, u and y of a GPU that chose
+	// another legal member fail (12 false alarms here). Skipped while it
+	// fails; fails once fixed so that this mark is removed.
+	const knownBug = "propagated mode does not follow the GPU's legal top-k tie choice: attention outputs downstream of a boundary tie are false alarms"
+	if code != exitOK || s.Summary.Fail != 0 {
+		t.Skipf("known bug: %s (exit %d, %d fail; first: %s)", knownBug, code, s.Summary.Fail, firstFail(s))
+	}
+	t.Errorf("known bug fixed (%s): remove the skip", knownBug)
 }
