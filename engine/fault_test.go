@@ -65,6 +65,8 @@ func TestFaultedCopyGPUDumps(t *testing.T) {
 		{"gpu-v4-tiny-long", "topk-off-by-one@255,1", 1},
 		// Carried across the state-only step 254 into step 255.
 		{"gpu-v4-tiny-long", "fp8-scale@128,0", 1},
+		// The HCA (r = 128) row due at p = 127 lands at p = 128.
+		{"gpu-v4-tiny-long", "compressor-late@127,2", 2},
 	}
 	for _, c := range cases {
 		t.Run(c.dump+"/"+c.fault, func(t *testing.T) {
@@ -255,7 +257,7 @@ func TestFaultedCopyRefused(t *testing.T) {
 		{"official-v4-tiny", "topk-off-by-one@7,1", "selects every one of its Tc = 2"},
 		{"gpu-v4-tiny-long", "topk-off-by-one@255,0", "no indexer"},
 		{"official-v4-tiny", "compressor-late@4,1", "not an emission step"},
-		{"gpu-v4-tiny-long", "compressor-late@255,2", "needs a CSA layer"},
+		{"gpu-v4-tiny-long", "compressor-late@255,0", "no compressor"},
 		{"gpu-v4-tiny-long", "window-order@128,0", "no -1 padding"},
 		{"gpu-v4-tiny-long", "splitk-merge@200,1", "not a dumped decode step"},
 		{"gpu-v4-tiny-long", "splitk-merge@254,1", "not a dumped decode step"},

@@ -38,8 +38,9 @@ const (
 	// FaultStalePrefix: window rows of the last four tokens are served from
 	// another request's cache page (a stale prefix-cache page).
 	FaultStalePrefix FaultKind = "stale-prefix"
-	// FaultCmpLate: the main compressor writes its row one step late: at the
-	// emission step the cache row is still zero, it appears at the next step.
+	// FaultCmpLate: the main compressor (CSA or HCA) writes its row one step
+	// late: at the emission step the cache row is still zero, it appears at
+	// the next step.
 	FaultCmpLate FaultKind = "compressor-late"
 	// FaultWindowOrder: the window part of the index list puts its -1
 	// padding first (the V4.1 layout, spec §11 item 9) in a V4 model; steps
@@ -141,8 +142,8 @@ func (f Fault) Check(cfg *Config, first, last int64) error {
 			return fmt.Errorf("fault %s: needs at least 2 compressed rows (step >= 7)", f)
 		}
 	case FaultCmpLate:
-		if r != 4 {
-			return fmt.Errorf("fault %s: needs a CSA layer (r = 4), layer %d has r = %d", f, f.Layer, r)
+		if r == 0 {
+			return fmt.Errorf("fault %s: needs a compressed layer (CSA r = 4 or HCA r = 128), layer %d has no compressor", f, f.Layer)
 		}
 		if !attention.EmitsRow(f.Step, r) {
 			return fmt.Errorf("fault %s: step %d is not an emission step of r = %d", f, f.Step, r)

@@ -32,7 +32,7 @@ dump.smd (native), config.json and a copy of the weights, so
   scale-byte       one UE8M0 scale byte of an older cache row has a bit flipped (--seed picks the block)
   topk-off-by-one  the indexer's last top-k row is off by one (CSA layers, Tc > index_topk)
   stale-prefix     the last four window rows come from another request's page (--seed picks its tokens)
-  compressor-late  the compressed row is written one step late (CSA layers, emission steps)
+  compressor-late  the compressed row is written one step late (CSA/HCA layers, emission steps)
   window-order     the window index list puts its -1 padding first (the V4.1 layout; steps < window-1)
 A fault that cannot happen at P, L (or would not change its stage beyond
 tolerance there) is refused with exit status 2.`

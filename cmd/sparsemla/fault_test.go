@@ -38,6 +38,7 @@ func TestFaultCommandGPUDumps(t *testing.T) {
 		{"official-v4-tiny", "window-order@2,0", "topk_idxs"},
 		{"gpu-v4-tiny-long", "topk-off-by-one@255,1", "index_topk"},
 		{"gpu-v4-tiny-long", "scale-byte@128,3", "kv_cache"},
+		{"gpu-v4-tiny-long", "compressor-late@255,2", "kv_cache"}, // HCA, r = 128
 	}
 	if len(ftDiagnosis) != len(engine.FaultKinds()) {
 		t.Fatalf("ftDiagnosis covers %d kinds, engine has %d", len(ftDiagnosis), len(engine.FaultKinds()))
@@ -134,6 +135,7 @@ func TestFaultCommandErrors(t *testing.T) {
 		{[]string{"--in", tiny, "--fault", "topk-off-by-one@7,1"}, "selects every one of its Tc = 2 compressed rows"},
 		{[]string{"--in", long, "--fault", "topk-off-by-one@255,2"}, "no indexer"},
 		{[]string{"--in", tiny, "--fault", "compressor-late@5,3"}, "not an emission step"},
+		{[]string{"--in", long, "--fault", "compressor-late@255,0"}, "no compressor"},
 		{[]string{"--in", long, "--fault", "window-order@255,1"}, "no -1 padding"},
 		{[]string{"--in", long, "--fault", "fp8-scale@200,0"}, "not a dumped decode step"},
 		{[]string{"--in", tiny, "--fault", "gremlins@3,1"}, "unknown kind"},
