@@ -1,0 +1,140 @@
+package engine
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"sparsemla/dump"
+)
+
+// BenchmarkReplayBigDump writes a native dump of SPARSEMLA_BENCH_DUMP_GB GiB
+// (e.g. 20) and replays it with the sparsemla command (local mode, the
+// default), reporting the replay's peak resident set size: a replay must
+// stream the dump (memory bounded by the records of the units in flight, not
+// by the file). The dump is a real one: V4-Flash layer 2 (CSA) from a
+// 65,536-token synthetic state, every stage of consecutive decode steps
+// computed by the reference chain (RunStep on the prepared weights, which is
+// bit-identical), ~23 MiB per step (kv_cache alone 16.5 MiB), written as it is
+// produced. It needs the disk space (the temp dir, or SPARSEMLA_BENCH_DUMP_DIR)
+// and some minutes:
+//
+//	SPARSEMLA_BENCH_DUMP_GB=20 go test ./engine -run '^$' -bench ReplayBigDump -benchtime 1x -timeout 90m
+func BenchmarkReplayBigDump(b *testing.B) {
+	gb, _ := strconv.ParseFloat(os.Getenv("SPARSEMLA_BENCH_DUMP_GB"), 64)
+	if gb <= 0 {
+		b.Skip("set SPARSEMLA_BENCH_DUMP_GB (e.g. 20) to write and replay a dump of that size")
+	}
+	dir := os.Getenv("SPARSEMLA_BENCH_DUMP_DIR")
+	if dir == "" {
+		dir = b.TempDir()
+	}
+	bin := filepath.Join(dir, "sparsemla")
+	if out, err := exec.Command("go", "build", "-o", bin, "sparsemla/cmd/sparsemla").CombinedOutput(); err != nil {
+		b.Fatalf("building the command: %v\n%s", err, out)
+	}
+	steps, size, maxRec := writeBigDump(b, dir, int64(gb*(1<<30)))
+	b.ResetTimer()
+	for b.Loop() {
+		cmd := exec.Command(bin, "replay", "--json", dir)
+		cmd.Stdout, cmd.Stderr = nil, nil
+		t0 := time.Now()
+		out, err := cmd.Output()
+		el := time.Since(t0)
+		if ee, ok := err.(*exec.ExitError); ok && ee.ExitCode() == 1 {
+			err = nil // 1 = diverged: a verdict, not a failure to replay
+		}
+		if err != nil {
+			b.Fatalf("replay: %v", err)
+		}
+		var rep struct {
+			Stages []json.RawMessage `json:"stages"`
+		}
+		_ = json.Unmarshal(out, &rep)
+		ru := cmd.ProcessState.SysUsage().(*syscall.Rusage)
+		b.ReportMetric(float64(ru.Maxrss)/(1<<10), "peak-RSS-MiB")
+		b.ReportMetric(float64(size)/(1<<30), "dump-GiB")
+		b.ReportMetric(float64(maxRec)/(1<<20), "largest-record-MiB")
+		b.ReportMetric(float64(steps), "steps")
+		b.ReportMetric(float64(size)/el.Seconds()/(1<<20), "MiB/s")
+	}
+}
+
+// writeBigDump writes config.json, weights.safetensors (layer 2 only) and
+// dump.smd into dir: the start state of layer 2 after position P0−1 and every
+// stage of steps P0, P0+1, … until the dump holds at least target bytes. It
+// returns the number of steps, the dump size and the largest record.
+func writeBigDump(b *testing.B, dir string, target int64) (steps int, size, maxRec int64) {
+	cfg, _ := Preset("flash")
+	cfg.MaxSeqLen = 1 << 20
+	const layer = 2
+	const p0 = 65536 + 1
+	w := RandomLayerWeights(cfg, layer, 5)
+	cfgJSON, err := json.MarshalIndent(cfg, "", "  ")
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, SynthConfigFile), cfgJSON, 0o644); err != nil {
+		b.Fatal(err)
+	}
+	wf, err := os.Create(filepath.Join(dir, SynthWeightsFile))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := dump.WriteSafetensors(wf, LayerWeightRecords(cfg, w), map[string]string{"producer": "sparsemla BenchmarkReplayBigDump"}); err != nil {
+		b.Fatal(err)
+	}
+	wf.Close()
+	maxSteps := int(target/(20<<20)) + 2
+	rope := LayerRope(cfg, layer, p0+maxSteps+1)
+	st := SyntheticState(cfg, w, rope, p0, 5)
+	PrepareLayer(cfg, w) // the reference chain on the fast kernels: the same bits, faster
+	dw, err := dump.Create(filepath.Join(dir, SynthDumpFile), dump.Header{ModelArgs: string(cfgJSON),
+		CompressRatios: cfg.CompressRatios, Producer: map[string]string{"engine": "sparsemla BenchmarkReplayBigDump"}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	put := func(t Tensor, step int, stage string, kind dump.Kind) {
+		rec := TensorRecord(t, dump.Key{Request: SynthRequest, Step: step, Layer: layer, Stage: stage}, kind)
+		if err := dw.Write(&rec); err != nil {
+			b.Fatal(err)
+		}
+		size += int64(len(rec.Data))
+		maxRec = max(maxRec, int64(len(rec.Data)))
+	}
+	for name, t := range st.StateTensors() {
+		put(t, p0-1, name, dump.KindState)
+	}
+	t0 := time.Now()
+	for p := int64(p0); size < target; p++ {
+		ctx := &StepContext{Cfg: cfg, Layer: layer, Pos: p, W: w, Rope: rope}
+		x := SyntheticInput(cfg, p, 5)
+		out, next, err := RunStep(ctx, x, st)
+		if err != nil {
+			b.Fatal(err)
+		}
+		put(x, int(p), "x", dump.KindStage)
+		for _, name := range sortedKeys(out) {
+			put(out[name], int(p), name, dump.KindStage)
+		}
+		st = next
+		steps++
+		if steps%50 == 0 {
+			b.Logf("dump: %d steps, %.1f GiB, %.0f s", steps, float64(size)/(1<<30), time.Since(t0).Seconds())
+		}
+	}
+	if err := dw.Close(); err != nil {
+		b.Fatal(err)
+	}
+	w.Fast = nil
+	runtime.GC()
+	fmt.Fprintf(os.Stderr, "wrote %d steps, %.2f GiB, largest record %.1f MiB in %.0f s\n", steps, float64(size)/(1<<30), float64(maxRec)/(1<<20), time.Since(t0).Seconds())
+	return steps, size, maxRec
+}
