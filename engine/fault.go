@@ -82,16 +82,19 @@ type FaultedCopy struct {
 // records live in weights.safetensors), with the header's user metadata
 // naming the fault and the input.
 func WriteFaulted(d *dump.Dump, src *DumpSource, m *Model, dir string, opt FaultOptions) (*FaultedCopy, error) {
-	pl, err := planFault(d, src, m, opt)
-	if err != nil {
-		return nil, err
-	}
 	wpath, err := findWeights(d.Path, opt.Weights)
 	if err != nil {
 		return nil, err
 	}
-	if err := prepareOutDir(dir, d, wpath); err != nil {
+	if err := checkOutDir(dir, d, wpath); err != nil {
 		return nil, err
+	}
+	pl, err := planFault(d, src, m, opt)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("fault: %w", err)
 	}
 	res := &FaultedCopy{Dir: dir, Fault: opt.Fault, Request: src.Request, Donor: pl.donor, Unmapped: len(d.Unmapped), CarriedTo: pl.carriedTo}
 	for k := range pl.patch {
@@ -726,25 +729,33 @@ func bitIdentical(a, b Tensor) bool {
 	return true
 }
 
-// prepareOutDir creates dir. It refuses a directory holding files other
-// than those of a faulted copy or synthetic dump (an earlier copy is
-// replaced), and the directory of the input dump or its weights.
-func prepareOutDir(dir string, d *dump.Dump, wpath string) error {
+// checkOutDir checks that dir can receive a faulted copy: new, empty, or
+// holding only the files of a faulted copy or synthetic dump (an earlier copy
+// is replaced); not the directory of the input dump or its weights, nor one
+// inside the input.
+func checkOutDir(dir string, d *dump.Dump, wpath string) error {
+	inputs := map[string]bool{filepath.Dir(wpath): true, d.Path: true}
+	for _, e := range d.Entries {
+		inputs[filepath.Dir(e.File)] = true
+	}
+	absOut, err := filepath.Abs(dir)
+	if err != nil {
+		return fmt.Errorf("fault: %w", err)
+	}
+	for in := range inputs {
+		// A copy inside the input's directory would become part of the
+		// input dump (dump.Open reads sub-directories).
+		if absIn, err := filepath.Abs(in); err == nil {
+			if rel, err := filepath.Rel(absIn, absOut); err == nil && rel != "." && !strings.HasPrefix(rel, "..") {
+				return fmt.Errorf("fault: output directory %s lies inside the input %s; write the copy elsewhere", dir, in)
+			}
+		}
+	}
 	if fi, err := os.Stat(dir); err == nil {
 		if !fi.IsDir() {
 			return fmt.Errorf("fault: output %s is not a directory", dir)
 		}
-		inputs := []string{wpath}
-		for _, e := range d.Entries {
-			inputs = append(inputs, e.File)
-		}
-		seen := map[string]bool{}
-		for _, f := range inputs {
-			in := filepath.Dir(f)
-			if seen[in] {
-				continue
-			}
-			seen[in] = true
+		for in := range inputs {
 			if ifi, err := os.Stat(in); err == nil && os.SameFile(fi, ifi) {
 				return fmt.Errorf("fault: output directory %s holds the input dump or its weights; write the copy elsewhere", dir)
 			}
@@ -760,9 +771,6 @@ func prepareOutDir(dir string, d *dump.Dump, wpath string) error {
 				return fmt.Errorf("fault: output directory %s holds %s: want a new or empty directory (or an earlier copy to replace)", dir, e.Name())
 			}
 		}
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("fault: %w", err)
 	}
 	return nil
 }

@@ -307,6 +307,9 @@ func TestFaultedCopyRefused(t *testing.T) {
 	if _, err := WriteFaulted(fd, fsrc, fm, first, FaultOptions{Fault: Fault{Kind: FaultLSE, Step: 6, Layer: 1}}); err == nil || !strings.Contains(err.Error(), "holds the input dump") {
 		t.Errorf("output over the input: error %v", err)
 	}
+	if _, err := WriteFaulted(fd, fsrc, fm, filepath.Join(first, "inner"), FaultOptions{Fault: Fault{Kind: FaultLSE, Step: 6, Layer: 1}}); err == nil || !strings.Contains(err.Error(), "lies inside the input") {
+		t.Errorf("output inside the input: error %v", err)
+	}
 	if _, err := WriteFaulted(d, src, m, first, FaultOptions{Fault: Fault{Kind: FaultLSE, Step: 6, Layer: 1}}); err != nil {
 		t.Errorf("replacing an earlier copy: %v", err)
 	}

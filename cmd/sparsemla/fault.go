@@ -35,7 +35,9 @@ dump.smd (native), config.json and a copy of the weights, so
   compressor-late  the compressed row is written one step late (CSA/HCA layers, emission steps)
   window-order     the window index list puts its -1 padding first (the V4.1 layout; steps < window-1)
 A fault that cannot happen at P, L (or would not change its stage beyond
-tolerance there) is refused with exit status 2.`
+tolerance there) is refused with exit status 2. DIR must be new, empty or an
+earlier copy (replaced). Replay DUMP first: if it already diverges before P, its
+copy reports that earlier divergence first.`
 
 func runFault(args []string, stdout, stderr io.Writer) int {
 	fs := rpFlagSet("fault", "fault --in DUMP --out DIR --fault KIND@step,layer [--seed S] [--weights W] [--map FILE] [--request R]", faultDoc, stderr)
