@@ -42,7 +42,7 @@ copy reports that earlier divergence first.`
 func runFault(args []string, stdout, stderr io.Writer) int {
 	fs := rpFlagSet("fault", "fault --in DUMP --out DIR --fault KIND@step,layer [--seed S] [--weights W] [--map FILE] [--request R]", faultDoc, stderr)
 	in := fs.String("in", "", "the dump to copy (or give it as the argument)")
-	out := fs.String("out", "", "output directory (required; created, must be empty)")
+	out := fs.String("out", "", "output directory (required; new, empty, or an earlier copy to replace)")
 	faultFlag := fs.String("fault", "", "the fault, KIND@step,layer (required; see above)")
 	seed := fs.Uint64("seed", 1, "seed of what the fault leaves to chance (scale-byte block, stale-prefix donor tokens)")
 	var f replayFlags
