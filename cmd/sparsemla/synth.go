@@ -28,7 +28,7 @@ computed from the faulty value). Fault kinds:
   scale-byte       one UE8M0 scale byte of an older cache row has a bit flipped
   topk-off-by-one  the indexer's last top-k row is off by one (CSA layers, step >= 7)
   stale-prefix     the last four window rows come from another request's page
-  compressor-late  the compressed row is written one step late (CSA layers, emission steps)
+  compressor-late  the compressed row is written one step late (CSA or HCA layers, emission steps)
   window-order     the window index list puts its -1 padding first (the V4.1 layout; steps < 127)`
 
 func runSynth(args []string, stdout, stderr io.Writer) int {
