@@ -131,6 +131,31 @@ func BenchmarkFP8PanelsLinear(b *testing.B) {
 	}
 }
 
+// BenchmarkFP8PanelsWoA: wo_a in its prepared form (8 groups of [1024, 4096]
+// FP8 codes, the bf16 GEMM run by LinearPlain), as PackWoA makes it from the
+// checkpoint's weights.
+func BenchmarkFP8PanelsWoA(b *testing.B) {
+	rng := rand.New(rand.NewPCG(3, 3))
+	const G, R, gd = 8, 1024, 4096
+	ws := make([]*WoAPanels, copiesFor(G*R*gd))
+	for i := range ws {
+		ws[i] = &WoAPanels{Groups: G, Rank: R}
+		for g := 0; g < G; g++ {
+			ws[i].FP8 = append(ws[i].FP8, randCodes(rng, R, gd))
+		}
+	}
+	o := bf16Vec(rng, G*gd, 1)
+	u := make([]float32, G*R)
+	i := 0
+	for b.Loop() {
+		ws[i%len(ws)].WoA(u, o)
+		i++
+	}
+	s := b.Elapsed().Seconds() / float64(b.N)
+	b.ReportMetric(float64(G*R*gd)/s/1e9, "GB/s")
+	b.ReportMetric(2*float64(G*R*gd)/s/1e9, "GFLOP/s")
+}
+
 // BenchmarkFP8LinearReference is the scalar reference FP8Linear on the two
 // largest weights, for the speed-up.
 func BenchmarkFP8LinearReference(b *testing.B) {
