@@ -123,51 +123,68 @@ func (p *PreparedLayer) Step(cfg *Config, rope *RopeTable, st *LayerState, x []f
 		return nil, fmt.Errorf("engine: layer %d: the index key cache has %d values for %d rows", p.Layer, len(st.ICache), st.Rows())
 	}
 
-	// query path
+	// query latent, shared by the query path and the indexer
 	qa := make([]float32, cfg.QLoraRank)
 	p.WqA.Linear(qa, x)
 	cq := make([]float32, len(qa))
 	attention.RMSNorm(cq, qa, p.QNorm, eps)
+
+	// Four independent branches run concurrently (each writes only its own
+	// outputs and its own part of the state, and computes them the same way
+	// whatever the scheduling): the query, the window K, the indexer (r = 4)
+	// and the main compressor (r > 0). Overlapping the memory-bound GEMVs with
+	// the compute-bound index scoring saves time on a single layer.
+	var g errgroup.Group
 	q := make([]float32, H*D)
-	p.WqB.Linear(q, cq)
-	attention.HeadRMS(q, D, eps)
-	for h := 0; h < H; h++ {
-		rope.Apply(q[h*D+D-rd:(h+1)*D], pos)
-	}
-
-	// window K = V
-	kv := make([]float32, D)
-	p.Wkv.Linear(kv, x)
-	attention.RMSNorm(kv, kv, p.KVNorm, eps)
-	rope.Apply(kv[cfg.NopeDim():], pos)
-	quant.FQ8(kv[:cfg.NopeDim()], 64)
-
-	// compressed part of the index list
-	var cmp []int32
-	if r == 4 {
-		sel, err := p.indexerStep(cfg, rope, st, x, cq, pos)
-		if err != nil {
-			return nil, err
+	g.Go(func() error {
+		p.WqB.Linear(q, cq)
+		attention.HeadRMS(q, D, eps)
+		for h := 0; h < H; h++ {
+			rope.Apply(q[h*D+D-rd:(h+1)*D], pos)
 		}
-		cmp = sel
-	} else if r == 128 {
+		return nil
+	})
+	kv := make([]float32, D)
+	g.Go(func() error {
+		p.Wkv.Linear(kv, x)
+		attention.RMSNorm(kv, kv, p.KVNorm, eps)
+		rope.Apply(kv[cfg.NopeDim():], pos)
+		quant.FQ8(kv[:cfg.NopeDim()], 64)
+		return nil
+	})
+	var cmp []int32 // compressed part of the index list
+	if r == 4 {
+		g.Go(func() error {
+			sel, err := p.indexerStep(cfg, rope, st, x, cq, pos)
+			cmp = sel
+			return err
+		})
+	}
+	var row []float32 // the compressed row this step emits, if any
+	if r > 0 {
+		g.Go(func() error {
+			c := p.Compressor
+			a, b := make([]float32, c.Width()), make([]float32, c.Width())
+			p.CmpWkv.Dot(a, x)
+			p.CmpWgate.Dot(b, x)
+			if s := c.StepFrom(st.Cmp, a, b, pos, rope); s.Emitted {
+				row = s.Out
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	if r == 128 {
 		cmp = attention.CompressedIdx(pos, r, win)
 	}
 	idx := attention.IndexList(attention.WindowIdx(pos, win), cmp)
 
-	// main compressor, cache write
+	// cache write: window slot, then the emitted row
 	slot := int(pos % int64(win))
 	copy(st.KV[slot*D:(slot+1)*D], kv)
-	if r > 0 {
-		c := p.Compressor
-		a, b := make([]float32, c.Width()), make([]float32, c.Width())
-		p.CmpWkv.Dot(a, x)
-		p.CmpWgate.Dot(b, x)
-		s := c.StepFrom(st.Cmp, a, b, pos, rope)
-		if s.Emitted {
-			st.KV = append(st.KV, s.Out...)
-		}
-	}
+	st.KV = append(st.KV, row...)
 
 	// attention and output
 	o := make([]float32, H*D)
