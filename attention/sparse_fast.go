@@ -6,17 +6,19 @@ import (
 	"sparsemla/quant"
 )
 
-// transposeHeads writes q [heads][d] as qT [d][64·ceil(heads/64)] (one lane per
-// head, zero lanes past heads).
-func transposeHeads(q []float32, heads, d int) (qT []float32, lanes int) {
-	lanes = (heads + PanelRows - 1) / PanelRows * PanelRows
-	qT = make([]float32, d*lanes)
+// headPanels writes q [heads][d] as panels of 64 heads, each transposed:
+// qT[(g·d + k)·64 + l] = q[(g·64 + l)·d + k] (one lane per head, zero lanes
+// past heads), so that panel g is contiguous for the kernels.
+func headPanels(q []float32, heads, d int) (qT []float32, groups int) {
+	groups = (heads + PanelRows - 1) / PanelRows
+	qT = make([]float32, groups*d*PanelRows)
 	for h := 0; h < heads; h++ {
+		g, l := h/PanelRows, h%PanelRows
 		for k := 0; k < d; k++ {
-			qT[k*lanes+h] = q[h*d+k]
+			qT[(g*d+k)*PanelRows+l] = q[h*d+k]
 		}
 	}
-	return qT, lanes
+	return qT, groups
 }
 
 // SparseAttnFast is SparseAttn, bit-identical at any GOMAXPROCS: the same
@@ -38,21 +40,21 @@ func SparseAttnFast(o, q, kv []float32, d int, idx []int32, sink []float32, scal
 	L := len(idx)
 	// logits[h*L+i] = f32(q_h·K_i)·τ, −∞ for −1 entries
 	logits := make([]float32, heads*L)
-	qT, lanes := transposeHeads(q, heads, d)
+	qT, groups := headPanels(q, heads, d)
 	parallelFor(L, L*heads*d, func(lo, hi int) {
 		var tmp [PanelRows]float32
 		for i := lo; i < hi; i++ {
 			j := idx[i]
-			for g := 0; g < lanes; g += PanelRows {
+			for g := 0; g < groups; g++ {
 				if j >= 0 {
-					f32Panel64AVX2WithStride(&tmp, qT, g, lanes, kv[int(j)*d:int(j+1)*d])
+					f32Panel64AVX2(&tmp[0], &qT[g*d*PanelRows], &kv[int(j)*d], d)
 				}
-				for l := 0; l < PanelRows && g+l < heads; l++ {
+				for l := 0; l < PanelRows && g*PanelRows+l < heads; l++ {
 					s := negInf
 					if j >= 0 {
 						s = float32(tmp[l] * scale)
 					}
-					logits[(g+l)*L+i] = s
+					logits[(g*PanelRows+l)*L+i] = s
 				}
 			}
 		}
@@ -107,21 +109,6 @@ func SparseAttnFast(o, q, kv []float32, d int, idx []int32, sink []float32, scal
 	return lse
 }
 
-// f32Panel64AVX2WithStride computes tmp[l] = Σ_k x[k]·qT[k·lanes + g + l] for
-// the 64 lanes starting at g. With lanes = 64 the panel is contiguous;
-// otherwise the lanes are copied out first.
-func f32Panel64AVX2WithStride(tmp *[PanelRows]float32, qT []float32, g, lanes int, x []float32) {
-	if lanes == PanelRows {
-		f32Panel64AVX2(&tmp[0], &qT[0], &x[0], len(x))
-		return
-	}
-	panel := make([]float32, len(x)*PanelRows)
-	for k := range x {
-		copy(panel[k*PanelRows:(k+1)*PanelRows], qT[k*lanes+g:k*lanes+g+PanelRows])
-	}
-	f32Panel64AVX2(&tmp[0], &panel[0], &x[0], len(x))
-}
-
 // IndexScoresFast is the fast path of the indexer's IndexQK followed by
 // IndexScore (indexer.ScoreRows), bit-identical at any GOMAXPROCS:
 //
@@ -140,7 +127,7 @@ func IndexScoresFast(score, iq, icache, w []float32, heads, hd int) {
 	asm := useAsm() && heads == PanelRows && hd == 128
 	var iqT []float32
 	if asm {
-		iqT, _ = transposeHeads(iq, heads, hd)
+		iqT, _ = headPanels(iq, heads, hd)
 	}
 	const rowsPerTask = 256
 	parallelFor((tc+rowsPerTask-1)/rowsPerTask, tc*heads*hd, func(lo, hi int) {
@@ -187,14 +174,14 @@ func IndexQKFast(qk, iq, icache []float32, heads, hd int) {
 		}
 		return
 	}
-	qT, lanes := transposeHeads(iq, heads, hd)
+	qT, groups := headPanels(iq, heads, hd)
 	parallelFor(tc, tc*heads*hd, func(lo, hi int) {
 		var tmp [PanelRows]float32
 		for j := lo; j < hi; j++ {
-			for g := 0; g < lanes; g += PanelRows {
-				f32Panel64AVX2WithStride(&tmp, qT, g, lanes, icache[j*hd:(j+1)*hd])
-				for l := 0; l < PanelRows && g+l < heads; l++ {
-					qk[(g+l)*tc+j] = quant.BF16Round(tmp[l])
+			for g := 0; g < groups; g++ {
+				f32Panel64AVX2(&tmp[0], &qT[g*hd*PanelRows], &icache[j*hd], hd)
+				for l := 0; l < PanelRows && g*PanelRows+l < heads; l++ {
+					qk[(g*PanelRows+l)*tc+j] = quant.BF16Round(tmp[l])
 				}
 			}
 		}
