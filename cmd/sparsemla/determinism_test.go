@@ -61,14 +61,18 @@ func TestDeterministicOutput(t *testing.T) {
 	var jobs []job
 	for name, p := range dumps {
 		golden := name == "official-v4-tiny" || name == "gpu-v4-tiny-long"
-		jobs = append(jobs,
-			job{name + "/replay-local", []string{"replay", "--json", p}, ""},
-			job{name + "/replay-propagated", []string{"replay", "--json", "--mode", "propagated", p}, ""},
-		)
-		if golden {
-			jobs = append(jobs, job{name + "/inspect", []string{"inspect", "--json", p}, ""})
-		} else {
-			jobs = append(jobs, job{name + "/inspect", []string{"inspect", "--json", filepath.Join(p, "dump.smd")}, ""})
+		// Default: every dump in local mode, the faulty synthetic ones in
+		// propagated mode too; -determinism-all: everything.
+		jobs = append(jobs, job{name + "/replay-local", []string{"replay", "--json", p}, ""})
+		if *determinismAll || name == "synth-lse" || name == "synth-stale" {
+			jobs = append(jobs, job{name + "/replay-propagated", []string{"replay", "--json", "--mode", "propagated", p}, ""})
+		}
+		if *determinismAll || name == "synth-lse" || name == "official-v4-tiny" {
+			in := p
+			if !golden {
+				in = filepath.Join(p, "dump.smd")
+			}
+			jobs = append(jobs, job{name + "/inspect", []string{"inspect", "--json", in}, ""})
 		}
 		if *determinismAll || name == "synth-stale" {
 			jobs = append(jobs, job{name + "/bisect", []string{"bisect", "--json", p}, ""})
