@@ -54,5 +54,16 @@
 // so results are the same on every architecture. Where the GPU does fuse (the
 // RoPE complex product) the fusion is explicit (fma32). exp, log and cos/sin are
 // correctly rounded fp32 (CUDA's are within an ulp or two). Results never
-// depend on GOMAXPROCS: nothing here runs in parallel.
+// depend on GOMAXPROCS: the reference functions run sequentially.
+//
+// # Fast paths
+//
+// Beside the reference, *_fast.go hold the same computations repacked for
+// speed (FP8Panels, Panels, WoAPanels, SparseAttnFast, IndexScoresFast,
+// IndexQKFast; AVX2 kernels in kernels_fast_amd64.s, pure-Go lane loops
+// elsewhere, with -tags purego, or with UseAssembly = false). Each SIMD lane
+// owns one output and performs the reference's fp32 operations in the
+// reference's order, so the results are the same bits; work is split by
+// output across GOMAXPROCS goroutines, so they do not depend on it either.
+// bench/README.md explains the exactness arguments and the figures.
 package attention
