@@ -14,10 +14,11 @@ import (
 // PanelRows consecutive output rows stored column-major inside the panel,
 // panel[k][lane], so that one SIMD lane owns one output row and walks its k in
 // ascending order. Each lane performs exactly the reference's fp32 operations
-// in the reference's order (a rounded product, then a rounded sum; never an
-// FMA), so every output is bit-identical to FP8Linear / BF16Linear /
-// F32Linear, and the result does not depend on how panels are spread over
-// goroutines (each row is computed by one goroutine only).
+// in the reference's order (a rounded product, then a rounded sum; the FP8
+// kernels fuse the two, which gives the same bits because their products are
+// exact), so every output is bit-identical to FP8Linear / BF16Linear /
+// F32Linear / WoA, and the result does not depend on how panels are spread
+// over goroutines (each row is computed by one goroutine only).
 
 // PanelRows is the number of output rows of one panel (8 AVX2 registers of 8
 // fp32 lanes).
