@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -58,7 +59,8 @@ func fp8Scale(rows, cols int) []int { return []int{(rows + 127) / 128, (cols + 1
 // LoadLayerWeights reads layer l's attention-path weights from an open
 // safetensors file with official names (the golden's weights.safetensors, or a
 // converted checkpoint shard). Every tensor's dtype and shape is checked against
-// the config before its bytes are read.
+// the config before its bytes are read, and every value must be finite (a NaN
+// or inf weight is refused, naming the tensor and the element).
 func LoadLayerWeights(cfg *Config, layer int, st *dump.Safetensors) (*LayerWeights, error) {
 	if layer < 0 || layer >= cfg.NLayers {
 		return nil, fmt.Errorf("engine: weights: layer %d outside the model (%d layers)", layer, cfg.NLayers)
@@ -85,12 +87,25 @@ func LoadLayerWeights(cfg *Config, layer int, st *dump.Safetensors) (*LayerWeigh
 		}
 		return st.Read(pre + name)
 	}
+	// finite refuses a weight holding NaN or ±inf: weights are outside
+	// input, and a non-finite one would make the reference non-finite and
+	// the replay blame a GPU kernel for it.
+	finite := func(name string, v []float32) error {
+		if i := firstNonFinite(v); i >= 0 {
+			return fmt.Errorf("engine: weights %s: %s%s[%d] is %g (a weight must be finite)", st.Path, pre, name, i, v[i])
+		}
+		return nil
+	}
 	f32 := func(name string, shape ...int) ([]float32, error) {
 		rec, err := read(name, shape, dump.F32, dump.BF16)
 		if err != nil {
 			return nil, err
 		}
-		return rec.Float32()
+		v, err := rec.Float32()
+		if err != nil {
+			return nil, err
+		}
+		return v, finite(name, v)
 	}
 	fp8 := func(name string, rows, cols int) (*attention.FP8Weight, error) {
 		w, err := read(name+".weight", []int{rows, cols}, dump.E4M3, dump.U8)
@@ -105,6 +120,11 @@ func LoadLayerWeights(cfg *Config, layer int, st *dump.Safetensors) (*LayerWeigh
 			if b == quant.UE8M0NaN {
 				return nil, fmt.Errorf("engine: weights %s: %s%s.scale[%d] is the UE8M0 NaN byte", st.Path, pre, name, i)
 			}
+		}
+		// E4M3 has NaN codes (S.1111.111) and no inf; with every scale
+		// finite (checked above), no NaN code means finite values.
+		if i := firstE4M3NaN(w.Data); i >= 0 {
+			return nil, fmt.Errorf("engine: weights %s: %s%s.weight[%d] is the E4M3 NaN code 0x%02X (a weight must be finite)", st.Path, pre, name, i, w.Data[i])
 		}
 		return attention.NewFP8Weight(w.Data, s.Data, rows, cols), nil
 	}
@@ -176,6 +196,36 @@ func LoadLayerWeights(cfg *Config, layer int, st *dump.Safetensors) (*LayerWeigh
 		}
 	}
 	return lw, nil
+}
+
+// firstNonFinite returns the index of the first NaN or ±inf in v, or -1.
+func firstNonFinite(v []float32) int {
+	for i, x := range v {
+		if math.Float32bits(x)&0x7F800000 == 0x7F800000 { // exponent all ones: NaN or ±inf
+			return i
+		}
+	}
+	return -1
+}
+
+// firstE4M3NaN returns the index of the first E4M3 NaN code (low 7 bits all
+// ones) in codes, or -1. Eight codes at a time: (c & 0x7F) + 1 sets bit 7 of
+// a byte exactly when its low 7 bits are all ones, with no carry into the
+// next byte.
+func firstE4M3NaN(codes []uint8) int {
+	const low7, ones, high = 0x7F7F7F7F7F7F7F7F, 0x0101010101010101, 0x8080808080808080
+	i := 0
+	for ; i+8 <= len(codes); i += 8 {
+		if (binary.LittleEndian.Uint64(codes[i:])&low7+ones)&high != 0 {
+			break
+		}
+	}
+	for ; i < len(codes); i++ {
+		if codes[i]&0x7F == 0x7F {
+			return i
+		}
+	}
+	return -1
 }
 
 func sameInts(a, b []int) bool {
