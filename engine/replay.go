@@ -496,6 +496,7 @@ func propagateLayer(ctx context.Context, m *Model, src Source, steps []int64, la
 	}
 	out := make([]unitResult, 0, len(steps))
 	want := after + 1
+	stFrom := FromStart // where the state before the step came from
 	for _, p := range steps {
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -517,7 +518,7 @@ func propagateLayer(ctx context.Context, m *Model, src Source, steps []int64, la
 			if err != nil {
 				return nil, fmt.Errorf("replay %s: propagated mode: steps %d..%d are not in the dump and no state after step %d is: %w", src.Name(), want, p-1, p-1, err)
 			}
-			st = ns
+			st, stFrom = ns, FromPrevDump
 		}
 		want++
 		x, ok, err := src.Stage(p, layer, "x")
@@ -532,15 +533,20 @@ func propagateLayer(ctx context.Context, m *Model, src Source, steps []int64, la
 		status := map[string]string{}   // this step's stage statuses
 		own := map[string]Tensor{}      // the chain's values at this step
 		followed := map[string]string{} // selection stages the chain took from the dump (a tie)
-		judge := func(def StageDef, _ map[string]Tensor, ref Tensor) (Tensor, error) {
+		judge := func(def StageDef, chainIn map[string]Tensor, ref Tensor) (Tensor, error) {
 			own[def.Name] = ref
 			sr := StageResult{Step: p, Layer: layer, Stage: def.Name, Equation: def.Equation}
 			for _, n := range def.Inputs {
 				// The chain's own value; same-step inputs were compared
-				// with the dump just before.
+				// with the dump just before. The state before the step is
+				// the dump's (start state, or a state-only step after a
+				// gap, both unchecked) at the first step of the chain.
 				info := InputInfo{Name: n, From: FromPropagate, Status: inputStatus(status[n])}
 				if _, ok := followed[n]; ok {
 					info.From = FromDump
+				}
+				if strings.HasPrefix(n, PrevPrefix) {
+					info.From = stFrom
 				}
 				sr.Inputs = append(sr.Inputs, info)
 			}
@@ -557,9 +563,7 @@ func propagateLayer(ctx context.Context, m *Model, src Source, steps []int64, la
 			// judged against the dumped scores, as in a local replay.
 			in := map[string]Tensor{}
 			for _, n := range def.Inputs {
-				if t, ok := own[n]; ok {
-					in[n] = t
-				}
+				in[n] = chainIn[n]
 			}
 			sel := isSelectionStage(def.Name)
 			if sel {
@@ -591,7 +595,7 @@ func propagateLayer(ctx context.Context, m *Model, src Source, steps []int64, la
 		if err != nil {
 			return nil, fmt.Errorf("replay %s: step %d layer %d: %w", src.Name(), p, layer, err)
 		}
-		st = next
+		st, stFrom = next, FromPropagate
 		out = append(out, ur)
 	}
 	return out, nil
