@@ -50,9 +50,14 @@ type Dump struct {
 	srcs  []*os.File
 }
 
-// Open opens a dump: a native file or directory of *.smd files, a
-// safetensors file or directory, an .npz file, or a directory of .npy/.npz
-// files. Non-native dumps use the built-in name map detected for the
+// WeightsFile is the model weights file a dump directory may hold beside its
+// records (official state_dict names; engine.LoadModel reads it). In a
+// directory of native .smd files it is not part of the dump.
+const WeightsFile = "weights.safetensors"
+
+// Open opens a dump: a native file or directory of *.smd files (with, or
+// without, WeightsFile and config.json beside them), a safetensors file or
+// directory, an .npz file, or a directory of .npy/.npz files. Non-native dumps use the built-in name map detected for the
 // directory (e.g. official-v4-tiny), else the generic map.
 func Open(path string) (*Dump, error) { return OpenMapped(path, nil) }
 
@@ -97,6 +102,21 @@ func OpenMapped(path string, m *NameMap) (*Dump, error) {
 	formats := map[string]bool{}
 	for _, f := range files {
 		formats[formatOf(filepath.Join(root, f))] = true
+	}
+	if formats["native"] && fi.IsDir() {
+		// A native dump directory may hold the model weights beside the
+		// .smd files (as synth and fault write it): they are not records.
+		kept := files[:0]
+		for _, f := range files {
+			if f != WeightsFile {
+				kept = append(kept, f)
+			}
+		}
+		files = kept
+		formats = map[string]bool{}
+		for _, f := range files {
+			formats[formatOf(filepath.Join(root, f))] = true
+		}
 	}
 	if formats["native"] && len(formats) > 1 {
 		return nil, fmt.Errorf("dump: %s: mixes native .smd files with other formats", path)

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -96,13 +95,6 @@ func rpOpenDump(path string, f *replayFlags, needModel bool) (*rpOpened, error) 
 		var err error
 		if m, err = dump.LoadNameMap(f.mapFile); err != nil {
 			return nil, err
-		}
-	}
-	// A synthetic dump directory holds dump.smd beside the weights: open the
-	// native file (dump.Open refuses a directory mixing formats).
-	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
-		if _, err := os.Stat(filepath.Join(path, engine.SynthDumpFile)); err == nil {
-			path = filepath.Join(path, engine.SynthDumpFile)
 		}
 	}
 	d, err := dump.OpenMapped(path, m)
