@@ -319,7 +319,8 @@ func (s *DumpSource) Pages(step int64, layer int) ([]Page, error) {
 			return nil, err
 		}
 		out = append(out, Page{Layout: e.Page.Layout, PageID: e.Page.PageID, BlockSize: e.Page.BlockSize,
-			BlockTable: append([]int(nil), e.Page.BlockTable...), Data: rec.Data})
+			BlockTable: append([]int(nil), e.Page.BlockTable...), Data: rec.Data,
+			Origin: fmt.Sprintf("dump %s: record %d (%s) at offset %d", e.File, e.Record, e.Key, e.Offset)})
 	}
 	return out, nil
 }

@@ -14,6 +14,18 @@ type Page struct {
 	BlockSize  int    // entries (cache rows) per page
 	BlockTable []int  // logical block -> physical page of this request
 	Data       []byte
+	// Origin names the record the page came from ("dump FILE: record N
+	// (KEY) at offset O"; empty for in-memory pages): errors about a page's
+	// info or bytes are outside input and name it.
+	Origin string
+}
+
+// pageErr wraps an error about one page with the record it came from.
+func pageErr(pg Page, err error) error {
+	if pg.Origin == "" {
+		return fmt.Errorf("page %d: %w", pg.PageID, err)
+	}
+	return fmt.Errorf("%s: page %d: %w", pg.Origin, pg.PageID, err)
 }
 
 // PageSource is implemented by sources that carry the GPU's KV pages of a
@@ -85,7 +97,7 @@ func comparePages(cfg *Config, codec PageCodec, p int64, ref Tensor, pages []Pag
 		pg0 := pages[0]
 		B := pg0.BlockSize
 		if B <= 0 {
-			return "", fmt.Errorf("page %d: block size %d", pg0.PageID, B)
+			return "", pageErr(pg0, fmt.Errorf("block size %d", B))
 		}
 		b := i / B
 		if b >= len(pg0.BlockTable) {
@@ -109,11 +121,11 @@ func comparePages(cfg *Config, codec PageCodec, p int64, ref Tensor, pages []Pag
 		bl := blocks[b]
 		want, err := codec.Rewrite(bl.page.Layout, D, bl.page.BlockSize, bl.page.Data, bl.rows)
 		if err != nil {
-			return "", fmt.Errorf("page %d: %w", bl.page.PageID, err)
+			return "", pageErr(bl.page, err)
 		}
 		d, err := codec.Compare(bl.page.Layout, D, bl.page.BlockSize, bl.page.Data, want)
 		if err != nil {
-			return "", fmt.Errorf("page %d: %w", bl.page.PageID, err)
+			return "", pageErr(bl.page, err)
 		}
 		if d != "" {
 			return fmt.Sprintf("%s page %d (logical block %d, cache rows %d..%d): %s", bl.page.Layout, bl.page.PageID, b, bl.base, bl.base+bl.page.BlockSize-1, d), nil
