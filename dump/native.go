@@ -54,6 +54,12 @@ type PrefixHit struct {
 	Request string `msgpack:"request"`
 	Source  string `msgpack:"source"`
 	Tokens  int    `msgpack:"tokens"`
+
+	// Where the record lies (set by Open, not written): the file, its frame
+	// number and byte offset, for errors about the record.
+	File   string `msgpack:"-" json:"-"`
+	Record int    `msgpack:"-" json:"-"`
+	Offset int64  `msgpack:"-" json:"-"`
 }
 
 // frameMeta is the msgpack map at the start of every frame.

@@ -272,7 +272,9 @@ func (d *Dump) addNative(path string) error {
 				return err
 			}
 		case framePrefix:
-			d.Prefix = append(d.Prefix, *fi.meta.Prefix)
+			h := *fi.meta.Prefix
+			h.File, h.Record, h.Offset = path, fi.index, fi.offset
+			d.Prefix = append(d.Prefix, h)
 		case frameTensor:
 			r := fi.meta.record()
 			d.Entries = append(d.Entries, Entry{

@@ -26,12 +26,19 @@ type DumpSource struct {
 
 // NewDumpSource selects request (empty: the dump's only request, or the first
 // in sorted order when there are several) from an opened dump.
+//
+// Every prefix-hit record is validated first (checkPrefixHits): it is
+// outside input, and a hit that cannot be true would otherwise send a
+// diagnosis after rows that do not exist.
 func NewDumpSource(d *dump.Dump, request string) (*DumpSource, error) {
 	reqs := map[string]bool{}
 	for _, e := range d.Entries {
 		if e.Kind == dump.KindStage && e.Layer >= 0 {
 			reqs[e.Request] = true
 		}
+	}
+	if err := checkPrefixHits(d); err != nil {
+		return nil, err
 	}
 	if request == "" {
 		// A request that reused another's prefix is the one being debugged.
@@ -85,6 +92,46 @@ func NewDumpSource(d *dump.Dump, request string) (*DumpSource, error) {
 		return nil, fmt.Errorf("dump %s: no decode-step records", d.Path)
 	}
 	return s, nil
+}
+
+// checkPrefixHits validates the dump's prefix-hit records: a hit names the
+// request it reused from (not empty, not the request itself), at most one
+// hit per request, and its token count lies within the request's positions
+// (tokens 0 … Tokens−1 are reused, so Tokens ≤ the last position the dump
+// holds for the request + 1). A source request the dump holds no records of
+// is legal (a dump may hold only the request being debugged); the diagnosis
+// then says its rows are not in the dump.
+func checkPrefixHits(d *dump.Dump) error {
+	last := map[string]int{} // request -> last step of its stage/state records
+	for _, e := range d.Entries {
+		if (e.Kind == dump.KindStage || e.Kind == dump.KindState) && e.Layer >= 0 {
+			if l, ok := last[e.Request]; !ok || e.Step > l {
+				last[e.Request] = e.Step
+			}
+		}
+	}
+	seen := map[string]int{}
+	for i, h := range d.Prefix {
+		where := fmt.Sprintf("dump %s: record %d at offset %d: prefix-hit record (request %q, source %q, %d tokens)", h.File, h.Record, h.Offset, h.Request, h.Source, h.Tokens)
+		if h.File == "" {
+			where = fmt.Sprintf("dump %s: prefix-hit record %d (request %q, source %q, %d tokens)", d.Path, i, h.Request, h.Source, h.Tokens)
+		}
+		switch l, ok := last[h.Request]; {
+		case h.Source == "":
+			return fmt.Errorf("%s: names no source request", where)
+		case h.Source == h.Request:
+			return fmt.Errorf("%s: the source is the request itself (a prefix hit reuses another request's cache)", where)
+		case h.Tokens < 0:
+			return fmt.Errorf("%s: negative token count", where)
+		case ok && h.Tokens > l+1:
+			return fmt.Errorf("%s: reuses more tokens than request %q has (its records end at position %d)", where, h.Request, l)
+		}
+		if j, dup := seen[h.Request]; dup {
+			return fmt.Errorf("%s: a second prefix hit for request %q (the first is prefix-hit record %d)", where, h.Request, j)
+		}
+		seen[h.Request] = i
+	}
+	return nil
 }
 
 // stateStage names the stage tensors that are a layer's state after a step
