@@ -149,7 +149,7 @@ func TestCaptureGPU(t *testing.T) {
 			t.Fatalf("page byte %d = %d", i, b)
 		}
 	}
-	if len(d.Prefix) != 1 || d.Prefix[0] != (PrefixHit{Request: "r1", Source: "", Tokens: 5}) {
+	if len(d.Prefix) != 1 || d.Prefix[0].Request != "r1" || d.Prefix[0].Source != "" || d.Prefix[0].Tokens != 5 || d.Prefix[0].File == "" || d.Prefix[0].Record == 0 {
 		t.Errorf("prefix hits %+v", d.Prefix)
 	}
 	if len(d.Incomplete) != 0 || len(split.Incomplete) != 0 {

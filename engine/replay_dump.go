@@ -94,9 +94,9 @@ func NewDumpSource(d *dump.Dump, request string) (*DumpSource, error) {
 	return s, nil
 }
 
-// checkPrefixHits validates the dump's prefix-hit records: a hit names the
-// request it reused from (not empty, not the request itself), at most one
-// hit per request, and its token count lies within the request's positions
+// checkPrefixHits validates the dump's prefix-hit records: the request a
+// hit reused from is not the request itself (the empty name is the default
+// request, a legal source), at most one hit per request, and its token count lies within the request's positions
 // (tokens 0 … Tokens−1 are reused, so Tokens ≤ the last position the dump
 // holds for the request + 1). A source request the dump holds no records of
 // is legal (a dump may hold only the request being debugged); the diagnosis
@@ -117,8 +117,6 @@ func checkPrefixHits(d *dump.Dump) error {
 			where = fmt.Sprintf("dump %s: prefix-hit record %d (request %q, source %q, %d tokens)", d.Path, i, h.Request, h.Source, h.Tokens)
 		}
 		switch l, ok := last[h.Request]; {
-		case h.Source == "":
-			return fmt.Errorf("%s: names no source request", where)
 		case h.Source == h.Request:
 			return fmt.Errorf("%s: the source is the request itself (a prefix hit reuses another request's cache)", where)
 		case h.Tokens < 0:
