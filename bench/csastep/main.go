@@ -124,7 +124,9 @@ func run(dir string, ctx, runs int, ref bool) error {
 		}
 	}
 
-	// timed steps of the prepared path, each from the same state
+	// timed steps of the prepared path, each from the same state; the garbage
+	// of the generation is collected first so that no GC cycle overlaps them
+	runtime.GC()
 	var y []float32
 	st := st0.Clone()
 	for i := 0; i < 3+runs; i++ {
@@ -147,8 +149,8 @@ func run(dir string, ctx, runs int, ref bool) error {
 	if err := put("y_go", y, dim); err != nil {
 		return err
 	}
-	fmt.Printf("sparsemla prepared step: median %.1f ms over %d runs (GOMAXPROCS %d, packed weights %.0f MiB)\n",
-		m.GoMedianMs, runs, m.GOMAXPROCS, float64(m.PackedBytes)/(1<<20))
+	fmt.Printf("sparsemla prepared step: median %.1f ms over %d runs [%.1f-%.1f] (GOMAXPROCS %d, packed weights %.0f MiB)\n",
+		m.GoMedianMs, runs, slices.Min(m.GoRuns), slices.Max(m.GoRuns), m.GOMAXPROCS, float64(m.PackedBytes)/(1<<20))
 	if ref {
 		t0 := time.Now()
 		out, _, err := engine.RunStep(&engine.StepContext{Cfg: cfg, Layer: layer, Pos: pos, W: w, Rope: rope}, engine.FromF(engine.KindBF16, x, dim), st0)
