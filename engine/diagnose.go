@@ -581,14 +581,18 @@ func diagnoseIndexList(d DiagnoseInput, div *Divergence) {
 			return
 		}
 	}
-	r := d.Model.Cfg.CompressRatios[d.Result.Layer]
-	if r == 4 {
+	r := d.Model.Cfg.Ratio(d.Result.Layer)
+	switch r {
+	case 0:
+		div.Kind = KindIndexList
+		div.Why = fmt.Sprintf("the index list of a window-only layer (ratio 0) is its %d window entries and nothing after them: %s", W, d.Result.Reason)
+	case 4:
 		div.Kind = KindIndexer
-		div.Why = fmt.Sprintf("compressed part of the index list (128 + index_sel) differs: %s", d.Result.Reason)
-		return
+		div.Why = fmt.Sprintf("compressed part of the index list (%d + index_sel) differs: %s", W, d.Result.Reason)
+	default:
+		div.Kind = KindCompressor
+		div.Why = fmt.Sprintf("compressed part of the index list differs (r = %d: %d + 0..Tc-1, Tc = (p+1) div %d = %d): %s", r, W, r, (d.Result.Step+1)/int64(r), d.Result.Reason)
 	}
-	div.Kind = KindCompressor
-	div.Why = fmt.Sprintf("compressed part of the index list differs (HCA: 128 + 0..Tc-1, Tc = (p+1) div %d): %s", r, d.Result.Reason)
 }
 
 // indexListSummary describes the index list the attention read.

@@ -314,6 +314,9 @@ func LoadModel(d *dump.Dump, src Source, weights string) (*Model, error) {
 			m.Rope[l] = LayerRope(cfg, l, T)
 		}
 	}
+	if err := checkDumpShapes(cfg, d); err != nil {
+		return nil, fmt.Errorf("dump %s: %w", d.Path, err)
+	}
 	return m, nil
 }
 
