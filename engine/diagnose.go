@@ -279,11 +279,64 @@ func diagnoseSelection(d DiagnoseInput, div *Divergence) {
 		}
 		return strings.Join(p, ", ")
 	}
-	div.Why = fmt.Sprintf("%s, but the GPU top-%d selected rows [%s] and left out [%s]; k-th score %g, not a boundary tie (recall %.3g, Jaccard %.3g): %s",
-		scoresOK, set.K, name(set.Extra), name(set.Missing), float64(set.KthScore), set.Recall, set.Jaccard, d.Result.Reason)
+	if defects := selectionDefects(d, len(sc)); defects != "" {
+		// Not a set of rows at all: say so first, then what is left of it.
+		div.Why = fmt.Sprintf("%s, but the GPU top-%d is not a set of %d valid rows: %s", scoresOK, set.K, set.K, defects)
+		if len(set.Extra) > 0 {
+			div.Why += fmt.Sprintf("; rows the reference does not select: [%s]", name(set.Extra))
+		}
+		if len(set.Missing) > 0 {
+			div.Why += fmt.Sprintf("; rows it left out: [%s]", name(set.Missing))
+		}
+		div.Why += fmt.Sprintf(" (recall %.3g, Jaccard %.3g): %s", set.Recall, set.Jaccard, d.Result.Reason)
+	} else {
+		div.Why = fmt.Sprintf("%s, but the GPU top-%d selected rows [%s] and left out [%s]; k-th score %g, not a boundary tie (recall %.3g, Jaccard %.3g): %s",
+			scoresOK, set.K, name(set.Extra), name(set.Missing), float64(set.KthScore), set.Recall, set.Jaccard, d.Result.Reason)
+	}
 	for _, j := range set.Extra {
 		div.Rows = append(div.Rows, int(j))
 	}
+}
+
+// selectionDefects describes what makes the GPU's top-k list not a set of
+// valid rows: rows named more than once (with their entries), rows outside
+// 0 … tc−1 (tc = the number of index rows, 0 when unknown), and a length
+// other than k; "" when there is none. Rows are index rows (index_sel has
+// the window offset removed).
+func selectionDefects(d DiagnoseInput, tc int) string {
+	if d.GPU.Kind.IsFloat() {
+		return ""
+	}
+	off := int64(0)
+	if d.Result.Stage == "index_sel" {
+		off = int64(d.Model.Cfg.WindowSize)
+	}
+	entries := map[int64][]int{}
+	var order []int64
+	var parts []string
+	for i, v := range d.GPU.I {
+		j := v - off
+		if tc > 0 && (j < 0 || j >= int64(tc)) {
+			parts = append(parts, fmt.Sprintf("entry %d names row %d, outside the %d index rows 0..%d", i, j, tc, tc-1))
+			continue
+		}
+		if _, ok := entries[j]; !ok {
+			order = append(order, j)
+		}
+		entries[j] = append(entries[j], i)
+	}
+	for _, j := range order {
+		switch e := entries[j]; {
+		case len(e) == 2:
+			parts = append(parts, fmt.Sprintf("it names row %d twice (entries %d and %d)", j, e[0], e[1]))
+		case len(e) > 2:
+			parts = append(parts, fmt.Sprintf("it names row %d %d times (entries %v)", j, len(e), e))
+		}
+	}
+	if set := d.Result.Set; set != nil && len(d.GPU.I) != set.K {
+		parts = append(parts, fmt.Sprintf("it has %d entries, want k = min(index_topk, Tc) = %d", len(d.GPU.I), set.K))
+	}
+	return strings.Join(parts, "; ")
 }
 
 // fq8Scale is the reference block scale of FQ8 (§3.3): ceil2(f32(a·f32(1/448)))
