@@ -23,15 +23,15 @@ func indexScore64AVX2(sums *float32, icache *float32, iqT *float32, w *float32, 
 func pvChunkAVX2(acc *float32, rows **float32, p *float32, n int, alpha float32, d int)
 
 // detectAVX2 reports whether the CPU and OS support the instructions the
-// kernels use: AVX, AVX2 and F16C (VCVTPH2PS), with YMM state enabled.
+// kernels use: AVX, AVX2 and FMA, with YMM state enabled.
 func detectAVX2() bool {
 	maxLeaf, _, _, _ := cpuid(0, 0)
 	if maxLeaf < 7 {
 		return false
 	}
 	_, _, ecx1, _ := cpuid(1, 0)
-	const osxsave, avx, f16c = 1 << 27, 1 << 28, 1 << 29
-	if ecx1&osxsave == 0 || ecx1&avx == 0 || ecx1&f16c == 0 {
+	const fma, osxsave, avx = 1 << 12, 1 << 27, 1 << 28
+	if ecx1&fma == 0 || ecx1&osxsave == 0 || ecx1&avx == 0 {
 		return false
 	}
 	if xcr0, _ := xgetbv0(); xcr0&6 != 6 { // XMM and YMM state saved by the OS

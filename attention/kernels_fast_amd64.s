@@ -7,7 +7,7 @@
 // each lane does the reference's fp32 operations in the reference's order: a
 // rounded product then a rounded sum (VMULPS, VADDPS), k ascending. The FP8
 // kernels fuse the two (VFMADD231PS) because their products are exact (see
-// CODES16), which makes the fused result the same bits. So a lane's result is
+// CODES8), which makes the fused result the same bits. So a lane's result is
 // bit-identical to the scalar reference loop.
 
 // func cpuid(eaxArg, ecxArg uint32) (eax, ebx, ecx, edx uint32)
@@ -29,24 +29,30 @@ TEXT ·xgetbv0(SB), NOSPLIT, $0-8
 	MOVL DX, edx+4(FP)
 	RET
 
-// CODES16 converts 16 E4M3 codes at off(SI) into 16 fp32 values v·2^-8 and
-// accumulates x·v into (acclo, acchi), x broadcast in Y8, mask 0xBF80 per word
-// in Y15: the sign-extended code shifted left by 7 has the sign in bits 15
-// and 14 and the magnitude in bits 13..7; clearing bit 14 leaves the fp16
-// bits sign<<15 | (code&0x7f)<<7, which is E4M3(code)·2^-8
-// exactly, subnormals included. The product of x (an E4M3 or bf16 value) and
-// v has at most 12 significant bits, so it is exact in fp32 and the fused
-// multiply-add rounds once, exactly like the reference's product-then-sum
-// (callers check the operands keep the product in the normal range).
-#define CODES16(off, acclo, acchi) \
-	VPMOVSXBW off(SI), Y9; \
-	VPSLLW $7, Y9, Y9; \
+// CODES8 widens 8 E4M3 codes at off(SI) straight to fp32 bits
+// sign<<31 | (code&0x7f)<<20 — the sign-extended code shifted left by 20,
+// masked with 0x87F00000 (Y15) — which is E4M3(code)·2^-120 exactly: normal
+// codes become normal fp32 values with exponent field eeee, subnormal codes
+// fp32 subnormals. It accumulates x·v into acc, x broadcast in Y8. The
+// callers scale x so that every product x·v is a normal fp32 value; with at
+// most 12 significant bits (x an E4M3 or bf16 value times a power of two, v
+// E4M3) it is then exact, and the fused multiply-add rounds once, exactly like
+// the reference's product-then-sum.
+#define CODES8(off, acc) \
+	VPMOVSXBD off(SI), Y9; \
+	VPSLLD $20, Y9, Y9; \
 	VPAND Y15, Y9, Y9; \
-	VCVTPH2PS X9, Y10; \
-	VEXTRACTI128 $1, Y9, X9; \
-	VCVTPH2PS X9, Y11; \
-	VFMADD231PS Y8, Y10, acclo; \
-	VFMADD231PS Y8, Y11, acchi
+	VFMADD231PS Y8, Y9, acc
+
+#define CODES64 \
+	CODES8(0, Y0); \
+	CODES8(8, Y1); \
+	CODES8(16, Y2); \
+	CODES8(24, Y3); \
+	CODES8(32, Y4); \
+	CODES8(40, Y5); \
+	CODES8(48, Y6); \
+	CODES8(56, Y7)
 
 // ACCBLK folds one 128-column block: acc[off] += blk·s.
 #define ACCBLK(off, blk) \
@@ -56,7 +62,7 @@ TEXT ·xgetbv0(SB), NOSPLIT, $0-8
 
 // func fp8Panel64AVX2(y *float32, codes *uint8, x *float32, scl *float32, nkb, kb int)
 //
-// y[0:64] = Σ_b scl[b] · Σ_{k in block b} x[k]·v[k][lane]   (v = E4M3·2^-8)
+// y[0:64] = Σ_b scl[b] · Σ_{k in block b} (x[k]·2^100)·v[k][lane]   (v = E4M3·2^-120)
 // in fp32, blocks of kb columns; codes is [nkb·kb][64] bytes, x [nkb·kb],
 // scl [nkb].
 TEXT ·fp8Panel64AVX2(SB), NOSPLIT, $0-48
@@ -66,9 +72,12 @@ TEXT ·fp8Panel64AVX2(SB), NOSPLIT, $0-48
 	MOVQ scl+24(FP), R8
 	MOVQ nkb+32(FP), CX
 	MOVQ kb+40(FP), R9
-	MOVL $0xBF80BF80, AX
+	MOVL $0x87F00000, AX
 	MOVD AX, X15
 	VPBROADCASTD X15, Y15
+	MOVL $0x71800000, AX // 2^100
+	MOVD AX, X14
+	VPBROADCASTD X14, Y14
 	VXORPS Y0, Y0, Y0
 	VMOVUPS Y0, 0(DI)
 	VMOVUPS Y0, 32(DI)
@@ -92,10 +101,8 @@ fp8block:
 
 fp8k:
 	VBROADCASTSS (DX), Y8
-	CODES16(0, Y0, Y1)
-	CODES16(16, Y2, Y3)
-	CODES16(32, Y4, Y5)
-	CODES16(48, Y6, Y7)
+	VMULPS Y14, Y8, Y8
+	CODES64
 	ADDQ $64, SI
 	ADDQ $4, DX
 	DECQ BX
@@ -119,7 +126,7 @@ fp8k:
 // func fp8PlainPanel64AVX2(y *float32, codes *uint8, x *float32, scl *float32, nkb int)
 //
 // y[0:64] = Σ_k (x[k]·scl[k/128])·v[k][lane]   one fp32 sum over all k
-// (v = E4M3·2^-8, so x[k]·scl[b]·v = x[k]·W[n,k] when scl[b] = 2^(e_b+8));
+// (v = E4M3·2^-120, so (x[k]·scl[b])·v = x[k]·W[n,k] when scl[b] = 2^(e_b+120));
 // codes is [nkb·128][64] bytes, x [nkb·128], scl [nkb].
 TEXT ·fp8PlainPanel64AVX2(SB), NOSPLIT, $0-40
 	MOVQ y+0(FP), DI
@@ -127,7 +134,7 @@ TEXT ·fp8PlainPanel64AVX2(SB), NOSPLIT, $0-40
 	MOVQ x+16(FP), DX
 	MOVQ scl+24(FP), R8
 	MOVQ nkb+32(FP), CX
-	MOVL $0xBF80BF80, AX
+	MOVL $0x87F00000, AX
 	MOVD AX, X15
 	VPBROADCASTD X15, Y15
 	VXORPS Y0, Y0, Y0
@@ -146,10 +153,7 @@ plainblock:
 plaink:
 	VBROADCASTSS (DX), Y8
 	VMULPS Y14, Y8, Y8
-	CODES16(0, Y0, Y1)
-	CODES16(16, Y2, Y3)
-	CODES16(32, Y4, Y5)
-	CODES16(48, Y6, Y7)
+	CODES64
 	ADDQ $64, SI
 	ADDQ $4, DX
 	DECQ BX

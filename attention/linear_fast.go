@@ -70,9 +70,10 @@ type FP8Panels struct {
 	Rows, Cols int
 	Codes      []uint8
 	Scale      []uint8
-	// exact reports that the kernel's factoring (block sums of qx·E4M3·2^-8,
-	// scaled by 2^(e+8)·s_b at the block end) provably equals the reference:
-	// no NaN code, every scale exponent e in [-90, 100].
+	// exact reports that the kernel's factoring (block sums of
+	// (qx·2^100)·(E4M3·2^-120), scaled by 2^(e+20)·s_b at the block end)
+	// provably equals the reference: no NaN code, every scale exponent e in
+	// [-90, 100] (the per-call checks then bound the factors).
 	exact bool
 }
 
@@ -102,7 +103,7 @@ func PackFP8(codes, scale []uint8, rows, cols int) *FP8Panels {
 		}
 	})
 	for _, c := range p.Codes {
-		if c&0x7f == 0x7f { // E4M3 NaN: the fp16 trick would read it as 1.875
+		if c&0x7f == 0x7f { // E4M3 NaN: the kernels' bit trick would read it as a number
 			p.exact = false
 			break
 		}
@@ -121,11 +122,12 @@ func (p *FP8Panels) Bytes() int64 { return int64(len(p.Codes) + len(p.Scale)) }
 //
 //	y[n] = bf16( Σ_b ( Σ_{k∈b} qx[k]·W[n,k] ) · s_b ).
 //
-// The assembly computes each block sum on the unscaled codes (E4M3·2^-8, exact
-// in fp16) and multiplies by the power of two 2^(e+8)·s_b at the block end: all
-// products are exact and no partial sum leaves the normal range, so the sums
-// are the reference's scaled by a power of two. Weights or activations outside
-// that range (NaN codes, extreme scales, non-finite x) take the reference loop.
+// The assembly widens each code to E4M3·2^-120 (an exact fp32 bit pattern),
+// computes each block sum of (qx·2^100)·that and multiplies it by the power of
+// two 2^(e+20)·s_b at the block end: all products are exact and no partial sum
+// leaves the normal range, so the sums are the reference's scaled by a power
+// of two. Weights or activations outside that range (NaN codes, extreme
+// scales, non-finite x) take the reference loop.
 func (p *FP8Panels) Linear(y, x []float32) {
 	if len(x) != p.Cols || len(y) != p.Rows {
 		panic("attention: FP8Panels.Linear shape mismatch")
@@ -142,8 +144,9 @@ func (p *FP8Panels) Linear(y, x []float32) {
 //
 //	y[n] = bf16( Σ_k x[k]·W[n,k] )     fp32, k ascending
 //
-// The assembly runs the whole row as one sum of x[k]·2^(e_b+8) (the block's
-// scale moved onto x, exactly) times the unscaled codes: each product is the
+// The assembly runs the whole row as one sum of x[k]·2^(e_b+120) (the block's
+// scale moved onto x, exactly) times the codes widened to E4M3·2^-120: each
+// product is the
 // reference's x[k]·W[n,k] exactly (x bf16, W E4M3-valued: ≤ 12 significant
 // bits). Inputs where that cannot be proven take the reference loop.
 func (p *FP8Panels) LinearPlain(y, x []float32) {
@@ -190,13 +193,22 @@ func (p *FP8Panels) apply(y, x, sx []float32) {
 			panel := p.Codes[pi*p.Cols*PanelRows : (pi+1)*p.Cols*PanelRows]
 			ok := asm
 			for b := 0; ok && b < cb; b++ {
-				f := quant.Pow2(int(srow[b]) - 127 + 8)
+				e := int(srow[b]) - 127
 				if sx != nil {
-					scl[b] = f * sx[b]
-					ok = inKernelRange(scl[b])
+					// block sums of (qx·2^100)·(E4M3·2^-120) = qx·E4M3·2^-20 (multiples
+					// of 2^-38, |sum| < 2^5), scaled back by 2^(e+20)·s_b
+					scl[b] = quant.Pow2(e+20) * sx[b]
+					a := math.Abs(float64(scl[b]))
+					ok = isNormal(scl[b]) && a >= 0x1p-80 && a <= 0x1p80
 				} else {
-					scl[b] = f
-					ok = hi[b] == 0 || (lo[b]*float64(f) >= 0x1p-100 && hi[b]*float64(f) <= 0x1p100)
+					// x[k]·2^(e+120) must be normal, and its product with the
+					// smallest E4M3·2^-120 (2^-129) too: |x·2^(e+120)| in [2^3, 2^126]
+					ok = e+120 <= 127
+					if ok {
+						scl[b] = quant.Pow2(e + 120)
+						f := float64(scl[b])
+						ok = hi[b] == 0 || (lo[b]*f >= 0x1p3 && hi[b]*f <= 0x1p126)
+					}
 				}
 			}
 			if ok {
