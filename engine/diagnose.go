@@ -281,7 +281,7 @@ func diagnoseSelection(d DiagnoseInput, div *Divergence) {
 	}
 	if defects := selectionDefects(d, len(sc)); defects != "" {
 		// Not a set of rows at all: say so first, then what is left of it.
-		div.Why = fmt.Sprintf("%s, but the GPU top-%d is not a set of %d valid rows: %s", scoresOK, set.K, set.K, defects)
+		div.Why = fmt.Sprintf("%s, but the GPU top-%d is not a set of %d valid rows, so not a boundary tie: %s", scoresOK, set.K, set.K, defects)
 		if len(set.Extra) > 0 {
 			div.Why += fmt.Sprintf("; rows the reference does not select: [%s]", name(set.Extra))
 		}
