@@ -92,7 +92,9 @@ type unitResult struct {
 // report is identical at any GOMAXPROCS. In Propagated mode RunStep chains the
 // reference's own values from each layer's dumped x, carrying its own state
 // from the start state (re-seeded from a dumped state across gaps), to show
-// how an error grows.
+// how an error grows; where the GPU's top-k selection is judged a boundary
+// tie (a legal choice) the chain follows the GPU's selection for that step
+// and layer, and the tie's reason says so.
 //
 // Each comparison is judged by the stage's tolerance (DefaultTolerance,
 // PropagatedTolerance, overridable; docs/replay-json.md): exact, bf16 ulps,
