@@ -532,9 +532,9 @@ func propagateLayer(ctx context.Context, m *Model, src Source, steps []int64, la
 		}
 		sctx := &StepContext{Cfg: m.Cfg, Layer: layer, Pos: p, W: m.Weights[layer], Rope: m.Rope[layer]}
 		var ur unitResult
-		status := map[string]string{}   // this step's stage statuses
-		own := map[string]Tensor{}      // the chain's values at this step
-		followed := map[string]string{} // selection stages the chain took from the dump (a tie)
+		status := map[string]string{} // this step's stage statuses
+		own := map[string]Tensor{}    // the chain's values at this step
+		followed := map[string]bool{} // selection stages the chain took from the dump (a tie)
 		judge := func(def StageDef, chainIn map[string]Tensor, ref Tensor) (Tensor, error) {
 			own[def.Name] = ref
 			sr := StageResult{Step: p, Layer: layer, Stage: def.Name, Equation: def.Equation}
@@ -544,7 +544,7 @@ func propagateLayer(ctx context.Context, m *Model, src Source, steps []int64, la
 				// the dump's (start state, or a state-only step after a
 				// gap, both unchecked) at the first step of the chain.
 				info := InputInfo{Name: n, From: FromPropagate, Status: inputStatus(status[n])}
-				if _, ok := followed[n]; ok {
+				if followed[n] {
 					info.From = FromDump
 				}
 				if strings.HasPrefix(n, PrevPrefix) {
@@ -584,7 +584,7 @@ func propagateLayer(ctx context.Context, m *Model, src Source, steps []int64, la
 				// reference's own choice.
 				next = gpu
 				own[def.Name] = gpu
-				followed[def.Name] = sr.Reason
+				followed[def.Name] = true
 				sr.Reason += "; the propagated chain follows the GPU's selection at this step"
 			}
 			ur.results = append(ur.results, sr)
