@@ -33,7 +33,9 @@ const (
 	// cache page flips, so one 64-block of that row reads ×2 or ÷2.
 	FaultScaleByte FaultKind = "scale-byte"
 	// FaultTopK: the indexer's top-k returns its last row off by one (row j+1
-	// or j−1 instead of j).
+	// or j−1 instead of j). As in a real off-by-one bug, the neighbour may
+	// already be selected, so the list can name a row twice; the diagnosis
+	// says so.
 	FaultTopK FaultKind = "topk-off-by-one"
 	// FaultStalePrefix: window rows of the last four tokens are served from
 	// another request's cache page (a stale prefix-cache page).
