@@ -160,90 +160,116 @@ func (p *FP8Panels) LinearPlain(y, x []float32) {
 // (x = qx, the quantised activation, s_b = sx[b]); with sx == nil,
 // LinearPlain's single sum.
 func (p *FP8Panels) apply(y, x, sx []float32) {
+	j := p.job(y, x, sx)
+	parallelFor(j.np, p.Rows*p.Cols, j.run)
+}
+
+// fp8Job is one product of an FP8Panels weight, checked once, computed panel
+// by panel (run), so that several products can share one parallelFor.
+type fp8Job struct {
+	p        *FP8Panels
+	y, x, sx []float32
+	np, cb   int
+	asm      bool
+	lo, hi   []float64
+}
+
+func (p *FP8Panels) job(y, x, sx []float32) *fp8Job {
 	cb := p.Cols / ActBlock
-	np := (p.Rows + PanelRows - 1) / PanelRows
-	asm := useAsm() && p.exact
+	j := &fp8Job{p: p, y: y, x: x, sx: sx, np: (p.Rows + PanelRows - 1) / PanelRows, cb: cb, asm: useAsm() && p.exact}
 	// plain: the smallest nonzero and the largest |x| of each 128-block, so
-	// that x[k]·2^(e_b+8) is checked per block, not per element
-	var lo, hi []float64
+	// that x[k]·2^(e_b+120) is checked per block, not per element
 	if sx != nil {
-		asm = asm && normalPow2s(sx)
-	} else if asm {
-		lo, hi = make([]float64, cb), make([]float64, cb)
+		j.asm = j.asm && normalPow2s(sx)
+	} else if j.asm {
+		j.lo, j.hi = make([]float64, cb), make([]float64, cb)
 		for b := range cb {
-			lo[b] = math.Inf(1)
+			j.lo[b] = math.Inf(1)
 			for _, v := range x[b*ActBlock : (b+1)*ActBlock] {
 				a := math.Abs(float64(v))
-				asm = asm && quant.BF16Round(v) == v
+				j.asm = j.asm && quant.BF16Round(v) == v
 				if a != 0 {
-					lo[b], hi[b] = min(lo[b], a), max(hi[b], a)
+					j.lo[b], j.hi[b] = min(j.lo[b], a), max(j.hi[b], a)
 				}
 			}
 		}
 	}
-	parallelFor(np, p.Rows*p.Cols, func(plo, phi int) {
-		var tmp [PanelRows]float32
-		scl := make([]float32, cb)
-		row := make([]float32, p.Cols)
-		codes := make([]uint8, p.Cols)
-		for pi := plo; pi < phi; pi++ {
-			n0 := pi * PanelRows
-			rb := n0 / 128
-			srow := p.Scale[rb*cb : (rb+1)*cb]
-			panel := p.Codes[pi*p.Cols*PanelRows : (pi+1)*p.Cols*PanelRows]
-			ok := asm
-			for b := 0; ok && b < cb; b++ {
-				e := int(srow[b]) - 127
-				if sx != nil {
-					// block sums of (qx·2^100)·(E4M3·2^-120) = qx·E4M3·2^-20 (multiples
-					// of 2^-38, |sum| < 2^5), scaled back by 2^(e+20)·s_b
-					scl[b] = quant.Pow2(e+20) * sx[b]
-					a := math.Abs(float64(scl[b]))
-					ok = isNormal(scl[b]) && a >= 0x1p-80 && a <= 0x1p80
-				} else {
-					// x[k]·2^(e+120) must be normal, and its product with the
-					// smallest E4M3·2^-120 (2^-129) too: |x·2^(e+120)| in [2^3, 2^126]
-					ok = e+120 <= 127
-					if ok {
-						scl[b] = quant.Pow2(e + 120)
-						f := float64(scl[b])
-						ok = hi[b] == 0 || (lo[b]*f >= 0x1p3 && hi[b]*f <= 0x1p126)
-					}
+	return j
+}
+
+// run computes the rows of panels plo … phi−1.
+func (j *fp8Job) run(plo, phi int) {
+	p, x, sx, y, cb := j.p, j.x, j.sx, j.y, j.cb
+	var tmp [PanelRows]float32
+	var sclBuf [128]float32
+	scl := sclBuf[:0]
+	if cb <= len(sclBuf) {
+		scl = sclBuf[:cb]
+	} else {
+		scl = make([]float32, cb)
+	}
+	var row []float32
+	var codes []uint8
+	for pi := plo; pi < phi; pi++ {
+		n0 := pi * PanelRows
+		rb := n0 / 128
+		srow := p.Scale[rb*cb : (rb+1)*cb]
+		panel := p.Codes[pi*p.Cols*PanelRows : (pi+1)*p.Cols*PanelRows]
+		ok := j.asm
+		for b := 0; ok && b < cb; b++ {
+			e := int(srow[b]) - 127
+			if sx != nil {
+				// block sums of (qx·2^100)·(E4M3·2^-120) = qx·E4M3·2^-20 (multiples
+				// of 2^-38, |sum| < 2^5), scaled back by 2^(e+20)·s_b
+				scl[b] = quant.Pow2(e+20) * sx[b]
+				a := math.Abs(float64(scl[b]))
+				ok = isNormal(scl[b]) && a >= 0x1p-80 && a <= 0x1p80
+			} else {
+				// x[k]·2^(e+120) must be normal, and its product with the
+				// smallest E4M3·2^-120 (2^-129) too: |x·2^(e+120)| in [2^3, 2^126]
+				ok = e+120 <= 127
+				if ok {
+					scl[b] = quant.Pow2(e + 120)
+					f := float64(scl[b])
+					ok = j.hi[b] == 0 || (j.lo[b]*f >= 0x1p3 && j.hi[b]*f <= 0x1p126)
 				}
-			}
-			if ok {
-				if sx != nil {
-					fp8Panel64AVX2(&tmp[0], &panel[0], &x[0], &scl[0], cb, ActBlock)
-				} else {
-					fp8PlainPanel64AVX2(&tmp[0], &panel[0], &x[0], &scl[0], cb)
-				}
-				for l := 0; l < PanelRows && n0+l < p.Rows; l++ {
-					y[n0+l] = quant.BF16Round(tmp[l])
-				}
-				continue
-			}
-			// reference loop on the row's exact dequantisation
-			for l := 0; l < PanelRows && n0+l < p.Rows; l++ {
-				for k := range codes {
-					codes[k] = panel[k*PanelRows+l]
-				}
-				quant.DequantFP8Weight(row, codes, srow, 1, p.Cols)
-				if sx == nil {
-					y[n0+l] = quant.BF16Round(dot(x, row))
-					continue
-				}
-				var acc float32
-				for b, s := range sx {
-					var blk float32
-					for k := b * ActBlock; k < (b+1)*ActBlock; k++ {
-						blk += float32(x[k] * row[k])
-					}
-					acc += float32(blk * s)
-				}
-				y[n0+l] = quant.BF16Round(acc)
 			}
 		}
-	})
+		if ok {
+			if sx != nil {
+				fp8Panel64AVX2(&tmp[0], &panel[0], &x[0], &scl[0], cb, ActBlock)
+			} else {
+				fp8PlainPanel64AVX2(&tmp[0], &panel[0], &x[0], &scl[0], cb)
+			}
+			for l := 0; l < PanelRows && n0+l < p.Rows; l++ {
+				y[n0+l] = quant.BF16Round(tmp[l])
+			}
+			continue
+		}
+		// reference loop on the row's exact dequantisation
+		if row == nil {
+			row, codes = make([]float32, p.Cols), make([]uint8, p.Cols)
+		}
+		for l := 0; l < PanelRows && n0+l < p.Rows; l++ {
+			for k := range codes {
+				codes[k] = panel[k*PanelRows+l]
+			}
+			quant.DequantFP8Weight(row, codes, srow, 1, p.Cols)
+			if sx == nil {
+				y[n0+l] = quant.BF16Round(dot(x, row))
+				continue
+			}
+			var acc float32
+			for b, s := range sx {
+				var blk float32
+				for k := b * ActBlock; k < (b+1)*ActBlock; k++ {
+					blk += float32(x[k] * row[k])
+				}
+				acc += float32(blk * s)
+			}
+			y[n0+l] = quant.BF16Round(acc)
+		}
+	}
 }
 
 // inKernelRange reports 2^-100 ≤ |f| ≤ 2^100 (f finite, normal, and far from
@@ -490,11 +516,24 @@ func (w *WoAPanels) WoA(u, o []float32) {
 	if len(u) != w.Groups*w.Rank || len(o)%w.Groups != 0 {
 		panic("attention: WoAPanels shape mismatch")
 	}
-	for g := 0; g < w.Groups; g++ {
-		if w.FP8 != nil {
-			w.FP8[g].LinearPlain(u[g*w.Rank:(g+1)*w.Rank], o[g*gd:(g+1)*gd])
-		} else {
+	if w.FP8 == nil {
+		for g := 0; g < w.Groups; g++ {
 			w.BF16[g].Linear(u[g*w.Rank:(g+1)*w.Rank], o[g*gd:(g+1)*gd])
 		}
+		return
 	}
+	// every group's panels in one parallel loop
+	jobs := make([]*fp8Job, w.Groups)
+	for g, p := range w.FP8 {
+		if len(o[g*gd:(g+1)*gd]) != p.Cols || p.Rows != w.Rank {
+			panic("attention: WoAPanels shape mismatch")
+		}
+		jobs[g] = p.job(u[g*w.Rank:(g+1)*w.Rank], o[g*gd:(g+1)*gd], nil)
+	}
+	np := jobs[0].np
+	parallelFor(w.Groups*np, w.Groups*w.Rank*gd, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			jobs[i/np].run(i%np, i%np+1)
+		}
+	})
 }
