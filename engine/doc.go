@@ -102,6 +102,6 @@
 // state after). PrepareLayer / Model.PrepareFast set LayerWeights.Fast, which
 // switches every stage of the graph (RunStep, the replays) to the same kernels;
 // without it the reference loops run. A CSA step at 65,536 then takes about
-// 20 ms, a whole 43-layer step 0.4-0.5 s on a quiet 2-core machine
+// 10 ms, a whole 43-layer step about 0.3 s on a quiet 2-core machine
 // (bench/README.md; go test ./engine -run '^$' -bench Prepared).
 package engine
