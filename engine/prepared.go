@@ -272,16 +272,16 @@ func topKFast(scores []float32, k int) []int64 {
 		for i := len(cand) - 1; i >= len(cand)-k; i-- {
 			sel = append(sel, cand[i])
 		}
-		cand = cand[:0]
+		return keyRows(sel)
 	}
-	var hist [1 << 16]int
+	hist := make([]int, 1<<16)
 	for shift := 48; len(sel) < k && shift >= 0; shift -= 16 {
 		need := k - len(sel)
 		if len(cand) == need {
 			sel = append(sel, cand...)
 			break
 		}
-		clear(hist[:])
+		clear(hist)
 		for _, c := range cand {
 			hist[c>>shift&0xffff]++
 		}
@@ -309,8 +309,13 @@ func topKFast(scores []float32, k int) []int64 {
 		}
 		return 1
 	})
-	out := make([]int64, len(sel))
-	for i, c := range sel {
+	return keyRows(sel)
+}
+
+// keyRows returns the rows of scoreKey keys, in order.
+func keyRows(keys []uint64) []int64 {
+	out := make([]int64, len(keys))
+	for i, c := range keys {
 		out[i] = int64(^uint32(c))
 	}
 	return out
