@@ -9,12 +9,15 @@ const ActBlock = 128
 // FP8Weight is an FP8 E4M3 weight [Rows, Cols] with one UE8M0 scale per 128×128
 // block, as the checkpoint stores it (`.weight` codes, `.scale` bytes), plus its
 // exact fp32 dequantisation W[n,k] = E4M3(code[n,k]) · 2^(scale[n/128,k/128]-127)
-// made once at load.
+// made once at load (NewFP8Weight). A compact weight (NewFP8WeightCodes) has
+// no W (nil): FP8Linear then dequantises one row at a time from the codes —
+// the same exact values, a quarter of the memory (1 byte per weight instead
+// of 5), slower.
 type FP8Weight struct {
 	Rows, Cols int
 	Codes      []uint8   // [Rows*Cols] E4M3 codes
 	Scale      []uint8   // [ceil(Rows/128)*ceil(Cols/128)] UE8M0 bytes
-	W          []float32 // [Rows*Cols] dequantised, exact
+	W          []float32 // [Rows*Cols] dequantised, exact; nil for a compact weight
 }
 
 // NewFP8Weight wraps checkpoint codes and scale bytes and dequantises them.
@@ -23,6 +26,29 @@ func NewFP8Weight(codes, scale []uint8, rows, cols int) *FP8Weight {
 	w := &FP8Weight{Rows: rows, Cols: cols, Codes: codes, Scale: scale, W: make([]float32, rows*cols)}
 	quant.DequantFP8Weight(w.W, codes, scale, rows, cols)
 	return w
+}
+
+// NewFP8WeightCodes wraps checkpoint codes and scale bytes without
+// dequantising them (a compact weight, W nil). It panics when the lengths do
+// not match the shape.
+func NewFP8WeightCodes(codes, scale []uint8, rows, cols int) *FP8Weight {
+	if rows <= 0 || cols <= 0 || len(codes) != rows*cols || len(scale) != ((rows+127)/128)*((cols+127)/128) {
+		panic("attention: NewFP8WeightCodes shape mismatch")
+	}
+	return &FP8Weight{Rows: rows, Cols: cols, Codes: codes, Scale: scale}
+}
+
+// Row returns row n of the dequantised weight W[n, :] [Cols]: a slice of W,
+// or, for a compact weight, buf (len Cols) filled from the codes with
+// quant.DequantFP8Weight (exactly the values W would hold).
+func (w *FP8Weight) Row(n int, buf []float32) []float32 {
+	if w.W != nil {
+		return w.W[n*w.Cols : (n+1)*w.Cols]
+	}
+	bc := (w.Cols + 127) / 128
+	rb := n / 128
+	quant.DequantFP8Weight(buf[:w.Cols], w.Codes[n*w.Cols:(n+1)*w.Cols], w.Scale[rb*bc:(rb+1)*bc], 1, w.Cols)
+	return buf[:w.Cols]
 }
 
 // QuantizeFP8Weight turns fp32 values W [rows, cols] into an FP8Weight the way the
@@ -78,6 +104,7 @@ func abs32(x float32) float32 {
 // across blocks in a separate fp32 accumulator, as the kernel does. W is the
 // dequantised weight: its block scale is a power of two, so folding it into W
 // gives the same fp32 block sums as scaling afterwards. y has Rows elements.
+// A compact weight (W nil) is dequantised row by row (FP8Weight.Row).
 func FP8Linear(y, x []float32, w *FP8Weight) {
 	if len(x) != w.Cols || len(y) != w.Rows || w.Cols%ActBlock != 0 {
 		panic("attention: FP8Linear shape mismatch")
@@ -85,8 +112,12 @@ func FP8Linear(y, x []float32, w *FP8Weight) {
 	qx := make([]float32, len(x))
 	sx := make([]float32, len(x)/ActBlock)
 	quant.QuantizeActFP8(qx, sx, x, ActBlock)
+	var buf []float32
+	if w.W == nil {
+		buf = make([]float32, w.Cols)
+	}
 	for n := range y {
-		row := w.W[n*w.Cols : (n+1)*w.Cols]
+		row := w.Row(n, buf)
 		var acc float32
 		for b, s := range sx {
 			var blk float32

@@ -25,6 +25,9 @@ func Diff(ctx context.Context, cfg *Config, m *Model, a, b Source, tol *Toleranc
 	}
 	rep := newReport(a.Name(), string(Local), m != nil && m.GPURope, steps, layers)
 	rep.Command, rep.Against = "diff", b.Name()
+	if m != nil {
+		rep.Kernels = m.Kernels()
+	}
 	for _, p := range steps {
 		for _, l := range layers {
 			if err := ctx.Err(); err != nil {

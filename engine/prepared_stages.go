@@ -15,7 +15,13 @@ import (
 // PrepareLayer attaches the packed weights of w to it (w.Fast), so that stage
 // computations with these weights run the fast kernels. The packed weights are
 // a copy: change w afterwards and call PrepareLayer again (or set w.Fast = nil).
+//
+// A compact layer (LoadLayerWeightsPrepared: its fp32 wo_a is gone) keeps
+// its packed weights: they are the only copy of wo_a.
 func PrepareLayer(cfg *Config, w *LayerWeights) {
+	if w.Compact() {
+		return
+	}
 	w.Fast = nil
 	w.Fast = Prepare(cfg, w)
 }
@@ -26,6 +32,34 @@ func (m *Model) PrepareFast() {
 	for _, w := range m.Weights {
 		PrepareLayer(m.Cfg, w)
 	}
+}
+
+// Kernel paths a Model runs (Model.Kernels, Report.Kernels).
+const (
+	KernelsPrepared  = "prepared"  // every layer on the fast kernels (LayerWeights.Fast set)
+	KernelsReference = "reference" // every layer on the plain reference loops
+	KernelsMixed     = "mixed"     // some layers prepared, some not
+)
+
+// Kernels names the path the model's stage computations run: prepared,
+// reference or mixed. Both paths give the same bits; only the speed and the
+// memory differ.
+func (m *Model) Kernels() string {
+	prepared, ref := 0, 0
+	for _, w := range m.Weights {
+		if w.Fast != nil {
+			prepared++
+		} else {
+			ref++
+		}
+	}
+	switch {
+	case ref == 0 && prepared > 0:
+		return KernelsPrepared
+	case prepared == 0:
+		return KernelsReference
+	}
+	return KernelsMixed
 }
 
 // fast returns the prepared weights of the step's layer, nil for the reference.
@@ -117,6 +151,9 @@ func (ctx *StepContext) woA(u, o []float32) {
 	if p := ctx.fast(); p != nil {
 		p.WoA.WoA(u, o)
 		return
+	}
+	if ctx.W.WoA == nil {
+		panic("engine: the layer's wo_a is only in its prepared form (LoadLayerWeightsPrepared): keep LayerWeights.Fast set, or load with LoadLayerWeights for the reference loops")
 	}
 	attention.WoA(u, o, ctx.W.WoA, ctx.Cfg.OGroups, ctx.Cfg.OLoraRank)
 }

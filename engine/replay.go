@@ -123,6 +123,7 @@ func Replay(ctx context.Context, m *Model, src Source, opt ReplayOptions) (*Repo
 		}
 	}
 	rep := newReport(src.Name(), string(opt.Mode), m.GPURope, steps, layers)
+	rep.Kernels = m.Kernels()
 	var units []unitResult
 	var err error
 	switch opt.Mode {

@@ -39,6 +39,7 @@ func Bisect(ctx context.Context, m *Model, src Source, tol *Tolerance) (*Report,
 	steps := src.Steps()
 	rep := newReport(src.Name(), string(Local), m.GPURope, steps, src.Layers())
 	rep.Command = "bisect"
+	rep.Kernels = m.Kernels()
 	rep.Probes = []Probe{}
 	cache := map[int64]*Report{}
 	probe := func(i int) (bool, error) {

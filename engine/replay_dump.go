@@ -245,7 +245,29 @@ func TensorFromRecord(r *dump.Record) (Tensor, error) {
 // empty: weights.safetensors next to the dump), and each layer's RoPE table —
 // the GPU's own (freqs_cis_r0 / freqs_cis_cmp tables) when the dump has them,
 // else computed (spec §3.6).
+//
+// The model runs the reference loops (its weights carry their fp32
+// dequantisations); LoadModelWith can load the prepared path instead.
 func LoadModel(d *dump.Dump, src Source, weights string) (*Model, error) {
+	return LoadModelWith(d, src, LoadOptions{Weights: weights})
+}
+
+// LoadOptions configure LoadModelWith.
+type LoadOptions struct {
+	// Weights is the weights file or directory ("": weights.safetensors next
+	// to the dump).
+	Weights string
+	// Prepared loads every layer with LoadLayerWeightsPrepared: the fast
+	// kernels (the same bits) on the compact weights, packed once per layer
+	// as it is read, so the fp32 copies of a whole model are never held at
+	// once. False keeps the full reference weights (LoadLayerWeights) and the
+	// plain reference loops.
+	Prepared bool
+}
+
+// LoadModelWith is LoadModel with options (LoadOptions).
+func LoadModelWith(d *dump.Dump, src Source, opt LoadOptions) (*Model, error) {
+	weights := opt.Weights
 	if d.Header.ModelArgs == "" {
 		return nil, fmt.Errorf("dump %s: no model config (ModelArgs) in the dump; write config.json beside it or use a native dump", d.Path)
 	}
@@ -298,7 +320,11 @@ func LoadModel(d *dump.Dump, src Source, weights string) (*Model, error) {
 		if l >= cfg.NLayers {
 			return nil, fmt.Errorf("dump %s: layer %d outside the model (%d layers)", d.Path, l, cfg.NLayers)
 		}
-		lw, err := LoadLayerWeights(cfg, l, st)
+		load := LoadLayerWeights
+		if opt.Prepared {
+			load = LoadLayerWeightsPrepared
+		}
+		lw, err := load(cfg, l, st)
 		if err != nil {
 			return nil, err
 		}

@@ -23,6 +23,7 @@ type Report struct {
 	Against       string        `json:"against,omitempty"` // diff: the second dump
 	Mode          string        `json:"mode"`              // local | propagated
 	GPURope       bool          `json:"gpu_rope_table"`    // RoPE from the GPU's own table
+	Kernels       string        `json:"kernels,omitempty"` // prepared | reference | mixed (Model.Kernels); empty: no reference ran
 	Steps         []int64       `json:"steps"`             // decode steps in the dump
 	Layers        []int         `json:"layers"`
 	StepsReplayed int           `json:"steps_replayed"`

@@ -31,7 +31,9 @@ import (
 //	                    indexer.compressor.* with d = 128
 //
 // FP8 weights keep their codes and UE8M0 block scales and carry the exact fp32
-// dequantisation used by the reference.
+// dequantisation used by the reference (LoadLayerWeights), or, in the compact
+// form of the prepared path (LoadLayerWeightsPrepared), the codes only, with
+// WoA nil and Fast holding the packed weights.
 type LayerWeights struct {
 	Layer, Ratio       int
 	WqA, WqB, Wkv, WoB *attention.FP8Weight
@@ -62,6 +64,34 @@ func fp8Scale(rows, cols int) []int { return []int{(rows + 127) / 128, (cols + 1
 // the config before its bytes are read, and every value must be finite (a NaN
 // or inf weight is refused, naming the tensor and the element).
 func LoadLayerWeights(cfg *Config, layer int, st *dump.Safetensors) (*LayerWeights, error) {
+	return loadLayerWeights(cfg, layer, st, false)
+}
+
+// LoadLayerWeightsPrepared is LoadLayerWeights (the same checks and errors)
+// for the prepared path: it keeps the compact form only. FP8 weights keep
+// their codes and scales without the fp32 copy (attention.NewFP8WeightCodes:
+// W nil, dequantised row by row where a reference loop reads them), w.Fast
+// holds the packed weights (PrepareLayer) and WoA's fp32 values are dropped
+// once packed (WoA nil: only w.Fast.WoA holds them). The stage graph never
+// reads WoA of a prepared layer; the reference loops cannot run on such a
+// layer without its Fast (the wo_a stage panics), so keep it set.
+func LoadLayerWeightsPrepared(cfg *Config, layer int, st *dump.Safetensors) (*LayerWeights, error) {
+	lw, err := loadLayerWeights(cfg, layer, st, true)
+	if err != nil {
+		return nil, err
+	}
+	PrepareLayer(cfg, lw)
+	lw.WoA = nil
+	return lw, nil
+}
+
+// Compact reports whether w holds its compact form only
+// (LoadLayerWeightsPrepared: no fp32 wo_a, the prepared weights carry it).
+func (w *LayerWeights) Compact() bool { return w.WoA == nil && w.Fast != nil }
+
+// loadLayerWeights is LoadLayerWeights; compact leaves FP8 weights without
+// their fp32 dequantisation.
+func loadLayerWeights(cfg *Config, layer int, st *dump.Safetensors, compact bool) (*LayerWeights, error) {
 	if layer < 0 || layer >= cfg.NLayers {
 		return nil, fmt.Errorf("engine: weights: layer %d outside the model (%d layers)", layer, cfg.NLayers)
 	}
@@ -126,6 +156,9 @@ func LoadLayerWeights(cfg *Config, layer int, st *dump.Safetensors) (*LayerWeigh
 		if i := firstE4M3NaN(w.Data); i >= 0 {
 			return nil, fmt.Errorf("engine: weights %s: %s%s.weight[%d] is the E4M3 NaN code 0x%02X (a weight must be finite)", st.Path, pre, name, i, w.Data[i])
 		}
+		if compact {
+			return attention.NewFP8WeightCodes(w.Data, s.Data, rows, cols), nil
+		}
 		return attention.NewFP8Weight(w.Data, s.Data, rows, cols), nil
 	}
 	var err error
@@ -143,6 +176,10 @@ func LoadLayerWeights(cfg *Config, layer int, st *dump.Safetensors) (*LayerWeigh
 				w, err := fp8("wo_a", rows, cols)
 				if err != nil {
 					return err
+				}
+				if w.W == nil { // compact: dequantised here, packed and dropped by the caller
+					w.W = make([]float32, rows*cols)
+					quant.DequantFP8Weight(w.W, w.Codes, w.Scale, rows, cols)
 				}
 				lw.WoA = w.W
 				return nil

@@ -29,7 +29,7 @@ Exit status: 0 agree, 1 diverged, 2 error.`
 
 func runBisect(args []string, stdout, stderr io.Writer) int {
 	var f replayFlags
-	fs := rpFlagSet("bisect", "bisect DUMP [--weights DIR] [--map FILE] [--tol FILE] [--json]", bisectDoc, stderr)
+	fs := rpFlagSet("bisect", "bisect DUMP [--weights DIR] [--map FILE] [--tol FILE] [--json] [--reference]", bisectDoc, stderr)
 	f.register(fs, false)
 	pos, err := rpParseArgs(fs, args)
 	if err == flag.ErrHelp {

@@ -33,8 +33,9 @@ with 'sparsemla synth' and 'sparsemla replay'.`
 var demoFault = engine.Fault{Kind: engine.FaultStalePrefix, Step: 9, Layer: 3}
 
 func runDemo(args []string, stdout, stderr io.Writer) int {
-	fs := rpFlagSet("demo", "demo [--keep DIR]", demoDoc, stderr)
+	fs := rpFlagSet("demo", "demo [--keep DIR] [--reference]", demoDoc, stderr)
 	keep := fs.String("keep", "", "write the dumps into DIR and keep them (default: a temporary directory, removed)")
+	reference := fs.Bool("reference", false, referenceUsage)
 	pos, err := rpParseArgs(fs, args)
 	if err == flag.ErrHelp {
 		return exitOK
@@ -79,7 +80,7 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 		src, err := engine.NewDumpSource(d, "")
 		if err == nil {
 			var m *engine.Model
-			if m, err = engine.LoadModel(d, src, out); err == nil {
+			if m, err = engine.LoadModelWith(d, src, engine.LoadOptions{Weights: out, Prepared: !*reference}); err == nil {
 				withCacheHooks(m)
 				var rep *engine.Report
 				if rep, err = engine.Replay(context.Background(), m, src, engine.ReplayOptions{}); err == nil {

@@ -26,7 +26,7 @@ agree, 1 they differ, 2 error.`
 
 func runDiff(args []string, stdout, stderr io.Writer) int {
 	var f replayFlags
-	fs := rpFlagSet("diff", "diff A B [--weights DIR] [--map FILE] [--tol FILE] [--json]", diffDoc, stderr)
+	fs := rpFlagSet("diff", "diff A B [--weights DIR] [--map FILE] [--tol FILE] [--json] [--reference]", diffDoc, stderr)
 	f.register(fs, false)
 	pos, err := rpParseArgs(fs, args)
 	if err == flag.ErrHelp {

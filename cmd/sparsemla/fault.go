@@ -40,7 +40,7 @@ earlier copy (replaced). Replay DUMP first: if it already diverges before P, its
 copy reports that earlier divergence first.`
 
 func runFault(args []string, stdout, stderr io.Writer) int {
-	fs := rpFlagSet("fault", "fault --in DUMP --out DIR --fault KIND@step,layer [--seed S] [--weights W] [--map FILE] [--request R]", faultDoc, stderr)
+	fs := rpFlagSet("fault", "fault --in DUMP --out DIR --fault KIND@step,layer [--seed S] [--weights W] [--map FILE] [--request R] [--reference]", faultDoc, stderr)
 	in := fs.String("in", "", "the dump to copy (or give it as the argument)")
 	out := fs.String("out", "", "output directory (required; new, empty, or an earlier copy to replace)")
 	faultFlag := fs.String("fault", "", "the fault, KIND@step,layer (required; see above)")
@@ -49,6 +49,7 @@ func runFault(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&f.weights, "weights", "", "weights of DUMP: a safetensors file or a directory with weights.safetensors (default: beside the dump); copied into DIR")
 	fs.StringVar(&f.mapFile, "map", "", "name map for non-native dumps: a JSON file or a built-in name (default: detected)")
 	fs.StringVar(&f.request, "request", "", "request to fault when the dump holds several (default: the one replay picks)")
+	fs.BoolVar(&f.reference, "reference", false, referenceUsage)
 	pos, err := rpParseArgs(fs, args)
 	if err == flag.ErrHelp {
 		return exitOK

@@ -33,7 +33,13 @@ type replayFlags struct {
 	request  string
 	json     bool
 	steps    string
+	// reference runs the plain reference loops on the full fp32 weights
+	// instead of the prepared fast kernels on compact weights (same bits).
+	reference bool
 }
+
+// referenceUsage documents --reference (every command that runs the reference).
+const referenceUsage = "run the plain reference loops (weights kept with their fp32 dequantisations) instead of the prepared fast kernels on compact weights, the default; both give the same bits, the report's JSON field 'kernels' names the one that ran"
 
 type rpMultiFlag []string
 
@@ -51,6 +57,7 @@ func (f *replayFlags) register(fs *flag.FlagSet, withMode bool) {
 	fs.Var(&f.tolStage, "tol-stage", "override one stage's tolerance, e.g. 'o=close,abs=2e-3,rel=0.02,cos=1e-5' or 'u=ulp,max_ulp=3' (repeatable)")
 	fs.StringVar(&f.request, "request", "", "request to replay when the dump holds several (default: the first)")
 	fs.BoolVar(&f.json, "json", false, "write the report as JSON (schema "+engine.SchemaVersion+")")
+	fs.BoolVar(&f.reference, "reference", false, referenceUsage)
 }
 
 // tolerance builds the policy: defaults, then --tol, then --tol-stage.
@@ -88,7 +95,8 @@ func (o *rpOpened) Close() {
 }
 
 // openDump opens path with the flags' name map and request and loads the
-// model (needModel: a missing weights file is an error).
+// model (needModel: a missing weights file is an error): prepared (fast
+// kernels, compact weights) unless --reference.
 func rpOpenDump(path string, f *replayFlags, needModel bool) (*rpOpened, error) {
 	var m *dump.NameMap
 	if f.mapFile != "" {
@@ -107,7 +115,7 @@ func rpOpenDump(path string, f *replayFlags, needModel bool) (*rpOpened, error) 
 		o.Close()
 		return nil, err
 	}
-	o.model, err = engine.LoadModel(d, o.src, f.weights)
+	o.model, err = engine.LoadModelWith(d, o.src, engine.LoadOptions{Weights: f.weights, Prepared: !f.reference})
 	if err != nil {
 		if needModel {
 			o.Close()
@@ -206,11 +214,13 @@ const replayDoc = `Replays every stage of every layer at every decode step of DU
 CPU reference and names the first stage out of tolerance, with a diagnosis.
 DUMP is a native dump (.smd file or directory), a safetensors/npz directory
 with a name map (e.g. the official-v4-tiny layout), or any format 'inspect'
-reads. Exit status: 0 agree, 1 diverged, 2 error.`
+reads. The stages run on the prepared fast kernels (weights packed once, the
+same bits as the reference loops); --reference runs the plain reference loops.
+Exit status: 0 agree, 1 diverged, 2 error.`
 
 func runReplay(args []string, stdout, stderr io.Writer) int {
 	var f replayFlags
-	fs := rpFlagSet("replay", "replay DUMP [--weights DIR] [--map FILE] [--mode local|propagated] [--tol FILE] [--json]", replayDoc, stderr)
+	fs := rpFlagSet("replay", "replay DUMP [--weights DIR] [--map FILE] [--mode local|propagated] [--tol FILE] [--json] [--reference]", replayDoc, stderr)
 	f.register(fs, true)
 	pos, err := rpParseArgs(fs, args)
 	if err == flag.ErrHelp {

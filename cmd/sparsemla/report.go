@@ -26,7 +26,7 @@ are inline SVG. Exit status: 0 agree, 1 diverged, 2 error.`
 
 func runReport(args []string, stdout, stderr io.Writer) int {
 	var f replayFlags
-	fs := rpFlagSet("report", "report DUMP --html OUT [--mode local|propagated] [--weights DIR] [--map FILE] [--tol FILE]", reportDoc, stderr)
+	fs := rpFlagSet("report", "report DUMP --html OUT [--mode local|propagated] [--weights DIR] [--map FILE] [--tol FILE] [--reference]", reportDoc, stderr)
 	f.register(fs, true)
 	out := fs.String("html", "", "output HTML file (required)")
 	pos, err := rpParseArgs(fs, args)
