@@ -11,13 +11,40 @@ const ActBlock = 128
 // exact fp32 dequantisation W[n,k] = E4M3(code[n,k]) · 2^(scale[n/128,k/128]-127)
 // made once at load (NewFP8Weight). A compact weight (NewFP8WeightCodes) has
 // no W (nil): FP8Linear then dequantises one row at a time from the codes —
-// the same exact values, a quarter of the memory (1 byte per weight instead
-// of 5), slower.
+// the same exact values, a fifth of the memory (1 byte per weight instead
+// of 5), slower. A weight whose packed copy is all that is kept (UsePanels)
+// has neither W nor Codes and reads its rows from the panels.
 type FP8Weight struct {
 	Rows, Cols int
-	Codes      []uint8   // [Rows*Cols] E4M3 codes
+	Codes      []uint8   // [Rows*Cols] E4M3 codes; nil when the panels hold them (UsePanels)
 	Scale      []uint8   // [ceil(Rows/128)*ceil(Cols/128)] UE8M0 bytes
 	W          []float32 // [Rows*Cols] dequantised, exact; nil for a compact weight
+
+	panels *FP8Panels // the codes, packed, when Codes is nil (UsePanels)
+}
+
+// UsePanels makes w keep only p, its packed copy (PackFP8Weight(w)): the
+// codes and the fp32 dequantisation are dropped and rows are read from the
+// panels (Row, FP8Linear, CodesRowMajor), the same values. It panics when p
+// does not have w's shape and scales.
+func (w *FP8Weight) UsePanels(p *FP8Panels) {
+	if p.Rows != w.Rows || p.Cols != w.Cols || string(p.Scale) != string(w.Scale) {
+		panic("attention: UsePanels: the panels are not this weight's")
+	}
+	w.Codes, w.W, w.Scale, w.panels = nil, nil, p.Scale, p
+}
+
+// CodesRowMajor returns the E4M3 codes [Rows*Cols] row-major: Codes, or a
+// new unpacked copy of the panels' codes.
+func (w *FP8Weight) CodesRowMajor() []uint8 {
+	if w.Codes != nil || w.panels == nil {
+		return w.Codes
+	}
+	c := make([]uint8, w.Rows*w.Cols)
+	for n := 0; n < w.Rows; n++ {
+		w.panels.rowCodes(c[n*w.Cols:(n+1)*w.Cols], n)
+	}
+	return c
 }
 
 // NewFP8Weight wraps checkpoint codes and scale bytes and dequantises them.
@@ -39,15 +66,23 @@ func NewFP8WeightCodes(codes, scale []uint8, rows, cols int) *FP8Weight {
 }
 
 // Row returns row n of the dequantised weight W[n, :] [Cols]: a slice of W,
-// or, for a compact weight, buf (len Cols) filled from the codes with
-// quant.DequantFP8Weight (exactly the values W would hold).
+// or, for a compact weight, buf (len Cols) filled from the codes (or the
+// panels, UsePanels) with quant.DequantFP8Weight (exactly the values W would
+// hold).
 func (w *FP8Weight) Row(n int, buf []float32) []float32 {
 	if w.W != nil {
 		return w.W[n*w.Cols : (n+1)*w.Cols]
 	}
 	bc := (w.Cols + 127) / 128
 	rb := n / 128
-	quant.DequantFP8Weight(buf[:w.Cols], w.Codes[n*w.Cols:(n+1)*w.Cols], w.Scale[rb*bc:(rb+1)*bc], 1, w.Cols)
+	var codes []uint8
+	if w.Codes != nil {
+		codes = w.Codes[n*w.Cols : (n+1)*w.Cols]
+	} else { // the panels hold them (UsePanels)
+		codes = make([]uint8, w.Cols)
+		w.panels.rowCodes(codes, n)
+	}
+	quant.DequantFP8Weight(buf[:w.Cols], codes, w.Scale[rb*bc:(rb+1)*bc], 1, w.Cols)
 	return buf[:w.Cols]
 }
 

@@ -112,7 +112,22 @@ func PackFP8(codes, scale []uint8, rows, cols int) *FP8Panels {
 }
 
 // PackFP8Weight repacks an FP8Weight (its codes and scales; W is not used).
-func PackFP8Weight(w *FP8Weight) *FP8Panels { return PackFP8(w.Codes, w.Scale, w.Rows, w.Cols) }
+// A weight that keeps only its panels (UsePanels) returns them.
+func PackFP8Weight(w *FP8Weight) *FP8Panels {
+	if w.Codes == nil && w.panels != nil {
+		return w.panels
+	}
+	return PackFP8(w.Codes, w.Scale, w.Rows, w.Cols)
+}
+
+// rowCodes copies the codes of row n [Cols] out of the panels into dst.
+func (p *FP8Panels) rowCodes(dst []uint8, n int) {
+	pi, l := n/PanelRows, n%PanelRows
+	panel := p.Codes[pi*p.Cols*PanelRows : (pi+1)*p.Cols*PanelRows]
+	for k := range dst[:p.Cols] {
+		dst[k] = panel[k*PanelRows+l]
+	}
+}
 
 // Bytes is the memory the packed weight holds.
 func (p *FP8Panels) Bytes() int64 { return int64(len(p.Codes) + len(p.Scale)) }

@@ -79,12 +79,17 @@ func (s *Synth) writeWeights(path string) error {
 // LayerWeightRecords are one layer's attention weights as checkpoint records
 // named like the official state_dict (layers.L.attn.*), the inverse of
 // LoadLayerWeights.
+// It needs the full form (wo_a's values): it panics on a compact layer
+// (LoadLayerWeightsPrepared).
 func LayerWeightRecords(cfg *Config, lw *LayerWeights) []dump.Record {
+	if lw.WoA == nil {
+		panic("engine: LayerWeightRecords needs the full weights (LoadLayerWeights), not the compact prepared form")
+	}
 	pre := fmt.Sprintf("layers.%d.attn.", lw.Layer)
 	var out []dump.Record
 	fp8 := func(name string, w *attention.FP8Weight) {
 		out = append(out,
-			dump.Record{Name: pre + name + ".weight", DType: dump.E4M3, Shape: []int{w.Rows, w.Cols}, Data: append([]byte(nil), w.Codes...)},
+			dump.Record{Name: pre + name + ".weight", DType: dump.E4M3, Shape: []int{w.Rows, w.Cols}, Data: append([]byte(nil), w.CodesRowMajor()...)},
 			dump.Record{Name: pre + name + ".scale", DType: dump.U8,
 				Shape: []int{(w.Rows + 127) / 128, (w.Cols + 127) / 128}, Data: append([]byte(nil), w.Scale...)})
 	}

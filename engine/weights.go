@@ -68,11 +68,12 @@ func LoadLayerWeights(cfg *Config, layer int, st *dump.Safetensors) (*LayerWeigh
 }
 
 // LoadLayerWeightsPrepared is LoadLayerWeights (the same checks and errors)
-// for the prepared path: it keeps the compact form only. FP8 weights keep
-// their codes and scales without the fp32 copy (attention.NewFP8WeightCodes:
-// W nil, dequantised row by row where a reference loop reads them), w.Fast
-// holds the packed weights (PrepareLayer) and WoA's fp32 values are dropped
-// once packed (WoA nil: only w.Fast.WoA holds them). The stage graph never
+// for the prepared path: it keeps the compact form only. w.Fast holds the
+// packed weights (PrepareLayer); the FP8 weights are read without their fp32
+// copy (attention.NewFP8WeightCodes) and then keep only their packed panels
+// (FP8Weight.UsePanels: no Codes, no W; a reference loop that reads them
+// dequantises row by row from the panels, the same values); WoA's fp32
+// values are dropped once packed (WoA nil: only w.Fast.WoA holds them). The stage graph never
 // reads WoA of a prepared layer; the reference loops cannot run on such a
 // layer without its Fast (the wo_a stage panics), so keep it set.
 func LoadLayerWeightsPrepared(cfg *Config, layer int, st *dump.Safetensors) (*LayerWeights, error) {
@@ -82,6 +83,10 @@ func LoadLayerWeightsPrepared(cfg *Config, layer int, st *dump.Safetensors) (*La
 	}
 	PrepareLayer(cfg, lw)
 	lw.WoA = nil
+	// the FP8 codes live on in the panels only
+	for w, p := range lw.Fast.src {
+		w.UsePanels(p)
+	}
 	return lw, nil
 }
 
