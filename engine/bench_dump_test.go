@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -17,7 +18,8 @@ import (
 
 // BenchmarkReplayBigDump writes a native dump of SPARSEMLA_BENCH_DUMP_GB GiB
 // (e.g. 20) and replays it with the sparsemla command (local mode, the
-// default), reporting the replay's peak resident set size: a replay must
+// default), on the prepared path (the default) and with --reference,
+// reporting the replay's time per step and peak resident set size: a replay must
 // stream the dump (memory bounded by the records of the units in flight, not
 // by the file). The dump is a real one: V4-Flash layer 2 (CSA) from a
 // 65,536-token synthetic state, every stage of consecutive decode steps
@@ -41,29 +43,47 @@ func BenchmarkReplayBigDump(b *testing.B) {
 		b.Fatalf("building the command: %v\n%s", err, out)
 	}
 	steps, size, maxRec := writeBigDump(b, dir, int64(gb*(1<<30)))
-	b.ResetTimer()
-	for b.Loop() {
-		cmd := exec.Command(bin, "replay", "--json", dir)
-		cmd.Stdout, cmd.Stderr = nil, nil
-		t0 := time.Now()
-		out, err := cmd.Output()
-		el := time.Since(t0)
-		if ee, ok := err.(*exec.ExitError); ok && ee.ExitCode() == 1 {
-			err = nil // 1 = diverged: a verdict, not a failure to replay
-		}
-		if err != nil {
-			b.Fatalf("replay: %v", err)
-		}
-		var rep struct {
-			Stages []json.RawMessage `json:"stages"`
-		}
-		_ = json.Unmarshal(out, &rep)
-		ru := cmd.ProcessState.SysUsage().(*syscall.Rusage)
-		b.ReportMetric(float64(ru.Maxrss)/(1<<10), "peak-RSS-MiB")
-		b.ReportMetric(float64(size)/(1<<30), "dump-GiB")
-		b.ReportMetric(float64(maxRec)/(1<<20), "largest-record-MiB")
-		b.ReportMetric(float64(steps), "steps")
-		b.ReportMetric(float64(size)/el.Seconds()/(1<<20), "MiB/s")
+	// the command's default (prepared fast kernels on compact weights) and
+	// --reference (the plain loops); the reports must agree but for "kernels"
+	outs := map[string][]byte{}
+	for _, kernels := range []string{KernelsPrepared, KernelsReference} {
+		b.Run("kernels="+kernels, func(b *testing.B) {
+			for b.Loop() {
+				args := []string{"replay", "--json", dir}
+				if kernels == KernelsReference {
+					args = append(args, "--reference")
+				}
+				cmd := exec.Command(bin, args...)
+				cmd.Stdout, cmd.Stderr = nil, nil
+				t0 := time.Now()
+				out, err := cmd.Output()
+				el := time.Since(t0)
+				if ee, ok := err.(*exec.ExitError); ok && ee.ExitCode() == 1 {
+					err = nil // 1 = diverged: a verdict, not a failure to replay
+				}
+				if err != nil {
+					b.Fatalf("replay: %v", err)
+				}
+				var rep struct {
+					Kernels string            `json:"kernels"`
+					Stages  []json.RawMessage `json:"stages"`
+				}
+				if err := json.Unmarshal(out, &rep); err != nil || rep.Kernels != kernels {
+					b.Fatalf("replay: kernels %q (want %s), %v", rep.Kernels, kernels, err)
+				}
+				outs[kernels] = bytes.Replace(out, []byte(`"kernels": "`+kernels+`"`), nil, 1)
+				ru := cmd.ProcessState.SysUsage().(*syscall.Rusage)
+				b.ReportMetric(float64(ru.Maxrss)/(1<<10), "peak-RSS-MiB")
+				b.ReportMetric(float64(size)/(1<<30), "dump-GiB")
+				b.ReportMetric(float64(maxRec)/(1<<20), "largest-record-MiB")
+				b.ReportMetric(float64(steps), "steps")
+				b.ReportMetric(el.Seconds()/float64(steps), "s/step")
+				b.ReportMetric(float64(size)/el.Seconds()/(1<<20), "MiB/s")
+			}
+		})
+	}
+	if a, r := outs[KernelsPrepared], outs[KernelsReference]; a != nil && r != nil && !bytes.Equal(a, r) {
+		b.Fatalf("the prepared and the reference replays' reports differ (apart from kernels)")
 	}
 }
 

@@ -1,7 +1,9 @@
 package engine
 
 import (
+	"encoding/json"
 	"math"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
@@ -103,6 +105,143 @@ func TestToleranceOverrides(t *testing.T) {
 	for _, bad := range []string{"o", "o=fuzzy", "o=close,abs", "o=close,abs=x", "o=ulp,frob=1"} {
 		if _, _, err := ParseStageTol(bad); err == nil {
 			t.Errorf("ParseStageTol(%q): no error", bad)
+		}
+	}
+}
+
+// compareFloatPlain is CompareFloat as first written (two passes, no short
+// path for identical pairs), kept to test the one-pass form against.
+func compareFloatPlain(ref, gpu Tensor, tol StageTol, gpuTable bool) Metrics {
+	if !SameShape(ref.Shape, gpu.Shape) {
+		panic("engine: CompareFloat shape mismatch")
+	}
+	m := Metrics{N: len(ref.F)}
+	var sumAbs float64
+	nFinite := 0
+	first := -1
+	maxAt := -1
+	nfRows := map[int]bool{}
+	rowLen := 1
+	if len(ref.Shape) > 1 {
+		rowLen = len(ref.F) / max(ref.Shape[0], 1)
+	}
+	for i := range ref.F {
+		x, y := ref.F[i], gpu.F[i]
+		xf, yf := finitePlain(x), finitePlain(y)
+		if x != x {
+			m.RefNaN++
+		} else if !xf {
+			m.RefInf++
+		}
+		if y != y {
+			m.GPUNaN++
+		} else if !yf {
+			m.GPUInf++
+		}
+		if !equalValue(x, y) {
+			m.Mismatch++
+			if first < 0 {
+				first = i
+			}
+		}
+		if xf != yf || (!xf && !equalValue(x, y)) {
+			if len(nfRows) < 16 && len(ref.Shape) > 0 {
+				nfRows[i/max(rowLen, 1)] = true
+			}
+			continue
+		}
+		if !xf {
+			continue
+		}
+		d := math.Abs(float64(y) - float64(x))
+		sumAbs += d
+		nFinite++
+		if maxAt < 0 || d > m.MaxAbs {
+			m.MaxAbs = d
+			maxAt = i
+		}
+		u := int64(quant.BF16ULPDistance(x, y))
+		if u > m.MaxULP {
+			m.MaxULP = u
+		}
+		if u > int64(tol.allowedULP(gpuTable)) {
+			m.ULPOver++
+		}
+		if !tol.elementClose(float64(x), float64(y)) {
+			m.CloseFail++
+		}
+	}
+	if nFinite > 0 {
+		m.MeanAbs = sumAbs / float64(nFinite)
+	}
+	if maxAt >= 0 && m.MaxAbs > 0 {
+		m.MaxAbsAt = Coord(ref.Shape, maxAt)
+		m.MaxAbsRef = F64(ref.F[maxAt])
+		m.MaxAbsGPU = F64(gpu.F[maxAt])
+	}
+	if first >= 0 {
+		m.First = Coord(ref.Shape, first)
+		r, g := F64(ref.F[first]), F64(gpu.F[first])
+		m.FirstRef, m.FirstGPU = &r, &g
+	}
+	m.CosDiff = CosDiff(ref.F, gpu.F)
+	for r := range nfRows {
+		m.NonFiniteRows = append(m.NonFiniteRows, r)
+	}
+	sortInts(m.NonFiniteRows)
+	return m
+}
+
+func finitePlain(v float32) bool { return !math.IsNaN(float64(v)) && !math.IsInf(float64(v), 0) }
+
+// TestCompareFloatOnePass: CompareFloat gives exactly compareFloatPlain's
+// metrics on tensors mixing identical pairs, near and far values, ±0, NaN
+// and ±inf, under every tolerance mode (including a close tolerance of 0,
+// where even identical elements fail, and a negative ulp allowance).
+func TestCompareFloatOnePass(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	special := []float32{0, float32(math.Copysign(0, -1)), float32(math.NaN()), float32(math.Inf(1)), float32(math.Inf(-1)), 1e-30, 3.5}
+	tols := []StageTol{
+		{Mode: ModeExact}, {Mode: ModeULP, MaxULP: 1}, {Mode: ModeULP, MaxULP: -1},
+		{Mode: ModeClose, Abs: 1e-3, Rel: 0.02}, {Mode: ModeClose},
+	}
+	for trial := 0; trial < 200; trial++ {
+		n := 1 + rng.IntN(300)
+		ref, gpu := make([]float32, n), make([]float32, n)
+		for i := range ref {
+			ref[i] = float32(rng.NormFloat64())
+			switch rng.IntN(6) {
+			case 0, 1, 2:
+				gpu[i] = ref[i]
+			case 3:
+				gpu[i] = ref[i] * (1 + float32(rng.NormFloat64())*1e-3)
+			case 4:
+				gpu[i] = special[rng.IntN(len(special))]
+			default:
+				ref[i] = special[rng.IntN(len(special))]
+				gpu[i] = ref[i]
+				if rng.IntN(2) == 0 {
+					gpu[i] = special[rng.IntN(len(special))]
+				}
+			}
+		}
+		if trial%7 == 0 { // all identical
+			copy(gpu, ref)
+		}
+		shape := []int{n}
+		if n%4 == 0 {
+			shape = []int{4, n / 4}
+		}
+		a, b := FromF(KindF32, ref, shape...), FromF(KindF32, gpu, shape...)
+		for _, tol := range tols {
+			for _, table := range []bool{true, false} {
+				got, want := CompareFloat(a, b, tol, table), compareFloatPlain(a, b, tol, table)
+				gj, _ := json.Marshal(got)
+				wj, _ := json.Marshal(want)
+				if string(gj) != string(wj) || math.Float64bits(got.CosDiff) != math.Float64bits(want.CosDiff) || math.Float64bits(got.MeanAbs) != math.Float64bits(want.MeanAbs) {
+					t.Fatalf("trial %d tol %+v: one pass\n%s\nplain\n%s", trial, tol, gj, wj)
+				}
+			}
 		}
 	}
 }
