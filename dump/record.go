@@ -161,6 +161,7 @@ func decodeFloat(dst []float32, d DType, b []byte) {
 	le := binary.LittleEndian
 	switch d {
 	case F32:
+		b = b[:4*len(dst)] // one bounds check for the loop
 		for i := range dst {
 			dst[i] = math.Float32frombits(le.Uint32(b[4*i:]))
 		}
@@ -169,8 +170,9 @@ func decodeFloat(dst []float32, d DType, b []byte) {
 			dst[i] = float32(math.Float64frombits(le.Uint64(b[8*i:])))
 		}
 	case BF16:
+		b = b[:2*len(dst)]
 		for i := range dst {
-			dst[i] = quant.BF16ToF32(le.Uint16(b[2*i:]))
+			dst[i] = quant.BF16ToF32(uint16(b[2*i]) | uint16(b[2*i+1])<<8)
 		}
 	case F16:
 		for i := range dst {
