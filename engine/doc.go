@@ -104,4 +104,18 @@
 // without it the reference loops run. A CSA step at 65,536 then takes about
 // 10 ms, a whole 43-layer step about 0.3 s on a quiet 2-core machine
 // (bench/README.md; go test ./engine -run '^$' -bench Prepared).
+//
+// Which path a replay runs is chosen at load: LoadModel keeps the full
+// reference form (every FP8 weight with its fp32 dequantisation, wo_a in
+// fp32: ≈ 0.55 GiB per V4-Flash CSA layer) and runs the plain loops;
+// LoadModelWith(LoadOptions{Prepared: true}) — what the commands do unless
+// --reference — loads each layer with LoadLayerWeightsPrepared, packing it as
+// it is read and keeping only the compact form (FP8 codes in their panels,
+// FP8Weight.UsePanels; wo_a only packed; compressors fp32): all 43 V4-Flash
+// layers take 5.7 GiB of heap (BenchmarkLoadPreparedFlash). Model.Kernels
+// and the report's "kernels" field name the path; the reports are
+// byte-identical otherwise (cmd/sparsemla TestReplayKernelsSameBytes). A
+// compact layer must keep its Fast: its reference wo_a stage has no weights
+// (it panics), while its FP8 weights still serve reference loops
+// (attention.FP8Linear dequantises them row by row from the panels).
 package engine
