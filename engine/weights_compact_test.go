@@ -159,7 +159,14 @@ func BenchmarkLoadPreparedFlash(b *testing.B) {
 		b.Skip("set SPARSEMLA_BENCH_BIG=1 (≈ 9 GiB of heap)")
 	}
 	cfg, _ := Preset("flash")
+	heapNow := func() float64 {
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return float64(ms.HeapInuse)
+	}
 	for b.Loop() {
+		start := heapNow()
 		templates := map[int][]dump.Record{} // ratio → records of one layer of that kind
 		from := map[int]int{}
 		for l := 0; l < cfg.NLayers; l++ {
@@ -168,12 +175,6 @@ func BenchmarkLoadPreparedFlash(b *testing.B) {
 				templates[r] = LayerWeightRecords(cfg, RandomLayerWeights(cfg, l, 3))
 				from[r] = l
 			}
-		}
-		heapNow := func() float64 {
-			runtime.GC()
-			var ms runtime.MemStats
-			runtime.ReadMemStats(&ms)
-			return float64(ms.HeapInuse)
 		}
 		// one CSA layer in the full reference form
 		base := heapNow()
@@ -185,7 +186,6 @@ func BenchmarkLoadPreparedFlash(b *testing.B) {
 		runtime.KeepAlive(full)
 		full = nil
 
-		base = heapNow()
 		t0 := time.Now()
 		layers := make([]*LayerWeights, cfg.NLayers)
 		var packed int64
@@ -202,7 +202,7 @@ func BenchmarkLoadPreparedFlash(b *testing.B) {
 		templates = nil
 		heap := heapNow()
 		b.ReportMetric(heap/(1<<30), "heapGiB")
-		b.ReportMetric((heap-base)/(1<<30), "layersGiB")
+		b.ReportMetric((heap-start)/(1<<30), "layersGiB")
 		b.ReportMetric(float64(packed)/(1<<30), "packedGiB")
 		b.ReportMetric(fullLayer/(1<<30), "fullCSALayerGiB")
 		b.ReportMetric(load.Seconds(), "load-s")
