@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 
@@ -31,16 +30,9 @@ func runBisect(args []string, stdout, stderr io.Writer) int {
 	var f replayFlags
 	fs := rpFlagSet("bisect", "bisect DUMP [--weights DIR] [--map FILE] [--tol FILE] [--json] [--reference]", bisectDoc, stderr)
 	f.register(fs, false)
-	pos, err := rpParseArgs(fs, args)
-	if err == flag.ErrHelp {
-		return exitOK
-	}
-	if err != nil {
-		return exitError
-	}
-	if len(pos) != 1 {
-		fs.Usage()
-		return exitError
+	pos, code, ok := rpArgs(fs, args, 1, nil)
+	if !ok {
+		return code
 	}
 	tol, err := f.tolerance()
 	if err != nil {

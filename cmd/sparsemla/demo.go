@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -36,16 +35,12 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 	fs := rpFlagSet("demo", "demo [--keep DIR] [--reference]", demoDoc, stderr)
 	keep := fs.String("keep", "", "write the dumps into DIR and keep them (default: a temporary directory, removed)")
 	reference := fs.Bool("reference", false, referenceUsage)
-	pos, err := rpParseArgs(fs, args)
-	if err == flag.ErrHelp {
-		return exitOK
-	}
-	if err != nil || len(pos) != 0 {
-		fs.Usage()
-		return exitError
+	if _, code, ok := rpArgs(fs, args, 0, nil); !ok {
+		return code
 	}
 	dir := *keep
 	if dir == "" {
+		var err error
 		dir, err = os.MkdirTemp("", "sparsemla-demo-")
 		if err != nil {
 			return rpFail(stderr, "demo", err)

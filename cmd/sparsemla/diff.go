@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 
@@ -28,16 +27,9 @@ func runDiff(args []string, stdout, stderr io.Writer) int {
 	var f replayFlags
 	fs := rpFlagSet("diff", "diff A B [--weights DIR] [--map FILE] [--tol FILE] [--json] [--reference]", diffDoc, stderr)
 	f.register(fs, false)
-	pos, err := rpParseArgs(fs, args)
-	if err == flag.ErrHelp {
-		return exitOK
-	}
-	if err != nil {
-		return exitError
-	}
-	if len(pos) != 2 {
-		fs.Usage()
-		return exitError
+	pos, code, ok := rpArgs(fs, args, 2, nil)
+	if !ok {
+		return code
 	}
 	tol, err := f.tolerance()
 	if err != nil {

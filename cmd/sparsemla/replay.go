@@ -178,7 +178,27 @@ func rpFlagSet(name, usageLine, doc string, stderr io.Writer) *flag.FlagSet {
 	return fs
 }
 
-// parseArgs parses flags placed before or after the positional arguments.
+// rpArgs parses args (flags before or after the positional arguments) and
+// checks that there are exactly npos positional arguments and, when ready is
+// not nil, that ready() holds after parsing (the command's required flags).
+// When ok is false the command returns code: 0 after --help, 2 otherwise (the
+// usage has been printed).
+func rpArgs(fs *flag.FlagSet, args []string, npos int, ready func() bool) (pos []string, code int, ok bool) {
+	pos, err := rpParseArgs(fs, args)
+	if err == flag.ErrHelp {
+		return nil, exitOK, false
+	}
+	if err != nil {
+		return nil, exitError, false // the flag package printed the error and the usage
+	}
+	if len(pos) != npos || (ready != nil && !ready()) {
+		fs.Usage()
+		return nil, exitError, false
+	}
+	return pos, exitOK, true
+}
+
+// rpParseArgs parses flags placed before or after the positional arguments.
 func rpParseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
 	var pos []string
 	for {
@@ -222,16 +242,9 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 	var f replayFlags
 	fs := rpFlagSet("replay", "replay DUMP [--weights DIR] [--map FILE] [--mode local|propagated] [--tol FILE] [--json] [--reference]", replayDoc, stderr)
 	f.register(fs, true)
-	pos, err := rpParseArgs(fs, args)
-	if err == flag.ErrHelp {
-		return exitOK
-	}
-	if err != nil {
-		return exitError
-	}
-	if len(pos) != 1 {
-		fs.Usage()
-		return exitError
+	pos, code, ok := rpArgs(fs, args, 1, nil)
+	if !ok {
+		return code
 	}
 	tol, err := f.tolerance()
 	if err != nil {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -29,16 +28,9 @@ func runReport(args []string, stdout, stderr io.Writer) int {
 	fs := rpFlagSet("report", "report DUMP --html OUT [--mode local|propagated] [--weights DIR] [--map FILE] [--tol FILE] [--reference]", reportDoc, stderr)
 	f.register(fs, true)
 	out := fs.String("html", "", "output HTML file (required)")
-	pos, err := rpParseArgs(fs, args)
-	if err == flag.ErrHelp {
-		return exitOK
-	}
-	if err != nil {
-		return exitError
-	}
-	if len(pos) != 1 || *out == "" {
-		fs.Usage()
-		return exitError
+	pos, code, ok := rpArgs(fs, args, 1, func() bool { return *out != "" })
+	if !ok {
+		return code
 	}
 	tol, err := f.tolerance()
 	if err != nil {

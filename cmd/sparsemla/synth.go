@@ -1,7 +1,6 @@
 package main
 
 import (
-	"flag"
 	"fmt"
 	"io"
 
@@ -39,16 +38,8 @@ func runSynth(args []string, stdout, stderr io.Writer) int {
 	prefill := fs.Int("prefill", 6, "positions run before the first dumped step (the start state is valid after them)")
 	seed := fs.Uint64("seed", 1, "random seed of the weights and the token stream")
 	faultFlag := fs.String("fault", "", "inject a fault, KIND@step,layer (see above)")
-	pos, err := rpParseArgs(fs, args)
-	if err == flag.ErrHelp {
-		return exitOK
-	}
-	if err != nil {
-		return exitError
-	}
-	if len(pos) != 0 || *out == "" {
-		fs.Usage()
-		return exitError
+	if _, code, ok := rpArgs(fs, args, 0, func() bool { return *out != "" }); !ok {
+		return code
 	}
 	opt := engine.SynthOptions{Config: *cfg, Prefill: *prefill, Steps: *steps, Seed: *seed}
 	if *faultFlag != "" {
