@@ -295,45 +295,11 @@ func orEmpty(v []int64) []int64 {
 
 // plainSetDiff compares two selections as sets with no tie information.
 func plainSetDiff(ref, gpu []int64) indexer.SelectionDiff {
-	d := indexer.SelectionDiff{Ref: ref, Recall: 1, Jaccard: 1}
-	inRef := map[int64]bool{}
-	for _, j := range ref {
-		inRef[j] = true
-	}
-	inGPU := map[int64]bool{}
-	for _, j := range gpu {
-		inGPU[j] = true
-		if !inRef[j] {
-			d.Extra = append(d.Extra, j)
-		}
-	}
-	common := 0
-	for _, j := range ref {
-		if inGPU[j] {
-			common++
-		} else {
-			d.Missing = append(d.Missing, j)
-		}
-	}
-	sortInt64(d.Missing)
-	sortInt64(d.Extra)
-	if len(ref) > 0 {
-		d.Recall = float64(common) / float64(len(ref))
-	}
-	if u := len(ref) + len(inGPU) - common; u > 0 {
-		d.Jaccard = float64(common) / float64(u)
-	}
+	d := indexer.SelectionDiff{Ref: ref}
+	d.Missing, d.Extra, d.Recall, d.Jaccard = indexer.SetDiff(ref, gpu)
 	if len(d.Missing) > 0 || len(d.Extra) > 0 || len(ref) != len(gpu) {
 		d.Verdict = indexer.Diverged
 		d.Reason = fmt.Sprintf("GPU selected %v not in the reference set, left out %v", d.Extra, d.Missing)
 	}
 	return d
-}
-
-func sortInt64(v []int64) {
-	for i := 1; i < len(v); i++ {
-		for j := i; j > 0 && v[j] < v[j-1]; j-- {
-			v[j], v[j-1] = v[j-1], v[j]
-		}
-	}
 }

@@ -138,40 +138,17 @@ type SelectionDiff struct {
 func CompareSelection(gpu []int64, scores []float32, k int) SelectionDiff {
 	ref, ties := TopK(scores, k)
 	d := SelectionDiff{Ref: ref, Ties: ties}
-	inRef := make(map[int64]bool, len(ref))
-	for _, j := range ref {
-		inRef[j] = true
-	}
-	inGPU := make(map[int64]bool, len(gpu))
+	seen := make(map[int64]bool, len(gpu))
 	for _, j := range gpu {
 		switch {
 		case j < 0 || j >= int64(len(scores)):
 			d.Reason = fmt.Sprintf("GPU selected row %d outside 0..%d", j, len(scores)-1)
-		case inGPU[j]:
+		case seen[j]:
 			d.Reason = fmt.Sprintf("GPU selected row %d twice", j)
 		}
-		inGPU[j] = true
-		if !inRef[j] {
-			d.Extra = append(d.Extra, j)
-		}
+		seen[j] = true
 	}
-	common := 0
-	for _, j := range ref {
-		if inGPU[j] {
-			common++
-		} else {
-			d.Missing = append(d.Missing, j)
-		}
-	}
-	slices.Sort(d.Missing)
-	slices.Sort(d.Extra)
-	d.Recall, d.Jaccard = 1, 1
-	if len(ref) > 0 {
-		d.Recall = float64(common) / float64(len(ref))
-	}
-	if union := len(ref) + len(inGPU) - common; union > 0 {
-		d.Jaccard = float64(common) / float64(union)
-	}
+	d.Missing, d.Extra, d.Recall, d.Jaccard = SetDiff(ref, gpu)
 	if d.Reason == "" && len(gpu) != k {
 		d.Reason = fmt.Sprintf("GPU selected %d rows, want min(index_topk, Tc) = %d", len(gpu), k)
 	}
@@ -201,4 +178,40 @@ func CompareSelection(gpu []int64, scores []float32, k int) SelectionDiff {
 		d.Verdict = Tie
 	}
 	return d
+}
+
+// SetDiff compares two selections as sets of rows (order and duplicates
+// ignored): missing = rows of ref not in gpu, extra = rows of gpu not in ref,
+// both ascending; recall = |gpu ∩ ref| / |ref| and jaccard = |gpu ∩ ref| /
+// |gpu ∪ ref|, each 1 when its denominator is 0.
+func SetDiff(ref, gpu []int64) (missing, extra []int64, recall, jaccard float64) {
+	inRef := make(map[int64]bool, len(ref))
+	for _, j := range ref {
+		inRef[j] = true
+	}
+	inGPU := make(map[int64]bool, len(gpu))
+	for _, j := range gpu {
+		if !inGPU[j] && !inRef[j] {
+			extra = append(extra, j)
+		}
+		inGPU[j] = true
+	}
+	common := 0
+	for j := range inRef {
+		if inGPU[j] {
+			common++
+		} else {
+			missing = append(missing, j)
+		}
+	}
+	slices.Sort(missing)
+	slices.Sort(extra)
+	recall, jaccard = 1, 1
+	if len(inRef) > 0 {
+		recall = float64(common) / float64(len(inRef))
+	}
+	if union := len(inRef) + len(inGPU) - common; union > 0 {
+		jaccard = float64(common) / float64(union)
+	}
+	return missing, extra, recall, jaccard
 }
