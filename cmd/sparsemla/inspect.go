@@ -87,21 +87,6 @@ type inspectHeader struct {
 	User           map[string]string `json:"user,omitempty"`
 }
 
-func inspectParseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
-	var pos []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			return nil, err
-		}
-		rest := fs.Args()
-		if len(rest) == 0 {
-			return pos, nil
-		}
-		pos = append(pos, rest[0])
-		args = rest[1:]
-	}
-}
-
 func runInspect(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("inspect", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -111,7 +96,7 @@ func runInspect(args []string, stdout, stderr io.Writer) int {
 	filter := fs.String("filter", "", "only records whose key (request/pSTEP/LLAYER/stage) matches this regexp")
 	summary := fs.Bool("summary", false, "print the summary only, not one line per record")
 	fs.Usage = func() { fmt.Fprint(stderr, inspectDoc); fs.PrintDefaults() }
-	pos, err := inspectParseArgs(fs, args)
+	pos, err := rpParseArgs(fs, args)
 	if err == flag.ErrHelp {
 		return exitOK
 	}
