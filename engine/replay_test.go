@@ -19,27 +19,11 @@ import (
 
 var updateGolden = flag.Bool("update", false, "rewrite engine/testdata golden files")
 
-// openGolden opens a GPU-made dump directory under testdata/ and its model;
-// it skips the test when the directory is absent.
+// openReplayGolden opens a GPU-made dump directory under testdata/ and its
+// model (openFaultInput: a missing directory fails the test).
 func openReplayGolden(t *testing.T, name string) (*Model, *DumpSource) {
 	t.Helper()
-	dir := filepath.Join("..", "testdata", name)
-	if _, err := os.Stat(dir); err != nil {
-		t.Skipf("%s absent: %v", dir, err)
-	}
-	d, err := dump.Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Close() })
-	src, err := NewDumpSource(d, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := LoadModel(d, src, "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, src, m := openFaultInput(t, name)
 	return m, src
 }
 
