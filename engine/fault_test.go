@@ -17,7 +17,14 @@ import (
 // one fails the test) with its model.
 func openFaultInput(t *testing.T, name string) (*dump.Dump, *DumpSource, *Model) {
 	t.Helper()
-	d, err := dump.Open(filepath.Join("..", "testdata", name))
+	return openDumpModel(t, filepath.Join("..", "testdata", name))
+}
+
+// openDumpModel opens the dump at path, its default request and its model;
+// the dump is closed when the test ends.
+func openDumpModel(t *testing.T, path string) (*dump.Dump, *DumpSource, *Model) {
+	t.Helper()
+	d, err := dump.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -286,19 +293,7 @@ func TestFaultedCopyRefused(t *testing.T) {
 	if _, err := WriteFaulted(d, src, m, first, FaultOptions{Fault: Fault{Kind: FaultStalePrefix, Step: 6, Layer: 1}}); err != nil {
 		t.Fatal(err)
 	}
-	fd, err := dump.Open(filepath.Join(first, SynthDumpFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fd.Close()
-	fsrc, err := NewDumpSource(fd, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	fm, err := LoadModel(fd, fsrc, "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	fd, fsrc, fm := openDumpModel(t, filepath.Join(first, SynthDumpFile))
 	if _, err := WriteFaulted(fd, fsrc, fm, t.TempDir(), FaultOptions{Fault: Fault{Kind: FaultStalePrefix, Step: 7, Layer: 3}}); err == nil || !strings.Contains(err.Error(), "already records a prefix-cache hit") {
 		t.Errorf("second stale-prefix: error %v", err)
 	}
@@ -335,19 +330,7 @@ func TestFaultedCopyOfSynth(t *testing.T) {
 	if err := s.WriteWith(in, testPageCodec{}); err != nil {
 		t.Fatal(err)
 	}
-	d, err := dump.Open(filepath.Join(in, SynthDumpFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
-	src, err := NewDumpSource(d, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := LoadModel(d, src, "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	d, src, m := openDumpModel(t, filepath.Join(in, SynthDumpFile))
 	for _, f := range []Fault{{FaultSplitK, 8, 1}, {FaultScaleByte, 9, 3}} {
 		dir := t.TempDir()
 		res, err := WriteFaulted(d, src, m, dir, FaultOptions{Fault: f, Pages: testPageCodec{}})
