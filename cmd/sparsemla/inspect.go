@@ -5,8 +5,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 
@@ -218,30 +220,12 @@ func buildInspect(d *dump.Dump, re *regexp.Regexp, stats bool) (*inspectReport, 
 		rep.Bytes += e.NBytes
 		rep.List = append(rep.List, rec)
 	}
-	for r := range reqs {
-		rep.Requests = append(rep.Requests, r)
-	}
-	sort.Strings(rep.Requests)
-	for s := range steps {
-		rep.Steps = append(rep.Steps, s)
-	}
-	sort.Ints(rep.Steps)
-	for s := range stateAt {
-		rep.StateAt = append(rep.StateAt, s)
-	}
-	sort.Ints(rep.StateAt)
-	for l := range layers {
-		rep.Layers = append(rep.Layers, l)
-	}
-	sort.Ints(rep.Layers)
-	for s := range stages {
-		rep.Stages = append(rep.Stages, s)
-	}
-	sort.Strings(rep.Stages)
-	for s := range unknown {
-		rep.Unknown = append(rep.Unknown, s)
-	}
-	sort.Strings(rep.Unknown)
+	rep.Requests = slices.Sorted(maps.Keys(reqs))
+	rep.Steps = slices.Sorted(maps.Keys(steps))
+	rep.StateAt = slices.Sorted(maps.Keys(stateAt))
+	rep.Layers = slices.Sorted(maps.Keys(layers))
+	rep.Stages = slices.Sorted(maps.Keys(stages))
+	rep.Unknown = slices.Sorted(maps.Keys(unknown))
 	if rep.Unmapped == nil {
 		rep.Unmapped = []string{}
 	}
