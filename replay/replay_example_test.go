@@ -1,22 +1,23 @@
-package engine_test
+package replay_test
 
 import (
 	"context"
 	"fmt"
 
-	"sparsemla/engine"
+	"sparsemla/fault"
+	"sparsemla/replay"
 )
 
 // A synthetic dump with a corrupted FP8 scale byte in the cache page of an
 // older window row, replayed teacher-forced: the first divergence names the
 // step, layer and stage where the GPU made the error, and why.
-func ExampleReplay() {
-	f := engine.Fault{Kind: engine.FaultScaleByte, Step: 8, Layer: 0}
-	s, err := engine.Synthesize(engine.SynthOptions{Prefill: 6, Steps: 4, Seed: 1, Fault: &f})
+func ExampleRun() {
+	f := fault.Fault{Kind: fault.ScaleByte, Step: 8, Layer: 0}
+	s, err := fault.Synthesize(fault.SynthOptions{Prefill: 6, Steps: 4, Seed: 1, Fault: &f})
 	if err != nil {
 		panic(err)
 	}
-	rep, err := engine.Replay(context.Background(), s.Model(), s.Src, engine.ReplayOptions{})
+	rep, err := replay.Run(context.Background(), s.Model(), s.Src, replay.Options{})
 	if err != nil {
 		panic(err)
 	}

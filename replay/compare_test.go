@@ -1,4 +1,4 @@
-package engine
+package replay
 
 import (
 	"encoding/json"
@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"sparsemla/engine"
 	"sparsemla/quant"
 )
 
@@ -35,30 +36,30 @@ func TestCosDiff(t *testing.T) {
 // TestCompareFloatMetrics checks each metric on a 2x3 tensor with one bf16-ulp
 // change at [1 2] and one NaN where the reference is finite at [0 1].
 func TestCompareFloatMetrics(t *testing.T) {
-	ref := FromF(KindBF16, []float32{1, 2, 3, 4, 5, 6}, 2, 3)
+	ref := engine.FromF(engine.KindBF16, []float32{1, 2, 3, 4, 5, 6}, 2, 3)
 	gpu := ref.Clone()
 	gpu.F[5] = quant.BF16Next(6, 1) // 6 + 2^-5: one bf16 ulp above 6
-	m := CompareFloat(ref, gpu, StageTol{Mode: ModeULP}, true)
+	m := CompareFloat(ref, gpu, StageTol{Mode: TolULP}, true)
 	if m.Mismatch != 1 || m.MaxULP != 1 || m.ULPOver != 1 || m.MaxAbs != 0.03125 || len(m.MaxAbsAt) != 2 || m.MaxAbsAt[0] != 1 || m.MaxAbsAt[1] != 2 {
 		t.Fatalf("metrics %+v", m)
 	}
-	if ok, _ := (StageTol{Mode: ModeULP, MaxULP: 1}).Judge(m, true); !ok {
+	if ok, _ := (StageTol{Mode: TolULP, MaxULP: 1}).Judge(m, true); !ok {
 		t.Error("1 ulp must pass max_ulp 1")
 	}
-	if ok, why := (StageTol{Mode: ModeULP}).Judge(m, true); ok || !strings.Contains(why, "1 bf16 ulps") {
+	if ok, why := (StageTol{Mode: TolULP}).Judge(m, true); ok || !strings.Contains(why, "1 bf16 ulps") {
 		t.Errorf("1 ulp must fail max_ulp 0: %q", why)
 	}
 	// RoPE stages without the GPU's table get max_ulp_no_gpu_table.
-	rope := StageTol{Mode: ModeULP, MaxULP: 0, MaxULPNoTable: 1}
+	rope := StageTol{Mode: TolULP, MaxULP: 0, MaxULPNoTable: 1}
 	if ok, _ := rope.Judge(CompareFloat(ref, gpu, rope, false), false); !ok {
 		t.Error("RoPE stage without GPU table must allow 1 ulp")
 	}
 	gpu.F[1] = float32(math.NaN())
-	m = CompareFloat(ref, gpu, StageTol{Mode: ModeClose, Abs: 1, Rel: 1, Cos: 1}, true)
+	m = CompareFloat(ref, gpu, StageTol{Mode: TolClose, Abs: 1, Rel: 1, Cos: 1}, true)
 	if m.GPUNaN != 1 || len(m.NonFiniteRows) != 1 || m.NonFiniteRows[0] != 0 {
 		t.Fatalf("NaN pattern %+v", m)
 	}
-	if ok, why := (StageTol{Mode: ModeClose, Abs: 1, Rel: 1, Cos: 1}).Judge(m, true); ok || !strings.Contains(why, "NaN") {
+	if ok, why := (StageTol{Mode: TolClose, Abs: 1, Rel: 1, Cos: 1}).Judge(m, true); ok || !strings.Contains(why, "NaN") {
 		t.Errorf("a GPU NaN must fail whatever the tolerance: %q", why)
 	}
 }
@@ -66,8 +67,8 @@ func TestCompareFloatMetrics(t *testing.T) {
 // TestCloseMode: FlashMLA's rule, an element passes on abs OR rel.
 func TestCloseMode(t *testing.T) {
 	st := DefaultTolerance().For("o") // abs 1e-3, rel 2.01/128, cos 5e-6
-	ref := FromF(KindBF16, []float32{100, 0.0001}, 2)
-	gpu := FromF(KindBF16, []float32{101, 0.0009}, 2) // rel 1% (< 1.57%) and abs 8e-4 (< 1e-3)
+	ref := engine.FromF(engine.KindBF16, []float32{100, 0.0001}, 2)
+	gpu := engine.FromF(engine.KindBF16, []float32{101, 0.0009}, 2) // rel 1% (< 1.57%) and abs 8e-4 (< 1e-3)
 	m := CompareFloat(ref, gpu, st, true)
 	if m.CloseFail != 0 {
 		t.Fatalf("close_fail %d, want 0", m.CloseFail)
@@ -85,10 +86,10 @@ func TestToleranceOverrides(t *testing.T) {
 	if err := tol.LoadToleranceFile(good); err != nil {
 		t.Fatal(err)
 	}
-	if st := tol.For("u"); st.Mode != ModeULP || st.MaxULP != 3 {
+	if st := tol.For("u"); st.Mode != TolULP || st.MaxULP != 3 {
 		t.Errorf("u: %+v", st)
 	}
-	if st := tol.For("no_such_stage"); st.Mode != ModeClose {
+	if st := tol.For("no_such_stage"); st.Mode != TolClose {
 		t.Errorf("fallback: %+v", st)
 	}
 	name, st, err := ParseStageTol("o=close,abs=2e-3,rel=0.02,cos=1e-5")
@@ -111,8 +112,8 @@ func TestToleranceOverrides(t *testing.T) {
 
 // compareFloatPlain is CompareFloat as first written (two passes, no short
 // path for identical pairs), kept to test the one-pass form against.
-func compareFloatPlain(ref, gpu Tensor, tol StageTol, gpuTable bool) Metrics {
-	if !SameShape(ref.Shape, gpu.Shape) {
+func compareFloatPlain(ref, gpu engine.Tensor, tol StageTol, gpuTable bool) Metrics {
+	if !engine.SameShape(ref.Shape, gpu.Shape) {
 		panic("engine: CompareFloat shape mismatch")
 	}
 	m := Metrics{N: len(ref.F)}
@@ -175,12 +176,12 @@ func compareFloatPlain(ref, gpu Tensor, tol StageTol, gpuTable bool) Metrics {
 		m.MeanAbs = sumAbs / float64(nFinite)
 	}
 	if maxAt >= 0 && m.MaxAbs > 0 {
-		m.MaxAbsAt = Coord(ref.Shape, maxAt)
+		m.MaxAbsAt = engine.Coord(ref.Shape, maxAt)
 		m.MaxAbsRef = F64(ref.F[maxAt])
 		m.MaxAbsGPU = F64(gpu.F[maxAt])
 	}
 	if first >= 0 {
-		m.First = Coord(ref.Shape, first)
+		m.First = engine.Coord(ref.Shape, first)
 		r, g := F64(ref.F[first]), F64(gpu.F[first])
 		m.FirstRef, m.FirstGPU = &r, &g
 	}
@@ -202,8 +203,8 @@ func TestCompareFloatOnePass(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	special := []float32{0, float32(math.Copysign(0, -1)), float32(math.NaN()), float32(math.Inf(1)), float32(math.Inf(-1)), 1e-30, 3.5}
 	tols := []StageTol{
-		{Mode: ModeExact}, {Mode: ModeULP, MaxULP: 1}, {Mode: ModeULP, MaxULP: -1},
-		{Mode: ModeClose, Abs: 1e-3, Rel: 0.02}, {Mode: ModeClose},
+		{Mode: TolExact}, {Mode: TolULP, MaxULP: 1}, {Mode: TolULP, MaxULP: -1},
+		{Mode: TolClose, Abs: 1e-3, Rel: 0.02}, {Mode: TolClose},
 	}
 	for trial := 0; trial < 200; trial++ {
 		n := 1 + rng.IntN(300)
@@ -232,7 +233,7 @@ func TestCompareFloatOnePass(t *testing.T) {
 		if n%4 == 0 {
 			shape = []int{4, n / 4}
 		}
-		a, b := FromF(KindF32, ref, shape...), FromF(KindF32, gpu, shape...)
+		a, b := engine.FromF(engine.KindF32, ref, shape...), engine.FromF(engine.KindF32, gpu, shape...)
 		for _, tol := range tols {
 			for _, table := range []bool{true, false} {
 				got, want := CompareFloat(a, b, tol, table), compareFloatPlain(a, b, tol, table)

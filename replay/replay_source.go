@@ -1,8 +1,10 @@
-package engine
+package replay
 
 import (
 	"fmt"
 	"sort"
+
+	"sparsemla/engine"
 )
 
 // Source is one request's dump as a replay reads it: the stage tensors of each
@@ -17,11 +19,11 @@ type Source interface {
 	Layers() []int
 	// Stage returns the dumped value of one stage; ok is false when the dump
 	// does not hold it. err is for unreadable or malformed records.
-	Stage(step int64, layer int, stage string) (t Tensor, ok bool, err error)
+	Stage(step int64, layer int, stage string) (t engine.Tensor, ok bool, err error)
 	// State returns the start state of one layer (stage names kv_cache,
 	// cmp_kv_state, ... of LayerState.StateTensors) and the step it is valid
 	// after; ok is false when the dump carries none.
-	State(layer int) (st map[string]Tensor, validAfter int64, ok bool, err error)
+	State(layer int) (st map[string]engine.Tensor, validAfter int64, ok bool, err error)
 }
 
 // PrefixHit says that a request's cache rows for positions < Tokens were
@@ -38,18 +40,18 @@ type PrefixSource interface {
 	PrefixHit() (PrefixHit, bool)
 	// OtherState returns stage tensors (kv_cache, ...) of another request at a
 	// step, for naming the origin of a stale row.
-	OtherStage(request string, step int64, layer int, stage string) (Tensor, bool, error)
+	OtherStage(request string, step int64, layer int, stage string) (engine.Tensor, bool, error)
 }
 
 // MemSource is a Source held in memory (synthetic dumps, tests, and the
 // adapter over dump files fill it).
 type MemSource struct {
 	Path       string
-	Values     map[StageKey]Tensor
-	Start      map[int]map[string]Tensor // layer -> start state
-	StartAfter int64                     // step the start state is valid after
+	Values     map[StageKey]engine.Tensor
+	Start      map[int]map[string]engine.Tensor // layer -> start state
+	StartAfter int64                            // step the start state is valid after
 	Hit        *PrefixHit
-	Others     map[string]map[StageKey]Tensor // other requests' stage tensors
+	Others     map[string]map[StageKey]engine.Tensor // other requests' stage tensors
 }
 
 // StageKey names one stage tensor of a request.
@@ -63,14 +65,14 @@ func (k StageKey) String() string { return fmt.Sprintf("p%d/L%d/%s", k.Step, k.L
 
 // NewMemSource returns an empty in-memory source.
 func NewMemSource(name string) *MemSource {
-	return &MemSource{Path: name, Values: map[StageKey]Tensor{}, Start: map[int]map[string]Tensor{}}
+	return &MemSource{Path: name, Values: map[StageKey]engine.Tensor{}, Start: map[int]map[string]engine.Tensor{}}
 }
 
 // Name implements Source.
 func (m *MemSource) Name() string { return m.Path }
 
 // Put stores one stage tensor.
-func (m *MemSource) Put(step int64, layer int, stage string, t Tensor) {
+func (m *MemSource) Put(step int64, layer int, stage string, t engine.Tensor) {
 	m.Values[StageKey{step, layer, stage}] = t
 }
 
@@ -110,13 +112,13 @@ func (m *MemSource) Layers() []int {
 }
 
 // Stage implements Source.
-func (m *MemSource) Stage(step int64, layer int, stage string) (Tensor, bool, error) {
+func (m *MemSource) Stage(step int64, layer int, stage string) (engine.Tensor, bool, error) {
 	t, ok := m.Values[StageKey{step, layer, stage}]
 	return t, ok, nil
 }
 
 // State implements Source.
-func (m *MemSource) State(layer int) (map[string]Tensor, int64, bool, error) {
+func (m *MemSource) State(layer int) (map[string]engine.Tensor, int64, bool, error) {
 	st, ok := m.Start[layer]
 	return st, m.StartAfter, ok, nil
 }
@@ -130,7 +132,7 @@ func (m *MemSource) PrefixHit() (PrefixHit, bool) {
 }
 
 // OtherStage implements PrefixSource.
-func (m *MemSource) OtherStage(request string, step int64, layer int, stage string) (Tensor, bool, error) {
+func (m *MemSource) OtherStage(request string, step int64, layer int, stage string) (engine.Tensor, bool, error) {
 	t, ok := m.Others[request][StageKey{step, layer, stage}]
 	return t, ok, nil
 }

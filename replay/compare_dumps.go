@@ -1,9 +1,11 @@
-package engine
+package replay
 
 import (
 	"context"
 	"fmt"
 	"sort"
+
+	"sparsemla/engine"
 )
 
 // Diff compares two dumps of the same run stage by stage, in replay order
@@ -14,7 +16,7 @@ import (
 // compared with both values, and both dumps are replayed in local mode — so the
 // report says which side is right. cfg gives the stage order (m.Cfg when m is
 // set).
-func Diff(ctx context.Context, cfg *Config, m *Model, a, b Source, tol *Tolerance) (*Report, error) {
+func Diff(ctx context.Context, cfg *engine.Config, m *engine.Model, a, b Source, tol *Tolerance) (*Report, error) {
 	if tol == nil {
 		tol = DefaultTolerance()
 	}
@@ -34,8 +36,8 @@ func Diff(ctx context.Context, cfg *Config, m *Model, a, b Source, tol *Toleranc
 				return nil, err
 			}
 			names := []string{"x"}
-			defs := map[string]StageDef{}
-			for _, d := range Stages(cfg, l, p) {
+			defs := map[string]engine.StageDef{}
+			for _, d := range engine.Stages(cfg, l, p) {
 				names = append(names, d.Name)
 				defs[d.Name] = d
 			}
@@ -55,11 +57,11 @@ func Diff(ctx context.Context, cfg *Config, m *Model, a, b Source, tol *Toleranc
 					rep.Results = append(rep.Results, sr)
 					continue
 				}
-				in := map[string]Tensor{}
+				in := map[string]engine.Tensor{}
 				if s, ok, _ := a.Stage(p, l, "index_score"); ok {
 					in["index_score"] = s
 				}
-				judgeStage(&sr, ta, tb, in, tol.For(name), judgeCtx{gpuRope: true, window: cfg.WindowSize})
+				JudgeStage(&sr, ta, tb, in, tol.For(name), JudgeContext{GPURope: true, Window: cfg.WindowSize})
 				rep.Results = append(rep.Results, sr)
 				if sr.Status == StatusFail && rep.First == nil {
 					div := &Divergence{Step: p, Layer: l, Stage: name, Kind: stageKind(name), Mode: "diff",
@@ -79,8 +81,8 @@ func Diff(ctx context.Context, cfg *Config, m *Model, a, b Source, tol *Toleranc
 	rep.finish()
 	if m != nil {
 		rep.Referee = &Referee{A: "not-run", B: "not-run", Right: "unknown"}
-		ra, errA := Replay(ctx, m, a, ReplayOptions{Tol: tol})
-		rb, errB := Replay(ctx, m, b, ReplayOptions{Tol: tol})
+		ra, errA := Run(ctx, m, a, Options{Tol: tol})
+		rb, errB := Run(ctx, m, b, Options{Tol: tol})
 		if errA == nil {
 			rep.Referee.A = ra.Verdict
 		}
@@ -104,10 +106,10 @@ func Diff(ctx context.Context, cfg *Config, m *Model, a, b Source, tol *Toleranc
 
 // refereeStage computes stage def from A's dumped inputs and says which of the
 // two dumped values the reference agrees with.
-func refereeStage(m *Model, a Source, def StageDef, p int64, l int, ta, tb Tensor, tol *Tolerance) string {
-	in := map[string]Tensor{}
+func refereeStage(m *engine.Model, a Source, def engine.StageDef, p int64, l int, ta, tb engine.Tensor, tol *Tolerance) string {
+	in := map[string]engine.Tensor{}
 	for _, name := range def.Inputs {
-		var t Tensor
+		var t engine.Tensor
 		var ok bool
 		var err error
 		if base, prev := cutPrev(name); prev {
@@ -125,15 +127,15 @@ func refereeStage(m *Model, a Source, def StageDef, p int64, l int, ta, tb Tenso
 		}
 		in[name] = t
 	}
-	ctx := &StepContext{Cfg: m.Cfg, Layer: l, Pos: p, W: m.Weights[l], Rope: m.Rope[l]}
+	ctx := &engine.StepContext{Cfg: m.Cfg, Layer: l, Pos: p, W: m.Weights[l], Rope: m.Rope[l]}
 	ref, err := def.Compute(ctx, in)
 	if err != nil {
 		return "referee: " + err.Error()
 	}
 	var sa, sb StageResult
 	sa.Stage, sb.Stage = def.Name, def.Name
-	judgeStage(&sa, ref, ta, in, tol.For(def.Name), judgeCtx{m.GPURope, m.Cfg.WindowSize})
-	judgeStage(&sb, ref, tb, in, tol.For(def.Name), judgeCtx{m.GPURope, m.Cfg.WindowSize})
+	JudgeStage(&sa, ref, ta, in, tol.For(def.Name), JudgeContext{m.GPURope, m.Cfg.WindowSize})
+	JudgeStage(&sb, ref, tb, in, tol.For(def.Name), JudgeContext{m.GPURope, m.Cfg.WindowSize})
 	okA := sa.Status != StatusFail
 	okB := sb.Status != StatusFail
 	switch {
@@ -148,8 +150,8 @@ func refereeStage(m *Model, a Source, def StageDef, p int64, l int, ta, tb Tenso
 }
 
 func cutPrev(name string) (string, bool) {
-	if len(name) > len(PrevPrefix) && name[:len(PrevPrefix)] == PrevPrefix {
-		return name[len(PrevPrefix):], true
+	if len(name) > len(engine.PrevPrefix) && name[:len(engine.PrevPrefix)] == engine.PrevPrefix {
+		return name[len(engine.PrevPrefix):], true
 	}
 	return name, false
 }

@@ -1,16 +1,17 @@
-package engine
+package replay
 
 import (
 	"strings"
 	"testing"
 
 	"sparsemla/dump"
+	"sparsemla/engine"
 )
 
 // TestCheckRecordShape: the dumped shapes a config fixes are checked against
 // it, and each refusal names the config value at stake.
 func TestCheckRecordShape(t *testing.T) {
-	cfg, err := Preset("tiny")
+	cfg, err := engine.Preset("tiny")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +68,7 @@ func TestCheckRecordShape(t *testing.T) {
 // layer is described without a compress ratio (it once read "Tc = (p+1) div
 // 0").
 func TestDiagnoseIndexListWindowOnly(t *testing.T) {
-	cfg, err := Preset("tiny")
+	cfg, err := engine.Preset("tiny")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,9 +87,9 @@ func TestDiagnoseIndexListWindowOnly(t *testing.T) {
 	}
 	gpu[W], gpu[W+1] = int64(W), int64(W+1)
 	div := &Divergence{}
-	diagnoseIndexList(DiagnoseInput{Model: &Model{Cfg: cfg},
+	diagnoseIndexList(DiagnoseInput{Model: &engine.Model{Cfg: cfg},
 		Result: StageResult{Step: 9, Layer: l, Stage: "topk_idxs", Reason: "index list of 130 entries"},
-		Ref:    FromI(KindI32, ref, W), GPU: FromI(KindI32, gpu, W+2)}, div)
+		Ref:    engine.FromI(engine.KindI32, ref, W), GPU: engine.FromI(engine.KindI32, gpu, W+2)}, div)
 	if strings.Contains(div.Why, "div 0") || !strings.Contains(div.Why, "window-only") {
 		t.Errorf("why: %s", div.Why)
 	}

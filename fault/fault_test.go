@@ -1,39 +1,40 @@
-package engine
+package fault
 
 import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"sparsemla/dump"
+	"sparsemla/engine"
+	"sparsemla/replay"
 )
 
 // openFaultInput opens a GPU-made dump under testdata/ (committed: a missing
 // one fails the test) with its model.
-func openFaultInput(t *testing.T, name string) (*dump.Dump, *DumpSource, *Model) {
+func openFaultInput(t *testing.T, name string) (*dump.Dump, *replay.DumpSource, *engine.Model) {
 	t.Helper()
 	return openDumpModel(t, filepath.Join("..", "testdata", name))
 }
 
 // openDumpModel opens the dump at path, its default request and its model;
 // the dump is closed when the test ends.
-func openDumpModel(t *testing.T, path string) (*dump.Dump, *DumpSource, *Model) {
+func openDumpModel(t *testing.T, path string) (*dump.Dump, *replay.DumpSource, *engine.Model) {
 	t.Helper()
 	d, err := dump.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { d.Close() })
-	src, err := NewDumpSource(d, "")
+	src, err := replay.NewDumpSource(d, "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := LoadModel(d, src, "")
+	m, err := replay.LoadModel(d, src, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,8 +44,8 @@ func openDumpModel(t *testing.T, path string) (*dump.Dump, *DumpSource, *Model) 
 // faultWhyGPU is what the diagnosis of each fault must say on a GPU dump. It
 // is faultWhy, except that the official dumps hold no split-K partials, so a
 // split-K merge fault is told from the per-head shape of o alone.
-func faultWhyGPU(k FaultKind) string {
-	if k == FaultSplitK {
+func faultWhyGPU(k Kind) string {
+	if k == SplitKMerge {
 		return "not a rescaling of the reference: a split-K partial/merge error"
 	}
 	return faultWhy[k]
@@ -77,13 +78,13 @@ func TestFaultedCopyGPUDumps(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.dump+"/"+c.fault, func(t *testing.T) {
-			f, err := ParseFault(c.fault)
+			f, err := Parse(c.fault)
 			if err != nil {
 				t.Fatal(err)
 			}
 			d, src, m := openFaultInput(t, c.dump)
 			dir := t.TempDir()
-			res, err := WriteFaulted(d, src, m, dir, FaultOptions{Fault: f, Seed: 3})
+			res, err := WriteFaulted(d, src, m, dir, Options{Fault: f, Seed: 3})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -95,15 +96,15 @@ func TestFaultedCopyGPUDumps(t *testing.T) {
 			if got := fd.Header.User["injected_fault"]; got != c.fault {
 				t.Errorf("header names fault %q, want %q", got, c.fault)
 			}
-			fsrc, err := NewDumpSource(fd, "")
+			fsrc, err := replay.NewDumpSource(fd, "")
 			if err != nil {
 				t.Fatal(err)
 			}
-			fm, err := LoadModel(fd, fsrc, "") // weights found beside the copy
+			fm, err := replay.LoadModel(fd, fsrc, "") // weights found beside the copy
 			if err != nil {
 				t.Fatal(err)
 			}
-			rep, err := Replay(context.Background(), fm, fsrc, ReplayOptions{})
+			rep, err := replay.Run(context.Background(), fm, fsrc, replay.Options{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -120,7 +121,7 @@ func TestFaultedCopyGPUDumps(t *testing.T) {
 			}
 			fails := 0
 			for _, r := range rep.Results {
-				if r.Status != StatusFail {
+				if r.Status != replay.StatusFail {
 					continue
 				}
 				fails++
@@ -134,7 +135,7 @@ func TestFaultedCopyGPUDumps(t *testing.T) {
 			checkCopyIdentical(t, d, fd, res)
 			// The propagated replay (the reference's own chain from each
 			// layer's dumped x) finds the same first divergence.
-			prop, err := Replay(context.Background(), fm, fsrc, ReplayOptions{Mode: Propagated})
+			prop, err := replay.Run(context.Background(), fm, fsrc, replay.Options{Mode: replay.Propagated})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -149,9 +150,9 @@ func TestFaultedCopyGPUDumps(t *testing.T) {
 // (weights excepted: they are the copied weights file) byte for byte, except
 // the stage records the copy lists as changed (which must differ) or dropped
 // (which must be absent).
-func checkCopyIdentical(t *testing.T, in, out *dump.Dump, res *FaultedCopy) {
+func checkCopyIdentical(t *testing.T, in, out *dump.Dump, res *Copy) {
 	t.Helper()
-	changed, dropped := map[StageKey]bool{}, map[StageKey]bool{}
+	changed, dropped := map[replay.StageKey]bool{}, map[replay.StageKey]bool{}
 	for _, k := range res.Changed {
 		changed[k] = true
 	}
@@ -166,7 +167,7 @@ func checkCopyIdentical(t *testing.T, in, out *dump.Dump, res *FaultedCopy) {
 		if e.Kind == dump.KindWeight {
 			continue
 		}
-		sk := StageKey{int64(e.Step), e.Layer, e.Stage}
+		sk := replay.StageKey{Step: int64(e.Step), Layer: e.Layer, Stage: e.Stage}
 		mine := e.Kind == dump.KindStage && e.Request == res.Request
 		oe, ok := out.Lookup(e.Key, e.Kind)
 		if mine && dropped[sk] {
@@ -187,7 +188,7 @@ func checkCopyIdentical(t *testing.T, in, out *dump.Dump, res *FaultedCopy) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		same := a.DType == b.DType && SameShape(a.Shape, b.Shape) && bytes.Equal(a.Data, b.Data)
+		same := a.DType == b.DType && engine.SameShape(a.Shape, b.Shape) && bytes.Equal(a.Data, b.Data)
 		switch {
 		case mine && changed[sk] && same:
 			t.Errorf("%s: listed as changed but identical", e.Key)
@@ -204,16 +205,16 @@ func checkCopyIdentical(t *testing.T, in, out *dump.Dump, res *FaultedCopy) {
 // its step only.
 func TestFaultedCopyCarriesCache(t *testing.T) {
 	d, src, m := openFaultInput(t, "gpu-v4-tiny-long")
-	res, err := WriteFaulted(d, src, m, t.TempDir(), FaultOptions{Fault: Fault{Kind: FaultFP8Scale, Step: 128, Layer: 0}})
+	res, err := WriteFaulted(d, src, m, t.TempDir(), Options{Fault: Fault{Kind: FP8Scale, Step: 128, Layer: 0}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	has := map[StageKey]bool{}
+	has := map[replay.StageKey]bool{}
 	for _, k := range res.Changed {
 		has[k] = true
 	}
 	// Token 128 sits in window slot 0 until token 256 overwrites it.
-	for _, k := range []StageKey{{128, 0, "kv"}, {128, 0, "kv_cache"}, {128, 0, "y"}, {254, 0, "kv_cache"}, {255, 0, "kv_cache"}, {255, 0, "o"}} {
+	for _, k := range []replay.StageKey{{Step: 128, Layer: 0, Stage: "kv"}, {Step: 128, Layer: 0, Stage: "kv_cache"}, {Step: 128, Layer: 0, Stage: "y"}, {Step: 254, Layer: 0, Stage: "kv_cache"}, {Step: 255, Layer: 0, Stage: "kv_cache"}, {Step: 255, Layer: 0, Stage: "o"}} {
 		if !has[k] {
 			t.Errorf("%s not changed; changed: %v", k, res.Changed)
 		}
@@ -231,7 +232,7 @@ func TestFaultedCopyCarriesCache(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res2, err := WriteFaulted(d, src, m, t.TempDir(), FaultOptions{Fault: Fault{Kind: FaultFP8Scale, Step: 128, Layer: 0}})
+	res2, err := WriteFaulted(d, src, m, t.TempDir(), Options{Fault: Fault{Kind: FP8Scale, Step: 128, Layer: 0}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,7 +244,7 @@ func TestFaultedCopyCarriesCache(t *testing.T) {
 		t.Error("two faulted copies of the same dump and fault differ")
 	}
 
-	res, err = WriteFaulted(d, src, m, t.TempDir(), FaultOptions{Fault: Fault{Kind: FaultSplitK, Step: 127, Layer: 3}})
+	res, err = WriteFaulted(d, src, m, t.TempDir(), Options{Fault: Fault{Kind: SplitKMerge, Step: 127, Layer: 3}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -272,13 +273,13 @@ func TestFaultedCopyRefused(t *testing.T) {
 		{"official-v4-tiny", "wrong-lse@3,4", "layer outside"},
 	}
 	for _, c := range cases {
-		f, err := ParseFault(c.fault)
+		f, err := Parse(c.fault)
 		if err != nil {
 			t.Fatal(err)
 		}
 		d, src, m := openFaultInput(t, c.dump)
 		dir := filepath.Join(t.TempDir(), "out")
-		_, err = WriteFaulted(d, src, m, dir, FaultOptions{Fault: f})
+		_, err = WriteFaulted(d, src, m, dir, Options{Fault: f})
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s on %s: error %v, want one saying %q", c.fault, c.dump, err, c.want)
 		}
@@ -290,29 +291,29 @@ func TestFaultedCopyRefused(t *testing.T) {
 	// an output directory that is not empty.
 	d, src, m := openFaultInput(t, "official-v4-tiny")
 	first := filepath.Join(t.TempDir(), "first")
-	if _, err := WriteFaulted(d, src, m, first, FaultOptions{Fault: Fault{Kind: FaultStalePrefix, Step: 6, Layer: 1}}); err != nil {
+	if _, err := WriteFaulted(d, src, m, first, Options{Fault: Fault{Kind: StalePrefix, Step: 6, Layer: 1}}); err != nil {
 		t.Fatal(err)
 	}
 	fd, fsrc, fm := openDumpModel(t, filepath.Join(first, SynthDumpFile))
-	if _, err := WriteFaulted(fd, fsrc, fm, t.TempDir(), FaultOptions{Fault: Fault{Kind: FaultStalePrefix, Step: 7, Layer: 3}}); err == nil || !strings.Contains(err.Error(), "already records a prefix-cache hit") {
+	if _, err := WriteFaulted(fd, fsrc, fm, t.TempDir(), Options{Fault: Fault{Kind: StalePrefix, Step: 7, Layer: 3}}); err == nil || !strings.Contains(err.Error(), "already records a prefix-cache hit") {
 		t.Errorf("second stale-prefix: error %v", err)
 	}
 	// An earlier copy is replaced; a directory with other files, or the
 	// input's own, is refused.
-	if _, err := WriteFaulted(fd, fsrc, fm, first, FaultOptions{Fault: Fault{Kind: FaultLSE, Step: 6, Layer: 1}}); err == nil || !strings.Contains(err.Error(), "holds the input dump") {
+	if _, err := WriteFaulted(fd, fsrc, fm, first, Options{Fault: Fault{Kind: WrongLSE, Step: 6, Layer: 1}}); err == nil || !strings.Contains(err.Error(), "holds the input dump") {
 		t.Errorf("output over the input: error %v", err)
 	}
-	if _, err := WriteFaulted(fd, fsrc, fm, filepath.Join(first, "inner"), FaultOptions{Fault: Fault{Kind: FaultLSE, Step: 6, Layer: 1}}); err == nil || !strings.Contains(err.Error(), "lies inside the input") {
+	if _, err := WriteFaulted(fd, fsrc, fm, filepath.Join(first, "inner"), Options{Fault: Fault{Kind: WrongLSE, Step: 6, Layer: 1}}); err == nil || !strings.Contains(err.Error(), "lies inside the input") {
 		t.Errorf("output inside the input: error %v", err)
 	}
-	if _, err := WriteFaulted(d, src, m, first, FaultOptions{Fault: Fault{Kind: FaultLSE, Step: 6, Layer: 1}}); err != nil {
+	if _, err := WriteFaulted(d, src, m, first, Options{Fault: Fault{Kind: WrongLSE, Step: 6, Layer: 1}}); err != nil {
 		t.Errorf("replacing an earlier copy: %v", err)
 	}
 	other := t.TempDir()
 	if err := os.WriteFile(filepath.Join(other, "notes.txt"), []byte("mine"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := WriteFaulted(d, src, m, other, FaultOptions{Fault: Fault{Kind: FaultLSE, Step: 6, Layer: 1}}); err == nil || !strings.Contains(err.Error(), "holds notes.txt") {
+	if _, err := WriteFaulted(d, src, m, other, Options{Fault: Fault{Kind: WrongLSE, Step: 6, Layer: 1}}); err == nil || !strings.Contains(err.Error(), "holds notes.txt") {
 		t.Errorf("directory with other files: error %v", err)
 	}
 }
@@ -327,36 +328,35 @@ func TestFaultedCopyOfSynth(t *testing.T) {
 		t.Fatal(err)
 	}
 	in := t.TempDir()
-	if err := s.WriteWith(in, testPageCodec{}); err != nil {
+	if err := s.Write(in); err != nil {
 		t.Fatal(err)
 	}
 	d, src, m := openDumpModel(t, filepath.Join(in, SynthDumpFile))
-	for _, f := range []Fault{{FaultSplitK, 8, 1}, {FaultScaleByte, 9, 3}} {
+	for _, f := range []Fault{{SplitKMerge, 8, 1}, {ScaleByte, 9, 3}} {
 		dir := t.TempDir()
-		res, err := WriteFaulted(d, src, m, dir, FaultOptions{Fault: f, Pages: testPageCodec{}})
-		if errors.Is(err, ErrFaultInvisible) {
+		res, err := WriteFaulted(d, src, m, dir, Options{Fault: f})
+		if errors.Is(err, ErrInvisible) {
 			t.Fatalf("%s: %v", f, err)
 		}
 		if err != nil {
 			t.Fatal(err)
 		}
-		if f.Kind == FaultScaleByte && res.Pages == 0 {
+		if f.Kind == ScaleByte && res.Pages == 0 {
 			t.Errorf("%s: no page re-encoded", f)
 		}
 		fd, err := dump.Open(filepath.Join(dir, SynthDumpFile))
 		if err != nil {
 			t.Fatal(err)
 		}
-		fsrc, err := NewDumpSource(fd, "")
+		fsrc, err := replay.NewDumpSource(fd, "")
 		if err != nil {
 			t.Fatal(err)
 		}
-		fm, err := LoadModel(fd, fsrc, "")
+		fm, err := replay.LoadModel(fd, fsrc, "")
 		if err != nil {
 			t.Fatal(err)
 		}
-		fm.Pages = testPageCodec{}
-		rep, err := Replay(context.Background(), fm, fsrc, ReplayOptions{})
+		rep, err := replay.Run(context.Background(), fm, fsrc, replay.Options{})
 		fd.Close()
 		if err != nil {
 			t.Fatal(err)
@@ -368,32 +368,4 @@ func TestFaultedCopyOfSynth(t *testing.T) {
 			t.Errorf("%s: %d stages fail, want 1", f, rep.Summary.Fail)
 		}
 	}
-}
-
-// testPageCodec is a PageCodec for tests (engine cannot import kvcache):
-// every entry is its row as dim bf16 values, whatever the layout name.
-type testPageCodec struct{}
-
-func (testPageCodec) Rewrite(layout string, dim, blockSize int, page []byte, rows map[int][]float32) ([]byte, error) {
-	out := make([]byte, 2*dim*blockSize)
-	if page != nil {
-		if len(page) != len(out) {
-			return nil, fmt.Errorf("page of %d bytes, want %d", len(page), len(out))
-		}
-		copy(out, page)
-	}
-	for e, row := range rows {
-		if e < 0 || e >= blockSize || len(row) != dim {
-			return nil, fmt.Errorf("entry %d with %d values", e, len(row))
-		}
-		copy(out[2*dim*e:], bf16Bytes(row))
-	}
-	return out, nil
-}
-
-func (testPageCodec) Compare(layout string, dim, blockSize int, got, want []byte) (string, error) {
-	if !bytes.Equal(got, want) {
-		return "pages differ", nil
-	}
-	return "", nil
 }

@@ -1,19 +1,23 @@
-package engine
+package replay_test
 
 import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"sparsemla/dump"
+	"sparsemla/engine"
+	"sparsemla/fault"
 )
 
 // BenchmarkReplayBigDump writes a native dump of SPARSEMLA_BENCH_DUMP_GB GiB
@@ -46,11 +50,11 @@ func BenchmarkReplayBigDump(b *testing.B) {
 	// the command's default (prepared fast kernels on compact weights) and
 	// --reference (the plain loops); the reports must agree but for "kernels"
 	outs := map[string][]byte{}
-	for _, kernels := range []string{KernelsPrepared, KernelsReference} {
+	for _, kernels := range []string{engine.KernelsPrepared, engine.KernelsReference} {
 		b.Run("kernels="+kernels, func(b *testing.B) {
 			for b.Loop() {
 				args := []string{"replay", "--json", dir}
-				if kernels == KernelsReference {
+				if kernels == engine.KernelsReference {
 					args = append(args, "--reference")
 				}
 				cmd := exec.Command(bin, args...)
@@ -88,7 +92,7 @@ func BenchmarkReplayBigDump(b *testing.B) {
 			}
 		})
 	}
-	if a, r := outs[KernelsPrepared], outs[KernelsReference]; a != nil && r != nil && !bytes.Equal(a, r) {
+	if a, r := outs[engine.KernelsPrepared], outs[engine.KernelsReference]; a != nil && r != nil && !bytes.Equal(a, r) {
 		b.Fatalf("the prepared and the reference replays' reports differ (apart from kernels)")
 	}
 }
@@ -98,37 +102,37 @@ func BenchmarkReplayBigDump(b *testing.B) {
 // stage of steps P0, P0+1, … until the dump holds at least target bytes. It
 // returns the number of steps, the dump size and the largest record.
 func writeBigDump(b *testing.B, dir string, target int64) (steps int, size, maxRec int64) {
-	cfg, _ := Preset("flash")
+	cfg, _ := engine.Preset("flash")
 	cfg.MaxSeqLen = 1 << 20
 	const layer = 2
 	const p0 = 65536 + 1
-	w := RandomLayerWeights(cfg, layer, 5)
+	w := engine.RandomLayerWeights(cfg, layer, 5)
 	cfgJSON, err := json.MarshalIndent(cfg, "", "  ")
 	if err != nil {
 		b.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, SynthConfigFile), cfgJSON, 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, fault.SynthConfigFile), cfgJSON, 0o644); err != nil {
 		b.Fatal(err)
 	}
-	wf, err := os.Create(filepath.Join(dir, SynthWeightsFile))
+	wf, err := os.Create(filepath.Join(dir, fault.SynthWeightsFile))
 	if err != nil {
 		b.Fatal(err)
 	}
-	if err := dump.WriteSafetensors(wf, LayerWeightRecords(cfg, w), map[string]string{"producer": "sparsemla BenchmarkReplayBigDump"}); err != nil {
+	if err := dump.WriteSafetensors(wf, engine.LayerWeightRecords(cfg, w), map[string]string{"producer": "sparsemla BenchmarkReplayBigDump"}); err != nil {
 		b.Fatal(err)
 	}
 	wf.Close()
 	maxSteps := int(target/(20<<20)) + 2
-	rope := LayerRope(cfg, layer, p0+maxSteps+1)
-	st := SyntheticState(cfg, w, rope, p0, 5)
-	PrepareLayer(cfg, w) // the reference chain on the fast kernels: the same bits, faster
-	dw, err := dump.Create(filepath.Join(dir, SynthDumpFile), dump.Header{ModelArgs: string(cfgJSON),
+	rope := engine.LayerRope(cfg, layer, p0+maxSteps+1)
+	st := engine.SyntheticState(cfg, w, rope, p0, 5)
+	engine.PrepareLayer(cfg, w) // the reference chain on the fast kernels: the same bits, faster
+	dw, err := dump.Create(filepath.Join(dir, fault.SynthDumpFile), dump.Header{ModelArgs: string(cfgJSON),
 		CompressRatios: cfg.CompressRatios, Producer: map[string]string{"engine": "sparsemla BenchmarkReplayBigDump"}})
 	if err != nil {
 		b.Fatal(err)
 	}
-	put := func(t Tensor, step int, stage string, kind dump.Kind) {
-		rec := TensorRecord(t, dump.Key{Request: SynthRequest, Step: step, Layer: layer, Stage: stage}, kind)
+	put := func(t engine.Tensor, step int, stage string, kind dump.Kind) {
+		rec := engine.TensorRecord(t, dump.Key{Request: fault.SynthRequest, Step: step, Layer: layer, Stage: stage}, kind)
 		if err := dw.Write(&rec); err != nil {
 			b.Fatal(err)
 		}
@@ -140,14 +144,14 @@ func writeBigDump(b *testing.B, dir string, target int64) (steps int, size, maxR
 	}
 	t0 := time.Now()
 	for p := int64(p0); size < target; p++ {
-		ctx := &StepContext{Cfg: cfg, Layer: layer, Pos: p, W: w, Rope: rope}
-		x := SyntheticInput(cfg, p, 5)
-		out, next, err := RunStep(ctx, x, st)
+		ctx := &engine.StepContext{Cfg: cfg, Layer: layer, Pos: p, W: w, Rope: rope}
+		x := engine.SyntheticInput(cfg, p, 5)
+		out, next, err := engine.RunStep(ctx, x, st)
 		if err != nil {
 			b.Fatal(err)
 		}
 		put(x, int(p), "x", dump.KindStage)
-		for _, name := range sortedKeys(out) {
+		for _, name := range slices.Sorted(maps.Keys(out)) {
 			put(out[name], int(p), name, dump.KindStage)
 		}
 		st = next

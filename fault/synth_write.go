@@ -1,17 +1,17 @@
-package engine
+package fault
 
 import (
-	"encoding/binary"
 	"encoding/json"
 	"fmt"
-	"math"
+
 	"os"
 	"path/filepath"
 	"sort"
 
 	"sparsemla/attention"
 	"sparsemla/dump"
-	"sparsemla/quant"
+	"sparsemla/engine"
+	"sparsemla/replay"
 )
 
 // Files a synthetic dump directory holds.
@@ -28,21 +28,20 @@ const (
 // dump.smd, a native dump holding the header (ModelArgs), the GPU RoPE tables,
 // the start state of every layer, every stage of every dumped step of request
 // B, and for a stale-prefix fault the prefix-hit record and request A's cache.
-func (s *Synth) Write(dir string) error { return s.WriteWith(dir, nil) }
+// For every dumped step and layer the dump also holds the kv_cache as KV
+// pages (kind "page", stage "kv_cache/<page>", layout SynthPageLayout)
+// encoded from the GPU's rows with the kvcache codecs (replay.RewritePage),
+// as a serving engine's cache would hold them.
 
 // SynthPageLayout and SynthPageBlock are the layout and page size of the KV
-// pages WriteWith adds: FlashMLA's MODEL1 FP8 layout, 64-entry pages (the SWA
+// pages Write adds: FlashMLA's MODEL1 FP8 layout, 64-entry pages (the SWA
 // page size of the engines), identity block table.
 const (
 	SynthPageLayout = "v4-model1"
 	SynthPageBlock  = 64
 )
 
-// WriteWith is Write; with a non-nil codec the dump also holds, for every
-// dumped step and layer, the kv_cache as KV pages (kind "page", stage
-// "kv_cache/<page>", layout SynthPageLayout) encoded from the GPU's rows, as a
-// serving engine's cache would hold them.
-func (s *Synth) WriteWith(dir string, codec PageCodec) error {
+func (s *Synth) Write(dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("synth: %w", err)
 	}
@@ -56,13 +55,13 @@ func (s *Synth) WriteWith(dir string, codec PageCodec) error {
 	if err := s.writeWeights(filepath.Join(dir, SynthWeightsFile)); err != nil {
 		return err
 	}
-	return s.writeDump(filepath.Join(dir, SynthDumpFile), string(cfgJSON), codec)
+	return s.writeDump(filepath.Join(dir, SynthDumpFile), string(cfgJSON))
 }
 
 func (s *Synth) writeWeights(path string) error {
 	var recs []dump.Record
 	for l := 0; l < s.Cfg.NLayers; l++ {
-		recs = append(recs, LayerWeightRecords(s.Cfg, s.Weights[l])...)
+		recs = append(recs, engine.LayerWeightRecords(s.Cfg, s.Weights[l])...)
 	}
 	f, err := os.Create(path)
 	if err != nil {
@@ -76,105 +75,7 @@ func (s *Synth) writeWeights(path string) error {
 	return f.Close()
 }
 
-// LayerWeightRecords are one layer's attention weights as checkpoint records
-// named like the official state_dict (layers.L.attn.*), the inverse of
-// LoadLayerWeights.
-// It needs the full form (wo_a's values): it panics on a compact layer
-// (LoadLayerWeightsPrepared).
-func LayerWeightRecords(cfg *Config, lw *LayerWeights) []dump.Record {
-	if lw.WoA == nil {
-		panic("engine: LayerWeightRecords needs the full weights (LoadLayerWeights), not the compact prepared form")
-	}
-	pre := fmt.Sprintf("layers.%d.attn.", lw.Layer)
-	var out []dump.Record
-	fp8 := func(name string, w *attention.FP8Weight) {
-		out = append(out,
-			dump.Record{Name: pre + name + ".weight", DType: dump.E4M3, Shape: []int{w.Rows, w.Cols}, Data: append([]byte(nil), w.CodesRowMajor()...)},
-			dump.Record{Name: pre + name + ".scale", DType: dump.U8,
-				Shape: []int{(w.Rows + 127) / 128, (w.Cols + 127) / 128}, Data: append([]byte(nil), w.Scale...)})
-	}
-	f32 := func(name string, v []float32, shape ...int) {
-		out = append(out, dump.Record{Name: pre + name, DType: dump.F32, Shape: shape, Data: f32Bytes(v)})
-	}
-	bf16 := func(name string, v []float32, shape ...int) {
-		out = append(out, dump.Record{Name: pre + name, DType: dump.BF16, Shape: shape, Data: bf16Bytes(v)})
-	}
-	H, D, dim := cfg.NHeads, cfg.HeadDim, cfg.Dim
-	fp8("wq_a", lw.WqA)
-	f32("q_norm.weight", lw.QNorm, cfg.QLoraRank)
-	fp8("wq_b", lw.WqB)
-	fp8("wkv", lw.Wkv)
-	f32("kv_norm.weight", lw.KVNorm, D)
-	bf16("wo_a.weight", lw.WoA, cfg.OGroups*cfg.OLoraRank, H*D/cfg.OGroups)
-	fp8("wo_b", lw.WoB)
-	f32("attn_sink", lw.AttnSink, H)
-	cmp := func(prefix string, c *attention.Compressor) {
-		w := c.Width()
-		f32(prefix+"wkv.weight", c.Wkv, w, dim)
-		f32(prefix+"wgate.weight", c.Wgate, w, dim)
-		f32(prefix+"ape", c.Ape, c.Ratio, w)
-		f32(prefix+"norm.weight", c.Norm, c.HeadDim)
-	}
-	if lw.Compressor != nil {
-		cmp("compressor.", lw.Compressor)
-	}
-	if ix := lw.Indexer; ix != nil {
-		fp8("indexer.wq_b", ix.WqB)
-		bf16("indexer.weights_proj.weight", ix.WeightsProj, ix.NHeads, dim)
-		cmp("indexer.compressor.", ix.Compressor)
-	}
-	return out
-}
-
-func f32Bytes(v []float32) []byte {
-	b := make([]byte, 4*len(v))
-	for i, x := range v {
-		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
-	}
-	return b
-}
-
-func bf16Bytes(v []float32) []byte {
-	b := make([]byte, 2*len(v))
-	for i, x := range v {
-		binary.LittleEndian.PutUint16(b[2*i:], quant.BF16Bits(x))
-	}
-	return b
-}
-
-func i32Bytes(v []int64) []byte {
-	b := make([]byte, 4*len(v))
-	for i, x := range v {
-		binary.LittleEndian.PutUint32(b[4*i:], uint32(int32(x)))
-	}
-	return b
-}
-
-func i64Bytes(v []int64) []byte {
-	b := make([]byte, 8*len(v))
-	for i, x := range v {
-		binary.LittleEndian.PutUint64(b[8*i:], uint64(x))
-	}
-	return b
-}
-
-// TensorRecord converts a Tensor to a dump record with key k and kind.
-func TensorRecord(t Tensor, k dump.Key, kind dump.Kind) dump.Record {
-	r := dump.Record{Key: k, Kind: kind, Shape: append([]int{}, t.Shape...)}
-	switch t.Kind {
-	case KindBF16:
-		r.DType, r.Data = dump.BF16, bf16Bytes(t.F)
-	case KindF32:
-		r.DType, r.Data = dump.F32, f32Bytes(t.F)
-	case KindI32:
-		r.DType, r.Data = dump.I32, i32Bytes(t.I)
-	default:
-		r.DType, r.Data = dump.I64, i64Bytes(t.I)
-	}
-	return r
-}
-
-func (s *Synth) writeDump(path, modelArgs string, codec PageCodec) error {
+func (s *Synth) writeDump(path, modelArgs string) error {
 	h := dump.Header{
 		ModelArgs:      modelArgs,
 		CompressRatios: append([]int{}, s.Cfg.CompressRatios...),
@@ -193,7 +94,7 @@ func (s *Synth) writeDump(path, modelArgs string, codec PageCodec) error {
 		return fmt.Errorf("synth: %s: %w", path, err)
 	}
 	// GPU RoPE tables, [T, 32, 2] = (cos, sin).
-	tables := map[string]*RopeTable{}
+	tables := map[string]*engine.RopeTable{}
 	for l := 0; l < s.Cfg.NLayers; l++ {
 		name := "freqs_cis_r0"
 		if s.Cfg.Ratio(l) > 0 {
@@ -210,7 +111,7 @@ func (s *Synth) writeDump(path, modelArgs string, codec PageCodec) error {
 		for k := range tb.Cos {
 			cis[2*k], cis[2*k+1] = tb.Cos[k], tb.Sin[k]
 		}
-		rec := TensorRecord(FromF(KindF32, cis, tb.T, attention.RopePairs, 2),
+		rec := engine.TensorRecord(engine.FromF(engine.KindF32, cis, tb.T, attention.RopePairs, 2),
 			dump.Key{Step: dump.NoStep, Layer: dump.Global, Stage: name}, dump.KindTable)
 		if err := w.Write(&rec); err != nil {
 			return fail(err)
@@ -220,29 +121,29 @@ func (s *Synth) writeDump(path, modelArgs string, codec PageCodec) error {
 	for _, l := range layers {
 		st := s.Src.Start[l]
 		for _, name := range sortedKeys(st) {
-			rec := TensorRecord(st[name], dump.Key{Request: SynthRequest, Step: int(s.Src.StartAfter), Layer: l, Stage: name}, dump.KindState)
+			rec := engine.TensorRecord(st[name], dump.Key{Request: SynthRequest, Step: int(s.Src.StartAfter), Layer: l, Stage: name}, dump.KindState)
 			if err := w.Write(&rec); err != nil {
 				return fail(err)
 			}
 		}
 	}
-	keys := make([]StageKey, 0, len(s.Src.Values))
+	keys := make([]replay.StageKey, 0, len(s.Src.Values))
 	for k := range s.Src.Values {
 		keys = append(keys, k)
 	}
 	sortStageKeys(keys)
 	for _, k := range keys {
-		rec := TensorRecord(s.Src.Values[k], dump.Key{Request: SynthRequest, Step: int(k.Step), Layer: k.Layer, Stage: k.Stage}, dump.KindStage)
+		rec := engine.TensorRecord(s.Src.Values[k], dump.Key{Request: SynthRequest, Step: int(k.Step), Layer: k.Layer, Stage: k.Stage}, dump.KindStage)
 		if err := w.Write(&rec); err != nil {
 			return fail(err)
 		}
 	}
-	if codec != nil {
+	{
 		for _, k := range keys {
 			if k.Stage != "kv_cache" {
 				continue
 			}
-			recs, err := s.pageRecords(codec, k, s.Src.Values[k])
+			recs, err := s.pageRecords(k, s.Src.Values[k])
 			if err != nil {
 				return fail(err)
 			}
@@ -260,7 +161,7 @@ func (s *Synth) writeDump(path, modelArgs string, codec PageCodec) error {
 		}
 		sortStageKeys(keys)
 		for _, k := range keys {
-			rec := TensorRecord(vals[k], dump.Key{Request: req, Step: int(k.Step), Layer: k.Layer, Stage: k.Stage}, dump.KindStage)
+			rec := engine.TensorRecord(vals[k], dump.Key{Request: req, Step: int(k.Step), Layer: k.Layer, Stage: k.Stage}, dump.KindStage)
 			if err := w.Write(&rec); err != nil {
 				return fail(err)
 			}
@@ -277,7 +178,7 @@ func (s *Synth) writeDump(path, modelArgs string, codec PageCodec) error {
 	return nil
 }
 
-func sortedKeys(m map[string]Tensor) []string {
+func sortedKeys(m map[string]engine.Tensor) []string {
 	out := make([]string, 0, len(m))
 	for k := range m {
 		out = append(out, k)
@@ -286,7 +187,7 @@ func sortedKeys(m map[string]Tensor) []string {
 	return out
 }
 
-func sortStageKeys(k []StageKey) {
+func sortStageKeys(k []replay.StageKey) {
 	sort.Slice(k, func(i, j int) bool {
 		if k[i].Step != k[j].Step {
 			return k[i].Step < k[j].Step
@@ -299,7 +200,7 @@ func sortStageKeys(k []StageKey) {
 }
 
 // pageRecords encodes one kv_cache [rows, D] into SynthPageBlock-entry pages.
-func (s *Synth) pageRecords(codec PageCodec, k StageKey, kc Tensor) ([]dump.Record, error) {
+func (s *Synth) pageRecords(k replay.StageKey, kc engine.Tensor) ([]dump.Record, error) {
 	D, B := kc.Shape[1], SynthPageBlock
 	nb := (kc.Shape[0] + B - 1) / B
 	table := make([]int, nb)
@@ -307,7 +208,7 @@ func (s *Synth) pageRecords(codec PageCodec, k StageKey, kc Tensor) ([]dump.Reco
 		table[b] = b
 	}
 	live := map[int]bool{}
-	for _, i := range livePageRows(s.Cfg, k.Step, kc.Shape[0]) {
+	for _, i := range replay.LivePageRows(s.Cfg, k.Step, kc.Shape[0]) {
 		live[i] = true
 	}
 	var out []dump.Record
@@ -318,7 +219,7 @@ func (s *Synth) pageRecords(codec PageCodec, k StageKey, kc Tensor) ([]dump.Reco
 				rows[e] = kc.F[i*D : (i+1)*D]
 			}
 		}
-		data, err := codec.Rewrite(SynthPageLayout, D, B, nil, rows)
+		data, err := replay.RewritePage(SynthPageLayout, D, B, nil, rows)
 		if err != nil {
 			return nil, err
 		}

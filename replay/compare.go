@@ -1,9 +1,10 @@
-package engine
+package replay
 
 import (
 	"fmt"
 	"math"
 
+	"sparsemla/engine"
 	"sparsemla/quant"
 )
 
@@ -79,31 +80,6 @@ func (f *F64) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// Coord converts a flat row-major index into a coordinate of shape.
-func Coord(shape []int, flat int) []int {
-	c := make([]int, len(shape))
-	for i := len(shape) - 1; i >= 0; i-- {
-		if shape[i] > 0 {
-			c[i] = flat % shape[i]
-			flat /= shape[i]
-		}
-	}
-	return c
-}
-
-// SameShape reports whether a and b have identical shapes.
-func SameShape(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}
-
 // CosDiff is the DeepGEMM/FlashMLA similarity distance
 //
 //	cos_diff = 1 - 2·Σ x_i·y_i / (Σ x_i² + Σ y_i²)
@@ -150,8 +126,8 @@ func equalValue(a, b float32) bool {
 // of a replay) takes a short path with the same effect as the full one: d = 0,
 // ulp distance 0, the close test of d = 0 (decided once), and its terms of
 // CosDiff's sums in the same order.
-func CompareFloat(ref, gpu Tensor, tol StageTol, gpuTable bool) Metrics {
-	if !SameShape(ref.Shape, gpu.Shape) {
+func CompareFloat(ref, gpu engine.Tensor, tol StageTol, gpuTable bool) Metrics {
+	if !engine.SameShape(ref.Shape, gpu.Shape) {
 		panic("engine: CompareFloat shape mismatch")
 	}
 	m := Metrics{N: len(ref.F)}
@@ -241,12 +217,12 @@ func CompareFloat(ref, gpu Tensor, tol StageTol, gpuTable bool) Metrics {
 		m.MeanAbs = sumAbs / float64(nFinite)
 	}
 	if maxAt >= 0 && m.MaxAbs > 0 {
-		m.MaxAbsAt = Coord(ref.Shape, maxAt)
+		m.MaxAbsAt = engine.Coord(ref.Shape, maxAt)
 		m.MaxAbsRef = F64(ref.F[maxAt])
 		m.MaxAbsGPU = F64(gpu.F[maxAt])
 	}
 	if first >= 0 {
-		m.First = Coord(ref.Shape, first)
+		m.First = engine.Coord(ref.Shape, first)
 		r, g := F64(ref.F[first]), F64(gpu.F[first])
 		m.FirstRef, m.FirstGPU = &r, &g
 	}
@@ -261,8 +237,8 @@ func CompareFloat(ref, gpu Tensor, tol StageTol, gpuTable bool) Metrics {
 }
 
 // CompareInt measures two integer tensors element by element (exact).
-func CompareInt(ref, gpu Tensor) Metrics {
-	if !SameShape(ref.Shape, gpu.Shape) {
+func CompareInt(ref, gpu engine.Tensor) Metrics {
+	if !engine.SameShape(ref.Shape, gpu.Shape) {
 		panic("engine: CompareInt shape mismatch")
 	}
 	m := Metrics{N: len(ref.I)}
@@ -270,14 +246,14 @@ func CompareInt(ref, gpu Tensor) Metrics {
 		if ref.I[i] != gpu.I[i] {
 			m.Mismatch++
 			if m.First == nil {
-				m.First = Coord(ref.Shape, i)
+				m.First = engine.Coord(ref.Shape, i)
 				r, g := F64(ref.I[i]), F64(gpu.I[i])
 				m.FirstRef, m.FirstGPU = &r, &g
 			}
 			d := math.Abs(float64(gpu.I[i] - ref.I[i]))
 			if d > m.MaxAbs {
 				m.MaxAbs = d
-				m.MaxAbsAt = Coord(ref.Shape, i)
+				m.MaxAbsAt = engine.Coord(ref.Shape, i)
 				m.MaxAbsRef, m.MaxAbsGPU = F64(ref.I[i]), F64(gpu.I[i])
 			}
 		}
@@ -297,8 +273,8 @@ func sortInts(v []int) {
 
 // RowDiff lists the leading-axis rows (e.g. cache rows, heads) in which ref and
 // gpu differ at all, in ascending order, at most limit of them (limit <= 0: all).
-func RowDiff(ref, gpu Tensor, limit int) []int {
-	if !SameShape(ref.Shape, gpu.Shape) || len(ref.Shape) == 0 || ref.Shape[0] == 0 {
+func RowDiff(ref, gpu engine.Tensor, limit int) []int {
+	if !engine.SameShape(ref.Shape, gpu.Shape) || len(ref.Shape) == 0 || ref.Shape[0] == 0 {
 		return nil
 	}
 	rows := ref.Shape[0]

@@ -1,9 +1,11 @@
-package engine
+package replay
 
 import (
 	"fmt"
 	"sort"
 	"strings"
+
+	"sparsemla/engine"
 )
 
 // Page is one dumped KV page (dump record kind "page") of a layer's kv_cache:
@@ -35,29 +37,9 @@ type PageSource interface {
 	Pages(step int64, layer int) ([]Page, error)
 }
 
-// PageCodec encodes and compares KV pages of a serving layout. The kvcache
-// package implements the layouts; it imports engine, so the command wires a
-// PageCodec into Model.Pages instead of engine importing kvcache.
-type PageCodec interface {
-	// Rewrite returns a copy of page in which the entries named in rows are
-	// encoded from those rows (reference scaling); other entries keep their
-	// bytes. A nil page starts from zero bytes.
-	Rewrite(layout string, dim, blockSize int, page []byte, rows map[int][]float32) ([]byte, error)
-	// Compare compares two pages byte by byte, ignoring bytes no kernel reads,
-	// and describes the first difference ("" when equal).
-	Compare(layout string, dim, blockSize int, got, want []byte) (string, error)
-}
-
-// PrefixVerifier checks, after a prefix-cache hit of hit.Tokens tokens, one
-// layer's GPU cache rows (kv_cache [rows, D]) against this request's own rows,
-// with other requests' caches to name where a stale row came from. It returns
-// one line describing the first stale row, or "" when the hit is clean. The
-// kvcache package implements it (VerifyPrefixHit); the command wires it.
-type PrefixVerifier func(cfg *Config, layer int, hit PrefixHit, gpu, own Tensor, others map[string]Tensor) (string, error)
-
-// livePageRows lists the kv_cache rows that hold data after step p: window
+// LivePageRows lists the kv_cache rows that hold data after step p: window
 // slots of tokens 0..p (all W once p >= W-1) and the compressed rows present.
-func livePageRows(cfg *Config, p int64, rows int) []int {
+func LivePageRows(cfg *engine.Config, p int64, rows int) []int {
 	W := cfg.WindowSize
 	var out []int
 	for s := 0; s < W && s < rows; s++ {
@@ -76,7 +58,7 @@ func livePageRows(cfg *Config, p int64, rows int) []int {
 // scaling into its entry of the page the block table names, and the pages
 // are compared byte by byte. It returns "" when every read byte of every live
 // entry agrees, else the first difference (in cache-row order).
-func comparePages(cfg *Config, codec PageCodec, p int64, ref Tensor, pages []Page) (string, error) {
+func comparePages(cfg *engine.Config, p int64, ref engine.Tensor, pages []Page) (string, error) {
 	if len(ref.Shape) != 2 {
 		return "", fmt.Errorf("kv_cache shape %v", ref.Shape)
 	}
@@ -93,7 +75,7 @@ func comparePages(cfg *Config, codec PageCodec, p int64, ref Tensor, pages []Pag
 	}
 	blocks := map[int]*blk{}
 	var order []int
-	for _, i := range livePageRows(cfg, p, ref.Shape[0]) {
+	for _, i := range LivePageRows(cfg, p, ref.Shape[0]) {
 		pg0 := pages[0]
 		B := pg0.BlockSize
 		if B <= 0 {
@@ -119,11 +101,11 @@ func comparePages(cfg *Config, codec PageCodec, p int64, ref Tensor, pages []Pag
 	sort.Ints(order)
 	for _, b := range order {
 		bl := blocks[b]
-		want, err := codec.Rewrite(bl.page.Layout, D, bl.page.BlockSize, bl.page.Data, bl.rows)
+		want, err := RewritePage(bl.page.Layout, D, bl.page.BlockSize, bl.page.Data, bl.rows)
 		if err != nil {
 			return "", pageErr(bl.page, err)
 		}
-		d, err := codec.Compare(bl.page.Layout, D, bl.page.BlockSize, bl.page.Data, want)
+		d, err := comparePage(bl.page.Layout, D, bl.page.BlockSize, bl.page.Data, want)
 		if err != nil {
 			return "", pageErr(bl.page, err)
 		}
@@ -137,19 +119,19 @@ func comparePages(cfg *Config, codec PageCodec, p int64, ref Tensor, pages []Pag
 // pageResult compares the dumped pages of (step, layer), if any, with the
 // dumped kv_cache rows (whose own comparison had status kvStatus) and returns
 // the "kv_pages" stage result (ok false when there is nothing to compare).
-func pageResult(m *Model, src Source, p int64, l int, ref Tensor, kvStatus string) (StageResult, bool, error) {
+func pageResult(m *engine.Model, src Source, p int64, l int, ref engine.Tensor, kvStatus string) (StageResult, bool, error) {
 	ps, ok := src.(PageSource)
-	if !ok || m.Pages == nil {
+	if !ok {
 		return StageResult{}, false, nil
 	}
 	pages, err := ps.Pages(p, l)
 	if err != nil || len(pages) == 0 {
 		return StageResult{}, false, err
 	}
-	sr := StageResult{Step: p, Layer: l, Stage: "kv_pages", Tol: string(ModeExact), Shape: ref.Shape,
+	sr := StageResult{Step: p, Layer: l, Stage: "kv_pages", Tol: string(TolExact), Shape: ref.Shape,
 		Equation: "kv_pages = the GPU's KV page bytes of kv_cache (serving layout), entry by entry",
 		Inputs:   []InputInfo{{Name: "kv_cache", From: FromDump, Status: inputStatus(kvStatus)}}}
-	d, err := comparePages(m.Cfg, m.Pages, p, ref, pages)
+	d, err := comparePages(m.Cfg, p, ref, pages)
 	if err != nil {
 		return StageResult{}, false, fmt.Errorf("step %d layer %d pages: %w", p, l, err)
 	}
@@ -164,23 +146,23 @@ func pageResult(m *Model, src Source, p int64, l int, ref Tensor, kvStatus strin
 // pageDetail is a diagnosis line from the pages of (step, layer), or "".
 func pageDetail(d DiagnoseInput) string {
 	ps, ok := d.Src.(PageSource)
-	if !ok || d.Model.Pages == nil {
+	if !ok {
 		return ""
 	}
 	pages, err := ps.Pages(d.Result.Step, d.Result.Layer)
 	if err != nil || len(pages) == 0 {
 		return ""
 	}
-	s, err := comparePages(d.Model.Cfg, d.Model.Pages, d.Result.Step, d.Ref, pages)
+	s, err := comparePages(d.Model.Cfg, d.Result.Step, d.Ref, pages)
 	if err != nil || s == "" {
 		return ""
 	}
 	return "page bytes: " + s
 }
 
-// isPageStage reports whether a dump stage name holds kv_cache pages
+// IsPageStage reports whether a dump stage name holds kv_cache pages
 // ("kv_cache" or "kv_cache/<page>").
-func isPageStage(stage string) bool {
+func IsPageStage(stage string) bool {
 	return stage == "kv_cache" || strings.HasPrefix(stage, "kv_cache/")
 }
 

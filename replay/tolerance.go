@@ -1,4 +1,4 @@
-package engine
+package replay
 
 import (
 	"bytes"
@@ -11,29 +11,29 @@ import (
 	"strings"
 )
 
-// Mode is how one stage's reference and GPU values are judged.
-type Mode string
+// TolMode is how one stage's reference and GPU values are judged.
+type TolMode string
 
 const (
 	// ModeExact: every element equal (±0 equal, NaN equals NaN). Used where the
 	// spec makes the value exact: FQ8/FQ4 grids, cache rows, index lists, states.
-	ModeExact Mode = "exact"
+	TolExact TolMode = "exact"
 	// ModeULP: bf16 ulp distance at most MaxULP on every element (MaxULPNoTable
 	// for RoPE stages when the dump carries no GPU cos/sin table).
-	ModeULP Mode = "ulp"
+	TolULP TolMode = "ulp"
 	// ModeClose: FlashMLA's check_is_allclose: every element has
 	// |gpu-ref| < Abs or |gpu-ref|/(|ref|+1e-6) < Rel, and cos_diff <= Cos.
-	ModeClose Mode = "close"
+	TolClose TolMode = "close"
 	// ModeSet: a top-k selection compared as a set; a difference that lies
 	// entirely inside an exact score tie at the k-th place is a tie, not a
 	// divergence.
-	ModeSet Mode = "set"
+	TolSet TolMode = "set"
 )
 
 // StageTol is the tolerance of one stage. Zero fields mean "not allowed": an
 // ulp stage with MaxULP 0 must be bit-exact in bf16.
 type StageTol struct {
-	Mode          Mode    `json:"mode"`
+	Mode          TolMode `json:"mode"`
 	MaxULP        int     `json:"max_ulp,omitempty"`
 	MaxULPNoTable int     `json:"max_ulp_no_gpu_table,omitempty"` // RoPE stages without a dumped GPU table
 	Abs           float64 `json:"abs,omitempty"`
@@ -54,7 +54,7 @@ func (t StageTol) allowedULP(gpuTable bool) int {
 // elementClose is FlashMLA's per-element test: abs error below Abs or relative
 // error (against |ref| + 1e-6) below Rel. Stages not in close mode pass.
 func (t StageTol) elementClose(ref, gpu float64) bool {
-	if t.Mode != ModeClose {
+	if t.Mode != TolClose {
 		return true
 	}
 	d := math.Abs(gpu - ref)
@@ -88,12 +88,12 @@ type Tolerance struct {
 // official model.py (testdata/official-v4-tiny, testdata/gpu-v4-tiny-long):
 // with them both replay with zero divergences.
 func DefaultTolerance() *Tolerance {
-	exact := func(why string) StageTol { return StageTol{Mode: ModeExact, Why: why} }
-	ulp := func(n int, why string) StageTol { return StageTol{Mode: ModeULP, MaxULP: n, Why: why} }
+	exact := func(why string) StageTol { return StageTol{Mode: TolExact, Why: why} }
+	ulp := func(n int, why string) StageTol { return StageTol{Mode: TolULP, MaxULP: n, Why: why} }
 	rope := func(why string) StageTol {
-		return StageTol{Mode: ModeULP, MaxULP: 0, MaxULPNoTable: 1, Why: why}
+		return StageTol{Mode: TolULP, MaxULP: 0, MaxULPNoTable: 1, Why: why}
 	}
-	gemm32 := StageTol{Mode: ModeClose, Abs: 1e-4, Rel: 2e-3, Cos: 1e-6,
+	gemm32 := StageTol{Mode: TolClose, Abs: 1e-4, Rel: 2e-3, Cos: 1e-6,
 		Why: "fp32 GEMM, summation order differs (spec §14: relative error up to ~1e-3)"}
 	t := &Tolerance{Stages: map[string]StageTol{
 		// Q path.
@@ -109,9 +109,9 @@ func DefaultTolerance() *Tolerance {
 		"kv":        exact("FQ8 of kv_roped, exact on the E4M3 grid (§3.3)"),
 		"topk_idxs": exact("window order, -1 padding, 128+topk (§4, §14: exact)"),
 		// Attention and output.
-		"o": {Mode: ModeClose, Abs: flashMLAOutAbs, Rel: flashMLAOutRel, Cos: flashMLAOutCos,
+		"o": {Mode: TolClose, Abs: flashMLAOutAbs, Rel: flashMLAOutRel, Cos: flashMLAOutCos,
 			Why: "FlashMLA sparse-decode 'out' thresholds"},
-		"lse": {Mode: ModeClose, Abs: flashMLALSEAbs, Rel: flashMLALSERel, Cos: flashMLALSECos,
+		"lse": {Mode: TolClose, Abs: flashMLALSEAbs, Rel: flashMLALSERel, Cos: flashMLALSECos,
 			Why: "FlashMLA sparse-decode 'lse' thresholds"},
 		"o_inv":    rope("inverse RoPE at p (§3.6)"),
 		"u":        ulp(2, "wo_a bf16 GEMM, fp32 accumulate (§14: within 2 ulps)"),
@@ -135,8 +135,8 @@ func DefaultTolerance() *Tolerance {
 		"iw":               ulp(0, "bf16(iw_raw·scale), one rounding (§6, §14: 100%)"),
 		"index_qk":         ulp(1, "bf16 dot, fp32 accumulate (§6)"),
 		"index_score":      ulp(1, "bf16 head sum of rounded products (§6, §14)"),
-		"index_topk":       {Mode: ModeSet, Why: "torch.topk order among ties is unspecified (§9.6, §14)"},
-		"index_sel":        {Mode: ModeSet, Why: "index_topk + 128, compared as a set"},
+		"index_topk":       {Mode: TolSet, Why: "torch.topk order among ties is unspecified (§9.6, §14)"},
+		"index_sel":        {Mode: TolSet, Why: "index_topk + 128, compared as a set"},
 		"icache":           exact("indexer key rows are written, never recomputed"),
 		"icmp_a":           gemm32,
 		"icmp_b":           gemm32,
@@ -162,17 +162,17 @@ func DefaultTolerance() *Tolerance {
 func PropagatedTolerance() *Tolerance {
 	t := DefaultTolerance()
 	for name, st := range t.Stages {
-		if st.Mode == ModeSet {
+		if st.Mode == TolSet {
 			continue
 		}
 		if name == "topk_idxs" {
-			t.Stages[name] = StageTol{Mode: ModeSet, Why: "window part exact; compressed part (128 + index_topk) a set: the chain's own top-k orders ties by its own rule"}
+			t.Stages[name] = StageTol{Mode: TolSet, Why: "window part exact; compressed part (128 + index_topk) a set: the chain's own top-k orders ties by its own rule"}
 			continue
 		}
-		t.Stages[name] = StageTol{Mode: ModeClose, Abs: 1e30, Cos: 1e-4,
+		t.Stages[name] = StageTol{Mode: TolClose, Abs: 1e30, Cos: 1e-4,
 			Why: "propagated chain: cos_diff only (" + st.Why + ")"}
 	}
-	t.Fallback = StageTol{Mode: ModeClose, Abs: 1e30, Cos: 1e-4, Why: "propagated chain: cos_diff only"}
+	t.Fallback = StageTol{Mode: TolClose, Abs: 1e30, Cos: 1e-4, Why: "propagated chain: cos_diff only"}
 	return t
 }
 
@@ -202,8 +202,8 @@ func (t *Tolerance) Set(stage string, st StageTol) {
 	t.Stages[stage] = st
 }
 
-func (m Mode) valid() bool {
-	return m == ModeExact || m == ModeULP || m == ModeClose || m == ModeSet
+func (m TolMode) valid() bool {
+	return m == TolExact || m == TolULP || m == TolClose || m == TolSet
 }
 
 // LoadToleranceFile reads a JSON override file and applies it over t:
@@ -258,7 +258,7 @@ func ParseStageTol(s string) (string, StageTol, error) {
 		return "", StageTol{}, fmt.Errorf("tolerance %q: want STAGE=MODE[,key=value...]", s)
 	}
 	parts := strings.Split(spec, ",")
-	st := StageTol{Mode: Mode(parts[0]), Why: "command line"}
+	st := StageTol{Mode: TolMode(parts[0]), Why: "command line"}
 	if !st.Mode.valid() {
 		return "", StageTol{}, fmt.Errorf("tolerance %q: unknown mode %q (exact, ulp, close, set)", s, parts[0])
 	}
@@ -299,16 +299,16 @@ func (st StageTol) Judge(m Metrics, gpuTable bool) (bool, string) {
 			m.GPUNaN, m.GPUInf, m.RefNaN, m.RefInf, m.NonFiniteRows)
 	}
 	switch st.Mode {
-	case ModeExact:
+	case TolExact:
 		if m.Mismatch > 0 {
 			return false, fmt.Sprintf("%d of %d values differ (exact stage), first at %v", m.Mismatch, m.N, m.First)
 		}
-	case ModeULP:
+	case TolULP:
 		allow := st.allowedULP(gpuTable)
 		if m.MaxULP > int64(allow) {
 			return false, fmt.Sprintf("max %d bf16 ulps (allowed %d) at %v", m.MaxULP, allow, m.MaxAbsAt)
 		}
-	case ModeClose:
+	case TolClose:
 		if m.CloseFail > 0 {
 			return false, fmt.Sprintf("%d of %d elements beyond abs %.3g / rel %.3g; max abs %.3g at %v",
 				m.CloseFail, m.N, st.Abs, st.Rel, m.MaxAbs, m.MaxAbsAt)
@@ -316,7 +316,7 @@ func (st StageTol) Judge(m Metrics, gpuTable bool) (bool, string) {
 		if m.CosDiff > st.Cos {
 			return false, fmt.Sprintf("cos_diff %.3g > %.3g", m.CosDiff, st.Cos)
 		}
-	case ModeSet:
+	case TolSet:
 		// Sets are judged by the caller (see compareSelection); the element
 		// metrics only inform.
 	}

@@ -1,4 +1,4 @@
-package engine
+package replay
 
 import (
 	"context"
@@ -7,41 +7,26 @@ import (
 	"strings"
 
 	"golang.org/x/sync/errgroup"
+
+	"sparsemla/engine"
 )
 
-// ReplayMode selects how stage inputs are obtained.
-type ReplayMode string
+// Mode selects how stage inputs are obtained.
+type Mode string
 
 const (
 	// Local (teacher-forced, the default): every stage is recomputed from the
 	// dump's own values of its inputs, so an error is attributed to the stage
 	// that made it.
-	Local ReplayMode = "local"
+	Local Mode = "local"
 	// Propagated: RunStep from each layer's dumped x, carrying the reference's
 	// own state across steps, to show how an error grows.
-	Propagated ReplayMode = "propagated"
+	Propagated Mode = "propagated"
 )
 
-// Model is what the reference needs besides the dump: the config, the
-// attention weights of each replayed layer and each layer's RoPE table.
-type Model struct {
-	Cfg     *Config
-	Weights map[int]*LayerWeights
-	Rope    map[int]*RopeTable
-	// GPURope says the tables are the GPU's own (dumped); RoPE stages are then
-	// held to their exact tolerance instead of one bf16 ulp.
-	GPURope bool
-	// Pages, when set, checks the GPU's KV page bytes (dump kind "page")
-	// against the reference rows; VerifyPrefix, when set, verifies a
-	// prefix-cache hit row by row. Both are implemented over the kvcache
-	// package by the command (kvcache imports engine).
-	Pages        PageCodec
-	VerifyPrefix PrefixVerifier
-}
-
-// ReplayOptions configure one replay.
-type ReplayOptions struct {
-	Mode ReplayMode
+// Options configure one replay.
+type Options struct {
+	Mode Mode
 	Tol  *Tolerance // nil: DefaultTolerance()
 	// Steps restricts the replay to these decode steps (nil: all).
 	Steps []int64
@@ -79,7 +64,7 @@ type unitResult struct {
 	first   *Divergence // diagnosis of the unit's first failing stage
 }
 
-// Replay replays src against the reference and returns the report (Verdict
+// Run replays src against the reference and returns the report (Verdict
 // "agree" or "diverged"). err is for unusable input (unreadable dump, missing
 // weights, a gap in the steps a propagated replay cannot bridge).
 //
@@ -102,7 +87,7 @@ type unitResult struct {
 // first failing stage is diagnosed (Diagnose) with what its inputs looked
 // like; KV pages and prefix hits in the dump are checked through Model.Pages
 // and Model.VerifyPrefix when set.
-func Replay(ctx context.Context, m *Model, src Source, opt ReplayOptions) (*Report, error) {
+func Run(ctx context.Context, m *engine.Model, src Source, opt Options) (*Report, error) {
 	if opt.Mode == "" {
 		opt.Mode = Local
 	}
@@ -166,7 +151,7 @@ func intersectSteps(have, want []int64) []int64 {
 // dump), in parallel across units; each unit's stages run in order. Results
 // are assembled in (step, layer) order, so the output does not depend on
 // GOMAXPROCS.
-func replayLocal(ctx context.Context, m *Model, src Source, steps []int64, layers []int, opt ReplayOptions) ([]unitResult, error) {
+func replayLocal(ctx context.Context, m *engine.Model, src Source, steps []int64, layers []int, opt Options) ([]unitResult, error) {
 	var work []unit
 	for _, p := range steps {
 		for _, l := range layers {
@@ -215,24 +200,24 @@ func replayLocal(ctx context.Context, m *Model, src Source, steps []int64, layer
 // "prev:X" inputs are the dumped X of step p-1 (a full or a state-only dumped
 // step), else the start state when it is valid after p-1. prevChecked says
 // whether step p-1 is replayed too (its values are then checked there).
-func localUnit(m *Model, src Source, u unit, tol *Tolerance, prevChecked bool) (unitResult, error) {
+func localUnit(m *engine.Model, src Source, u unit, tol *Tolerance, prevChecked bool) (unitResult, error) {
 	prevStep := u.step - 1
 	var res unitResult
-	ctx := &StepContext{Cfg: m.Cfg, Layer: u.layer, Pos: u.step, W: m.Weights[u.layer], Rope: m.Rope[u.layer]}
-	defs := Stages(m.Cfg, u.layer, u.step)
-	own := map[string]Tensor{}    // the reference's values at this step
-	status := map[string]string{} // this step's stage statuses
-	var start map[string]Tensor   // loaded on first use
+	ctx := &engine.StepContext{Cfg: m.Cfg, Layer: u.layer, Pos: u.step, W: m.Weights[u.layer], Rope: m.Rope[u.layer]}
+	defs := engine.Stages(m.Cfg, u.layer, u.step)
+	own := map[string]engine.Tensor{}  // the reference's values at this step
+	status := map[string]string{}      // this step's stage statuses
+	var start map[string]engine.Tensor // loaded on first use
 	var startAfter int64
 	startOK, startLoaded := false, false
 	for _, def := range defs {
 		sr := StageResult{Step: u.step, Layer: u.layer, Stage: def.Name, Equation: def.Equation}
-		in := make(map[string]Tensor, len(def.Inputs))
+		in := make(map[string]engine.Tensor, len(def.Inputs))
 		missing := ""
 		for _, name := range def.Inputs {
 			info := InputInfo{Name: name}
 			if base, ok := strings.CutPrefix(name, "prev:"); ok {
-				var t Tensor
+				var t engine.Tensor
 				found := false
 				if prevStep >= 0 {
 					v, ok, err := src.Stage(prevStep, u.layer, base)
@@ -301,7 +286,7 @@ func localUnit(m *Model, src Source, u unit, tol *Tolerance, prevChecked bool) (
 			status[def.Name] = StatusSkipped
 			continue
 		}
-		ref, err := safeCompute(def, ctx, in)
+		ref, err := ComputeStage(def, ctx, in)
 		if err != nil {
 			sr.Status, sr.Reason = StatusSkipped, "reference: "+err.Error()
 			res.results = append(res.results, sr)
@@ -320,7 +305,7 @@ func localUnit(m *Model, src Source, u unit, tol *Tolerance, prevChecked bool) (
 			status[def.Name] = StatusMissing
 			continue
 		}
-		judgeStage(&sr, ref, gpu, in, tol.For(def.Name), judgeCtx{m.GPURope, m.Cfg.WindowSize})
+		JudgeStage(&sr, ref, gpu, in, tol.For(def.Name), JudgeContext{m.GPURope, m.Cfg.WindowSize})
 		status[def.Name] = sr.Status
 		res.results = append(res.results, sr)
 		if sr.Status == StatusFail && res.first == nil {
@@ -355,13 +340,13 @@ func isSelectionStage(name string) bool {
 	return name == "index_topk" || name == "index_sel" || name == "topk_idxs"
 }
 
-func hasTensor(m map[string]Tensor, name string) bool { _, ok := m[name]; return ok }
+func hasTensor(m map[string]engine.Tensor, name string) bool { _, ok := m[name]; return ok }
 
-// safeCompute runs a stage's Compute on dumped inputs. Compute validates its
+// ComputeStage runs a stage's Compute on dumped inputs. Compute validates its
 // inputs and returns errors; a panic that slips through on malformed dump data
 // is turned into an error naming the stage, so outside input never crashes a
 // replay.
-func safeCompute(def StageDef, ctx *StepContext, in map[string]Tensor) (t Tensor, err error) {
+func ComputeStage(def engine.StageDef, ctx *engine.StepContext, in map[string]engine.Tensor) (t engine.Tensor, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("stage %s failed on the dumped inputs: %v", def.Name, r)
@@ -370,21 +355,21 @@ func safeCompute(def StageDef, ctx *StepContext, in map[string]Tensor) (t Tensor
 	return def.Compute(ctx, in)
 }
 
-// judgeStage compares ref with gpu under st and fills sr's status, reason,
-// metrics and severity. in holds the stage's inputs (index_score for sets).
-// judgeCtx is what judging a stage needs besides the tolerance.
-type judgeCtx struct {
-	gpuRope bool // RoPE ran on the GPU's own table
-	window  int  // window size W: topk_idxs = W window entries, then the compressed part
+// JudgeContext is what judging a stage needs besides the tolerance.
+type JudgeContext struct {
+	GPURope bool // RoPE ran on the GPU's own table
+	Window  int  // window size W: topk_idxs = W window entries, then the compressed part
 }
 
-func judgeStage(sr *StageResult, ref, gpu Tensor, in map[string]Tensor, st StageTol, jc judgeCtx) {
-	gpuRope := jc.gpuRope
+// JudgeStage compares ref with gpu under st and fills sr's status, reason,
+// metrics and severity. in holds the stage's inputs (index_score for sets).
+func JudgeStage(sr *StageResult, ref, gpu engine.Tensor, in map[string]engine.Tensor, st StageTol, jc JudgeContext) {
+	gpuRope := jc.GPURope
 	sr.Tol = string(st.Mode)
 	sr.Shape = ref.Shape
 	sr.GPUShape = gpu.Shape
-	if st.Mode == ModeSet {
-		judgeSet(sr, ref, gpu, in, jc.window)
+	if st.Mode == TolSet {
+		judgeSet(sr, ref, gpu, in, jc.Window)
 		return
 	}
 	if ref.Kind.IsFloat() != gpu.Kind.IsFloat() {
@@ -392,7 +377,7 @@ func judgeStage(sr *StageResult, ref, gpu Tensor, in map[string]Tensor, st Stage
 		sr.Reason = fmt.Sprintf("dtype %s, reference %s", gpu.Kind, ref.Kind)
 		return
 	}
-	if !SameShape(ref.Shape, gpu.Shape) {
+	if !engine.SameShape(ref.Shape, gpu.Shape) {
 		sr.Status, sr.Severity = StatusFail, 2
 		sr.Reason = fmt.Sprintf("shape %v, reference %v", gpu.Shape, ref.Shape)
 		return
@@ -427,13 +412,13 @@ func severity(m Metrics, st StageTol, gpuRope bool) float64 {
 		return 2
 	}
 	switch st.Mode {
-	case ModeExact:
+	case TolExact:
 		if m.Mismatch > 0 {
 			s = 1 + float64(m.Mismatch)/float64(max(m.N, 1))
 		}
-	case ModeULP:
+	case TolULP:
 		s = float64(m.MaxULP) / float64(st.allowedULP(gpuRope)+1)
-	case ModeClose:
+	case TolClose:
 		if m.CloseFail > 0 {
 			s = 1 + float64(m.CloseFail)/float64(max(m.N, 1))
 		} else if st.Cos > 0 {
@@ -458,7 +443,7 @@ func severity(m Metrics, st StageTol, gpuRope bool) float64 {
 // (the selection does not enter the state carried to the next step), so the
 // attention stages are not false alarms; a real divergence of the selection
 // keeps the reference's own choice.
-func replayPropagated(ctx context.Context, m *Model, src Source, steps []int64, layers []int, opt ReplayOptions) ([]unitResult, error) {
+func replayPropagated(ctx context.Context, m *engine.Model, src Source, steps []int64, layers []int, opt Options) ([]unitResult, error) {
 	perLayer := make([][]unitResult, len(layers))
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(runtime.GOMAXPROCS(0))
@@ -485,7 +470,7 @@ func replayPropagated(ctx context.Context, m *Model, src Source, steps []int64, 
 	return out, nil
 }
 
-func propagateLayer(ctx context.Context, m *Model, src Source, steps []int64, layer int, tol *Tolerance) ([]unitResult, error) {
+func propagateLayer(ctx context.Context, m *engine.Model, src Source, steps []int64, layer int, tol *Tolerance) ([]unitResult, error) {
 	stT, after, ok, err := src.State(layer)
 	if err != nil {
 		return nil, err
@@ -493,7 +478,7 @@ func propagateLayer(ctx context.Context, m *Model, src Source, steps []int64, la
 	if !ok {
 		return nil, fmt.Errorf("replay %s: propagated mode needs the start state of layer %d", src.Name(), layer)
 	}
-	st, err := LoadState(m.Cfg, layer, stT)
+	st, err := engine.LoadState(m.Cfg, layer, stT)
 	if err != nil {
 		return nil, fmt.Errorf("replay %s: start state of layer %d: %w", src.Name(), layer, err)
 	}
@@ -507,8 +492,8 @@ func propagateLayer(ctx context.Context, m *Model, src Source, steps []int64, la
 		if p != want {
 			// A gap: re-seed the chain from the state the dump holds after
 			// p-1 (a state-only step), as a replay would from a start state.
-			seed := map[string]Tensor{}
-			for name := range NewLayerState(m.Cfg, layer).StateTensors() {
+			seed := map[string]engine.Tensor{}
+			for name := range engine.NewLayerState(m.Cfg, layer).StateTensors() {
 				t, ok, err := src.Stage(p-1, layer, name)
 				if err != nil {
 					return nil, err
@@ -517,7 +502,7 @@ func propagateLayer(ctx context.Context, m *Model, src Source, steps []int64, la
 					seed[name] = t
 				}
 			}
-			ns, err := LoadState(m.Cfg, layer, seed)
+			ns, err := engine.LoadState(m.Cfg, layer, seed)
 			if err != nil {
 				return nil, fmt.Errorf("replay %s: propagated mode: steps %d..%d are not in the dump and no state after step %d is: %w", src.Name(), want, p-1, p-1, err)
 			}
@@ -531,12 +516,12 @@ func propagateLayer(ctx context.Context, m *Model, src Source, steps []int64, la
 		if !ok {
 			return nil, fmt.Errorf("replay %s: step %d layer %d: no x in the dump", src.Name(), p, layer)
 		}
-		sctx := &StepContext{Cfg: m.Cfg, Layer: layer, Pos: p, W: m.Weights[layer], Rope: m.Rope[layer]}
+		sctx := &engine.StepContext{Cfg: m.Cfg, Layer: layer, Pos: p, W: m.Weights[layer], Rope: m.Rope[layer]}
 		var ur unitResult
-		status := map[string]string{} // this step's stage statuses
-		own := map[string]Tensor{}    // the chain's values at this step
-		followed := map[string]bool{} // selection stages the chain took from the dump (a tie)
-		judge := func(def StageDef, chainIn map[string]Tensor, ref Tensor) (Tensor, error) {
+		status := map[string]string{}     // this step's stage statuses
+		own := map[string]engine.Tensor{} // the chain's values at this step
+		followed := map[string]bool{}     // selection stages the chain took from the dump (a tie)
+		judge := func(def engine.StageDef, chainIn map[string]engine.Tensor, ref engine.Tensor) (engine.Tensor, error) {
 			own[def.Name] = ref
 			sr := StageResult{Step: p, Layer: layer, Stage: def.Name, Equation: def.Equation}
 			for _, n := range def.Inputs {
@@ -548,7 +533,7 @@ func propagateLayer(ctx context.Context, m *Model, src Source, steps []int64, la
 				if followed[n] {
 					info.From = FromDump
 				}
-				if strings.HasPrefix(n, PrevPrefix) {
+				if strings.HasPrefix(n, engine.PrevPrefix) {
 					info.From = stFrom
 				}
 				sr.Inputs = append(sr.Inputs, info)
@@ -564,7 +549,7 @@ func propagateLayer(ctx context.Context, m *Model, src Source, steps []int64, la
 			}
 			// The chain's own inputs (for the diagnosis); a top-k set is
 			// judged against the dumped scores, as in a local replay.
-			in := map[string]Tensor{}
+			in := map[string]engine.Tensor{}
 			for _, n := range def.Inputs {
 				in[n] = chainIn[n]
 			}
@@ -574,7 +559,7 @@ func propagateLayer(ctx context.Context, m *Model, src Source, steps []int64, la
 					in["index_score"] = s
 				}
 			}
-			judgeStage(&sr, ref, gpu, in, tol.For(def.Name), judgeCtx{m.GPURope, m.Cfg.WindowSize})
+			JudgeStage(&sr, ref, gpu, in, tol.For(def.Name), JudgeContext{m.GPURope, m.Cfg.WindowSize})
 			status[def.Name] = sr.Status
 			next := ref
 			if sel && sr.Status == StatusTie {
@@ -594,7 +579,7 @@ func propagateLayer(ctx context.Context, m *Model, src Source, steps []int64, la
 			}
 			return next, nil
 		}
-		_, next, err := runStep(sctx, x, st, judge)
+		_, next, err := engine.RunStepHooked(sctx, x, st, judge)
 		if err != nil {
 			return nil, fmt.Errorf("replay %s: step %d layer %d: %w", src.Name(), p, layer, err)
 		}

@@ -1,4 +1,4 @@
-package engine
+package replay
 
 import (
 	"fmt"
@@ -6,21 +6,22 @@ import (
 	"strings"
 
 	"sparsemla/attention"
+	"sparsemla/engine"
 	"sparsemla/quant"
 )
 
 // DiagnoseInput is what Diagnose looks at: the failing stage, the reference and
 // GPU values, and the inputs the reference computed it from.
 type DiagnoseInput struct {
-	Model  *Model
+	Model  *engine.Model
 	Src    Source
-	Def    StageDef
+	Def    engine.StageDef
 	Result StageResult
-	Ref    Tensor
-	GPU    Tensor
-	In     map[string]Tensor // the stage's inputs (dumped values in local mode)
-	Own    map[string]Tensor // the reference's own stage values at this step
-	Mode   ReplayMode
+	Ref    engine.Tensor
+	GPU    engine.Tensor
+	In     map[string]engine.Tensor // the stage's inputs (dumped values in local mode)
+	Own    map[string]engine.Tensor // the reference's own stage values at this step
+	Mode   Mode
 	Tol    *Tolerance // the policy in force (nil: the mode's default)
 }
 
@@ -163,7 +164,7 @@ func upstreamInput(d DiagnoseInput) string {
 		}
 		var sr StageResult
 		sr.Stage = name
-		judgeStage(&sr, own, gpu, map[string]Tensor{}, tol.For(name), judgeCtx{d.Model.GPURope, d.Model.Cfg.WindowSize})
+		JudgeStage(&sr, own, gpu, map[string]engine.Tensor{}, tol.For(name), JudgeContext{d.Model.GPURope, d.Model.Cfg.WindowSize})
 		if sr.Status == StatusFail {
 			return fmt.Sprintf("its input %s already differs between the reference chain and the dump (%s)", name, sr.Reason)
 		}
@@ -175,7 +176,7 @@ func upstreamInput(d DiagnoseInput) string {
 func diagnoseAttention(d DiagnoseInput, div *Divergence) {
 	div.Kind = KindAttention
 	ref, gpu := d.Ref, d.GPU
-	if len(ref.Shape) != 2 || !SameShape(ref.Shape, gpu.Shape) {
+	if len(ref.Shape) != 2 || !engine.SameShape(ref.Shape, gpu.Shape) {
 		div.Why = d.Result.Reason
 		return
 	}
@@ -183,8 +184,8 @@ func diagnoseAttention(d DiagnoseInput, div *Divergence) {
 	tol := DefaultTolerance().For(d.Result.Stage)
 	var scaled, other []string
 	for h := 0; h < H; h++ {
-		r := FromF(ref.Kind, ref.F[h*D:(h+1)*D], D)
-		g := FromF(gpu.Kind, gpu.F[h*D:(h+1)*D], D)
+		r := engine.FromF(ref.Kind, ref.F[h*D:(h+1)*D], D)
+		g := engine.FromF(gpu.Kind, gpu.F[h*D:(h+1)*D], D)
 		m := CompareFloat(r, g, tol, true)
 		if ok, _ := tol.Judge(m, true); ok {
 			continue
@@ -339,9 +340,9 @@ func selectionDefects(d DiagnoseInput, tc int) string {
 	return strings.Join(parts, "; ")
 }
 
-// fq8Scale is the reference block scale of FQ8 (§3.3): ceil2(f32(a·f32(1/448)))
+// FQ8Scale is the reference block scale of FQ8 (§3.3): ceil2(f32(a·f32(1/448)))
 // with a = max(max|v|, 1e-4).
-func fq8Scale(v []float32) float32 {
+func FQ8Scale(v []float32) float32 {
 	var a float32
 	for _, x := range v {
 		a = max(a, float32(math.Abs(float64(x))))
@@ -350,8 +351,8 @@ func fq8Scale(v []float32) float32 {
 	return quant.Ceil2(a * float32(1.0/448))
 }
 
-// fq8With is FQ8 of one block with a given scale s.
-func fq8With(dst, v []float32, s float32) {
+// FQ8With is FQ8 of one block with a given scale s.
+func FQ8With(dst, v []float32, s float32) {
 	for i, x := range v {
 		q := quant.E4M3(min(max(x/s, -448), 448))
 		dst[i] = quant.BF16Round(q * s)
@@ -372,7 +373,7 @@ func diagnoseFQ8(d DiagnoseInput, div *Divergence) {
 	}
 	in, ok := d.In[inName]
 	ref, gpu := d.Ref, d.GPU
-	if !ok || !SameShape(ref.Shape, gpu.Shape) || len(in.F) != len(ref.F) {
+	if !ok || !engine.SameShape(ref.Shape, gpu.Shape) || len(in.F) != len(ref.F) {
 		div.Why = d.Result.Reason
 		return
 	}
@@ -393,11 +394,11 @@ func diagnoseFQ8(d DiagnoseInput, div *Divergence) {
 			continue
 		}
 		div.Blocks = append(div.Blocks, b)
-		s := fq8Scale(in.F[lo:hi])
+		s := FQ8Scale(in.F[lo:hi])
 		found := false
 		for _, k := range []int{1, -1, 2, -2} {
 			s2 := s * float32(math.Ldexp(1, k))
-			fq8With(tmp, in.F[lo:hi], s2)
+			FQ8With(tmp, in.F[lo:hi], s2)
 			eq := true
 			for i := range tmp {
 				if !equalValue(tmp[i], gpu.F[lo+i]) {
@@ -407,13 +408,13 @@ func diagnoseFQ8(d DiagnoseInput, div *Divergence) {
 			}
 			if eq {
 				lines = append(lines, fmt.Sprintf("block %d (dims %d..%d): GPU scale 2^%d, reference ceil2(amax/448) = 2^%d", b, lo, hi-1,
-					scaleExp2(s2), scaleExp2(s)))
+					ScaleExp2(s2), ScaleExp2(s)))
 				found = true
 				break
 			}
 		}
 		if !found {
-			lines = append(lines, fmt.Sprintf("block %d (dims %d..%d): values differ and are not FQ8 with a power-of-two neighbour of the reference scale 2^%d", b, lo, hi-1, scaleExp2(s)))
+			lines = append(lines, fmt.Sprintf("block %d (dims %d..%d): values differ and are not FQ8 with a power-of-two neighbour of the reference scale 2^%d", b, lo, hi-1, ScaleExp2(s)))
 		}
 	}
 	div.Detail = lines
@@ -431,7 +432,7 @@ func diagnoseFQ8(d DiagnoseInput, div *Divergence) {
 	}
 }
 
-func scaleExp2(s float32) int {
+func ScaleExp2(s float32) int {
 	_, e := math.Frexp(float64(s))
 	return e - 1
 }
@@ -449,7 +450,7 @@ func diagnoseCache(d DiagnoseInput, div *Divergence) {
 	if emit {
 		jrow = W + int(p/int64(r))
 	}
-	if !SameShape(ref.Shape, gpu.Shape) {
+	if !engine.SameShape(ref.Shape, gpu.Shape) {
 		if len(ref.Shape) == 2 && len(gpu.Shape) == 2 && gpu.Shape[0] < ref.Shape[0] && emit {
 			div.Kind = KindCompressor
 			div.Rows = []int{jrow}
@@ -466,7 +467,7 @@ func diagnoseCache(d DiagnoseInput, div *Divergence) {
 		div.Detail = append(div.Detail, pd)
 	}
 	D := ref.Shape[1]
-	row := func(t Tensor, i int) []float32 { return t.F[i*D : (i+1)*D] }
+	row := func(t engine.Tensor, i int) []float32 { return t.F[i*D : (i+1)*D] }
 	var written, compressed, old []int
 	for _, i := range rows {
 		switch {
@@ -518,22 +519,22 @@ func diagnoseOldRows(d DiagnoseInput, div *Divergence, old []int, slot, W int) {
 	if b, k, ok := scaledBlock(ref.F[first*D:(first+1)*D], gpu.F[first*D:(first+1)*D]); ok && len(old) == 1 {
 		div.Kind = KindFP8Cache
 		div.Blocks = []int{b}
-		e := scaleExp2(fq8Scale(ref.F[first*D+b*64 : first*D+b*64+64]))
+		e := ScaleExp2(FQ8Scale(ref.F[first*D+b*64 : first*D+b*64+64]))
 		div.Why = fmt.Sprintf("cache row %d (%s), not written at this step, differs only in nope block %d (dims %d..%d), every value by exactly 2^%d: its UE8M0 scale byte reads 0x%02x instead of 0x%02x (a corrupted scale byte)",
 			first, pos, b, b*64, b*64+63, k, 127+e+k, 127+e)
 		return
 	}
 	div.Kind = KindPrefix
 	why := fmt.Sprintf("cache rows %v (first: %s) were not written at this step but differ from this request's own rows after the previous step", old, pos)
-	if ps, ok := d.Src.(PrefixSource); ok && d.Model.VerifyPrefix != nil {
+	if ps, ok := d.Src.(PrefixSource); ok {
 		if hit, ok := ps.PrefixHit(); ok {
-			others := map[string]Tensor{}
+			others := map[string]engine.Tensor{}
 			if o, ok, _ := ps.OtherStage(hit.From, p, d.Result.Layer, "kv_cache"); ok {
 				others[hit.From] = o
 			}
 			// The request's own rows: the reference value (previous step's
 			// rows, which matched, plus this step's writes).
-			line, err := d.Model.VerifyPrefix(d.Model.Cfg, d.Result.Layer, hit, gpu, ref, others)
+			line, err := verifyPrefix(d.Model.Cfg, d.Result.Layer, hit, gpu, ref, others)
 			if err == nil && line != "" {
 				div.Why = fmt.Sprintf("%s; prefix-cache hit of %d tokens from request %q: %s", why, hit.Tokens, hit.From, line)
 				return
@@ -713,8 +714,8 @@ func diagnoseSplits(d DiagnoseInput, heads []int) (why string, lines []string, o
 			return "", nil, false
 		}
 		gpuParts[s] = attentionPartial{O: o.F, LSE2: lse.F}
-		mo := CompareFloat(FromF(KindF32, ref[s].O, H, D), FromF(KindF32, o.F, H, D), outTol, true)
-		ml := CompareFloat(FromF(KindF32, ref[s].LSE2, H), FromF(KindF32, lse.F, H), lseTol, true)
+		mo := CompareFloat(engine.FromF(engine.KindF32, ref[s].O, H, D), engine.FromF(engine.KindF32, o.F, H, D), outTol, true)
+		ml := CompareFloat(engine.FromF(engine.KindF32, ref[s].LSE2, H), engine.FromF(engine.KindF32, lse.F, H), lseTol, true)
 		okO, whyO := outTol.Judge(mo, true)
 		okL, whyL := lseTol.Judge(ml, true)
 		if !okO || !okL {
@@ -748,11 +749,11 @@ type attentionPartial = attention.Partial
 
 // mergeGPUPartials merges dumped partials with the reference combine
 // (attention.MergePartials: base-2 LSE, sink folded in) into a bf16 o.
-func mergeGPUPartials(d DiagnoseInput, parts []attentionPartial) Tensor {
+func mergeGPUPartials(d DiagnoseInput, parts []attentionPartial) engine.Tensor {
 	cfg := d.Model.Cfg
 	o := make([]float32, cfg.NHeads*cfg.HeadDim)
 	attention.MergePartials(o, parts, d.Model.Weights[d.Result.Layer].AttnSink, cfg.HeadDim)
-	return FromF(KindBF16, o, cfg.NHeads, cfg.HeadDim)
+	return engine.FromF(engine.KindBF16, o, cfg.NHeads, cfg.HeadDim)
 }
 
 // nonFiniteInputs names the first input of the stage holding NaN or inf, with

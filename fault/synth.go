@@ -1,4 +1,4 @@
-package engine
+package fault
 
 import (
 	"errors"
@@ -9,12 +9,14 @@ import (
 	"strings"
 
 	"sparsemla/attention"
+	"sparsemla/engine"
 	"sparsemla/indexer"
 	"sparsemla/quant"
+	"sparsemla/replay"
 )
 
-// FaultKind names a GPU bug Synthesize can inject.
-type FaultKind string
+// Kind names a GPU bug Synthesize can inject.
+type Kind string
 
 // The injectable faults. Each is applied the way a buggy GPU produces it: the
 // faulty value replaces the stage's value and every later stage of the step
@@ -22,50 +24,50 @@ type FaultKind string
 const (
 	// FaultSplitK: the split-K combine of sparse attention adds the second
 	// split's partial output without rescaling it by 2^(LSE2_1 − L).
-	FaultSplitK FaultKind = "splitk-merge"
+	SplitKMerge Kind = "splitk-merge"
 	// FaultLSE: the combine's total LSE misses the attention-sink term, so every
 	// head's output is the reference times 1 + e^(σ_h − lse_h).
-	FaultLSE FaultKind = "wrong-lse"
+	WrongLSE Kind = "wrong-lse"
 	// FaultFP8Scale: FQ8 of the window K picks its block scales by rounding
 	// amax/448 down to a power of two instead of up (spec §9.4).
-	FaultFP8Scale FaultKind = "fp8-scale"
+	FP8Scale Kind = "fp8-scale"
 	// FaultScaleByte: bit 0 of one UE8M0 scale byte of an older window row's
 	// cache page flips, so one 64-block of that row reads ×2 or ÷2.
-	FaultScaleByte FaultKind = "scale-byte"
+	ScaleByte Kind = "scale-byte"
 	// FaultTopK: the indexer's top-k returns its last row off by one (row j+1
 	// or j−1 instead of j). As in a real off-by-one bug, the neighbour may
 	// already be selected, so the list can name a row twice; the diagnosis
 	// says so.
-	FaultTopK FaultKind = "topk-off-by-one"
+	TopKOffByOne Kind = "topk-off-by-one"
 	// FaultStalePrefix: window rows of the last four tokens are served from
 	// another request's cache page (a stale prefix-cache page).
-	FaultStalePrefix FaultKind = "stale-prefix"
+	StalePrefix Kind = "stale-prefix"
 	// FaultCmpLate: the main compressor (CSA or HCA) writes its row one step
 	// late: at the emission step the cache row is still zero, it appears at
 	// the next step.
-	FaultCmpLate FaultKind = "compressor-late"
+	CompressorLate Kind = "compressor-late"
 	// FaultWindowOrder: the window part of the index list puts its -1
 	// padding first (the V4.1 layout, spec §11 item 9) in a V4 model; steps
 	// p < W-1 only (later windows have no padding).
-	FaultWindowOrder FaultKind = "window-order"
+	WindowOrder Kind = "window-order"
 )
 
-// FaultKinds lists every injectable fault.
-func FaultKinds() []FaultKind {
-	return []FaultKind{FaultSplitK, FaultLSE, FaultFP8Scale, FaultScaleByte, FaultTopK, FaultStalePrefix, FaultCmpLate, FaultWindowOrder}
+// Kinds lists every injectable fault.
+func Kinds() []Kind {
+	return []Kind{SplitKMerge, WrongLSE, FP8Scale, ScaleByte, TopKOffByOne, StalePrefix, CompressorLate, WindowOrder}
 }
 
 // Fault is one injected fault at decode step Step, layer Layer.
 type Fault struct {
-	Kind  FaultKind
+	Kind  Kind
 	Step  int64
 	Layer int
 }
 
 func (f Fault) String() string { return fmt.Sprintf("%s@%d,%d", f.Kind, f.Step, f.Layer) }
 
-// ParseFault parses "KIND@step,layer".
-func ParseFault(s string) (Fault, error) {
+// Parse parses "KIND@step,layer".
+func Parse(s string) (Fault, error) {
 	kind, at, ok := strings.Cut(s, "@")
 	if !ok {
 		return Fault{}, fmt.Errorf("fault %q: want KIND@step,layer", s)
@@ -79,14 +81,14 @@ func ParseFault(s string) (Fault, error) {
 	if err1 != nil || err2 != nil {
 		return Fault{}, fmt.Errorf("fault %q: step and layer must be integers", s)
 	}
-	f := Fault{Kind: FaultKind(kind), Step: p, Layer: l}
-	for _, k := range FaultKinds() {
+	f := Fault{Kind: Kind(kind), Step: p, Layer: l}
+	for _, k := range Kinds() {
 		if k == f.Kind {
 			return f, nil
 		}
 	}
 	var names []string
-	for _, k := range FaultKinds() {
+	for _, k := range Kinds() {
 		names = append(names, string(k))
 	}
 	return Fault{}, fmt.Errorf("fault %q: unknown kind %q (have %s)", s, kind, strings.Join(names, ", "))
@@ -96,13 +98,13 @@ func ParseFault(s string) (Fault, error) {
 // local replay must report.
 func (f Fault) Stage() string {
 	switch f.Kind {
-	case FaultSplitK, FaultLSE:
+	case SplitKMerge, WrongLSE:
 		return "o"
-	case FaultFP8Scale:
+	case FP8Scale:
 		return "kv"
-	case FaultTopK:
+	case TopKOffByOne:
 		return "index_topk"
-	case FaultWindowOrder:
+	case WindowOrder:
 		return "topk_idxs"
 	}
 	return "kv_cache"
@@ -111,23 +113,23 @@ func (f Fault) Stage() string {
 // Diagnosis is the diagnosis kind a replay must give the fault.
 func (f Fault) Diagnosis() string {
 	switch f.Kind {
-	case FaultSplitK, FaultLSE:
-		return KindAttention
-	case FaultFP8Scale, FaultScaleByte:
-		return KindFP8Cache
-	case FaultTopK:
-		return KindIndexer
-	case FaultStalePrefix:
-		return KindPrefix
-	case FaultWindowOrder:
-		return KindIndexList
+	case SplitKMerge, WrongLSE:
+		return replay.KindAttention
+	case FP8Scale, ScaleByte:
+		return replay.KindFP8Cache
+	case TopKOffByOne:
+		return replay.KindIndexer
+	case StalePrefix:
+		return replay.KindPrefix
+	case WindowOrder:
+		return replay.KindIndexList
 	}
-	return KindCompressor
+	return replay.KindCompressor
 }
 
 // Check reports whether the fault can be injected at its position in cfg
 // with a dump of steps first..last.
-func (f Fault) Check(cfg *Config, first, last int64) error {
+func (f Fault) Check(cfg *engine.Config, first, last int64) error {
 	if f.Layer < 0 || f.Layer >= cfg.NLayers {
 		return fmt.Errorf("fault %s: layer outside 0..%d", f, cfg.NLayers-1)
 	}
@@ -136,25 +138,25 @@ func (f Fault) Check(cfg *Config, first, last int64) error {
 	}
 	r := cfg.Ratio(f.Layer)
 	switch f.Kind {
-	case FaultTopK:
+	case TopKOffByOne:
 		if r != 4 {
 			return fmt.Errorf("fault %s: layer %d has no indexer (r = %d)", f, f.Layer, r)
 		}
 		if (f.Step+1)/4 < 2 {
 			return fmt.Errorf("fault %s: needs at least 2 compressed rows (step >= 7)", f)
 		}
-	case FaultCmpLate:
+	case CompressorLate:
 		if r == 0 {
 			return fmt.Errorf("fault %s: needs a compressed layer (CSA r = 4 or HCA r = 128), layer %d has no compressor", f, f.Layer)
 		}
 		if !attention.EmitsRow(f.Step, r) {
 			return fmt.Errorf("fault %s: step %d is not an emission step of r = %d", f, f.Step, r)
 		}
-	case FaultScaleByte, FaultStalePrefix:
+	case ScaleByte, StalePrefix:
 		if f.Step < 1 {
 			return fmt.Errorf("fault %s: needs an earlier token in the window", f)
 		}
-	case FaultWindowOrder:
+	case WindowOrder:
 		if f.Step >= int64(cfg.WindowSize-1) {
 			return fmt.Errorf("fault %s: the window list has no -1 padding at step >= %d", f, cfg.WindowSize-1)
 		}
@@ -173,24 +175,24 @@ type SynthOptions struct {
 
 // Synth is a synthetic model and the dump a GPU running it would write.
 type Synth struct {
-	Cfg     *Config
-	Weights map[int]*LayerWeights
-	Rope    map[int]*RopeTable
-	Src     *MemSource // request "B" (the replayed one)
+	Cfg     *engine.Config
+	Weights map[int]*engine.LayerWeights
+	Rope    map[int]*engine.RopeTable
+	Src     *replay.MemSource // request "B" (the replayed one)
 	Fault   *Fault
 	Seed    uint64
 }
 
 // Model returns the reference model of the synthetic dump (its RoPE tables
 // are the ones the "GPU" used, so they count as the GPU's own).
-func (s *Synth) Model() *Model {
-	return &Model{Cfg: s.Cfg, Weights: s.Weights, Rope: s.Rope, GPURope: true}
+func (s *Synth) Model() *engine.Model {
+	return &engine.Model{Cfg: s.Cfg, Weights: s.Weights, Rope: s.Rope, GPURope: true}
 }
 
-// ErrFaultInvisible is returned when a fault, injected at the position asked
+// ErrInvisible is returned when a fault, injected at the position asked
 // for, does not change its stage beyond tolerance (e.g. a rescaling by a
 // factor too close to 1); pick another position.
-var ErrFaultInvisible = errors.New("the injected fault does not change its stage beyond tolerance here")
+var ErrInvisible = errors.New("the injected fault does not change its stage beyond tolerance here")
 
 // Request names used by synthetic dumps: B is replayed; A is the other request
 // whose pages a stale prefix-cache hit serves.
@@ -214,7 +216,7 @@ func Synthesize(opt SynthOptions) (*Synth, error) {
 	if opt.Steps <= 0 || opt.Prefill < 1 {
 		return nil, fmt.Errorf("synth: need steps >= 1 and prefill >= 1")
 	}
-	cfg, err := Preset(opt.Config)
+	cfg, err := engine.Preset(opt.Config)
 	if err != nil {
 		return nil, err
 	}
@@ -230,20 +232,20 @@ func Synthesize(opt SynthOptions) (*Synth, error) {
 			return nil, err
 		}
 	}
-	s := &Synth{Cfg: cfg, Weights: map[int]*LayerWeights{}, Rope: map[int]*RopeTable{}, Fault: opt.Fault, Seed: opt.Seed}
+	s := &Synth{Cfg: cfg, Weights: map[int]*engine.LayerWeights{}, Rope: map[int]*engine.RopeTable{}, Fault: opt.Fault, Seed: opt.Seed}
 	for l := 0; l < cfg.NLayers; l++ {
-		s.Weights[l] = RandomLayerWeights(cfg, l, opt.Seed)
-		s.Rope[l] = LayerRope(cfg, l, cfg.MaxSeqLen)
+		s.Weights[l] = engine.RandomLayerWeights(cfg, l, opt.Seed)
+		s.Rope[l] = engine.LayerRope(cfg, l, cfg.MaxSeqLen)
 	}
-	s.Src = NewMemSource(fmt.Sprintf("synth(%s, seed %d)", opt.Config, opt.Seed))
+	s.Src = replay.NewMemSource(fmt.Sprintf("synth(%s, seed %d)", opt.Config, opt.Seed))
 	s.Src.StartAfter = first - 1
 
 	// Request A: only needed as the source of stale pages.
-	var other map[int]Tensor // layer -> A's kv_cache at the fault step
-	if opt.Fault != nil && opt.Fault.Kind == FaultStalePrefix {
-		other = map[int]Tensor{}
+	var other map[int]engine.Tensor // layer -> A's kv_cache at the fault step
+	if opt.Fault != nil && opt.Fault.Kind == StalePrefix {
+		other = map[int]engine.Tensor{}
 		g := &gpuRun{s: s, seed: opt.Seed ^ 0xa5a5a5a5, last: opt.Fault.Step}
-		g.onStep = func(p int64, l int, vals map[string]Tensor) {
+		g.onStep = func(p int64, l int, vals map[string]engine.Tensor) {
 			if p == opt.Fault.Step {
 				other[l] = vals["kv_cache"]
 			}
@@ -251,17 +253,17 @@ func Synthesize(opt SynthOptions) (*Synth, error) {
 		if err := g.run(); err != nil {
 			return nil, err
 		}
-		s.Src.Hit = &PrefixHit{From: SynthOtherRequest, Tokens: opt.Fault.Step}
-		s.Src.Others = map[string]map[StageKey]Tensor{SynthOtherRequest: {}}
+		s.Src.Hit = &replay.PrefixHit{From: SynthOtherRequest, Tokens: opt.Fault.Step}
+		s.Src.Others = map[string]map[replay.StageKey]engine.Tensor{SynthOtherRequest: {}}
 		for l, t := range other {
-			s.Src.Others[SynthOtherRequest][StageKey{opt.Fault.Step, l, "kv_cache"}] = t
+			s.Src.Others[SynthOtherRequest][replay.StageKey{Step: opt.Fault.Step, Layer: l, Stage: "kv_cache"}] = t
 		}
 	}
 	g := &gpuRun{s: s, seed: opt.Seed, last: last}
 	if opt.Fault != nil {
 		g.inj = newFaultInjector(*opt.Fault, opt.Seed, other)
 	}
-	g.onStep = func(p int64, l int, vals map[string]Tensor) {
+	g.onStep = func(p int64, l int, vals map[string]engine.Tensor) {
 		if p < first {
 			return
 		}
@@ -272,7 +274,7 @@ func Synthesize(opt SynthOptions) (*Synth, error) {
 			s.Src.Put(p, l, name, t)
 		}
 	}
-	g.onState = func(p int64, l int, st map[string]Tensor) {
+	g.onState = func(p int64, l int, st map[string]engine.Tensor) {
 		if p == first-1 {
 			s.Src.Start[l] = st
 		}
@@ -290,16 +292,16 @@ type gpuRun struct {
 	seed    uint64
 	last    int64
 	inj     *faultInjector // nil: a clean run
-	onStep  func(p int64, l int, vals map[string]Tensor)
-	onState func(p int64, l int, st map[string]Tensor)
+	onStep  func(p int64, l int, vals map[string]engine.Tensor)
+	onState func(p int64, l int, st map[string]engine.Tensor)
 }
 
 func (g *gpuRun) run() error {
 	cfg := g.s.Cfg
 	rng := rand.New(rand.NewPCG(g.seed, 0x5eed))
-	states := make([]map[string]Tensor, cfg.NLayers)
+	states := make([]map[string]engine.Tensor, cfg.NLayers)
 	for l := range states {
-		states[l] = NewLayerState(cfg, l).StateTensors()
+		states[l] = engine.NewLayerState(cfg, l).StateTensors()
 	}
 	for p := int64(0); p <= g.last; p++ {
 		h := make([]float32, cfg.Dim)
@@ -321,7 +323,7 @@ func (g *gpuRun) run() error {
 				g.onStep(p, l, vals)
 			}
 			if g.onState != nil {
-				cp := make(map[string]Tensor, len(states[l]))
+				cp := make(map[string]engine.Tensor, len(states[l]))
 				for k, v := range states[l] {
 					cp[k] = v
 				}
@@ -337,7 +339,7 @@ func (g *gpuRun) run() error {
 }
 
 // synthNorm is x = bf16(h · rsqrt(mean(h²) + 1e-6)), a weightless RMS norm.
-func synthNorm(h []float32) Tensor {
+func synthNorm(h []float32) engine.Tensor {
 	var ss float64
 	for _, v := range h {
 		ss += float64(v) * float64(v)
@@ -347,20 +349,20 @@ func synthNorm(h []float32) Tensor {
 	for i, v := range h {
 		x[i] = quant.BF16Round(float32(float64(v) * r))
 	}
-	return FromF(KindBF16, x, len(x))
+	return engine.FromF(engine.KindBF16, x, len(x))
 }
 
-func (g *gpuRun) layerStep(p int64, l int, x Tensor, prev map[string]Tensor) (map[string]Tensor, error) {
+func (g *gpuRun) layerStep(p int64, l int, x engine.Tensor, prev map[string]engine.Tensor) (map[string]engine.Tensor, error) {
 	cfg := g.s.Cfg
-	ctx := &StepContext{Cfg: cfg, Layer: l, Pos: p, W: g.s.Weights[l], Rope: g.s.Rope[l]}
-	vals := map[string]Tensor{"x": x}
-	for _, def := range Stages(cfg, l, p) {
+	ctx := &engine.StepContext{Cfg: cfg, Layer: l, Pos: p, W: g.s.Weights[l], Rope: g.s.Rope[l]}
+	vals := map[string]engine.Tensor{"x": x}
+	for _, def := range engine.Stages(cfg, l, p) {
 		if p == 0 && prefillSkips[def.Name] {
 			continue
 		}
-		in := make(map[string]Tensor, len(def.Inputs))
+		in := make(map[string]engine.Tensor, len(def.Inputs))
 		for _, name := range def.Inputs {
-			if base, ok := strings.CutPrefix(name, PrevPrefix); ok {
+			if base, ok := strings.CutPrefix(name, engine.PrevPrefix); ok {
 				in[name] = prev[base]
 			} else {
 				in[name] = vals[name]
@@ -383,18 +385,18 @@ func (g *gpuRun) layerStep(p int64, l int, x Tensor, prev map[string]Tensor) (ma
 		vals[def.Name] = out
 		if def.Name == "o" {
 			// The GPU's split-K partials (FlashMLA form), dumped beside o.
-			if bounds := SplitBounds(in["topk_idxs"].I); bounds != nil {
-				parts := SplitPartials(cfg, in["q"], in["kv_cache"], in["topk_idxs"], bounds)
-				vals["split_bounds"] = FromI(KindI64, bounds, len(bounds))
+			if bounds := replay.SplitBounds(in["topk_idxs"].I); bounds != nil {
+				parts := replay.SplitPartials(cfg, in["q"], in["kv_cache"], in["topk_idxs"], bounds)
+				vals["split_bounds"] = engine.FromI(engine.KindI64, bounds, len(bounds))
 				for i, pt := range parts {
-					vals[fmt.Sprintf("o_split/%d", i)] = FromF(KindF32, pt.O, cfg.NHeads, cfg.HeadDim)
-					vals[fmt.Sprintf("lse_split/%d", i)] = FromF(KindF32, pt.LSE2, cfg.NHeads)
+					vals[fmt.Sprintf("o_split/%d", i)] = engine.FromF(engine.KindF32, pt.O, cfg.NHeads, cfg.HeadDim)
+					vals[fmt.Sprintf("lse_split/%d", i)] = engine.FromF(engine.KindF32, pt.LSE2, cfg.NHeads)
 				}
 			}
 		}
 	}
 	if p == 0 {
-		vals["y"] = NewF(KindBF16, cfg.Dim)
+		vals["y"] = engine.NewF(engine.KindBF16, cfg.Dim)
 	}
 	return vals, nil
 }
@@ -412,7 +414,7 @@ type faultInjector struct {
 	seed  uint64 // scale-byte: which 64-block's scale byte flips
 	// other is, per layer, the kv_cache another request (the donor of a
 	// stale prefix-cache page) held at the fault step (stale-prefix only).
-	other map[int]Tensor
+	other map[int]engine.Tensor
 	// hidden names the stages a faulty GPU did not produce at the fault's
 	// step and layer (compressor-late: the row is not computed there); they
 	// are left out of the dump.
@@ -420,9 +422,9 @@ type faultInjector struct {
 	lateRow []float32 // compressor-late: the row the GPU writes one step late
 }
 
-func newFaultInjector(f Fault, seed uint64, other map[int]Tensor) *faultInjector {
+func newFaultInjector(f Fault, seed uint64, other map[int]engine.Tensor) *faultInjector {
 	j := &faultInjector{fault: f, seed: seed, other: other, hidden: map[string]bool{}}
-	if f.Kind == FaultCmpLate {
+	if f.Kind == CompressorLate {
 		for _, n := range []string{"cmp_pooled", "cmp_normed", "cmp_roped", "cmp_row"} {
 			j.hidden[n] = true
 		}
@@ -445,17 +447,17 @@ func (j *faultInjector) hides(p int64, l int, name string) bool {
 // correct value (corrupted in a copy), ref the reference value computed from
 // the stage's inputs in (base itself for a synthetic run). The faulty value
 // must be out of tolerance against ref, else ErrFaultInvisible.
-func (j *faultInjector) apply(ctx *StepContext, base, ref Tensor, in map[string]Tensor, gpuRope bool) (Tensor, error) {
+func (j *faultInjector) apply(ctx *engine.StepContext, base, ref engine.Tensor, in map[string]engine.Tensor, gpuRope bool) (engine.Tensor, error) {
 	name := j.fault.Stage()
 	bad, err := j.corrupt(ctx, base, in)
 	if err != nil {
-		return Tensor{}, err
+		return engine.Tensor{}, err
 	}
-	var sr StageResult
+	var sr replay.StageResult
 	sr.Stage = name
-	judgeStage(&sr, ref, bad, in, DefaultTolerance().For(name), judgeCtx{gpuRope, ctx.Cfg.WindowSize})
-	if sr.Status != StatusFail {
-		return Tensor{}, fmt.Errorf("fault %s: %w", j.fault, ErrFaultInvisible)
+	replay.JudgeStage(&sr, ref, bad, in, replay.DefaultTolerance().For(name), replay.JudgeContext{GPURope: gpuRope, Window: ctx.Cfg.WindowSize})
+	if sr.Status != replay.StatusFail {
+		return engine.Tensor{}, fmt.Errorf("fault %s: %w", j.fault, ErrInvisible)
 	}
 	return bad, nil
 }
@@ -463,9 +465,9 @@ func (j *faultInjector) apply(ctx *StepContext, base, ref Tensor, in map[string]
 // lateWrite is the compressor-late fault's second half: at step Step+1 the
 // kv_cache finally receives the row due at the emission step. Any other
 // stage or step is returned unchanged.
-func (j *faultInjector) lateWrite(ctx *StepContext, name string, out Tensor) Tensor {
+func (j *faultInjector) lateWrite(ctx *engine.StepContext, name string, out engine.Tensor) engine.Tensor {
 	f := j.fault
-	if f.Kind != FaultCmpLate || ctx.Layer != f.Layer || ctx.Pos != f.Step+1 || name != "kv_cache" || j.lateRow == nil {
+	if f.Kind != CompressorLate || ctx.Layer != f.Layer || ctx.Pos != f.Step+1 || name != "kv_cache" || j.lateRow == nil {
 		return out
 	}
 	cfg := ctx.Cfg
@@ -476,19 +478,19 @@ func (j *faultInjector) lateWrite(ctx *StepContext, name string, out Tensor) Ten
 }
 
 // corrupt returns base with the fault applied.
-func (j *faultInjector) corrupt(ctx *StepContext, out Tensor, in map[string]Tensor) (Tensor, error) {
+func (j *faultInjector) corrupt(ctx *engine.StepContext, out engine.Tensor, in map[string]engine.Tensor) (engine.Tensor, error) {
 	cfg := ctx.Cfg
 	D, W := cfg.HeadDim, cfg.WindowSize
 	bad := out.Clone()
 	switch j.fault.Kind {
-	case FaultSplitK, FaultLSE:
+	case SplitKMerge, WrongLSE:
 		q, kv, idx := in["q"], in["kv_cache"], in["topk_idxs"]
-		bounds := SplitBounds(idx.I)
+		bounds := replay.SplitBounds(idx.I)
 		if bounds == nil {
-			return Tensor{}, fmt.Errorf("fault %s: fewer than 2 keys", j.fault)
+			return engine.Tensor{}, fmt.Errorf("fault %s: fewer than 2 keys", j.fault)
 		}
-		parts := SplitPartials(cfg, q, kv, idx, bounds)
-		if j.fault.Kind == FaultLSE {
+		parts := replay.SplitPartials(cfg, q, kv, idx, bounds)
+		if j.fault.Kind == WrongLSE {
 			noSink := make([]float32, cfg.NHeads)
 			for i := range noSink {
 				noSink[i] = float32(math.Inf(-1))
@@ -508,12 +510,12 @@ func (j *faultInjector) corrupt(ctx *StepContext, out Tensor, in map[string]Tens
 			}
 		}
 		return bad, nil
-	case FaultFP8Scale:
+	case FP8Scale:
 		roped := in["kv_roped"]
 		nope := D - 64
 		for b := 0; b*64 < nope; b++ {
 			blk := roped.F[b*64 : (b+1)*64]
-			s := fq8Scale(blk)
+			s := replay.FQ8Scale(blk)
 			var a float32
 			for _, v := range blk {
 				a = max(a, float32(math.Abs(float64(v))))
@@ -522,10 +524,10 @@ func (j *faultInjector) corrupt(ctx *StepContext, out Tensor, in map[string]Tens
 			if t < s { // not a power of two: round down instead of up
 				s /= 2
 			}
-			fq8With(bad.F[b*64:(b+1)*64], blk, s)
+			replay.FQ8With(bad.F[b*64:(b+1)*64], blk, s)
 		}
 		return bad, nil
-	case FaultScaleByte:
+	case ScaleByte:
 		slot := int((j.fault.Step - 1) % int64(W))
 		row := bad.F[slot*D : (slot+1)*D]
 		rng := rand.New(rand.NewPCG(j.seed, uint64(j.fault.Step)<<8|uint64(j.fault.Layer)))
@@ -535,7 +537,7 @@ func (j *faultInjector) corrupt(ctx *StepContext, out Tensor, in map[string]Tens
 			if allZero(blk) {
 				continue
 			}
-			e := scaleExp2(fq8Scale(blk))
+			e := replay.ScaleExp2(replay.FQ8Scale(blk))
 			f := float32(2) // scale byte 127+e with bit 0 flipped
 			if (127+e)%2 == 1 {
 				f = 0.5
@@ -545,8 +547,8 @@ func (j *faultInjector) corrupt(ctx *StepContext, out Tensor, in map[string]Tens
 			}
 			return bad, nil
 		}
-		return Tensor{}, fmt.Errorf("fault %s: no non-zero block in window slot %d", j.fault, slot)
-	case FaultTopK:
+		return engine.Tensor{}, fmt.Errorf("fault %s: no non-zero block in window slot %d", j.fault, slot)
+	case TopKOffByOne:
 		scores := in["index_score"].F
 		k := len(out.I)
 		tc := len(scores)
@@ -566,15 +568,15 @@ func (j *faultInjector) corrupt(ctx *StepContext, out Tensor, in map[string]Tens
 				return bad, nil
 			}
 		}
-		return Tensor{}, fmt.Errorf("fault %s: %w", j.fault, ErrFaultInvisible)
-	case FaultStalePrefix:
+		return engine.Tensor{}, fmt.Errorf("fault %s: %w", j.fault, ErrInvisible)
+	case StalePrefix:
 		o := j.other[j.fault.Layer]
 		for t := max(0, j.fault.Step-4); t < j.fault.Step; t++ {
 			slot := int(t % int64(W))
 			copy(bad.F[slot*D:(slot+1)*D], o.F[slot*D:(slot+1)*D])
 		}
 		return bad, nil
-	case FaultWindowOrder:
+	case WindowOrder:
 		var valid, pad []int64
 		for _, v := range out.I[:W] {
 			if v >= 0 {
@@ -585,53 +587,22 @@ func (j *faultInjector) corrupt(ctx *StepContext, out Tensor, in map[string]Tens
 		}
 		copy(bad.I, append(pad, valid...))
 		return bad, nil
-	case FaultCmpLate:
+	case CompressorLate:
 		e := attention.EmittedRow(j.fault.Step, cfg.Ratio(j.fault.Layer))
 		row := bad.F[(W+e)*D : (W+e+1)*D]
 		j.lateRow = append([]float32(nil), row...)
 		clear(row)
 		return bad, nil
 	}
-	return Tensor{}, fmt.Errorf("fault %s: unknown kind", j.fault)
+	return engine.Tensor{}, fmt.Errorf("fault %s: unknown kind", j.fault)
 }
 
-// SplitBounds splits an index list into the two split-K pieces synth dumps:
-// [0, h) and [h, len) where h is the list position after which half of the
-// valid (non −1) entries have been seen, so both splits hold keys. nil when
-// fewer than two entries are valid.
-func SplitBounds(idx []int64) []int64 {
-	valid := 0
-	for _, v := range idx {
-		if v >= 0 {
-			valid++
+// allZero reports whether every value of v is zero.
+func allZero(v []float32) bool {
+	for _, x := range v {
+		if x != 0 {
+			return false
 		}
 	}
-	if valid < 2 {
-		return nil
-	}
-	seen := 0
-	for i, v := range idx {
-		if v >= 0 {
-			seen++
-		}
-		if seen == valid/2 {
-			return []int64{0, int64(i + 1), int64(len(idx))}
-		}
-	}
-	return nil
-}
-
-// SplitPartials computes the split-K partials of sparse attention over the
-// pieces topk_idxs[bounds[s]:bounds[s+1]] (attention.SparseAttnPartial:
-// FlashMLA's per-split output and base-2 LSE, no sink).
-func SplitPartials(cfg *Config, q, kv, idx Tensor, bounds []int64) []attention.Partial {
-	var parts []attention.Partial
-	for s := 0; s+1 < len(bounds); s++ {
-		sub := make([]int32, 0, bounds[s+1]-bounds[s])
-		for _, v := range idx.I[bounds[s]:bounds[s+1]] {
-			sub = append(sub, int32(v))
-		}
-		parts = append(parts, attention.SparseAttnPartial(q.F, kv.F, cfg.HeadDim, sub, cfg.SoftmaxScale()))
-	}
-	return parts
+	return true
 }

@@ -1,4 +1,4 @@
-package engine
+package htmlreport
 
 import (
 	"bytes"
@@ -17,6 +17,8 @@ import (
 	"gonum.org/v1/plot/vg/draw"
 	"gonum.org/v1/plot/vg/vgimg"
 	"gonum.org/v1/plot/vg/vgsvg"
+
+	"sparsemla/replay"
 )
 
 // severityGrid is the heatmap data: worst stage severity per (layer, step).
@@ -31,7 +33,7 @@ func (g severityGrid) Z(c, r int) float64 { return g.v[r][c] }
 func (g severityGrid) X(c int) float64    { return float64(c) }
 func (g severityGrid) Y(r int) float64    { return float64(r) }
 
-func (r *Report) grid() severityGrid {
+func grid(r *replay.Report) severityGrid {
 	g := severityGrid{steps: r.Steps, layers: r.Layers}
 	si := map[int64]int{}
 	for i, s := range r.Steps {
@@ -95,8 +97,8 @@ func svgDataURI(p *plot.Plot, w, h vg.Length) (template.URL, error) {
 }
 
 // heatmapPlot draws the worst severity per (layer, step).
-func (r *Report) heatmapPlot() (template.URL, error) {
-	g := r.grid()
+func heatmapPlot(r *replay.Report) (template.URL, error) {
+	g := grid(r)
 	if len(g.steps) == 0 || len(g.layers) == 0 {
 		return "", nil
 	}
@@ -123,31 +125,31 @@ func (r *Report) heatmapPlot() (template.URL, error) {
 }
 
 // stagePlot draws one stage's metric over the steps, one line per layer.
-func (r *Report) stagePlot(stage string) (template.URL, string, error) {
+func stagePlot(r *replay.Report, stage string) (template.URL, string, error) {
 	metric := "severity"
-	val := func(s StageResult) float64 { return s.Severity }
+	val := func(s replay.StageResult) float64 { return s.Severity }
 	for _, s := range r.Results {
 		if s.Stage == stage && s.Metrics != nil {
 			switch s.Tol {
-			case string(ModeULP):
+			case string(replay.TolULP):
 				metric = "max bf16 ulps"
-				val = func(s StageResult) float64 {
+				val = func(s replay.StageResult) float64 {
 					if s.Metrics == nil {
 						return math.NaN()
 					}
 					return float64(s.Metrics.MaxULP)
 				}
-			case string(ModeClose):
+			case string(replay.TolClose):
 				metric = "cos_diff"
-				val = func(s StageResult) float64 {
+				val = func(s replay.StageResult) float64 {
 					if s.Metrics == nil {
 						return math.NaN()
 					}
 					return s.Metrics.CosDiff
 				}
-			case string(ModeExact):
+			case string(replay.TolExact):
 				metric = "values differing"
-				val = func(s StageResult) float64 {
+				val = func(s replay.StageResult) float64 {
 					if s.Metrics == nil {
 						return math.NaN()
 					}
@@ -163,7 +165,7 @@ func (r *Report) stagePlot(stage string) (template.URL, string, error) {
 	p.Y.Label.Text = metric
 	lines := map[int]plotter.XYs{}
 	for _, s := range r.Results {
-		if s.Stage != stage || (s.Status != StatusPass && s.Status != StatusFail && s.Status != StatusTie) {
+		if s.Stage != stage || (s.Status != replay.StatusPass && s.Status != replay.StatusFail && s.Status != replay.StatusTie) {
 			continue
 		}
 		v := val(s)
@@ -239,16 +241,16 @@ GPU RoPE table: {{.R.GPURope}}. Stages compared {{.R.Summary.Compared}}: {{.R.Su
 </body></html>
 `
 
-// WriteHTML writes a self-contained HTML page: the verdict and diagnosis, a
+// Write writes a self-contained HTML page of the replay report r: the verdict and diagnosis, a
 // heatmap of the worst stage severity by layer x step, one plot per stage of
 // its metric over the steps, and the table of failing and tied stages. Images
 // are inline SVG data URIs, so the file needs nothing else.
-func (r *Report) WriteHTML(w io.Writer) error {
-	heat, err := r.heatmapPlot()
+func Write(w io.Writer, r *replay.Report) error {
+	heat, err := heatmapPlot(r)
 	if err != nil {
 		return err
 	}
-	sums := r.stageSummaries()
+	sums := stageSummaries(r)
 	var plots []template.URL
 	var identical []string
 	for _, ss := range sums {
@@ -259,7 +261,7 @@ func (r *Report) WriteHTML(w io.Writer) error {
 		if !ss.hasMetrics {
 			continue
 		}
-		u, _, err := r.stagePlot(ss.Stage)
+		u, _, err := stagePlot(r, ss.Stage)
 		if err != nil {
 			return err
 		}
@@ -267,9 +269,9 @@ func (r *Report) WriteHTML(w io.Writer) error {
 			plots = append(plots, u)
 		}
 	}
-	var bad []StageResult
+	var bad []replay.StageResult
 	for _, s := range r.Results {
-		if s.Status == StatusFail || s.Status == StatusTie {
+		if s.Status == replay.StatusFail || s.Status == replay.StatusTie {
 			bad = append(bad, s)
 			if len(bad) >= 200 {
 				break
@@ -278,10 +280,10 @@ func (r *Report) WriteHTML(w io.Writer) error {
 	}
 	t := template.Must(template.New("report").Parse(htmlTemplate))
 	return t.Execute(w, struct {
-		R         *Report
+		R         *replay.Report
 		Heat      template.URL
 		Plots     []template.URL
-		Bad       []StageResult
+		Bad       []replay.StageResult
 		Sums      []stageSummary
 		Identical []string
 	}{r, heat, plots, bad, sums, identical})
@@ -299,11 +301,11 @@ type stageSummary struct {
 }
 
 // stageSummaries lists the stages in first-seen (replay) order, worst first.
-func (r *Report) stageSummaries() []stageSummary {
+func stageSummaries(r *replay.Report) []stageSummary {
 	idx := map[string]int{}
 	var out []stageSummary
 	for _, s := range r.Results {
-		if s.Status != StatusPass && s.Status != StatusFail && s.Status != StatusTie {
+		if s.Status != replay.StatusPass && s.Status != replay.StatusFail && s.Status != replay.StatusTie {
 			continue
 		}
 		i, ok := idx[s.Stage]
@@ -316,9 +318,9 @@ func (r *Report) stageSummaries() []stageSummary {
 		ss.Compared++
 		ss.hasMetrics = ss.hasMetrics || s.Metrics != nil
 		switch s.Status {
-		case StatusFail:
+		case replay.StatusFail:
 			ss.Fail++
-		case StatusTie:
+		case replay.StatusTie:
 			ss.Tie++
 		}
 		if s.Severity > ss.Worst || ss.WorstAt == "" {

@@ -1,4 +1,4 @@
-package engine
+package replay
 
 import (
 	"fmt"
@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"sparsemla/dump"
+	"sparsemla/engine"
 )
 
 // checkDumpShapes checks, once when a model is loaded for a dump, that the
@@ -23,7 +24,7 @@ import (
 // Shapes of a stage the GPU may legally get wrong in a way the replay
 // diagnoses (a cache row emitted late, a top-k list) are only bounded, not
 // fixed, here.
-func checkDumpShapes(cfg *Config, d *dump.Dump) error {
+func checkDumpShapes(cfg *engine.Config, d *dump.Dump) error {
 	if hr := d.Header.CompressRatios; len(hr) > 0 && !slices.Equal(hr, cfg.CompressRatios) {
 		return fmt.Errorf("config and dump disagree: the dump header's layer schedule is compress_ratios %v, the config's %v", hr, cfg.CompressRatios)
 	}
@@ -41,7 +42,7 @@ func checkDumpShapes(cfg *Config, d *dump.Dump) error {
 
 // checkRecordShape checks one stage or state record of a layer against the
 // config; the error says what the config needs.
-func checkRecordShape(cfg *Config, e *dump.Entry) error {
+func checkRecordShape(cfg *engine.Config, e *dump.Entry) error {
 	l, s := e.Layer, e.Stage
 	r := cfg.Ratio(l)
 	H, D, Dim := cfg.NHeads, cfg.HeadDim, cfg.Dim
@@ -88,7 +89,7 @@ func checkRecordShape(cfg *Config, e *dump.Entry) error {
 	case "iw_raw", "iw":
 		return exact(HI)
 	case "cmp_a", "cmp_b":
-		return exact(Coff(r) * D)
+		return exact(engine.Coff(r) * D)
 	case "cmp_pooled", "cmp_normed", "cmp_roped", "cmp_row":
 		return exact(D)
 	case "icmp_a", "icmp_b":
@@ -96,7 +97,7 @@ func checkRecordShape(cfg *Config, e *dump.Entry) error {
 	case "icmp_pooled", "icmp_normed", "icmp_roped", "icmp_had", "icmp_row":
 		return exact(DI)
 	case "cmp_kv_state", "cmp_score_state":
-		return rows(Coff(r)*D, Coff(r)*r, fmt.Sprintf("ratio %d: coff·head_dim columns, at most coff·r rows", r))
+		return rows(engine.Coff(r)*D, engine.Coff(r)*r, fmt.Sprintf("ratio %d: coff·head_dim columns, at most coff·r rows", r))
 	case "icmp_kv_state", "icmp_score_state":
 		return rows(2*DI, 8, "2·index_head_dim columns, at most 8 rows")
 	case "icache":

@@ -1,4 +1,4 @@
-package engine
+package replay
 
 import (
 	"encoding/json"
@@ -6,6 +6,7 @@ import (
 	"io"
 	"strings"
 
+	"sparsemla/engine"
 	"sparsemla/indexer"
 )
 
@@ -229,7 +230,7 @@ func (r *Report) WriteText(w io.Writer) {
 // topk_idxs in set mode (propagated replays, where the reference's own
 // index_sel orders tied rows by its own rule) is its window part (exact) and
 // its compressed part, 128 + index_topk, compared as a set.
-func judgeSet(sr *StageResult, ref, gpu Tensor, in map[string]Tensor, window int) {
+func judgeSet(sr *StageResult, ref, gpu engine.Tensor, in map[string]engine.Tensor, window int) {
 	if ref.Kind.IsFloat() || gpu.Kind.IsFloat() {
 		sr.Status, sr.Severity, sr.Reason = StatusFail, 2, "top-k must be an integer tensor"
 		return
@@ -251,8 +252,8 @@ func judgeSet(sr *StageResult, ref, gpu Tensor, in map[string]Tensor, window int
 				return
 			}
 		}
-		ref = FromI(ref.Kind, ref.I[window:], len(ref.I)-window)
-		gpu = FromI(gpu.Kind, gpu.I[window:], len(gpu.I)-window)
+		ref = engine.FromI(ref.Kind, ref.I[window:], len(ref.I)-window)
+		gpu = engine.FromI(gpu.Kind, gpu.I[window:], len(gpu.I)-window)
 		off = int64(window)
 	}
 	g := make([]int64, len(gpu.I))

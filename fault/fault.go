@@ -1,4 +1,4 @@
-package engine
+package fault
 
 import (
 	"fmt"
@@ -12,11 +12,13 @@ import (
 
 	"sparsemla/attention"
 	"sparsemla/dump"
+	"sparsemla/engine"
 	"sparsemla/quant"
+	"sparsemla/replay"
 )
 
-// FaultOptions configure WriteFaulted.
-type FaultOptions struct {
+// Options configure WriteFaulted.
+type Options struct {
 	Fault Fault
 	// Seed picks what a fault leaves to chance: the 64-block whose scale
 	// byte flips (scale-byte) and the donor request's tokens (stale-prefix).
@@ -26,23 +28,20 @@ type FaultOptions struct {
 	// file is copied into the output directory, so the copy replays without
 	// flags.
 	Weights string
-	// Pages re-encodes the dump's KV pages (records of kind "page") of every
-	// kv_cache the fault changes. Required when the dump holds pages there.
-	Pages PageCodec
 }
 
-// FaultedCopy says what WriteFaulted wrote.
-type FaultedCopy struct {
+// Copy says what WriteFaulted wrote.
+type Copy struct {
 	Dir       string
 	Fault     Fault
-	Request   string     // the replayed request the fault went into
-	Changed   []StageKey // its stage records whose values changed, in replay order
-	Dropped   []StageKey // its stage records left out (stages the faulty GPU did not compute)
-	Pages     int        // KV page records re-encoded
-	Donor     string     // stale-prefix: the request whose rows were served
-	Records   int        // tensor records written
-	Unmapped  int        // tensors of the input no name-map rule matched (not in the input's index, not copied)
-	CarriedTo int64      // last step whose records carry the fault (its cache rows or outputs)
+	Request   string            // the replayed request the fault went into
+	Changed   []replay.StageKey // its stage records whose values changed, in replay order
+	Dropped   []replay.StageKey // its stage records left out (stages the faulty GPU did not compute)
+	Pages     int               // KV page records re-encoded
+	Donor     string            // stale-prefix: the request whose rows were served
+	Records   int               // tensor records written
+	Unmapped  int               // tensors of the input no name-map rule matched (not in the input's index, not copied)
+	CarriedTo int64             // last step whose records carry the fault (its cache rows or outputs)
 }
 
 // The files of a faulted copy: the layout of a synthetic dump directory
@@ -69,7 +68,7 @@ type FaultedCopy struct {
 //     faulty rows are carried into the dumped cache unless a later token
 //     overwrote their window slot; the outputs those steps compute from the
 //     cache are recomputed too;
-//   - KV pages of a changed kv_cache are re-encoded (opt.Pages); split-K
+//   - KV pages of a changed kv_cache are re-encoded (replay.RewritePage); split-K
 //     partials dumped beside a recomputed o are recomputed over the dumped
 //     split_bounds; a stale-prefix fault adds the donor request's cache and
 //     the prefix-cache hit record.
@@ -81,8 +80,8 @@ type FaultedCopy struct {
 // state, tables, all steps, other requests, pages, prefix hits; weight
 // records live in weights.safetensors), with the header's user metadata
 // naming the fault and the input.
-func WriteFaulted(d *dump.Dump, src *DumpSource, m *Model, dir string, opt FaultOptions) (*FaultedCopy, error) {
-	wpath, err := findWeights(d.Path, opt.Weights)
+func WriteFaulted(d *dump.Dump, src *replay.DumpSource, m *engine.Model, dir string, opt Options) (*Copy, error) {
+	wpath, err := replay.FindWeights(d.Path, opt.Weights)
 	if err != nil {
 		return nil, err
 	}
@@ -96,7 +95,7 @@ func WriteFaulted(d *dump.Dump, src *DumpSource, m *Model, dir string, opt Fault
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("fault: %w", err)
 	}
-	res := &FaultedCopy{Dir: dir, Fault: opt.Fault, Request: src.Request, Donor: pl.donor, Unmapped: len(d.Unmapped), CarriedTo: pl.carriedTo}
+	res := &Copy{Dir: dir, Fault: opt.Fault, Request: src.Request, Donor: pl.donor, Unmapped: len(d.Unmapped), CarriedTo: pl.carriedTo}
 	for k := range pl.patch {
 		res.Changed = append(res.Changed, k)
 	}
@@ -124,32 +123,32 @@ func WriteFaulted(d *dump.Dump, src *DumpSource, m *Model, dir string, opt Fault
 // records and a prefix hit it adds.
 type faultPlan struct {
 	d     *dump.Dump
-	src   *DumpSource
-	m     *Model
-	cfg   *Config
+	src   *replay.DumpSource
+	m     *engine.Model
+	cfg   *engine.Config
 	f     Fault
 	layer int
 	inj   *faultInjector
 
-	patch map[StageKey]Tensor
-	drop  map[StageKey]bool
+	patch map[replay.StageKey]engine.Tensor
+	drop  map[replay.StageKey]bool
 	pages map[int][]byte // entry index -> re-encoded page bytes
 
-	donor      string // stale-prefix donor request
-	donorCache Tensor // its kv_cache at the fault step
+	donor      string        // stale-prefix donor request
+	donorCache engine.Tensor // its kv_cache at the fault step
 	carriedTo  int64
 
 	// Walking the steps: the last step processed, the state tensors that
 	// changed there (full values), and the kv_cache rows that differ from
 	// the dump after it.
 	prevStep int64
-	prevNew  map[string]Tensor
+	prevNew  map[string]engine.Tensor
 	carry    map[int][]float32
 }
 
 // planFault checks that the fault applies to the dump and computes every
 // record it changes.
-func planFault(d *dump.Dump, src *DumpSource, m *Model, opt FaultOptions) (*faultPlan, error) {
+func planFault(d *dump.Dump, src *replay.DumpSource, m *engine.Model, opt Options) (*faultPlan, error) {
 	f := opt.Fault
 	steps, layers := src.Steps(), src.Layers()
 	if err := f.Check(m.Cfg, steps[0], steps[len(steps)-1]); err != nil {
@@ -167,7 +166,7 @@ func planFault(d *dump.Dump, src *DumpSource, m *Model, opt FaultOptions) (*faul
 		return nil, fmt.Errorf("fault %s: the dump does not hold stage %s at step %d, layer %d, so a replay could not see the fault", f, f.Stage(), f.Step, f.Layer)
 	}
 	switch f.Kind {
-	case FaultTopK:
+	case TopKOffByOne:
 		// Top-k selects min(index_topk, Tc) of the Tc compressed rows; with
 		// Tc <= k every row is selected and there is no unselected
 		// neighbour for the last entry to slip to.
@@ -175,20 +174,20 @@ func planFault(d *dump.Dump, src *DumpSource, m *Model, opt FaultOptions) (*faul
 			return nil, fmt.Errorf("fault %s: at step %d the indexer selects every one of its Tc = %d compressed rows (top-%d): no unselected neighbour to be off by one to (needs Tc > %d, step >= %d)",
 				f, f.Step, tc, m.Cfg.IndexTopK, m.Cfg.IndexTopK, 4*(m.Cfg.IndexTopK+1)-1)
 		}
-	case FaultStalePrefix:
+	case StalePrefix:
 		if hit, ok := src.PrefixHit(); ok {
 			return nil, fmt.Errorf("fault %s: the dump already records a prefix-cache hit of request %q from %q", f, src.Request, hit.From)
 		}
 	}
 	pl := &faultPlan{d: d, src: src, m: m, cfg: m.Cfg, f: f, layer: f.Layer,
-		patch: map[StageKey]Tensor{}, drop: map[StageKey]bool{}, pages: map[int][]byte{},
+		patch: map[replay.StageKey]engine.Tensor{}, drop: map[replay.StageKey]bool{}, pages: map[int][]byte{},
 		prevStep: f.Step - 1, carriedTo: f.Step}
-	var other map[int]Tensor
-	if f.Kind == FaultStalePrefix {
+	var other map[int]engine.Tensor
+	if f.Kind == StalePrefix {
 		if err := pl.makeDonor(opt.Seed); err != nil {
 			return nil, err
 		}
-		other = map[int]Tensor{f.Layer: pl.donorCache}
+		other = map[int]engine.Tensor{f.Layer: pl.donorCache}
 	}
 	pl.inj = newFaultInjector(f, opt.Seed, other)
 	for _, p := range pl.layerSteps() {
@@ -206,13 +205,13 @@ func planFault(d *dump.Dump, src *DumpSource, m *Model, opt FaultOptions) (*faul
 		}
 	}
 	for name := range pl.inj.hidden {
-		k := StageKey{f.Step, f.Layer, name}
+		k := replay.StageKey{Step: f.Step, Layer: f.Layer, Stage: name}
 		if _, ok, _ := src.Stage(k.Step, k.Layer, k.Stage); ok {
 			pl.drop[k] = true
 			delete(pl.patch, k)
 		}
 	}
-	if err := pl.planPages(opt.Pages); err != nil {
+	if err := pl.planPages(); err != nil {
 		return nil, err
 	}
 	return pl, nil
@@ -237,7 +236,7 @@ func (pl *faultPlan) layerSteps() []int64 {
 
 // prevInput is the value of state name after step p-1: the changed value
 // when step p-1 changed it, else the dump's (step p-1, or the start state).
-func (pl *faultPlan) prevInput(p int64, name string) (t Tensor, ok, changed bool, err error) {
+func (pl *faultPlan) prevInput(p int64, name string) (t engine.Tensor, ok, changed bool, err error) {
 	if pl.prevStep == p-1 {
 		if t, ok := pl.prevNew[name]; ok {
 			return t, true, true, nil
@@ -251,7 +250,7 @@ func (pl *faultPlan) prevInput(p int64, name string) (t Tensor, ok, changed bool
 	}
 	st, after, ok, err := pl.src.State(pl.layer)
 	if err != nil || !ok || after != p-1 {
-		return Tensor{}, false, false, err
+		return engine.Tensor{}, false, false, err
 	}
 	t, ok = st[name]
 	return t, ok, false, nil
@@ -261,23 +260,23 @@ func (pl *faultPlan) prevInput(p int64, name string) (t Tensor, ok, changed bool
 // at its stage, the reference for every stage reading a changed value.
 func (pl *faultPlan) fullStep(p int64) error {
 	cfg, l := pl.cfg, pl.layer
-	ctx := &StepContext{Cfg: cfg, Layer: l, Pos: p, W: pl.m.Weights[l], Rope: pl.m.Rope[l]}
+	ctx := &engine.StepContext{Cfg: cfg, Layer: l, Pos: p, W: pl.m.Weights[l], Rope: pl.m.Rope[l]}
 	if err := ctx.Check(); err != nil {
 		return fmt.Errorf("fault %s: step %d: %w", pl.f, p, err)
 	}
-	changed := map[string]Tensor{} // values of this step that differ from the dump
-	own := map[string]Tensor{}     // reference values of stages the dump lacks
+	changed := map[string]engine.Tensor{} // values of this step that differ from the dump
+	own := map[string]engine.Tensor{}     // reference values of stages the dump lacks
 	contiguous := pl.prevStep == p-1
 	if !contiguous {
 		if err := pl.checkCarry(p); err != nil {
 			return err
 		}
 	}
-	for _, def := range Stages(cfg, l, p) {
-		in := make(map[string]Tensor, len(def.Inputs))
+	for _, def := range engine.Stages(cfg, l, p) {
+		in := make(map[string]engine.Tensor, len(def.Inputs))
 		fromChanged, missing := false, false
 		for _, name := range def.Inputs {
-			if base, ok := strings.CutPrefix(name, PrevPrefix); ok {
+			if base, ok := strings.CutPrefix(name, engine.PrevPrefix); ok {
 				t, ok, ch, err := pl.prevInput(p, base)
 				if err != nil {
 					return err
@@ -327,7 +326,7 @@ func (pl *faultPlan) fullStep(p int64) error {
 		if !fromChanged && !atFault && dumped && bitIdentical(late, gpu) {
 			continue // the dump's value stands
 		}
-		ref, err := safeCompute(def, ctx, in)
+		ref, err := replay.ComputeStage(def, ctx, in)
 		if err != nil {
 			return fmt.Errorf("fault %s: step %d layer %d: recomputing %s from the faulty values: %w", pl.f, p, l, def.Name, err)
 		}
@@ -357,7 +356,7 @@ func (pl *faultPlan) fullStep(p int64) error {
 	}
 	for name, t := range changed {
 		if _, ok, _ := pl.src.Stage(p, l, name); ok {
-			pl.patch[StageKey{p, l, name}] = t
+			pl.patch[replay.StageKey{Step: p, Layer: l, Stage: name}] = t
 		}
 	}
 	pl.endStep(p, changed)
@@ -370,7 +369,7 @@ func (pl *faultPlan) stateStep(p int64) error {
 	if err := pl.checkCarry(p); err != nil {
 		return err
 	}
-	changed := map[string]Tensor{}
+	changed := map[string]engine.Tensor{}
 	gpu, ok, err := pl.src.Stage(p, pl.layer, "kv_cache")
 	if err != nil {
 		return err
@@ -378,7 +377,7 @@ func (pl *faultPlan) stateStep(p int64) error {
 	if ok {
 		if t := pl.carried(p, gpu); !bitIdentical(t, gpu) {
 			changed["kv_cache"] = t
-			pl.patch[StageKey{p, pl.layer, "kv_cache"}] = t
+			pl.patch[replay.StageKey{Step: p, Layer: pl.layer, Stage: "kv_cache"}] = t
 		}
 	}
 	pl.endStep(p, changed)
@@ -400,7 +399,7 @@ func (pl *faultPlan) checkCarry(p int64) error {
 // last processed step q that no token in (q, p] overwrote: window slot
 // t mod W is rewritten by token t, and a late compressed row lands at the
 // step after its emission step.
-func (pl *faultPlan) carried(p int64, gpu Tensor) Tensor {
+func (pl *faultPlan) carried(p int64, gpu engine.Tensor) engine.Tensor {
 	if len(pl.carry) == 0 || len(gpu.Shape) != 2 {
 		return gpu
 	}
@@ -409,7 +408,7 @@ func (pl *faultPlan) carried(p int64, gpu Tensor) Tensor {
 	for t := pl.prevStep + 1; t <= p && len(gone) < W; t++ {
 		gone[int(t%int64(W))] = true
 	}
-	if pl.f.Kind == FaultCmpLate && pl.f.Step+1 > pl.prevStep && pl.f.Step+1 <= p {
+	if pl.f.Kind == CompressorLate && pl.f.Step+1 > pl.prevStep && pl.f.Step+1 <= p {
 		gone[W+attention.EmittedRow(pl.f.Step, pl.cfg.Ratio(pl.layer))] = true
 	}
 	out := gpu.Clone()
@@ -424,10 +423,10 @@ func (pl *faultPlan) carried(p int64, gpu Tensor) Tensor {
 
 // endStep records what step p leaves for the next: its changed state
 // tensors and the kv_cache rows that differ from the dump.
-func (pl *faultPlan) endStep(p int64, changed map[string]Tensor) {
-	pl.prevStep, pl.prevNew, pl.carry = p, map[string]Tensor{}, nil
+func (pl *faultPlan) endStep(p int64, changed map[string]engine.Tensor) {
+	pl.prevStep, pl.prevNew, pl.carry = p, map[string]engine.Tensor{}, nil
 	for name, t := range changed {
-		if stateStage[name] {
+		if replay.StateStages[name] {
 			pl.prevNew[name] = t
 		}
 	}
@@ -439,14 +438,14 @@ func (pl *faultPlan) endStep(p int64, changed map[string]Tensor) {
 		return
 	}
 	gpu, ok, err := pl.src.Stage(p, pl.layer, "kv_cache")
-	if err != nil || !ok || !SameShape(gpu.Shape, kv.Shape) {
+	if err != nil || !ok || !engine.SameShape(gpu.Shape, kv.Shape) {
 		return
 	}
 	D := kv.Shape[1]
 	pl.carry = map[int][]float32{}
 	for i := 0; i < kv.Shape[0]; i++ {
 		a, b := kv.F[i*D:(i+1)*D], gpu.F[i*D:(i+1)*D]
-		if !bitIdentical(FromF(KindF32, a, D), FromF(KindF32, b, D)) {
+		if !bitIdentical(engine.FromF(engine.KindF32, a, D), engine.FromF(engine.KindF32, b, D)) {
 			pl.carry[i] = append([]float32(nil), a...)
 		}
 	}
@@ -456,13 +455,13 @@ func (pl *faultPlan) endStep(p int64, changed map[string]Tensor) {
 // lse_split/<s>) dumped beside o when an input of the attention (q,
 // kv_cache, topk_idxs) changed at step p: the GPU's split kernel would have
 // read the changed values. The dumped split_bounds are kept.
-func (pl *faultPlan) splitPartials(p int64, changed map[string]Tensor) error {
+func (pl *faultPlan) splitPartials(p int64, changed map[string]engine.Tensor) error {
 	l := pl.layer
 	bt, ok, err := pl.src.Stage(p, l, "split_bounds")
 	if err != nil || !ok {
 		return err
 	}
-	get := func(name string) (Tensor, bool) {
+	get := func(name string) (engine.Tensor, bool) {
 		if t, ok := changed[name]; ok {
 			return t, true
 		}
@@ -482,9 +481,9 @@ func (pl *faultPlan) splitPartials(p int64, changed map[string]Tensor) error {
 		return fmt.Errorf("fault %s: step %d layer %d: split-K partials dumped beside o cannot be recomputed (split_bounds %v, index list of %d entries)", pl.f, p, l, bt.I, len(idx.I))
 	}
 	cfg := pl.cfg
-	for s, pt := range SplitPartials(cfg, q, kv, idx, bt.I) {
-		changed[fmt.Sprintf("o_split/%d", s)] = FromF(KindF32, pt.O, cfg.NHeads, cfg.HeadDim)
-		changed[fmt.Sprintf("lse_split/%d", s)] = FromF(KindF32, pt.LSE2, cfg.NHeads)
+	for s, pt := range replay.SplitPartials(cfg, q, kv, idx, bt.I) {
+		changed[fmt.Sprintf("o_split/%d", s)] = engine.FromF(engine.KindF32, pt.O, cfg.NHeads, cfg.HeadDim)
+		changed[fmt.Sprintf("lse_split/%d", s)] = engine.FromF(engine.KindF32, pt.LSE2, cfg.NHeads)
 	}
 	return nil
 }
@@ -527,7 +526,7 @@ func (pl *faultPlan) makeDonor(seed uint64) error {
 
 // donorInput is the donor request's attention input at token t: a seeded
 // random bf16 residual vector through synthNorm (synth's request glue).
-func donorInput(cfg *Config, seed uint64, t int64, layer int) Tensor {
+func donorInput(cfg *engine.Config, seed uint64, t int64, layer int) engine.Tensor {
 	rng := rand.New(rand.NewPCG(seed^0xa5a5a5a5, uint64(t)<<8|uint64(layer)))
 	h := make([]float32, cfg.Dim)
 	for i := range h {
@@ -538,14 +537,14 @@ func donorInput(cfg *Config, seed uint64, t int64, layer int) Tensor {
 
 // windowRow computes the window K row (stage kv) of token t from the
 // attention input x with the fault layer's reference stages.
-func (pl *faultPlan) windowRow(t int64, x Tensor) ([]float32, error) {
+func (pl *faultPlan) windowRow(t int64, x engine.Tensor) ([]float32, error) {
 	l := pl.layer
-	ctx := &StepContext{Cfg: pl.cfg, Layer: l, Pos: t, W: pl.m.Weights[l], Rope: pl.m.Rope[l]}
+	ctx := &engine.StepContext{Cfg: pl.cfg, Layer: l, Pos: t, W: pl.m.Weights[l], Rope: pl.m.Rope[l]}
 	if t >= int64(ctx.Rope.T) {
 		return nil, fmt.Errorf("position %d outside the RoPE table", t)
 	}
-	vals := map[string]Tensor{"x": x}
-	for _, def := range Stages(pl.cfg, l, t) {
+	vals := map[string]engine.Tensor{"x": x}
+	for _, def := range engine.Stages(pl.cfg, l, t) {
 		switch def.Name {
 		case "kv_raw", "kv_normed", "kv_roped", "kv":
 		default:
@@ -562,7 +561,7 @@ func (pl *faultPlan) windowRow(t int64, x Tensor) ([]float32, error) {
 
 // planPages re-encodes, for every changed kv_cache of the replayed request,
 // the entries of its changed rows in the dumped KV pages.
-func (pl *faultPlan) planPages(codec PageCodec) error {
+func (pl *faultPlan) planPages() error {
 	for k, kv := range pl.patch {
 		if k.Stage != "kv_cache" {
 			continue
@@ -574,11 +573,8 @@ func (pl *faultPlan) planPages(codec PageCodec) error {
 		D := kv.Shape[1]
 		for i := range pl.d.Entries {
 			e := &pl.d.Entries[i]
-			if e.Kind != dump.KindPage || e.Request != pl.src.Request || int64(e.Step) != k.Step || e.Layer != k.Layer || !isPageStage(e.Stage) {
+			if e.Kind != dump.KindPage || e.Request != pl.src.Request || int64(e.Step) != k.Step || e.Layer != k.Layer || !replay.IsPageStage(e.Stage) {
 				continue
-			}
-			if codec == nil {
-				return fmt.Errorf("fault %s: the dump holds KV pages of step %d layer %d and no page codec was given to re-encode them", pl.f, k.Step, k.Layer)
 			}
 			if e.Page == nil || e.Page.BlockSize <= 0 {
 				return fmt.Errorf("dump %s: record %d (%s): page record without page info", e.File, e.Record, e.Key)
@@ -591,7 +587,7 @@ func (pl *faultPlan) planPages(codec PageCodec) error {
 				}
 				for r := b * B; r < (b+1)*B && (r+1)*D <= len(kv.F); r++ {
 					nr := kv.F[r*D : (r+1)*D]
-					if (r+1)*D <= len(gpu.F) && bitIdentical(FromF(KindF32, nr, D), FromF(KindF32, gpu.F[r*D:(r+1)*D], D)) {
+					if (r+1)*D <= len(gpu.F) && bitIdentical(engine.FromF(engine.KindF32, nr, D), engine.FromF(engine.KindF32, gpu.F[r*D:(r+1)*D], D)) {
 						continue
 					}
 					rows[r-b*B] = nr
@@ -604,7 +600,7 @@ func (pl *faultPlan) planPages(codec PageCodec) error {
 			if err != nil {
 				return err
 			}
-			data, err := codec.Rewrite(e.Page.Layout, D, B, rec.Data, rows)
+			data, err := replay.RewritePage(e.Page.Layout, D, B, rec.Data, rows)
 			if err != nil {
 				return fmt.Errorf("dump %s: record %d (%s): re-encoding the faulty rows: %w", e.File, e.Record, e.Key, err)
 			}
@@ -651,12 +647,12 @@ func (pl *faultPlan) write(path, wpath string) (records, pages int, err error) {
 		}
 		buf = rec.Data[:0]
 		if e.Kind == dump.KindStage && e.Request == pl.src.Request && e.Layer == pl.layer {
-			k := StageKey{int64(e.Step), e.Layer, e.Stage}
+			k := replay.StageKey{Step: int64(e.Step), Layer: e.Layer, Stage: e.Stage}
 			if pl.drop[k] {
 				continue
 			}
 			if t, ok := pl.patch[k]; ok {
-				rec = recordLike(rec, t)
+				rec = engine.RecordLike(rec, t)
 			}
 		}
 		if data, ok := pl.pages[i]; ok {
@@ -669,7 +665,7 @@ func (pl *faultPlan) write(path, wpath string) (records, pages int, err error) {
 		records++
 	}
 	if pl.donor != "" {
-		rec := TensorRecord(pl.donorCache, dump.Key{Request: pl.donor, Step: int(pl.f.Step), Layer: pl.layer, Stage: "kv_cache"}, dump.KindStage)
+		rec := engine.TensorRecord(pl.donorCache, dump.Key{Request: pl.donor, Step: int(pl.f.Step), Layer: pl.layer, Stage: "kv_cache"}, dump.KindStage)
 		if err := w.Write(&rec); err != nil {
 			return fail(err)
 		}
@@ -691,29 +687,10 @@ func (pl *faultPlan) write(path, wpath string) (records, pages int, err error) {
 	return records, pages, nil
 }
 
-// recordLike encodes t as a record with rec's key, kind and name, in rec's
-// dtype when it is one a stage value widens from exactly (bf16, f32, i32,
-// i64), else in t's own kind.
-func recordLike(rec dump.Record, t Tensor) dump.Record {
-	out := TensorRecord(t, rec.Key, rec.Kind)
-	out.Name, out.Page = rec.Name, rec.Page
-	switch {
-	case rec.DType == dump.BF16 && t.Kind.IsFloat():
-		out.DType, out.Data = dump.BF16, bf16Bytes(t.F)
-	case rec.DType == dump.F32 && t.Kind.IsFloat():
-		out.DType, out.Data = dump.F32, f32Bytes(t.F)
-	case rec.DType == dump.I32 && !t.Kind.IsFloat():
-		out.DType, out.Data = dump.I32, i32Bytes(t.I)
-	case rec.DType == dump.I64 && !t.Kind.IsFloat():
-		out.DType, out.Data = dump.I64, i64Bytes(t.I)
-	}
-	return out
-}
-
 // bitIdentical reports whether two tensors hold the same shape and bit-identical
 // values.
-func bitIdentical(a, b Tensor) bool {
-	if a.Kind.IsFloat() != b.Kind.IsFloat() || !SameShape(a.Shape, b.Shape) || len(a.F) != len(b.F) || len(a.I) != len(b.I) {
+func bitIdentical(a, b engine.Tensor) bool {
+	if a.Kind.IsFloat() != b.Kind.IsFloat() || !engine.SameShape(a.Shape, b.Shape) || len(a.F) != len(b.F) || len(a.I) != len(b.I) {
 		return false
 	}
 	for i := range a.F {

@@ -1,4 +1,4 @@
-package engine
+package replay_test
 
 import (
 	"bytes"
@@ -14,94 +14,31 @@ import (
 	"testing"
 
 	"sparsemla/dump"
-	"sparsemla/quant"
+	"sparsemla/engine"
+	"sparsemla/fault"
+	"sparsemla/replay"
 )
 
 var updateGolden = flag.Bool("update", false, "rewrite engine/testdata golden files")
 
-// openReplayGolden opens a GPU-made dump directory under testdata/ and its
-// model (openFaultInput: a missing directory fails the test).
-func openReplayGolden(t *testing.T, name string) (*Model, *DumpSource) {
+// replaySynth replays a synthetic dump in local mode.
+func replaySynth(t *testing.T, s *fault.Synth) *replay.Report {
 	t.Helper()
-	_, src, m := openFaultInput(t, name)
-	return m, src
-}
-
-// TestReplayGPUDumpsAgree: the default tolerances give zero divergences on the
-// clean GPU dumps of the official model.py, in both modes, with every stage
-// of every step compared.
-func TestReplayGPUDumpsAgree(t *testing.T) {
-	for _, name := range []string{"official-v4-tiny", "gpu-v4-tiny-long"} {
-		t.Run(name, func(t *testing.T) {
-			m, src := openReplayGolden(t, name)
-			if !m.GPURope {
-				t.Errorf("%s: the dump's GPU RoPE tables were not picked up", name)
-			}
-			for _, mode := range []ReplayMode{Local, Propagated} {
-				rep, err := Replay(context.Background(), m, src, ReplayOptions{Mode: mode})
-				if err != nil {
-					t.Fatal(err)
-				}
-				if rep.Diverged() {
-					t.Errorf("%s %s: %s", name, mode, rep.First.Text)
-				}
-				if rep.Summary.Compared == 0 || rep.Summary.Skipped != 0 {
-					t.Errorf("%s %s: summary %+v", name, mode, rep.Summary)
-				}
-				t.Logf("%s %s: %+v", name, mode, rep.Summary)
-			}
-		})
-	}
-}
-
-// TestReplayGoldenCorrupted: one value of the official dump changed by one
-// bf16 ulp in an exact stage is the first divergence, at its place.
-func TestReplayGoldenCorrupted(t *testing.T) {
-	m, src := openReplayGolden(t, "official-v4-tiny")
-	mem := NewMemSource("corrupted golden")
-	for _, p := range src.Steps() {
-		for _, l := range src.Layers() {
-			names := []string{"x"}
-			for _, d := range Stages(m.Cfg, l, p) {
-				names = append(names, d.Name)
-			}
-			for _, n := range names {
-				if v, ok, err := src.Stage(p, l, n); err != nil {
-					t.Fatal(err)
-				} else if ok {
-					mem.Put(p, l, n, v)
-				}
-			}
-		}
-	}
-	for _, l := range src.Layers() {
-		st, after, _, err := src.State(l)
-		if err != nil {
-			t.Fatal(err)
-		}
-		mem.Start[l], mem.StartAfter = st, after
-	}
-	k := StageKey{Step: 5, Layer: 2, Stage: "kv"}
-	v := mem.Values[k].Clone()
-	v.F[3] = quant.BF16Next(v.F[3], 1)
-	mem.Values[k] = v
-	rep, err := Replay(context.Background(), m, mem, ReplayOptions{})
+	rep, err := replay.Run(context.Background(), s.Model(), s.Src, replay.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.First == nil || rep.First.Step != 5 || rep.First.Layer != 2 || rep.First.Stage != "kv" {
-		t.Fatalf("first divergence %+v, want step 5 layer 2 kv", rep.First)
-	}
+	return rep
 }
 
 // TestReplayNaNPattern: NaN in some GPU heads of o is a divergence naming the
 // heads, not an input error.
 func TestReplayNaNPattern(t *testing.T) {
-	s, err := Synthesize(SynthOptions{Prefill: 4, Steps: 3, Seed: 7})
+	s, err := fault.Synthesize(fault.SynthOptions{Prefill: 4, Steps: 3, Seed: 7})
 	if err != nil {
 		t.Fatal(err)
 	}
-	k := StageKey{Step: 5, Layer: 1, Stage: "o"}
+	k := replay.StageKey{Step: 5, Layer: 1, Stage: "o"}
 	o := s.Src.Values[k].Clone()
 	D := o.Shape[1]
 	o.F[2*D+17] = float32(math.NaN())
@@ -119,15 +56,15 @@ func TestReplayNaNPattern(t *testing.T) {
 // TestReplayJSONDeterministic: the --json report is byte-identical at
 // GOMAXPROCS 1 and 2 (units run in parallel, results assembled in order).
 func TestReplayJSONDeterministic(t *testing.T) {
-	f := Fault{Kind: FaultSplitK, Step: 8, Layer: 2}
-	s, err := Synthesize(SynthOptions{Prefill: 6, Steps: 4, Seed: 3, Fault: &f})
+	f := fault.Fault{Kind: fault.SplitKMerge, Step: 8, Layer: 2}
+	s, err := fault.Synthesize(fault.SynthOptions{Prefill: 6, Steps: 4, Seed: 3, Fault: &f})
 	if err != nil {
 		t.Fatal(err)
 	}
-	run := func(procs int, mode ReplayMode) []byte {
+	run := func(procs int, mode replay.Mode) []byte {
 		old := runtime.GOMAXPROCS(procs)
 		defer runtime.GOMAXPROCS(old)
-		rep, err := Replay(context.Background(), s.Model(), s.Src, ReplayOptions{Mode: mode})
+		rep, err := replay.Run(context.Background(), s.Model(), s.Src, replay.Options{Mode: mode})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -137,7 +74,7 @@ func TestReplayJSONDeterministic(t *testing.T) {
 		}
 		return b.Bytes()
 	}
-	for _, mode := range []ReplayMode{Local, Propagated} {
+	for _, mode := range []replay.Mode{replay.Local, replay.Propagated} {
 		a, b := run(1, mode), run(2, mode)
 		if !bytes.Equal(a, b) {
 			t.Fatalf("%s: JSON differs between GOMAXPROCS 1 and 2", mode)
@@ -171,13 +108,13 @@ func jsonPaths(v any, prefix string, out map[string]bool) {
 // docs/replay-json.md with a new schema version if a field changed meaning).
 func TestReplayJSONSchema(t *testing.T) {
 	paths := map[string]bool{}
-	for _, f := range []*Fault{{Kind: FaultTopK, Step: 9, Layer: 1}, {Kind: FaultStalePrefix, Step: 8, Layer: 3}} {
-		s, err := Synthesize(SynthOptions{Prefill: 6, Steps: 4, Seed: 5, Fault: f})
+	for _, f := range []*fault.Fault{{Kind: fault.TopKOffByOne, Step: 9, Layer: 1}, {Kind: fault.StalePrefix, Step: 8, Layer: 3}} {
+		s, err := fault.Synthesize(fault.SynthOptions{Prefill: 6, Steps: 4, Seed: 5, Fault: f})
 		if err != nil {
 			t.Fatal(err)
 		}
 		rep := replaySynth(t, s)
-		if rep.Schema != SchemaVersion {
+		if rep.Schema != replay.SchemaVersion {
 			t.Fatalf("schema %q", rep.Schema)
 		}
 		var b bytes.Buffer
@@ -207,19 +144,19 @@ func TestReplayJSONSchema(t *testing.T) {
 		t.Fatal(err)
 	}
 	if got != string(want) {
-		t.Fatalf("JSON structure changed (schema %s):\ngot:\n%s\nwant:\n%s", SchemaVersion, got, want)
+		t.Fatalf("JSON structure changed (schema %s):\ngot:\n%s\nwant:\n%s", replay.SchemaVersion, got, want)
 	}
 }
 
 // TestBisect: a fault that stays in the cache (a stale page, a corrupted scale
 // byte) is found at its step with about log2(steps) replays.
 func TestBisect(t *testing.T) {
-	for _, f := range []Fault{{Kind: FaultStalePrefix, Step: 9, Layer: 3}, {Kind: FaultScaleByte, Step: 12, Layer: 0}} {
-		s, err := Synthesize(SynthOptions{Prefill: 6, Steps: 16, Seed: 9, Fault: &f})
+	for _, f := range []fault.Fault{{Kind: fault.StalePrefix, Step: 9, Layer: 3}, {Kind: fault.ScaleByte, Step: 12, Layer: 0}} {
+		s, err := fault.Synthesize(fault.SynthOptions{Prefill: 6, Steps: 16, Seed: 9, Fault: &f})
 		if err != nil {
 			t.Fatal(err)
 		}
-		rep, err := Bisect(context.Background(), s.Model(), s.Src, nil)
+		rep, err := replay.Bisect(context.Background(), s.Model(), s.Src, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -230,11 +167,11 @@ func TestBisect(t *testing.T) {
 			t.Fatalf("%s: %d steps replayed of 16, want <= 6", f, rep.StepsReplayed)
 		}
 	}
-	s, err := Synthesize(SynthOptions{Prefill: 6, Steps: 8, Seed: 9})
+	s, err := fault.Synthesize(fault.SynthOptions{Prefill: 6, Steps: 8, Seed: 9})
 	if err != nil {
 		t.Fatal(err)
 	}
-	rep, err := Bisect(context.Background(), s.Model(), s.Src, nil)
+	rep, err := replay.Bisect(context.Background(), s.Model(), s.Src, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -246,20 +183,20 @@ func TestBisect(t *testing.T) {
 // TestDiffReferee: diffing a clean dump against a faulty one names the fault's
 // stage and the referee says the clean side is right.
 func TestDiffReferee(t *testing.T) {
-	f := Fault{Kind: FaultFP8Scale, Step: 8, Layer: 1}
-	clean, err := Synthesize(SynthOptions{Prefill: 6, Steps: 4, Seed: 11})
+	f := fault.Fault{Kind: fault.FP8Scale, Step: 8, Layer: 1}
+	clean, err := fault.Synthesize(fault.SynthOptions{Prefill: 6, Steps: 4, Seed: 11})
 	if err != nil {
 		t.Fatal(err)
 	}
-	bad, err := Synthesize(SynthOptions{Prefill: 6, Steps: 4, Seed: 11, Fault: &f})
+	bad, err := fault.Synthesize(fault.SynthOptions{Prefill: 6, Steps: 4, Seed: 11, Fault: &f})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, order := range []struct {
-		a, b  *Synth
+		a, b  *fault.Synth
 		right string
 	}{{clean, bad, "a"}, {bad, clean, "b"}} {
-		rep, err := Diff(context.Background(), clean.Cfg, clean.Model(), order.a.Src, order.b.Src, nil)
+		rep, err := replay.Diff(context.Background(), clean.Cfg, clean.Model(), order.a.Src, order.b.Src, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -276,19 +213,19 @@ func TestDiffReferee(t *testing.T) {
 // are divergences of the stage that holds them (and skips downstream), never
 // a panic.
 func TestReplayMalformedDump(t *testing.T) {
-	s, err := Synthesize(SynthOptions{Prefill: 6, Steps: 2, Seed: 13})
+	s, err := fault.Synthesize(fault.SynthOptions{Prefill: 6, Steps: 2, Seed: 13})
 	if err != nil {
 		t.Fatal(err)
 	}
 	cases := []struct {
-		key  StageKey
-		bad  Tensor
+		key  replay.StageKey
+		bad  engine.Tensor
 		want string
 	}{
-		{StageKey{6, 0, "q"}, FromF(KindBF16, make([]float32, 3), 3), "shape"},
-		{StageKey{6, 1, "kv_cache"}, FromI(KindI64, make([]int64, 4), 4), "dtype"},
-		{StageKey{7, 2, "topk_idxs"}, FromI(KindI32, []int64{0, 999999, -7}, 3), "shape"},
-		{StageKey{7, 3, "index_topk"}, FromI(KindI64, []int64{5, 5}, 2), "index_topk"},
+		{replay.StageKey{6, 0, "q"}, engine.FromF(engine.KindBF16, make([]float32, 3), 3), "shape"},
+		{replay.StageKey{6, 1, "kv_cache"}, engine.FromI(engine.KindI64, make([]int64, 4), 4), "dtype"},
+		{replay.StageKey{7, 2, "topk_idxs"}, engine.FromI(engine.KindI32, []int64{0, 999999, -7}, 3), "shape"},
+		{replay.StageKey{7, 3, "index_topk"}, engine.FromI(engine.KindI64, []int64{5, 5}, 2), "index_topk"},
 	}
 	for _, c := range cases {
 		old := s.Src.Values[c.key]
@@ -317,18 +254,18 @@ func BenchmarkReplayLocal(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer d.Close()
-	src, err := NewDumpSource(d, "")
+	src, err := replay.NewDumpSource(d, "")
 	if err != nil {
 		b.Fatal(err)
 	}
-	m, err := LoadModel(d, src, "")
+	m, err := replay.LoadModel(d, src, "")
 	if err != nil {
 		b.Fatal(err)
 	}
 	var stages int
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		rep, err := Replay(context.Background(), m, src, ReplayOptions{})
+		rep, err := replay.Run(context.Background(), m, src, replay.Options{})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -1,8 +1,10 @@
-package engine
+package replay
 
 import (
 	"context"
 	"fmt"
+
+	"sparsemla/engine"
 )
 
 // Probe is one step a bisection replayed and what it found there.
@@ -32,7 +34,7 @@ type Probe struct {
 // The returned report holds the probes, the number of steps replayed and, when
 // a diverging step is found, the full local replay of that step (its first
 // divergence names the layer and stage).
-func Bisect(ctx context.Context, m *Model, src Source, tol *Tolerance) (*Report, error) {
+func Bisect(ctx context.Context, m *engine.Model, src Source, tol *Tolerance) (*Report, error) {
 	if tol == nil {
 		tol = DefaultTolerance()
 	}
@@ -44,7 +46,7 @@ func Bisect(ctx context.Context, m *Model, src Source, tol *Tolerance) (*Report,
 	cache := map[int64]*Report{}
 	probe := func(i int) (bool, error) {
 		p := steps[i]
-		r, err := Replay(ctx, m, src, ReplayOptions{Mode: Local, Tol: tol, Steps: []int64{p}})
+		r, err := Run(ctx, m, src, Options{Mode: Local, Tol: tol, Steps: []int64{p}})
 		if err != nil {
 			return false, err
 		}
@@ -114,7 +116,7 @@ func Bisect(ctx context.Context, m *Model, src Source, tol *Tolerance) (*Report,
 // cacheConsistency checks that the cache rows in the state after step p equal
 // the values the dump recorded when they were written. It returns a
 // description of the first inconsistent row, or "".
-func cacheConsistency(m *Model, src Source, p int64) (string, error) {
+func cacheConsistency(m *engine.Model, src Source, p int64) (string, error) {
 	cfg := m.Cfg
 	W, D := cfg.WindowSize, cfg.HeadDim
 	for _, l := range src.Layers() {

@@ -1,4 +1,4 @@
-package engine
+package fault
 
 import (
 	"context"
@@ -9,12 +9,14 @@ import (
 	"testing"
 
 	"sparsemla/attention"
+	"sparsemla/engine"
+	"sparsemla/replay"
 )
 
 // replaySynth replays a synthetic dump in local mode.
-func replaySynth(t *testing.T, s *Synth) *Report {
+func replaySynth(t *testing.T, s *Synth) *replay.Report {
 	t.Helper()
-	rep, err := Replay(context.Background(), s.Model(), s.Src, ReplayOptions{})
+	rep, err := replay.Run(context.Background(), s.Model(), s.Src, replay.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,8 +41,8 @@ func TestSynthCleanAgrees(t *testing.T) {
 			t.Fatalf("step %d layer %d %s: %d mismatches in a clean synthetic dump", r.Step, r.Layer, r.Stage, r.Metrics.Mismatch)
 		}
 	}
-	for _, mode := range []ReplayMode{Propagated} {
-		rep, err := Replay(context.Background(), s.Model(), s.Src, ReplayOptions{Mode: mode})
+	for _, mode := range []replay.Mode{replay.Propagated} {
+		rep, err := replay.Run(context.Background(), s.Model(), s.Src, replay.Options{Mode: mode})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -52,7 +54,7 @@ func TestSynthCleanAgrees(t *testing.T) {
 
 // faultPositions lists the (step, layer) where kind can be injected in the
 // dumped steps first..last of the tiny config.
-func faultPositions(cfg *Config, kind FaultKind, first, last int64) []Fault {
+func faultPositions(cfg *engine.Config, kind Kind, first, last int64) []Fault {
 	var out []Fault
 	for p := first; p <= last; p++ {
 		for l := 0; l < cfg.NLayers; l++ {
@@ -66,22 +68,22 @@ func faultPositions(cfg *Config, kind FaultKind, first, last int64) []Fault {
 }
 
 // faultWhy is what the diagnosis of each fault must say.
-var faultWhy = map[FaultKind]string{
-	FaultSplitK:      "the split-K combine (merge) is wrong",
-	FaultLSE:         "times a constant",
-	FaultFP8Scale:    "scale rounded the other way",
-	FaultScaleByte:   "scale byte reads",
-	FaultTopK:        "not a boundary tie",
-	FaultStalePrefix: "a stale page from that request",
-	FaultCmpLate:     "did not emit it at its emission step",
-	FaultWindowOrder: "the V4.1 window layout",
+var faultWhy = map[Kind]string{
+	SplitKMerge:    "the split-K combine (merge) is wrong",
+	WrongLSE:       "times a constant",
+	FP8Scale:       "scale rounded the other way",
+	ScaleByte:      "scale byte reads",
+	TopKOffByOne:   "not a boundary tie",
+	StalePrefix:    "a stale page from that request",
+	CompressorLate: "did not emit it at its emission step",
+	WindowOrder:    "the V4.1 window layout",
 }
 
 // TestSynthFaultsFound injects every fault kind at seeded random positions and
 // checks that the local replay names exactly the injected step, layer and
 // stage, with the fault's diagnosis kind.
 func TestSynthFaultsFound(t *testing.T) {
-	cfg, _ := Preset("tiny")
+	cfg, _ := engine.Preset("tiny")
 	const prefill, steps = 6, 8
 	first, last := int64(prefill), int64(prefill+steps-1)
 	rng := rand.New(rand.NewPCG(2026, 11))
@@ -89,7 +91,7 @@ func TestSynthFaultsFound(t *testing.T) {
 	if testing.Short() {
 		perKind = 1
 	}
-	for _, kind := range FaultKinds() {
+	for _, kind := range Kinds() {
 		pos := faultPositions(cfg, kind, first, last)
 		if len(pos) == 0 {
 			t.Fatalf("%s: no valid position in steps %d..%d", kind, first, last)
@@ -99,7 +101,7 @@ func TestSynthFaultsFound(t *testing.T) {
 			f := pos[rng.IntN(len(pos))]
 			seed := rng.Uint64()
 			s, err := Synthesize(SynthOptions{Prefill: prefill, Steps: steps, Seed: seed, Fault: &f})
-			if errors.Is(err, ErrFaultInvisible) {
+			if errors.Is(err, ErrInvisible) {
 				continue
 			}
 			if err != nil {
@@ -136,14 +138,14 @@ func TestReplaySplitKernel(t *testing.T) {
 	const p, l = 7, 1
 	cfg := s.Cfg
 	H, D := cfg.NHeads, cfg.HeadDim
-	var parts []attentionPartial
+	var parts []attention.Partial
 	for i := 0; ; i++ {
-		o, ok := s.Src.Values[StageKey{p, l, fmt.Sprintf("o_split/%d", i)}]
+		o, ok := s.Src.Values[replay.StageKey{Step: p, Layer: l, Stage: fmt.Sprintf("o_split/%d", i)}]
 		if !ok {
 			break
 		}
-		lse := s.Src.Values[StageKey{p, l, fmt.Sprintf("lse_split/%d", i)}]
-		parts = append(parts, attentionPartial{O: append([]float32(nil), o.F...), LSE2: lse.F})
+		lse := s.Src.Values[replay.StageKey{Step: p, Layer: l, Stage: fmt.Sprintf("lse_split/%d", i)}]
+		parts = append(parts, attention.Partial{O: append([]float32(nil), o.F...), LSE2: lse.F})
 	}
 	if len(parts) != 2 {
 		t.Fatalf("%d partials dumped, want 2", len(parts))
@@ -151,10 +153,10 @@ func TestReplaySplitKernel(t *testing.T) {
 	for k := 0; k < D; k++ { // head 2 of split 1 reads wrong keys: its output flips sign
 		parts[1].O[2*D+k] = -parts[1].O[2*D+k]
 	}
-	s.Src.Values[StageKey{p, l, "o_split/1"}] = FromF(KindF32, parts[1].O, H, D)
+	s.Src.Values[replay.StageKey{Step: p, Layer: l, Stage: "o_split/1"}] = engine.FromF(engine.KindF32, parts[1].O, H, D)
 	o := make([]float32, H*D)
 	attention.MergePartials(o, parts, s.Weights[l].AttnSink, D)
-	s.Src.Values[StageKey{p, l, "o"}] = FromF(KindBF16, o, H, D)
+	s.Src.Values[replay.StageKey{Step: p, Layer: l, Stage: "o"}] = engine.FromF(engine.KindBF16, o, H, D)
 	d := replaySynth(t, s).First
 	if d == nil || d.Step != p || d.Layer != l || d.Stage != "o" || !strings.Contains(d.Why, "split 1") || !strings.Contains(d.Why, "the split kernel") {
 		t.Fatalf("diagnosis %+v", d)

@@ -1,4 +1,4 @@
-package engine
+package replay
 
 import (
 	"fmt"
@@ -9,6 +9,7 @@ import (
 
 	"sparsemla/attention"
 	"sparsemla/dump"
+	"sparsemla/engine"
 )
 
 // DumpSource is a Source over an opened dump (any format dump.Open reads),
@@ -72,7 +73,7 @@ func NewDumpSource(d *dump.Dump, request string) (*DumpSource, error) {
 			// A step that holds only state tensors (the state after a step
 			// that was decoded but not dumped) is not replayed; it serves
 			// the next step's "prev:" inputs.
-			if !stateStage[e.Stage] {
+			if !StateStages[e.Stage] {
 				steps[int64(e.Step)] = true
 			}
 			layers[e.Layer] = true
@@ -132,9 +133,9 @@ func checkPrefixHits(d *dump.Dump) error {
 	return nil
 }
 
-// stateStage names the stage tensors that are a layer's state after a step
+// StateStages names the stage tensors that are a layer's state after a step
 // (LayerState.StateTensors).
-var stateStage = map[string]bool{"kv_cache": true, "cmp_kv_state": true, "cmp_score_state": true,
+var StateStages = map[string]bool{"kv_cache": true, "cmp_kv_state": true, "cmp_score_state": true,
 	"icache": true, "icmp_kv_state": true, "icmp_score_state": true}
 
 // Name implements Source.
@@ -147,30 +148,30 @@ func (s *DumpSource) Steps() []int64 { return s.steps }
 func (s *DumpSource) Layers() []int { return s.layers }
 
 // Stage implements Source.
-func (s *DumpSource) Stage(step int64, layer int, stage string) (Tensor, bool, error) {
+func (s *DumpSource) Stage(step int64, layer int, stage string) (engine.Tensor, bool, error) {
 	return s.read(dump.Key{Request: s.Request, Step: int(step), Layer: layer, Stage: stage}, dump.KindStage)
 }
 
-func (s *DumpSource) read(k dump.Key, kind dump.Kind) (Tensor, bool, error) {
+func (s *DumpSource) read(k dump.Key, kind dump.Kind) (engine.Tensor, bool, error) {
 	e, ok := s.D.Lookup(k, kind)
 	if !ok {
-		return Tensor{}, false, nil
+		return engine.Tensor{}, false, nil
 	}
 	rec, err := s.D.Read(e)
 	if err != nil {
-		return Tensor{}, false, err
+		return engine.Tensor{}, false, err
 	}
-	t, err := TensorFromRecord(&rec)
+	t, err := engine.TensorFromRecord(&rec)
 	if err != nil {
-		return Tensor{}, false, fmt.Errorf("dump %s: record %d (%s): %w", e.File, e.Record, k, err)
+		return engine.Tensor{}, false, fmt.Errorf("dump %s: record %d (%s): %w", e.File, e.Record, k, err)
 	}
 	return t, true, nil
 }
 
 // State implements Source: the KindState records of the layer, valid after
 // their Key.Step.
-func (s *DumpSource) State(layer int) (map[string]Tensor, int64, bool, error) {
-	st := map[string]Tensor{}
+func (s *DumpSource) State(layer int) (map[string]engine.Tensor, int64, bool, error) {
+	st := map[string]engine.Tensor{}
 	after := int64(-2)
 	for i := range s.D.Entries {
 		e := &s.D.Entries[i]
@@ -185,7 +186,7 @@ func (s *DumpSource) State(layer int) (map[string]Tensor, int64, bool, error) {
 		if err != nil {
 			return nil, 0, false, err
 		}
-		t, err := TensorFromRecord(&rec)
+		t, err := engine.TensorFromRecord(&rec)
 		if err != nil {
 			return nil, 0, false, fmt.Errorf("dump %s: record %d (%s): %w", e.File, e.Record, e.Key, err)
 		}
@@ -208,35 +209,8 @@ func (s *DumpSource) PrefixHit() (PrefixHit, bool) {
 }
 
 // OtherStage implements PrefixSource.
-func (s *DumpSource) OtherStage(request string, step int64, layer int, stage string) (Tensor, bool, error) {
+func (s *DumpSource) OtherStage(request string, step int64, layer int, stage string) (engine.Tensor, bool, error) {
 	return s.read(dump.Key{Request: request, Step: int(step), Layer: layer, Stage: stage}, dump.KindStage)
-}
-
-// TensorFromRecord widens a dump record to an engine Tensor: float dtypes to
-// fp32 values (KindBF16 for bf16 records, KindF32 otherwise), integers to int64
-// (KindI32 for 32-bit and narrower records, KindI64 otherwise).
-func TensorFromRecord(r *dump.Record) (Tensor, error) {
-	shape := append([]int{}, r.Shape...)
-	if r.DType.IsFloat() {
-		f, err := r.Float32()
-		if err != nil {
-			return Tensor{}, err
-		}
-		k := KindF32
-		if r.DType == dump.BF16 {
-			k = KindBF16
-		}
-		return Tensor{Kind: k, Shape: shape, F: f}, nil
-	}
-	v, err := r.Int64()
-	if err != nil {
-		return Tensor{}, err
-	}
-	k := KindI64
-	if r.DType.Bits() <= 32 {
-		k = KindI32
-	}
-	return Tensor{Kind: k, Shape: shape, I: v}, nil
 }
 
 // LoadModel builds the reference Model for a dump: the config from the dump
@@ -248,7 +222,7 @@ func TensorFromRecord(r *dump.Record) (Tensor, error) {
 //
 // The model runs the reference loops (its weights carry their fp32
 // dequantisations); LoadModelWith can load the prepared path instead.
-func LoadModel(d *dump.Dump, src Source, weights string) (*Model, error) {
+func LoadModel(d *dump.Dump, src Source, weights string) (*engine.Model, error) {
 	return LoadModelWith(d, src, LoadOptions{Weights: weights})
 }
 
@@ -266,16 +240,16 @@ type LoadOptions struct {
 }
 
 // LoadModelWith is LoadModel with options (LoadOptions).
-func LoadModelWith(d *dump.Dump, src Source, opt LoadOptions) (*Model, error) {
+func LoadModelWith(d *dump.Dump, src Source, opt LoadOptions) (*engine.Model, error) {
 	weights := opt.Weights
 	if d.Header.ModelArgs == "" {
 		return nil, fmt.Errorf("dump %s: no model config (ModelArgs) in the dump; write config.json beside it or use a native dump", d.Path)
 	}
-	cfg, err := ParseConfig([]byte(d.Header.ModelArgs))
+	cfg, err := engine.ParseConfig([]byte(d.Header.ModelArgs))
 	if err != nil {
 		return nil, fmt.Errorf("dump %s: %w", d.Path, err)
 	}
-	wpath, err := findWeights(d.Path, weights)
+	wpath, err := FindWeights(d.Path, weights)
 	if err != nil {
 		return nil, err
 	}
@@ -284,7 +258,7 @@ func LoadModelWith(d *dump.Dump, src Source, opt LoadOptions) (*Model, error) {
 		return nil, err
 	}
 	defer st.Close()
-	m := &Model{Cfg: cfg, Weights: map[int]*LayerWeights{}, Rope: map[int]*RopeTable{}}
+	m := &engine.Model{Cfg: cfg, Weights: map[int]*engine.LayerWeights{}, Rope: map[int]*engine.RopeTable{}}
 	T0 := 1 // positions the steps need
 	for _, p := range src.Steps() {
 		T0 = max(T0, int(p)+1)
@@ -293,7 +267,7 @@ func LoadModelWith(d *dump.Dump, src Source, opt LoadOptions) (*Model, error) {
 		return nil, fmt.Errorf("dump %s: %w", d.Path, err)
 	}
 	T := T0 // a computed RoPE table covers the positions the dump decodes
-	gpu := map[string]*RopeTable{}
+	gpu := map[string]*engine.RopeTable{}
 	for _, name := range []string{"freqs_cis_r0", "freqs_cis_cmp"} {
 		e, ok := d.Lookup(dump.Key{Step: dump.NoStep, Layer: dump.Global, Stage: name}, dump.KindTable)
 		if !ok {
@@ -320,9 +294,9 @@ func LoadModelWith(d *dump.Dump, src Source, opt LoadOptions) (*Model, error) {
 		if l >= cfg.NLayers {
 			return nil, fmt.Errorf("dump %s: layer %d outside the model (%d layers)", d.Path, l, cfg.NLayers)
 		}
-		load := LoadLayerWeights
+		load := engine.LoadLayerWeights
 		if opt.Prepared {
-			load = LoadLayerWeightsPrepared
+			load = engine.LoadLayerWeightsPrepared
 		}
 		lw, err := load(cfg, l, st)
 		if err != nil {
@@ -337,7 +311,7 @@ func LoadModelWith(d *dump.Dump, src Source, opt LoadOptions) (*Model, error) {
 			m.Rope[l] = t
 		} else {
 			m.GPURope = false
-			m.Rope[l] = LayerRope(cfg, l, T)
+			m.Rope[l] = engine.LayerRope(cfg, l, T)
 		}
 	}
 	if err := checkDumpShapes(cfg, d); err != nil {
@@ -346,8 +320,8 @@ func LoadModelWith(d *dump.Dump, src Source, opt LoadOptions) (*Model, error) {
 	return m, nil
 }
 
-// findWeights resolves the weights file of a dump.
-func findWeights(dumpPath, weights string) (string, error) {
+// FindWeights resolves the weights file of a dump.
+func FindWeights(dumpPath, weights string) (string, error) {
 	cands := []string{}
 	if weights != "" {
 		cands = append(cands, weights, filepath.Join(weights, "weights.safetensors"))
@@ -376,7 +350,7 @@ func (s *DumpSource) Pages(step int64, layer int) ([]Page, error) {
 		s.pageIdx = map[StageKey][]int{}
 		for i := range s.D.Entries {
 			e := &s.D.Entries[i]
-			if e.Kind == dump.KindPage && e.Request == s.Request && isPageStage(e.Stage) {
+			if e.Kind == dump.KindPage && e.Request == s.Request && IsPageStage(e.Stage) {
 				k := StageKey{int64(e.Step), e.Layer, "kv_cache"}
 				s.pageIdx[k] = append(s.pageIdx[k], i)
 			}
@@ -410,7 +384,7 @@ const (
 
 // checkReplayConfig refuses configs and dumps whose sizes no real model has,
 // before anything is allocated from them.
-func checkReplayConfig(cfg *Config, positions int) error {
+func checkReplayConfig(cfg *engine.Config, positions int) error {
 	switch {
 	case cfg.WindowSize > maxReplayWindow:
 		return fmt.Errorf("config window_size = %d exceeds %d (V4 uses 128)", cfg.WindowSize, maxReplayWindow)
