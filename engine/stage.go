@@ -190,7 +190,7 @@ func RunStep(ctx *StepContext, x Tensor, st *LayerState) (map[string]Tensor, *La
 	return RunStepHooked(ctx, x, st, nil)
 }
 
-// StageHook is called by runStep after each stage's Compute with the stage
+// StageHook is called by RunStepHooked after each stage's Compute with the stage
 // and the inputs it read; it returns the value later stages read as that
 // stage (the computed one, or a substitute) and may stop the step with an
 // error.

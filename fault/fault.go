@@ -49,7 +49,7 @@ type Copy struct {
 //   - the fault's stage (Fault.Stage) at its step and layer is corrupted
 //     (faultInjector, the code Synthesize injects with), starting from the
 //     GPU's own dumped value; it must be out of tolerance against the
-//     reference computed from the dumped inputs (ErrFaultInvisible);
+//     reference computed from the dumped inputs (ErrInvisible);
 //   - every stage of that step and layer that reads a changed value,
 //     directly or through other stages, is recomputed with the reference
 //     from the changed values (a local replay recomputes each stage from the

@@ -320,7 +320,7 @@ func (pl *faultPlan) carried(p int64, gpu engine.Tensor) engine.Tensor {
 func (pl *faultPlan) endStep(p int64, changed map[string]engine.Tensor) {
 	pl.prevStep, pl.prevNew, pl.carry = p, map[string]engine.Tensor{}, nil
 	for name, t := range changed {
-		if replay.StateStages[name] {
+		if replay.IsStateStage(name) {
 			pl.prevNew[name] = t
 		}
 	}

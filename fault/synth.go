@@ -22,31 +22,31 @@ type Kind string
 // faulty value replaces the stage's value and every later stage of the step
 // (and later steps, through the cache) is computed from it.
 const (
-	// FaultSplitK: the split-K combine of sparse attention adds the second
+	// SplitKMerge: the split-K combine of sparse attention adds the second
 	// split's partial output without rescaling it by 2^(LSE2_1 − L).
 	SplitKMerge Kind = "splitk-merge"
-	// FaultLSE: the combine's total LSE misses the attention-sink term, so every
+	// WrongLSE: the combine's total LSE misses the attention-sink term, so every
 	// head's output is the reference times 1 + e^(σ_h − lse_h).
 	WrongLSE Kind = "wrong-lse"
-	// FaultFP8Scale: FQ8 of the window K picks its block scales by rounding
+	// FP8Scale: FQ8 of the window K picks its block scales by rounding
 	// amax/448 down to a power of two instead of up (spec §9.4).
 	FP8Scale Kind = "fp8-scale"
-	// FaultScaleByte: bit 0 of one UE8M0 scale byte of an older window row's
+	// ScaleByte: bit 0 of one UE8M0 scale byte of an older window row's
 	// cache page flips, so one 64-block of that row reads ×2 or ÷2.
 	ScaleByte Kind = "scale-byte"
-	// FaultTopK: the indexer's top-k returns its last row off by one (row j+1
+	// TopKOffByOne: the indexer's top-k returns its last row off by one (row j+1
 	// or j−1 instead of j). As in a real off-by-one bug, the neighbour may
 	// already be selected, so the list can name a row twice; the diagnosis
 	// says so.
 	TopKOffByOne Kind = "topk-off-by-one"
-	// FaultStalePrefix: window rows of the last four tokens are served from
+	// StalePrefix: window rows of the last four tokens are served from
 	// another request's cache page (a stale prefix-cache page).
 	StalePrefix Kind = "stale-prefix"
-	// FaultCmpLate: the main compressor (CSA or HCA) writes its row one step
+	// CompressorLate: the main compressor (CSA or HCA) writes its row one step
 	// late: at the emission step the cache row is still zero, it appears at
 	// the next step.
 	CompressorLate Kind = "compressor-late"
-	// FaultWindowOrder: the window part of the index list puts its -1
+	// WindowOrder: the window part of the index list puts its -1
 	// padding first (the V4.1 layout, spec §11 item 9) in a V4 model; steps
 	// p < W-1 only (later windows have no padding).
 	WindowOrder Kind = "window-order"
@@ -446,7 +446,7 @@ func (j *faultInjector) hides(p int64, l int, name string) bool {
 // apply returns the faulty value of the fault's stage: base is the GPU's
 // correct value (corrupted in a copy), ref the reference value computed from
 // the stage's inputs in (base itself for a synthetic run). The faulty value
-// must be out of tolerance against ref, else ErrFaultInvisible.
+// must be out of tolerance against ref, else ErrInvisible.
 func (j *faultInjector) apply(ctx *engine.StepContext, base, ref engine.Tensor, in map[string]engine.Tensor, gpuRope bool) (engine.Tensor, error) {
 	name := j.fault.Stage()
 	bad, err := j.corrupt(ctx, base, in)

@@ -32,7 +32,7 @@ import (
 // produced. It needs the disk space (the temp dir, or SPARSEMLA_BENCH_DUMP_DIR)
 // and some minutes:
 //
-//	SPARSEMLA_BENCH_DUMP_GB=20 go test ./engine -run '^$' -bench ReplayBigDump -benchtime 1x -timeout 90m
+//	SPARSEMLA_BENCH_DUMP_GB=20 go test ./replay -run '^$' -bench ReplayBigDump -benchtime 1x -timeout 90m
 func BenchmarkReplayBigDump(b *testing.B) {
 	gb, _ := strconv.ParseFloat(os.Getenv("SPARSEMLA_BENCH_DUMP_GB"), 64)
 	if gb <= 0 {

@@ -74,7 +74,7 @@ func (f *F64) UnmarshalJSON(b []byte) error {
 	}
 	var v float64
 	if _, err := fmt.Sscan(string(b), &v); err != nil {
-		return fmt.Errorf("engine: bad number %s", b)
+		return fmt.Errorf("replay: bad number %s", b)
 	}
 	*f = F64(v)
 	return nil
@@ -89,7 +89,7 @@ func (f *F64) UnmarshalJSON(b []byte) error {
 // as in FlashMLA's get_cos_diff. Non-finite pairs are skipped.
 func CosDiff(ref, gpu []float32) float64 {
 	if len(ref) != len(gpu) {
-		panic("engine: CosDiff length mismatch")
+		panic("replay: CosDiff length mismatch")
 	}
 	var xy, xx, yy float64
 	for i := range ref {
@@ -128,7 +128,7 @@ func equalValue(a, b float32) bool {
 // CosDiff's sums in the same order.
 func CompareFloat(ref, gpu engine.Tensor, tol StageTol, gpuTable bool) Metrics {
 	if !engine.SameShape(ref.Shape, gpu.Shape) {
-		panic("engine: CompareFloat shape mismatch")
+		panic("replay: CompareFloat shape mismatch")
 	}
 	m := Metrics{N: len(ref.F)}
 	var sumAbs float64
@@ -239,7 +239,7 @@ func CompareFloat(ref, gpu engine.Tensor, tol StageTol, gpuTable bool) Metrics {
 // CompareInt measures two integer tensors element by element (exact).
 func CompareInt(ref, gpu engine.Tensor) Metrics {
 	if !engine.SameShape(ref.Shape, gpu.Shape) {
-		panic("engine: CompareInt shape mismatch")
+		panic("replay: CompareInt shape mismatch")
 	}
 	m := Metrics{N: len(ref.I)}
 	for i := range ref.I {

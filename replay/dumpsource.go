@@ -70,7 +70,7 @@ func NewDumpSource(d *dump.Dump, request string) (*DumpSource, error) {
 			// A step that holds only state tensors (the state after a step
 			// that was decoded but not dumped) is not replayed; it serves
 			// the next step's "prev:" inputs.
-			if !StateStages[e.Stage] {
+			if !IsStateStage(e.Stage) {
 				steps[int64(e.Step)] = true
 			}
 			layers[e.Layer] = true
@@ -130,10 +130,15 @@ func checkPrefixHits(d *dump.Dump) error {
 	return nil
 }
 
-// StateStages names the stage tensors that are a layer's state after a step
+// stateStages names the stage tensors that are a layer's state after a step
 // (LayerState.StateTensors).
-var StateStages = map[string]bool{"kv_cache": true, "cmp_kv_state": true, "cmp_score_state": true,
+var stateStages = map[string]bool{"kv_cache": true, "cmp_kv_state": true, "cmp_score_state": true,
 	"icache": true, "icmp_kv_state": true, "icmp_score_state": true}
+
+// IsStateStage reports whether stage names a tensor of a layer's state after
+// a step (engine.LayerState.StateTensors: kv_cache, the compressor states,
+// icache): a dumped step holding only those was decoded but not dumped.
+func IsStateStage(stage string) bool { return stateStages[stage] }
 
 // Name implements Source.
 func (s *DumpSource) Name() string { return s.D.Path }

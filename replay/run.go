@@ -85,8 +85,9 @@ type unitResult struct {
 // PropagatedTolerance, overridable; docs/replay-json.md): exact, bf16 ulps,
 // FlashMLA's abs-or-rel plus cos_diff, or top-k sets with boundary ties. The
 // first failing stage is diagnosed (Diagnose) with what its inputs looked
-// like; KV pages and prefix hits in the dump are checked through Model.Pages
-// and Model.VerifyPrefix when set.
+// like; KV pages (a PageSource: the dump's records of kind "page") are
+// checked byte by byte with the kvcache codecs and a prefix-cache hit (a
+// PrefixSource) row by row with kvcache.VerifyPrefixHit.
 func Run(ctx context.Context, m *engine.Model, src Source, opt Options) (*Report, error) {
 	if opt.Mode == "" {
 		opt.Mode = Local

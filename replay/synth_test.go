@@ -104,7 +104,7 @@ func jsonPaths(v any, prefix string, out map[string]bool) {
 
 // TestReplayJSONSchema checks the structure of the --json report against the
 // golden list of key paths in testdata/replay-schema.golden (regenerate with
-// go test ./engine -run JSONSchema -update, and document the change in
+// go test ./replay -run JSONSchema -update, and document the change in
 // docs/replay-json.md with a new schema version if a field changed meaning).
 func TestReplayJSONSchema(t *testing.T) {
 	paths := map[string]bool{}

@@ -15,16 +15,16 @@ import (
 type TolMode string
 
 const (
-	// ModeExact: every element equal (±0 equal, NaN equals NaN). Used where the
+	// TolExact: every element equal (±0 equal, NaN equals NaN). Used where the
 	// spec makes the value exact: FQ8/FQ4 grids, cache rows, index lists, states.
 	TolExact TolMode = "exact"
-	// ModeULP: bf16 ulp distance at most MaxULP on every element (MaxULPNoTable
+	// TolULP: bf16 ulp distance at most MaxULP on every element (MaxULPNoTable
 	// for RoPE stages when the dump carries no GPU cos/sin table).
 	TolULP TolMode = "ulp"
-	// ModeClose: FlashMLA's check_is_allclose: every element has
+	// TolClose: FlashMLA's check_is_allclose: every element has
 	// |gpu-ref| < Abs or |gpu-ref|/(|ref|+1e-6) < Rel, and cos_diff <= Cos.
 	TolClose TolMode = "close"
-	// ModeSet: a top-k selection compared as a set; a difference that lies
+	// TolSet: a top-k selection compared as a set; a difference that lies
 	// entirely inside an exact score tie at the k-th place is a tie, not a
 	// divergence.
 	TolSet TolMode = "set"
