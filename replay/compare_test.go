@@ -114,7 +114,7 @@ func TestToleranceOverrides(t *testing.T) {
 // path for identical pairs), kept to test the one-pass form against.
 func compareFloatPlain(ref, gpu engine.Tensor, tol StageTol, gpuTable bool) Metrics {
 	if !engine.SameShape(ref.Shape, gpu.Shape) {
-		panic("engine: CompareFloat shape mismatch")
+		panic("replay: CompareFloat shape mismatch")
 	}
 	m := Metrics{N: len(ref.F)}
 	var sumAbs float64

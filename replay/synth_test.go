@@ -19,7 +19,7 @@ import (
 	"sparsemla/replay"
 )
 
-var updateGolden = flag.Bool("update", false, "rewrite engine/testdata golden files")
+var updateGolden = flag.Bool("update", false, "rewrite replay/testdata golden files")
 
 // replaySynth replays a synthetic dump in local mode.
 func replaySynth(t *testing.T, s *fault.Synth) *replay.Report {
