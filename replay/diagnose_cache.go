@@ -101,6 +101,8 @@ func diagnoseFQ8(d DiagnoseInput, div *Divergence) {
 	}
 }
 
+// ScaleExp2 is the exponent e of a power-of-two scale s = 2^e (the UE8M0
+// byte of s is 127 + e).
 func ScaleExp2(s float32) int {
 	_, e := math.Frexp(float64(s))
 	return e - 1

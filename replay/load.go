@@ -117,7 +117,9 @@ func LoadModelWith(d *dump.Dump, src Source, opt LoadOptions) (*engine.Model, er
 	return m, nil
 }
 
-// FindWeights resolves the weights file of a dump.
+// FindWeights resolves the weights file of the dump at dumpPath: weights
+// itself or weights/weights.safetensors when given, else weights.safetensors
+// beside the dump. The error says what was looked for.
 func FindWeights(dumpPath, weights string) (string, error) {
 	cands := []string{}
 	if weights != "" {
