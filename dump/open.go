@@ -51,7 +51,7 @@ type Dump struct {
 }
 
 // WeightsFile is the model weights file a dump directory may hold beside its
-// records (official state_dict names; engine.LoadModel reads it). In a
+// records (official state_dict names; replay.LoadModel reads it). In a
 // directory of native .smd files it is not part of the dump.
 const WeightsFile = "weights.safetensors"
 

@@ -1,6 +1,8 @@
-// Package engine runs the DeepSeek-V4 attention sub-layer reference one decode
-// step at a time, names every intermediate as a stage tensor, and replays GPU
-// dumps against it.
+// Package engine is the DeepSeek-V4 reference model: the attention sub-layer's
+// config, weights and state, and one decode step as a graph of named stage
+// tensors. It runs that step on plain reference loops or on prepared fast
+// kernels with the same bits, and knows nothing of replays, reports,
+// tolerances or faults (packages replay and fault build on it).
 //
 // # Overview
 //
@@ -27,7 +29,8 @@
 //	  [→ cmp_pooled → cmp_normed → cmp_roped → cmp_row]  at emitting steps
 //	kv_cache → o → o_inv → u → y                         cache write, sparse attention, output
 //
-// The names are the key suffixes of the golden GPU dumps. Two ways to run them:
+// The names are the key suffixes of the golden GPU dumps. Two ways to run them
+// (package replay does both against a dump):
 //
 //   - teacher-forced (local): feed each Compute the DUMPED values of its
 //     inputs and compare its result with the dumped value of the stage: an
@@ -38,7 +41,18 @@
 //
 // The attention and indexer packages hold the arithmetic; this package only
 // names and wires it. SyntheticState / SyntheticInput / RandomLayerWeights make
-// seeded synthetic layers (explain, benchmarks).
+// seeded synthetic layers (Explain, the teaching walk of one step that
+// 'sparsemla explain' prints; benchmarks; package fault's synthetic runs).
+//
+// # Models and records
+//
+// A Model is what a decode step needs besides its inputs: the Config, the
+// LayerWeights of each layer and each layer's RoPE table (RopeTable; LayerRope
+// computes one, spec §3.6). Weights load from safetensors files in the
+// checkpoint's layout (LoadLayerWeights, LoadLayerWeightsPrepared, from a
+// dump.Safetensors); LayerWeightRecords writes them back as records under the
+// official names. TensorFromRecord, TensorRecord and RecordLike convert
+// between dump records and Tensors.
 //
 // # Shapes and axis order
 //
@@ -100,22 +114,20 @@
 // PreparedLayer, PreparedModel); PreparedLayer.Step is an in-place decode step
 // on the attention package's fast kernels, bit-identical to RunStep (y and the
 // state after). PrepareLayer / Model.PrepareFast set LayerWeights.Fast, which
-// switches every stage of the graph (RunStep, the replays) to the same kernels;
+// switches every stage of the graph (RunStep, StageDef.Compute, hence the
+// replays) to the same kernels;
 // without it the reference loops run. A CSA step at 65,536 then takes about
 // 10 ms, a whole 43-layer step about 0.3 s on a quiet 2-core machine
 // (bench/README.md; go test ./engine -run '^$' -bench Prepared).
 //
-// Which path a replay runs is chosen at load: LoadModel keeps the full
-// reference form (every FP8 weight with its fp32 dequantisation, wo_a in
-// fp32: ≈ 0.55 GiB per V4-Flash CSA layer) and runs the plain loops;
-// LoadModelWith(LoadOptions{Prepared: true}) — what the commands do unless
-// --reference — loads each layer with LoadLayerWeightsPrepared, packing it as
-// it is read and keeping only the compact form (FP8 codes in their panels,
-// FP8Weight.UsePanels; wo_a only packed; compressors fp32): all 43 V4-Flash
-// layers take 5.7 GiB of heap (BenchmarkLoadPreparedFlash). Model.Kernels
-// and the report's "kernels" field name the path; the reports are
-// byte-identical otherwise (cmd/sparsemla TestReplayKernelsSameBytes). A
-// compact layer must keep its Fast: its reference wo_a stage has no weights
-// (it panics), while its FP8 weights still serve reference loops
+// LoadLayerWeights keeps the full reference form (every FP8 weight with its
+// fp32 dequantisation, wo_a in fp32: ≈ 0.55 GiB per V4-Flash CSA layer);
+// LoadLayerWeightsPrepared packs a layer as it is read and keeps only the
+// compact form (FP8 codes in their panels, FP8Weight.UsePanels; wo_a only
+// packed; compressors fp32): all 43 V4-Flash layers take 5.7 GiB of heap
+// (BenchmarkLoadPreparedFlash). Model.Kernels names the path a model runs
+// (replay.LoadModelWith chooses it; the report's "kernels" field). A compact
+// layer must keep its Fast: its reference wo_a stage has no weights (it
+// panics), while its FP8 weights still serve reference loops
 // (attention.FP8Linear dequantises them row by row from the panels).
 package engine

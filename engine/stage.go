@@ -187,19 +187,19 @@ func addCompressor(add func(string, string, func(*StepContext, map[string]Tensor
 // returns all stage tensors (keyed by name) and the state after the step. st is
 // not modified.
 func RunStep(ctx *StepContext, x Tensor, st *LayerState) (map[string]Tensor, *LayerState, error) {
-	return runStep(ctx, x, st, nil)
+	return RunStepHooked(ctx, x, st, nil)
 }
 
-// stageHook is called by runStep after each stage's Compute with the stage
+// StageHook is called by RunStepHooked after each stage's Compute with the stage
 // and the inputs it read; it returns the value later stages read as that
 // stage (the computed one, or a substitute) and may stop the step with an
 // error.
-type stageHook func(def StageDef, in map[string]Tensor, t Tensor) (Tensor, error)
+type StageHook func(def StageDef, in map[string]Tensor, t Tensor) (Tensor, error)
 
-// runStep is RunStep with an optional hook after each stage (nil: none). The
+// RunStepHooked is RunStep with an optional hook after each stage (nil: none). The
 // propagated replay compares each stage with the dump there, and follows the
 // GPU's selection where it is a legal top-k tie choice.
-func runStep(ctx *StepContext, x Tensor, st *LayerState, hook stageHook) (map[string]Tensor, *LayerState, error) {
+func RunStepHooked(ctx *StepContext, x Tensor, st *LayerState, hook StageHook) (map[string]Tensor, *LayerState, error) {
 	if err := ctx.Check(); err != nil {
 		return nil, nil, err
 	}

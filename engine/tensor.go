@@ -84,3 +84,28 @@ func (t Tensor) Clone() Tensor {
 	}
 	return c
 }
+
+// Coord converts a flat row-major index into a coordinate of shape.
+func Coord(shape []int, flat int) []int {
+	c := make([]int, len(shape))
+	for i := len(shape) - 1; i >= 0; i-- {
+		if shape[i] > 0 {
+			c[i] = flat % shape[i]
+			flat /= shape[i]
+		}
+	}
+	return c
+}
+
+// SameShape reports whether a and b have identical shapes.
+func SameShape(a, b []int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}

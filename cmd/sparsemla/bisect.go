@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"io"
 
-	"sparsemla/engine"
+	"sparsemla/replay"
 )
 
 func init() {
@@ -43,7 +43,7 @@ func runBisect(args []string, stdout, stderr io.Writer) int {
 		return rpFail(stderr, "bisect", err)
 	}
 	defer o.Close()
-	rep, err := engine.Bisect(context.Background(), o.model, o.src, tol)
+	rep, err := replay.Bisect(context.Background(), o.model, o.src, tol)
 	if err != nil {
 		return rpFail(stderr, "bisect", err)
 	}

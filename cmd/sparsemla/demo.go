@@ -9,6 +9,8 @@ import (
 
 	"sparsemla/dump"
 	"sparsemla/engine"
+	"sparsemla/fault"
+	"sparsemla/replay"
 )
 
 func init() {
@@ -29,7 +31,7 @@ with 'sparsemla synth' and 'sparsemla replay'.`
 
 // demoFault is the fault the demo injects: a stale prefix-cache page (the
 // failure DeepSeek-V4 serving stacks report most, tools-and-formats.md §3.5).
-var demoFault = engine.Fault{Kind: engine.FaultStalePrefix, Step: 9, Layer: 3}
+var demoFault = fault.Fault{Kind: fault.StalePrefix, Step: 9, Layer: 3}
 
 func runDemo(args []string, stdout, stderr io.Writer) int {
 	fs := rpFlagSet("demo", "demo [--keep DIR] [--reference]", demoDoc, stderr)
@@ -52,40 +54,39 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 		prefill, prefill+steps-1, prefill, seed)
 	runs := []struct {
 		name  string
-		fault *engine.Fault
+		fault *fault.Fault
 	}{{"clean", nil}, {"faulty", &demoFault}}
 	for _, r := range runs {
 		out := filepath.Join(dir, r.name)
-		s, err := engine.Synthesize(engine.SynthOptions{Prefill: prefill, Steps: steps, Seed: seed, Fault: r.fault})
+		s, err := fault.Synthesize(fault.SynthOptions{Prefill: prefill, Steps: steps, Seed: seed, Fault: r.fault})
 		if err != nil {
 			return rpFail(stderr, "demo", err)
 		}
-		if err := s.WriteWith(out, kvPages{}); err != nil {
+		if err := s.Write(out); err != nil {
 			return rpFail(stderr, "demo", err)
 		}
 		what := "no fault"
 		if r.fault != nil {
-			what = "injected: " + r.fault.String() + " (stale prefix-cache page from request " + engine.SynthOtherRequest + ")"
+			what = "injected: " + r.fault.String() + " (stale prefix-cache page from request " + fault.SynthOtherRequest + ")"
 		}
 		fmt.Fprintf(stdout, "\n== %s dump (%s)\n   $ sparsemla replay %s\n", r.name, what, out)
-		d, err := dump.Open(filepath.Join(out, engine.SynthDumpFile))
+		d, err := dump.Open(filepath.Join(out, fault.SynthDumpFile))
 		if err != nil {
 			return rpFail(stderr, "demo", err)
 		}
-		src, err := engine.NewDumpSource(d, "")
+		src, err := replay.NewDumpSource(d, "")
 		if err == nil {
 			var m *engine.Model
-			if m, err = engine.LoadModelWith(d, src, engine.LoadOptions{Weights: out, Prepared: !*reference}); err == nil {
-				withCacheHooks(m)
-				var rep *engine.Report
-				if rep, err = engine.Replay(context.Background(), m, src, engine.ReplayOptions{}); err == nil {
+			if m, err = replay.LoadModelWith(d, src, replay.LoadOptions{Weights: out, Prepared: !*reference}); err == nil {
+				var rep *replay.Report
+				if rep, err = replay.Run(context.Background(), m, src, replay.Options{}); err == nil {
 					rep.WriteText(stdout)
 				}
 				if err == nil && r.fault != nil {
 					// How the error grows: the reference's own chain, which
 					// never saw the fault, against the dump.
-					var prop *engine.Report
-					if prop, err = engine.Replay(context.Background(), m, src, engine.ReplayOptions{Mode: engine.Propagated}); err == nil {
+					var prop *replay.Report
+					if prop, err = replay.Run(context.Background(), m, src, replay.Options{Mode: replay.Propagated}); err == nil {
 						fmt.Fprintf(stdout, "   $ sparsemla replay --mode propagated %s\n   %s\n", out, growth(prop))
 					}
 				}
@@ -105,7 +106,7 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 
 // growth summarises a propagated replay: which (step, layer) units and how
 // many stages are out of tolerance.
-func growth(r *engine.Report) string {
+func growth(r *replay.Report) string {
 	type unit struct {
 		step  int64
 		layer int
@@ -113,7 +114,7 @@ func growth(r *engine.Report) string {
 	n := map[unit]int{}
 	var order []unit
 	for _, s := range r.Results {
-		if s.Status != engine.StatusFail {
+		if s.Status != replay.StatusFail {
 			continue
 		}
 		u := unit{s.Step, s.Layer}

@@ -6,6 +6,7 @@ import (
 	"io"
 
 	"sparsemla/engine"
+	"sparsemla/replay"
 )
 
 func init() {
@@ -53,7 +54,7 @@ func runDiff(args []string, stdout, stderr io.Writer) int {
 	} else if cfg, err = engine.ParseConfig([]byte(a.d.Header.ModelArgs)); err != nil {
 		return rpFail(stderr, "diff", fmt.Errorf("%s: no usable model config: %w", pos[0], err))
 	}
-	rep, err := engine.Diff(context.Background(), cfg, a.model, a.src, b.src, tol)
+	rep, err := replay.Diff(context.Background(), cfg, a.model, a.src, b.src, tol)
 	if err != nil {
 		return rpFail(stderr, "diff", err)
 	}

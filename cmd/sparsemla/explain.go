@@ -4,10 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"math"
-	"strings"
 
-	"sparsemla/attention"
 	"sparsemla/engine"
 )
 
@@ -22,34 +19,6 @@ Flags:
 
 func init() {
 	register(&command{name: "explain", summary: "walk one decode step of one layer, stage by stage (teaching view)", run: runExplain})
-}
-
-// explainSections groups the stages into the parts of the algorithm, each with
-// the sentence that says why it exists.
-var explainSections = []struct {
-	title, why string
-	match      func(stage string) bool
-}{
-	{"Query", "low-rank query: x → wq_a → q_norm → wq_b, then every 512-d head is divided by its RMS (V4 only, each op rounded to bf16) and its last 64 dims rotated to position p.",
-		func(s string) bool { return s == "q_a" || s == "cq" || s == "q_b" || s == "q_pe_prerope" || s == "q" }},
-	{"Window K (= V) of the new token", "one 512-d latent per token serves as key AND value (MQA, one KV head); dims 0..447 are snapped to the FP8 grid (FQ8, blocks of 64, power-of-two scales) as QAT trained them, the 64 rope dims stay bf16.",
-		func(s string) bool { return s == "kv_raw" || s == "kv_normed" || s == "kv_roped" || s == "kv" }},
-	{"Indexer query (CSA)", "the lightning indexer chooses which compressed rows to attend: an H_I-head 128-d query from cq, rotated to p, then Hadamard-rotated and snapped to FP4 (blocks of 32) exactly as its keys are.",
-		func(s string) bool { return strings.HasPrefix(s, "iq") }},
-	{"Indexer compressor (CSA)", "the indexer keeps its own 128-d compressed keys: every 4 tokens (overlapping with the previous 4) are pooled by a learned per-channel softmax, normed, rotated to position 4j, Hadamard-rotated and snapped to FP4.",
-		func(s string) bool { return strings.HasPrefix(s, "icmp_") || s == "icache" }},
-	{"Indexer scores and top-k (CSA)", "score_j = Σ_h w_h · ReLU(q_h · k_j) with per-head weights from x (no softmax; many scores tie); the top index_topk rows, larger score first, lower row on ties.",
-		func(s string) bool { return strings.HasPrefix(s, "iw") || strings.HasPrefix(s, "index_") }},
-	{"Index list", "what sparse_attn reads: the 128 window slots oldest → newest (−1 = empty), then kv_cache rows 128 + j of the selected compressed rows.",
-		func(s string) bool { return s == "topk_idxs" }},
-	{"Main compressor", "every r tokens (r = 4 overlapping, or 128) become ONE 512-d compressed K/V row: per-channel softmax pooling of Wkv·x with scores Wgate·x + ape, bf16, RMSNorm, RoPE at position j·r, FQ8 of the nope dims.",
-		func(s string) bool { return strings.HasPrefix(s, "cmp_") }},
-	{"Cache write", "the new token's K goes to window slot p mod 128 and an emitted compressed row to row 128 + p div r, both BEFORE attention, so the query sees them at this very step.",
-		func(s string) bool { return s == "kv_cache" }},
-	{"Sparse attention", "softmax over the listed rows with a per-head sink logit in the denominator only (a key with value 0), in chunks of 64 with a running max, P rounded to bf16 for P·V; then the query's rotation is removed from the output's rope dims.",
-		func(s string) bool { return s == "o" || s == "o_inv" }},
-	{"Output projection", "grouped low rank: heads are split into o_groups groups, each projected by its block of wo_a (bf16 GEMM) to o_lora_rank dims, then wo_b (FP8) maps all groups back to dim.",
-		func(s string) bool { return s == "u" || s == "y" }},
 }
 
 func runExplain(args []string, stdout, stderr io.Writer) int {
@@ -101,152 +70,9 @@ func runExplain(args []string, stdout, stderr io.Writer) int {
 	if *nvals < 1 {
 		*nvals = 1
 	}
-	if err := explain(stdout, cfg, *cfgName, *layer, *step, *seed, *nvals); err != nil {
+	if err := engine.Explain(stdout, cfg, *cfgName, *layer, *step, *seed, *nvals); err != nil {
 		fmt.Fprintf(stderr, "explain: %v\n", err)
 		return exitError
 	}
 	return exitOK
-}
-
-func explain(w io.Writer, cfg *engine.Config, name string, l int, p int64, seed uint64, nvals int) error {
-	r := cfg.Ratio(l)
-	rope := engine.LayerRope(cfg, l, int(p)+1)
-	W := engine.RandomLayerWeights(cfg, l, seed)
-	st := engine.SyntheticState(cfg, W, rope, p, seed)
-	x := engine.SyntheticInput(cfg, p, seed)
-	ctx := &engine.StepContext{Cfg: cfg, Layer: l, Pos: p, W: W, Rope: rope}
-
-	fmt.Fprintf(w, "sparsemla explain: one decode step of one DeepSeek-V4 attention layer, in the order of model.py\n\n")
-	fmt.Fprintf(w, "config %s: dim %d, %d query heads × %d (%d nope + %d rope), ONE shared KV head; q_lora_rank %d; o_groups %d × o_lora_rank %d; window %d\n",
-		name, cfg.Dim, cfg.NHeads, cfg.HeadDim, cfg.NopeDim(), cfg.RopeHeadDim, cfg.QLoraRank, cfg.OGroups, cfg.OLoraRank, cfg.WindowSize)
-	kind := map[int]string{0: "SWA: sliding window only", 4: fmt.Sprintf("CSA: window + the indexer's top-%d compressed rows (one row per 4 tokens)", cfg.IndexTopK),
-		128: "HCA: window + every compressed row (one row per 128 tokens)"}[r]
-	fmt.Fprintf(w, "layer %d: compress ratio r = %d, %s\n", l, r, kind)
-	rp := cfg.RopeParams(l)
-	if rp.OriginalSeqLen > 0 {
-		fmt.Fprintf(w, "RoPE: base %g with YaRN (factor %g, original_seq_len %d, beta %d/%d) on the last 64 dims, interleaved pairs\n", rp.Base, rp.Factor, rp.OriginalSeqLen, rp.BetaFast, rp.BetaSlow)
-	} else {
-		fmt.Fprintf(w, "RoPE: base %g, no YaRN, on the last 64 dims, interleaved pairs\n", rp.Base)
-	}
-	first, last := attention.VisibleWindow(p, cfg.WindowSize)
-	fmt.Fprintf(w, "step p = %d: the query sees window tokens %d … %d", p, first, last)
-	if r > 0 {
-		tc := attention.VisibleRows(p, r)
-		fmt.Fprintf(w, " and compressed rows 0 … %d (Tc = %d)", tc-1, tc)
-		if r == 4 {
-			fmt.Fprintf(w, ", of which the indexer picks %d", min(cfg.IndexTopK, tc))
-		}
-		if attention.EmitsRow(p, r) {
-			j := attention.EmittedRow(p, r)
-			aF, aL, bF, bL := attention.RowTokens(j, r)
-			fmt.Fprintf(w, "\n  this step completes compressed row %d (tokens %d … %d", j, bF, bL)
-			if aF >= 0 {
-				fmt.Fprintf(w, ", plus the overlap half of tokens %d … %d", aF, aL)
-			}
-			fmt.Fprintf(w, "), RoPE position %d", attention.RowRopePos(j, r))
-		} else {
-			fmt.Fprintf(w, "\n  no row completes here: the next one appears at p = %d", attention.EmissionPos(attention.VisibleRows(p, r), r))
-		}
-	}
-	fmt.Fprintf(w, "\nsynthetic: weights, the %d earlier tokens' state and x (seed %d); dims and arithmetic are the model's\n", p, seed)
-
-	fmt.Fprintf(w, "\n%-16s %-4s %-10s %s\n", "stage", "type", "shape", "equation / first values and RMS")
-	fmt.Fprintf(w, "%-16s %-4s %-10s %s\n", "x", x.Kind, shapeStr(x.Shape), "attention input = attn_norm(hc_pre(h)), bf16")
-	fmt.Fprintf(w, "%-16s %-4s %-10s %s\n", "", "", "", valuesStr(x, 0, nvals))
-
-	avail := map[string]engine.Tensor{"x": x}
-	for n, t := range st.StateTensors() {
-		avail[engine.PrevPrefix+n] = t
-	}
-	section := -1
-	for _, def := range engine.Stages(cfg, l, p) {
-		for i, s := range explainSections {
-			if s.match(def.Name) {
-				if i != section {
-					section = i
-					fmt.Fprintf(w, "\n── %s ──\n   %s\n", s.title, s.why)
-				}
-				break
-			}
-		}
-		in := map[string]engine.Tensor{}
-		for _, n := range def.Inputs {
-			in[n] = avail[n]
-		}
-		t, err := def.Compute(ctx, in)
-		if err != nil {
-			return fmt.Errorf("stage %s: %w", def.Name, err)
-		}
-		avail[def.Name] = t
-		fmt.Fprintf(w, "%-16s %-4s %-10s %s\n", def.Name, t.Kind, shapeStr(t.Shape), def.Equation)
-		fmt.Fprintf(w, "%-16s %-4s %-10s %s\n", "", "", "", stageValues(def.Name, t, nvals, cfg.WindowSize))
-	}
-	fmt.Fprintf(w, "\ny (bf16 [%d]) goes to hc_post, which mixes it back into the 4 residual streams.\n", cfg.Dim)
-	return nil
-}
-
-func shapeStr(s []int) string {
-	p := make([]string, len(s))
-	for i, d := range s {
-		p[i] = fmt.Sprint(d)
-	}
-	return "[" + strings.Join(p, ",") + "]"
-}
-
-// ropeStages change only the last 64 dims of each row: show those.
-var ropeStages = map[string]bool{"q": true, "kv_roped": true, "iq_roped": true, "cmp_roped": true, "icmp_roped": true, "o_inv": true}
-
-// stageValues prints a few values of a stage: where RoPE acted, from the
-// rotated dims; for the index list, the window part's ends and the compressed part.
-func stageValues(name string, t engine.Tensor, n, win int) string {
-	if ropeStages[name] && len(t.Shape) > 0 {
-		d := t.Shape[len(t.Shape)-1]
-		return fmt.Sprintf("dims %d: %s", d-attention.RopeDims, valuesStr(t, d-attention.RopeDims, n))
-	}
-	if name == "topk_idxs" && len(t.I) >= win {
-		w := t.I[:win]
-		s := fmt.Sprintf("window %v … %v", w[:min(n, win)], w[win-min(n, win):])
-		if len(t.I) > win {
-			c := t.I[win:]
-			s += fmt.Sprintf(" | compressed %v", c[:min(len(c), 2*n)])
-			if len(c) > 2*n {
-				s = s[:len(s)-1] + fmt.Sprintf(" …] (%d)", len(c))
-			}
-		}
-		return s
-	}
-	return valuesStr(t, 0, n)
-}
-
-// valuesStr prints the first n values (the start of the first row for
-// matrices) and the RMS of a float tensor, or the first entries of an index list.
-func valuesStr(t engine.Tensor, off, n int) string {
-	if !t.Kind.IsFloat() {
-		if len(t.I) == 0 {
-			return "(empty)"
-		}
-		k := min(len(t.I), 2*n)
-		s := fmt.Sprint(t.I[:k])
-		if k < len(t.I) {
-			s = s[:len(s)-1] + fmt.Sprintf(" … %v] (%d entries)", t.I[len(t.I)-1], len(t.I))
-		}
-		return s
-	}
-	if len(t.F) == 0 {
-		return "(empty)"
-	}
-	var ss float64
-	for _, v := range t.F {
-		ss += float64(v) * float64(v)
-	}
-	k := min(len(t.F)-off, n)
-	parts := make([]string, k)
-	for i := range parts {
-		parts[i] = fmt.Sprintf("%.5g", t.F[off+i])
-	}
-	more := ""
-	if off+k < len(t.F) {
-		more = " …"
-	}
-	return fmt.Sprintf("[%s%s]  rms %.4g", strings.Join(parts, " "), more, math.Sqrt(ss/float64(len(t.F))))
 }

@@ -11,6 +11,7 @@ import (
 	"sparsemla/dump"
 	"sparsemla/engine"
 	"sparsemla/quant"
+	"sparsemla/replay"
 )
 
 // No false alarms: every clean dump replays with zero divergences under the
@@ -276,11 +277,11 @@ func TestTieConsistentGPU(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srcD, err := engine.NewDumpSource(d, "")
+	srcD, err := replay.NewDumpSource(d, "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := engine.LoadModel(d, srcD, "")
+	m, err := replay.LoadModel(d, srcD, "")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,7 +6,8 @@ import (
 	"io"
 	"strings"
 
-	"sparsemla/engine"
+	"sparsemla/fault"
+	"sparsemla/replay"
 )
 
 func init() {
@@ -65,7 +66,7 @@ func runFault(args []string, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return exitError
 	}
-	flt, err := engine.ParseFault(*faultFlag)
+	flt, err := fault.Parse(*faultFlag)
 	if err != nil {
 		return rpFail(stderr, "fault", err)
 	}
@@ -74,8 +75,8 @@ func runFault(args []string, stdout, stderr io.Writer) int {
 		return rpFail(stderr, "fault", err)
 	}
 	defer o.Close()
-	res, err := engine.WriteFaulted(o.d, o.src, o.model, *out, engine.FaultOptions{
-		Fault: flt, Seed: *seed, Weights: f.weights, Pages: kvPages{},
+	res, err := fault.WriteFaulted(o.d, o.src, o.model, *out, fault.Options{
+		Fault: flt, Seed: *seed, Weights: f.weights,
 	})
 	if err != nil {
 		return rpFail(stderr, "fault", err)
@@ -101,7 +102,7 @@ func runFault(args []string, stdout, stderr io.Writer) int {
 
 // stageKeys prints stage keys grouped by step and layer:
 // "p5/L1: o, o_inv, u, y; p6/L1: ...".
-func stageKeys(keys []engine.StageKey) string {
+func stageKeys(keys []replay.StageKey) string {
 	if len(keys) == 0 {
 		return "nothing"
 	}

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"sparsemla/engine"
+	"sparsemla/fault"
 )
 
 // ftDiagnosis is the diagnosis kind, as replay prints it, of each fault.
@@ -40,8 +40,8 @@ func TestFaultCommandGPUDumps(t *testing.T) {
 		{"gpu-v4-tiny-long", "scale-byte@128,3", "kv_cache"},
 		{"gpu-v4-tiny-long", "compressor-late@255,2", "kv_cache"}, // HCA, r = 128
 	}
-	if len(ftDiagnosis) != len(engine.FaultKinds()) {
-		t.Fatalf("ftDiagnosis covers %d kinds, engine has %d", len(ftDiagnosis), len(engine.FaultKinds()))
+	if len(ftDiagnosis) != len(fault.Kinds()) {
+		t.Fatalf("ftDiagnosis covers %d kinds, engine has %d", len(ftDiagnosis), len(fault.Kinds()))
 	}
 	covered := map[string]bool{}
 	for _, c := range cases {

@@ -12,7 +12,7 @@ import (
 
 	"sparsemla/dump"
 	"sparsemla/engine"
-	"sparsemla/kvcache"
+	"sparsemla/replay"
 )
 
 func init() {
@@ -56,15 +56,15 @@ func (f *replayFlags) register(fs *flag.FlagSet, withMode bool) {
 	fs.StringVar(&f.tolFile, "tol", "", "JSON file overriding stage tolerances (docs/replay-json.md)")
 	fs.Var(&f.tolStage, "tol-stage", "override one stage's tolerance, e.g. 'o=close,abs=2e-3,rel=0.02,cos=1e-5' or 'u=ulp,max_ulp=3' (repeatable)")
 	fs.StringVar(&f.request, "request", "", "request to replay when the dump holds several (default: the first)")
-	fs.BoolVar(&f.json, "json", false, "write the report as JSON (schema "+engine.SchemaVersion+")")
+	fs.BoolVar(&f.json, "json", false, "write the report as JSON (schema "+replay.SchemaVersion+")")
 	fs.BoolVar(&f.reference, "reference", false, referenceUsage)
 }
 
 // tolerance builds the policy: defaults, then --tol, then --tol-stage.
-func (f *replayFlags) tolerance() (*engine.Tolerance, error) {
-	t := engine.DefaultTolerance()
-	if f.mode == string(engine.Propagated) {
-		t = engine.PropagatedTolerance()
+func (f *replayFlags) tolerance() (*replay.Tolerance, error) {
+	t := replay.DefaultTolerance()
+	if f.mode == string(replay.Propagated) {
+		t = replay.PropagatedTolerance()
 	}
 	if f.tolFile != "" {
 		if err := t.LoadToleranceFile(f.tolFile); err != nil {
@@ -72,7 +72,7 @@ func (f *replayFlags) tolerance() (*engine.Tolerance, error) {
 		}
 	}
 	for _, s := range f.tolStage {
-		name, st, err := engine.ParseStageTol(s)
+		name, st, err := replay.ParseStageTol(s)
 		if err != nil {
 			return nil, err
 		}
@@ -84,7 +84,7 @@ func (f *replayFlags) tolerance() (*engine.Tolerance, error) {
 // rpOpened is a dump ready to replay.
 type rpOpened struct {
 	d     *dump.Dump
-	src   *engine.DumpSource
+	src   *replay.DumpSource
 	model *engine.Model // nil when the weights could not be found and not required
 }
 
@@ -110,12 +110,12 @@ func rpOpenDump(path string, f *replayFlags, needModel bool) (*rpOpened, error) 
 		return nil, err
 	}
 	o := &rpOpened{d: d}
-	o.src, err = engine.NewDumpSource(d, f.request)
+	o.src, err = replay.NewDumpSource(d, f.request)
 	if err != nil {
 		o.Close()
 		return nil, err
 	}
-	o.model, err = engine.LoadModelWith(d, o.src, engine.LoadOptions{Weights: f.weights, Prepared: !f.reference})
+	o.model, err = replay.LoadModelWith(d, o.src, replay.LoadOptions{Weights: f.weights, Prepared: !f.reference})
 	if err != nil {
 		if needModel {
 			o.Close()
@@ -123,7 +123,6 @@ func rpOpenDump(path string, f *replayFlags, needModel bool) (*rpOpened, error) 
 		}
 		o.model = nil
 	}
-	withCacheHooks(o.model)
 	return o, nil
 }
 
@@ -215,14 +214,14 @@ func rpParseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
 }
 
 // exitFor maps a report to the exit code.
-func rpExit(r *engine.Report) int {
+func rpExit(r *replay.Report) int {
 	if r.Diverged() {
 		return exitDiverged
 	}
 	return exitOK
 }
 
-func rpWrite(stdout io.Writer, r *engine.Report, asJSON bool) error {
+func rpWrite(stdout io.Writer, r *replay.Report, asJSON bool) error {
 	if asJSON {
 		return r.WriteJSON(stdout)
 	}
@@ -259,8 +258,8 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return rpFail(stderr, "replay", err)
 	}
-	rep, err := engine.Replay(context.Background(), o.model, o.src, engine.ReplayOptions{
-		Mode: engine.ReplayMode(f.mode), Tol: tol, Steps: steps, Progress: rpProgress(stderr, "replay"),
+	rep, err := replay.Run(context.Background(), o.model, o.src, replay.Options{
+		Mode: replay.Mode(f.mode), Tol: tol, Steps: steps, Progress: rpProgress(stderr, "replay"),
 	})
 	if err != nil {
 		return rpFail(stderr, "replay", err)
@@ -269,103 +268,6 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 		return rpFail(stderr, "replay", err)
 	}
 	return rpExit(rep)
-}
-
-// kvPages implements engine.PageCodec over the kvcache page codecs
-// (engine cannot import kvcache, which imports engine).
-type kvPages struct{}
-
-func kvFormat(layout string, dim, blockSize int) (kvcache.Format, kvcache.Layout, error) {
-	l, err := kvcache.ParseLayout(layout)
-	if err != nil {
-		return kvcache.Format{}, 0, err
-	}
-	f, err := kvcache.NewFormat(l, dim, blockSize)
-	return f, l, err
-}
-
-// Rewrite implements engine.PageCodec.
-func (kvPages) Rewrite(layout string, dim, blockSize int, page []byte, rows map[int][]float32) ([]byte, error) {
-	f, l, err := kvFormat(layout, dim, blockSize)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]byte, f.PageBytes())
-	if page != nil {
-		if len(page) != len(out) {
-			return nil, fmt.Errorf("%v page has %d bytes, want %d", f, len(page), len(out))
-		}
-		copy(out, page)
-	}
-	for e, row := range rows {
-		if e < 0 || e >= blockSize || len(row) != f.Dim {
-			return nil, fmt.Errorf("%v: entry %d with %d values", f, e, len(row))
-		}
-		f.EncodeEntry(out, e, row, kvcache.RefScaling(l))
-	}
-	return out, nil
-}
-
-// Compare implements engine.PageCodec.
-func (kvPages) Compare(layout string, dim, blockSize int, got, want []byte) (string, error) {
-	f, _, err := kvFormat(layout, dim, blockSize)
-	if err != nil {
-		return "", err
-	}
-	if len(got) != f.PageBytes() || len(want) != f.PageBytes() {
-		return "", fmt.Errorf("%v pages of %d and %d bytes, want %d", f, len(got), len(want), f.PageBytes())
-	}
-	if d := f.ComparePages(got, want); d != nil {
-		return d.String(), nil
-	}
-	return "", nil
-}
-
-// kvVerifyPrefix implements engine.PrefixVerifier with kvcache.VerifyPrefixHit
-// over the window rows of tokens [max(0, N-W), N) of one layer (presented to
-// the verifier as a one-layer window-only schedule: the compressed rows and
-// compressor state of the hit are checked by the replay's own kv_cache
-// comparison).
-func kvVerifyPrefix(cfg *engine.Config, layer int, hit engine.PrefixHit, gpu, own engine.Tensor, others map[string]engine.Tensor) (string, error) {
-	W, D, N := cfg.WindowSize, cfg.HeadDim, int(hit.Tokens)
-	rows := func(t engine.Tensor) kvcache.RowMap {
-		m := kvcache.RowMap{}
-		for tok := max(0, N-W); tok < N; tok++ {
-			slot := tok % W
-			if (slot+1)*D <= len(t.F) {
-				m[kvcache.RowKey{Layer: 0, Cache: kvcache.CacheWindow, Index: tok}] = t.F[slot*D : (slot+1)*D]
-			}
-		}
-		return m
-	}
-	o := map[string]kvcache.RowSource{}
-	for name, t := range others {
-		o[name] = rows(t)
-	}
-	h := kvcache.PrefixHit{Request: "replayed", Donor: hit.From, Tokens: N, Schedule: kvcache.Schedule{Window: W, Ratios: []int{0}}}
-	s, err := kvcache.VerifyPrefixHit(h, rows(gpu), rows(own), o)
-	if err != nil || s == nil {
-		return "", err
-	}
-	line := fmt.Sprintf("kvcache.VerifyPrefixHit: first stale row is the window row of token %d (layer %d)", s.Index, layer)
-	if s.Missing {
-		line += ", missing on the GPU"
-	} else {
-		line += fmt.Sprintf(": dim %d GPU %g, own %g (%d values differ)", s.Dim, s.GPU, s.Own, s.Values)
-	}
-	if s.MatchesOther != "" {
-		line += fmt.Sprintf("; it equals request %q's row of token %d: a stale page from that request", s.MatchesOther, s.OtherIndex)
-	}
-	return line + fmt.Sprintf(" (%d stale rows in the hit)", s.StaleRows), nil
-}
-
-// withCacheHooks wires the kvcache-backed page codec and prefix verifier.
-func withCacheHooks(m *engine.Model) *engine.Model {
-	if m != nil {
-		m.Pages = kvPages{}
-		m.VerifyPrefix = kvVerifyPrefix
-	}
-	return m
 }
 
 // parseSteps parses --steps: "P", "A-B" or a comma list of both; "" is nil

@@ -6,7 +6,8 @@ import (
 	"io"
 	"os"
 
-	"sparsemla/engine"
+	"sparsemla/htmlreport"
+	"sparsemla/replay"
 )
 
 func init() {
@@ -45,8 +46,8 @@ func runReport(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return rpFail(stderr, "report", err)
 	}
-	rep, err := engine.Replay(context.Background(), o.model, o.src, engine.ReplayOptions{
-		Mode: engine.ReplayMode(f.mode), Tol: tol, Steps: steps, Progress: rpProgress(stderr, "report"),
+	rep, err := replay.Run(context.Background(), o.model, o.src, replay.Options{
+		Mode: replay.Mode(f.mode), Tol: tol, Steps: steps, Progress: rpProgress(stderr, "report"),
 	})
 	if err != nil {
 		return rpFail(stderr, "report", err)
@@ -55,7 +56,7 @@ func runReport(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return rpFail(stderr, "report", err)
 	}
-	if err := rep.WriteHTML(fh); err != nil {
+	if err := htmlreport.Write(fh, rep); err != nil {
 		fh.Close()
 		return rpFail(stderr, "report", err)
 	}

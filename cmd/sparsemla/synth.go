@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"io"
 
-	"sparsemla/engine"
+	"sparsemla/fault"
 )
 
 func init() {
@@ -41,19 +41,19 @@ func runSynth(args []string, stdout, stderr io.Writer) int {
 	if _, code, ok := rpArgs(fs, args, 0, func() bool { return *out != "" }); !ok {
 		return code
 	}
-	opt := engine.SynthOptions{Config: *cfg, Prefill: *prefill, Steps: *steps, Seed: *seed}
+	opt := fault.SynthOptions{Config: *cfg, Prefill: *prefill, Steps: *steps, Seed: *seed}
 	if *faultFlag != "" {
-		f, err := engine.ParseFault(*faultFlag)
+		f, err := fault.Parse(*faultFlag)
 		if err != nil {
 			return rpFail(stderr, "synth", err)
 		}
 		opt.Fault = &f
 	}
-	s, err := engine.Synthesize(opt)
+	s, err := fault.Synthesize(opt)
 	if err != nil {
 		return rpFail(stderr, "synth", err)
 	}
-	if err := s.WriteWith(*out, kvPages{}); err != nil {
+	if err := s.Write(*out); err != nil {
 		return rpFail(stderr, "synth", err)
 	}
 	fmt.Fprintf(stdout, "wrote %s: %s config, steps %d..%d after a %d-token prefill, seed %d",

@@ -1,0 +1,37 @@
+// Package fault injects realistic GPU bugs into decode-path dumps, so that a
+// replay can be shown to name them. It writes a faulted copy of any dump
+// (WriteFaulted) and synthesises whole runs of a seeded random model, clean or
+// with a fault (Synthesize, Synth.Write).
+//
+// # Faults
+//
+// A Fault is a Kind at a decode step and layer ("wrong-lse@8,1", Parse):
+// split-K merge, wrong LSE, FP8 scale rounding, a flipped scale byte, top-k
+// off by one, a stale prefix-cache page, a compressor row written late, the
+// V4.1 window order (Kinds lists them). Each is applied where a buggy GPU
+// makes it: the faulty stage's value is corrupted and every later stage of
+// the step (and later steps, through the cache) is computed from it.
+// Fault.Check refuses a fault that cannot happen at its position, and
+// ErrInvisible one that would not leave its stage's tolerance there.
+// Fault.Stage and Fault.Diagnosis say what a replay must report.
+//
+// # Faulted copies
+//
+// WriteFaulted reads a dump (replay.DumpSource and its engine.Model), plans
+// the changed records (the faulty stage, every stage of that step and layer
+// that reads it, recomputed with the reference; the cache carried into later
+// steps; KV pages re-encoded with replay.RewritePage; split-K partials; a
+// stale-prefix donor request) and writes a directory that replays without
+// flags: config.json, a copy of the weights and dump.smd, a native dump
+// holding every record of the input, changed where the fault reaches.
+//
+// # Synthetic runs
+//
+// Synthesize builds a model of a preset with engine.RandomLayerWeights and
+// runs the reference over a seeded token stream as a GPU would (the residual
+// stream between layers is synthetic glue standing in for mHC and the FFN),
+// recording every stage of the dumped steps in a replay.MemSource. Synth.Write
+// writes it as a model directory (SynthConfigFile, SynthWeightsFile under the
+// official state_dict names, SynthDumpFile with KV pages in the v4-model1
+// layout). The output of both is deterministic for a seed.
+package fault

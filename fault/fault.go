@@ -1,0 +1,113 @@
+package fault
+
+import (
+	"fmt"
+
+	"os"
+	"path/filepath"
+
+	"sparsemla/dump"
+	"sparsemla/engine"
+	"sparsemla/replay"
+)
+
+// Options configure WriteFaulted.
+type Options struct {
+	Fault Fault
+	// Seed picks what a fault leaves to chance: the 64-block whose scale
+	// byte flips (scale-byte) and the donor request's tokens (stale-prefix).
+	Seed uint64
+	// Weights is where the replay found the weights (a safetensors file or a
+	// directory holding weights.safetensors; empty: beside the dump). The
+	// file is copied into the output directory, so the copy replays without
+	// flags.
+	Weights string
+}
+
+// Copy says what WriteFaulted wrote.
+type Copy struct {
+	Dir       string
+	Fault     Fault
+	Request   string            // the replayed request the fault went into
+	Changed   []replay.StageKey // its stage records whose values changed, in replay order
+	Dropped   []replay.StageKey // its stage records left out (stages the faulty GPU did not compute)
+	Pages     int               // KV page records re-encoded
+	Donor     string            // stale-prefix: the request whose rows were served
+	Records   int               // tensor records written
+	Unmapped  int               // tensors of the input no name-map rule matched (not in the input's index, not copied)
+	CarriedTo int64             // last step whose records carry the fault (its cache rows or outputs)
+}
+
+// The files of a faulted copy: the layout of a synthetic dump directory
+// (SynthConfigFile, SynthWeightsFile, SynthDumpFile), so replay, report,
+// diff and bisect find the native dump and the weights beside it.
+
+// WriteFaulted writes into dir (created; new, empty, or an earlier copy) a
+// copy of the dump d (replayed request src, reference m) in which the fault
+// opt.Fault is applied the way a buggy GPU would have produced it:
+//
+//   - the fault's stage (Fault.Stage) at its step and layer is corrupted
+//     (faultInjector, the code Synthesize injects with), starting from the
+//     GPU's own dumped value; it must be out of tolerance against the
+//     reference computed from the dumped inputs (ErrInvisible);
+//   - every stage of that step and layer that reads a changed value,
+//     directly or through other stages, is recomputed with the reference
+//     from the changed values (a local replay recomputes each stage from the
+//     dump's own inputs, so the first divergence is exactly the injected
+//     stage and every later stage agrees); stages upstream of the fault and
+//     stages that read no changed value keep their dumped bytes;
+//   - when the fault lives in the cache (kv, kv_cache), later steps of the
+//     layer carry it: their kv_cache is recomputed from the faulty one, and
+//     across steps the dump does not hold (a state-only step, a gap) the
+//     faulty rows are carried into the dumped cache unless a later token
+//     overwrote their window slot; the outputs those steps compute from the
+//     cache are recomputed too;
+//   - KV pages of a changed kv_cache are re-encoded (replay.RewritePage); split-K
+//     partials dumped beside a recomputed o are recomputed over the dumped
+//     split_bounds; a stale-prefix fault adds the donor request's cache and
+//     the prefix-cache hit record.
+//
+// Other layers and the residual stream between layers (mHC, FFN: not part of
+// the reference) keep their dumped values. dir receives config.json (the
+// ModelArgs), weights.safetensors (a copy of the weights the replay used)
+// and dump.smd: a native dump holding every record of the input (start
+// state, tables, all steps, other requests, pages, prefix hits; weight
+// records live in weights.safetensors), with the header's user metadata
+// naming the fault and the input.
+func WriteFaulted(d *dump.Dump, src *replay.DumpSource, m *engine.Model, dir string, opt Options) (*Copy, error) {
+	wpath, err := replay.FindWeights(d.Path, opt.Weights)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkOutDir(dir, d, wpath); err != nil {
+		return nil, err
+	}
+	pl, err := planFault(d, src, m, opt)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("fault: %w", err)
+	}
+	res := &Copy{Dir: dir, Fault: opt.Fault, Request: src.Request, Donor: pl.donor, Unmapped: len(d.Unmapped), CarriedTo: pl.carriedTo}
+	for k := range pl.patch {
+		res.Changed = append(res.Changed, k)
+	}
+	for k := range pl.drop {
+		res.Dropped = append(res.Dropped, k)
+	}
+	sortStageKeys(res.Changed)
+	sortStageKeys(res.Dropped)
+	if err := os.WriteFile(filepath.Join(dir, SynthConfigFile), []byte(d.Header.ModelArgs), 0o644); err != nil {
+		return nil, fmt.Errorf("fault: %w", err)
+	}
+	if err := copyFile(filepath.Join(dir, SynthWeightsFile), wpath); err != nil {
+		return nil, err
+	}
+	n, pages, err := pl.write(filepath.Join(dir, SynthDumpFile), wpath)
+	if err != nil {
+		return nil, err
+	}
+	res.Records, res.Pages = n, pages
+	return res, nil
+}

@@ -1,0 +1,371 @@
+package fault
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"sparsemla/dump"
+	"sparsemla/engine"
+	"sparsemla/replay"
+)
+
+// openFaultInput opens a GPU-made dump under testdata/ (committed: a missing
+// one fails the test) with its model.
+func openFaultInput(t *testing.T, name string) (*dump.Dump, *replay.DumpSource, *engine.Model) {
+	t.Helper()
+	return openDumpModel(t, filepath.Join("..", "testdata", name))
+}
+
+// openDumpModel opens the dump at path, its default request and its model;
+// the dump is closed when the test ends.
+func openDumpModel(t *testing.T, path string) (*dump.Dump, *replay.DumpSource, *engine.Model) {
+	t.Helper()
+	d, err := dump.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	src, err := replay.NewDumpSource(d, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := replay.LoadModel(d, src, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d, src, m
+}
+
+// faultWhyGPU is what the diagnosis of each fault must say on a GPU dump. It
+// is faultWhy, except that the official dumps hold no split-K partials, so a
+// split-K merge fault is told from the per-head shape of o alone.
+func faultWhyGPU(k Kind) string {
+	if k == SplitKMerge {
+		return "not a rescaling of the reference: a split-K partial/merge error"
+	}
+	return faultWhy[k]
+}
+
+// TestFaultedCopyGPUDumps writes a faulted copy of the GPU dumps for every
+// fault kind that applies to them and replays it: the first divergence is
+// exactly the injected step, layer and stage with the fault's diagnosis; no
+// stage of another layer or an earlier step fails; and every record the copy
+// does not list as changed or dropped is byte-identical to the input's.
+func TestFaultedCopyGPUDumps(t *testing.T) {
+	cases := []struct {
+		dump  string
+		fault string
+		fails int // stages out of tolerance in the whole replay
+	}{
+		{"official-v4-tiny", "splitk-merge@5,1", 1},
+		{"official-v4-tiny", "wrong-lse@4,2", 1},
+		{"official-v4-tiny", "fp8-scale@3,0", 1},
+		{"official-v4-tiny", "scale-byte@6,3", 1},
+		{"official-v4-tiny", "stale-prefix@6,1", 1},
+		// The late row lands at step 4: the cache differs there too.
+		{"official-v4-tiny", "compressor-late@3,1", 2},
+		{"official-v4-tiny", "window-order@2,0", 1},
+		{"gpu-v4-tiny-long", "topk-off-by-one@255,1", 1},
+		// Carried across the state-only step 254 into step 255.
+		{"gpu-v4-tiny-long", "fp8-scale@128,0", 1},
+		// The HCA (r = 128) row due at p = 127 lands at p = 128.
+		{"gpu-v4-tiny-long", "compressor-late@127,2", 2},
+	}
+	for _, c := range cases {
+		t.Run(c.dump+"/"+c.fault, func(t *testing.T) {
+			f, err := Parse(c.fault)
+			if err != nil {
+				t.Fatal(err)
+			}
+			d, src, m := openFaultInput(t, c.dump)
+			dir := t.TempDir()
+			res, err := WriteFaulted(d, src, m, dir, Options{Fault: f, Seed: 3})
+			if err != nil {
+				t.Fatal(err)
+			}
+			fd, err := dump.Open(filepath.Join(dir, SynthDumpFile))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer fd.Close()
+			if got := fd.Header.User["injected_fault"]; got != c.fault {
+				t.Errorf("header names fault %q, want %q", got, c.fault)
+			}
+			fsrc, err := replay.NewDumpSource(fd, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			fm, err := replay.LoadModel(fd, fsrc, "") // weights found beside the copy
+			if err != nil {
+				t.Fatal(err)
+			}
+			rep, err := replay.Run(context.Background(), fm, fsrc, replay.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			dv := rep.First
+			if dv == nil {
+				t.Fatal("the faulted copy replays clean")
+			}
+			if dv.Step != f.Step || dv.Layer != f.Layer || dv.Stage != f.Stage() || dv.Kind != f.Diagnosis() {
+				t.Fatalf("first divergence step %d layer %d stage %s kind %q; want step %d layer %d stage %s kind %q\n%s",
+					dv.Step, dv.Layer, dv.Stage, dv.Kind, f.Step, f.Layer, f.Stage(), f.Diagnosis(), dv.Text)
+			}
+			if !strings.Contains(dv.Why, faultWhyGPU(f.Kind)) {
+				t.Errorf("diagnosis %q does not say %q", dv.Text, faultWhyGPU(f.Kind))
+			}
+			fails := 0
+			for _, r := range rep.Results {
+				if r.Status != replay.StatusFail {
+					continue
+				}
+				fails++
+				if r.Layer != f.Layer || r.Step < f.Step {
+					t.Errorf("step %d layer %d stage %s fails: outside the fault's layer and later steps", r.Step, r.Layer, r.Stage)
+				}
+			}
+			if fails != c.fails {
+				t.Errorf("%d stages fail, want %d", fails, c.fails)
+			}
+			checkCopyIdentical(t, d, fd, res)
+			// The propagated replay (the reference's own chain from each
+			// layer's dumped x) finds the same first divergence.
+			prop, err := replay.Run(context.Background(), fm, fsrc, replay.Options{Mode: replay.Propagated})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if pd := prop.First; pd == nil || pd.Step != f.Step || pd.Layer != f.Layer || pd.Stage != f.Stage() || pd.Kind != f.Diagnosis() {
+				t.Errorf("propagated replay: first divergence %+v", pd)
+			}
+		})
+	}
+}
+
+// checkCopyIdentical checks that the copy holds every record of the input
+// (weights excepted: they are the copied weights file) byte for byte, except
+// the stage records the copy lists as changed (which must differ) or dropped
+// (which must be absent).
+func checkCopyIdentical(t *testing.T, in, out *dump.Dump, res *Copy) {
+	t.Helper()
+	changed, dropped := map[replay.StageKey]bool{}, map[replay.StageKey]bool{}
+	for _, k := range res.Changed {
+		changed[k] = true
+	}
+	for _, k := range res.Dropped {
+		dropped[k] = true
+	}
+	if len(changed) == 0 {
+		t.Fatal("the copy changed nothing")
+	}
+	for i := range in.Entries {
+		e := &in.Entries[i]
+		if e.Kind == dump.KindWeight {
+			continue
+		}
+		sk := replay.StageKey{Step: int64(e.Step), Layer: e.Layer, Stage: e.Stage}
+		mine := e.Kind == dump.KindStage && e.Request == res.Request
+		oe, ok := out.Lookup(e.Key, e.Kind)
+		if mine && dropped[sk] {
+			if ok {
+				t.Errorf("%s: dropped, but in the copy", e.Key)
+			}
+			continue
+		}
+		if !ok {
+			t.Errorf("%s (%s): not in the copy", e.Key, e.Kind)
+			continue
+		}
+		a, err := in.Read(e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := out.Read(oe)
+		if err != nil {
+			t.Fatal(err)
+		}
+		same := a.DType == b.DType && engine.SameShape(a.Shape, b.Shape) && bytes.Equal(a.Data, b.Data)
+		switch {
+		case mine && changed[sk] && same:
+			t.Errorf("%s: listed as changed but identical", e.Key)
+		case !(mine && changed[sk]) && !same:
+			t.Errorf("%s (%s): differs from the input but is not listed as changed", e.Key, e.Kind)
+		}
+	}
+}
+
+// TestFaultedCopyCarriesCache: a cache fault stays in the later steps' cache
+// until a token overwrites its window slot — across the steps 129..253 the
+// long dump does not hold (step 254 is state only) — and the outputs read
+// from it change with it; a fault that does not live in the cache changes
+// its step only.
+func TestFaultedCopyCarriesCache(t *testing.T) {
+	d, src, m := openFaultInput(t, "gpu-v4-tiny-long")
+	res, err := WriteFaulted(d, src, m, t.TempDir(), Options{Fault: Fault{Kind: FP8Scale, Step: 128, Layer: 0}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	has := map[replay.StageKey]bool{}
+	for _, k := range res.Changed {
+		has[k] = true
+	}
+	// Token 128 sits in window slot 0 until token 256 overwrites it.
+	for _, k := range []replay.StageKey{{Step: 128, Layer: 0, Stage: "kv"}, {Step: 128, Layer: 0, Stage: "kv_cache"}, {Step: 128, Layer: 0, Stage: "y"}, {Step: 254, Layer: 0, Stage: "kv_cache"}, {Step: 255, Layer: 0, Stage: "kv_cache"}, {Step: 255, Layer: 0, Stage: "o"}} {
+		if !has[k] {
+			t.Errorf("%s not changed; changed: %v", k, res.Changed)
+		}
+	}
+	for _, k := range res.Changed {
+		if k.Step == 256 || k.Layer != 0 || (k.Step == 128 && (k.Stage == "kv_raw" || k.Stage == "q")) {
+			t.Errorf("%s changed: upstream of the fault, another layer, or past the overwrite", k)
+		}
+	}
+	if res.CarriedTo != 255 {
+		t.Errorf("carried to step %d, want 255", res.CarriedTo)
+	}
+	// The copy is deterministic: a second one is byte-identical.
+	a, err := os.ReadFile(filepath.Join(res.Dir, SynthDumpFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res2, err := WriteFaulted(d, src, m, t.TempDir(), Options{Fault: Fault{Kind: FP8Scale, Step: 128, Layer: 0}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(res2.Dir, SynthDumpFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(a, b) {
+		t.Error("two faulted copies of the same dump and fault differ")
+	}
+
+	res, err = WriteFaulted(d, src, m, t.TempDir(), Options{Fault: Fault{Kind: SplitKMerge, Step: 127, Layer: 3}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range res.Changed {
+		if k.Step != 127 || k.Layer != 3 {
+			t.Errorf("splitk-merge@127,3 changed %s", k)
+		}
+	}
+}
+
+// TestFaultedCopyRefused: faults that cannot happen at the position asked
+// for, or positions the dump does not hold, are errors, and nothing is
+// written.
+func TestFaultedCopyRefused(t *testing.T) {
+	cases := []struct {
+		dump, fault, want string
+	}{
+		{"official-v4-tiny", "topk-off-by-one@7,1", "selects every one of its Tc = 2"},
+		{"gpu-v4-tiny-long", "topk-off-by-one@255,0", "no indexer"},
+		{"official-v4-tiny", "compressor-late@4,1", "not an emission step"},
+		{"gpu-v4-tiny-long", "compressor-late@255,0", "no compressor"},
+		{"gpu-v4-tiny-long", "window-order@128,0", "no -1 padding"},
+		{"gpu-v4-tiny-long", "splitk-merge@200,1", "not a dumped decode step"},
+		{"gpu-v4-tiny-long", "splitk-merge@254,1", "not a dumped decode step"},
+		{"official-v4-tiny", "wrong-lse@9,1", "outside the dumped steps"},
+		{"official-v4-tiny", "wrong-lse@3,4", "layer outside"},
+	}
+	for _, c := range cases {
+		f, err := Parse(c.fault)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, src, m := openFaultInput(t, c.dump)
+		dir := filepath.Join(t.TempDir(), "out")
+		_, err = WriteFaulted(d, src, m, dir, Options{Fault: f})
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s on %s: error %v, want one saying %q", c.fault, c.dump, err, c.want)
+		}
+		if _, serr := os.Stat(dir); serr == nil {
+			t.Errorf("%s: refused, but %s was created", c.fault, dir)
+		}
+	}
+	// A stale-prefix fault on a dump that already records a prefix hit, and
+	// an output directory that is not empty.
+	d, src, m := openFaultInput(t, "official-v4-tiny")
+	first := filepath.Join(t.TempDir(), "first")
+	if _, err := WriteFaulted(d, src, m, first, Options{Fault: Fault{Kind: StalePrefix, Step: 6, Layer: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	fd, fsrc, fm := openDumpModel(t, filepath.Join(first, SynthDumpFile))
+	if _, err := WriteFaulted(fd, fsrc, fm, t.TempDir(), Options{Fault: Fault{Kind: StalePrefix, Step: 7, Layer: 3}}); err == nil || !strings.Contains(err.Error(), "already records a prefix-cache hit") {
+		t.Errorf("second stale-prefix: error %v", err)
+	}
+	// An earlier copy is replaced; a directory with other files, or the
+	// input's own, is refused.
+	if _, err := WriteFaulted(fd, fsrc, fm, first, Options{Fault: Fault{Kind: WrongLSE, Step: 6, Layer: 1}}); err == nil || !strings.Contains(err.Error(), "holds the input dump") {
+		t.Errorf("output over the input: error %v", err)
+	}
+	if _, err := WriteFaulted(fd, fsrc, fm, filepath.Join(first, "inner"), Options{Fault: Fault{Kind: WrongLSE, Step: 6, Layer: 1}}); err == nil || !strings.Contains(err.Error(), "lies inside the input") {
+		t.Errorf("output inside the input: error %v", err)
+	}
+	if _, err := WriteFaulted(d, src, m, first, Options{Fault: Fault{Kind: WrongLSE, Step: 6, Layer: 1}}); err != nil {
+		t.Errorf("replacing an earlier copy: %v", err)
+	}
+	other := t.TempDir()
+	if err := os.WriteFile(filepath.Join(other, "notes.txt"), []byte("mine"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := WriteFaulted(d, src, m, other, Options{Fault: Fault{Kind: WrongLSE, Step: 6, Layer: 1}}); err == nil || !strings.Contains(err.Error(), "holds notes.txt") {
+		t.Errorf("directory with other files: error %v", err)
+	}
+}
+
+// TestFaultedCopyOfSynth: a faulted copy of a clean synthetic dump (KV pages
+// and split-K partials beside o) replays like a dump synthesised with the
+// same fault: the pages and partials of the changed values are re-encoded and
+// recomputed, so only the injected stage fails.
+func TestFaultedCopyOfSynth(t *testing.T) {
+	s, err := Synthesize(SynthOptions{Prefill: 6, Steps: 6, Seed: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := t.TempDir()
+	if err := s.Write(in); err != nil {
+		t.Fatal(err)
+	}
+	d, src, m := openDumpModel(t, filepath.Join(in, SynthDumpFile))
+	for _, f := range []Fault{{SplitKMerge, 8, 1}, {ScaleByte, 9, 3}} {
+		dir := t.TempDir()
+		res, err := WriteFaulted(d, src, m, dir, Options{Fault: f})
+		if errors.Is(err, ErrInvisible) {
+			t.Fatalf("%s: %v", f, err)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f.Kind == ScaleByte && res.Pages == 0 {
+			t.Errorf("%s: no page re-encoded", f)
+		}
+		fd, err := dump.Open(filepath.Join(dir, SynthDumpFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fsrc, err := replay.NewDumpSource(fd, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		fm, err := replay.LoadModel(fd, fsrc, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		rep, err := replay.Run(context.Background(), fm, fsrc, replay.Options{})
+		fd.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep.First == nil || rep.First.Step != f.Step || rep.First.Layer != f.Layer || rep.First.Stage != f.Stage() || rep.First.Kind != f.Diagnosis() || !strings.Contains(rep.First.Why, faultWhy[f.Kind]) {
+			t.Fatalf("%s: first divergence %+v", f, rep.First)
+		}
+		if rep.Summary.Fail != 1 {
+			t.Errorf("%s: %d stages fail, want 1", f, rep.Summary.Fail)
+		}
+	}
+}

@@ -1,0 +1,608 @@
+package fault
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+
+	"sparsemla/attention"
+	"sparsemla/engine"
+	"sparsemla/indexer"
+	"sparsemla/quant"
+	"sparsemla/replay"
+)
+
+// Kind names a GPU bug Synthesize can inject.
+type Kind string
+
+// The injectable faults. Each is applied the way a buggy GPU produces it: the
+// faulty value replaces the stage's value and every later stage of the step
+// (and later steps, through the cache) is computed from it.
+const (
+	// SplitKMerge: the split-K combine of sparse attention adds the second
+	// split's partial output without rescaling it by 2^(LSE2_1 − L).
+	SplitKMerge Kind = "splitk-merge"
+	// WrongLSE: the combine's total LSE misses the attention-sink term, so every
+	// head's output is the reference times 1 + e^(σ_h − lse_h).
+	WrongLSE Kind = "wrong-lse"
+	// FP8Scale: FQ8 of the window K picks its block scales by rounding
+	// amax/448 down to a power of two instead of up (spec §9.4).
+	FP8Scale Kind = "fp8-scale"
+	// ScaleByte: bit 0 of one UE8M0 scale byte of an older window row's
+	// cache page flips, so one 64-block of that row reads ×2 or ÷2.
+	ScaleByte Kind = "scale-byte"
+	// TopKOffByOne: the indexer's top-k returns its last row off by one (row j+1
+	// or j−1 instead of j). As in a real off-by-one bug, the neighbour may
+	// already be selected, so the list can name a row twice; the diagnosis
+	// says so.
+	TopKOffByOne Kind = "topk-off-by-one"
+	// StalePrefix: window rows of the last four tokens are served from
+	// another request's cache page (a stale prefix-cache page).
+	StalePrefix Kind = "stale-prefix"
+	// CompressorLate: the main compressor (CSA or HCA) writes its row one step
+	// late: at the emission step the cache row is still zero, it appears at
+	// the next step.
+	CompressorLate Kind = "compressor-late"
+	// WindowOrder: the window part of the index list puts its -1
+	// padding first (the V4.1 layout, spec §11 item 9) in a V4 model; steps
+	// p < W-1 only (later windows have no padding).
+	WindowOrder Kind = "window-order"
+)
+
+// Kinds lists every injectable fault.
+func Kinds() []Kind {
+	return []Kind{SplitKMerge, WrongLSE, FP8Scale, ScaleByte, TopKOffByOne, StalePrefix, CompressorLate, WindowOrder}
+}
+
+// Fault is one injected fault at decode step Step, layer Layer.
+type Fault struct {
+	Kind  Kind
+	Step  int64
+	Layer int
+}
+
+func (f Fault) String() string { return fmt.Sprintf("%s@%d,%d", f.Kind, f.Step, f.Layer) }
+
+// Parse parses "KIND@step,layer".
+func Parse(s string) (Fault, error) {
+	kind, at, ok := strings.Cut(s, "@")
+	if !ok {
+		return Fault{}, fmt.Errorf("fault %q: want KIND@step,layer", s)
+	}
+	ps, ls, ok := strings.Cut(at, ",")
+	if !ok {
+		return Fault{}, fmt.Errorf("fault %q: want KIND@step,layer", s)
+	}
+	p, err1 := strconv.ParseInt(ps, 10, 64)
+	l, err2 := strconv.Atoi(ls)
+	if err1 != nil || err2 != nil {
+		return Fault{}, fmt.Errorf("fault %q: step and layer must be integers", s)
+	}
+	f := Fault{Kind: Kind(kind), Step: p, Layer: l}
+	for _, k := range Kinds() {
+		if k == f.Kind {
+			return f, nil
+		}
+	}
+	var names []string
+	for _, k := range Kinds() {
+		names = append(names, string(k))
+	}
+	return Fault{}, fmt.Errorf("fault %q: unknown kind %q (have %s)", s, kind, strings.Join(names, ", "))
+}
+
+// Stage is the stage where the fault first shows: the first divergence a
+// local replay must report.
+func (f Fault) Stage() string {
+	switch f.Kind {
+	case SplitKMerge, WrongLSE:
+		return "o"
+	case FP8Scale:
+		return "kv"
+	case TopKOffByOne:
+		return "index_topk"
+	case WindowOrder:
+		return "topk_idxs"
+	}
+	return "kv_cache"
+}
+
+// Diagnosis is the diagnosis kind a replay must give the fault.
+func (f Fault) Diagnosis() string {
+	switch f.Kind {
+	case SplitKMerge, WrongLSE:
+		return replay.KindAttention
+	case FP8Scale, ScaleByte:
+		return replay.KindFP8Cache
+	case TopKOffByOne:
+		return replay.KindIndexer
+	case StalePrefix:
+		return replay.KindPrefix
+	case WindowOrder:
+		return replay.KindIndexList
+	}
+	return replay.KindCompressor
+}
+
+// Check reports whether the fault can be injected at its position in cfg
+// with a dump of steps first..last.
+func (f Fault) Check(cfg *engine.Config, first, last int64) error {
+	if f.Layer < 0 || f.Layer >= cfg.NLayers {
+		return fmt.Errorf("fault %s: layer outside 0..%d", f, cfg.NLayers-1)
+	}
+	if f.Step < first || f.Step > last {
+		return fmt.Errorf("fault %s: step outside the dumped steps %d..%d", f, first, last)
+	}
+	r := cfg.Ratio(f.Layer)
+	switch f.Kind {
+	case TopKOffByOne:
+		if r != 4 {
+			return fmt.Errorf("fault %s: layer %d has no indexer (r = %d)", f, f.Layer, r)
+		}
+		if (f.Step+1)/4 < 2 {
+			return fmt.Errorf("fault %s: needs at least 2 compressed rows (step >= 7)", f)
+		}
+	case CompressorLate:
+		if r == 0 {
+			return fmt.Errorf("fault %s: needs a compressed layer (CSA r = 4 or HCA r = 128), layer %d has no compressor", f, f.Layer)
+		}
+		if !attention.EmitsRow(f.Step, r) {
+			return fmt.Errorf("fault %s: step %d is not an emission step of r = %d", f, f.Step, r)
+		}
+	case ScaleByte, StalePrefix:
+		if f.Step < 1 {
+			return fmt.Errorf("fault %s: needs an earlier token in the window", f)
+		}
+	case WindowOrder:
+		if f.Step >= int64(cfg.WindowSize-1) {
+			return fmt.Errorf("fault %s: the window list has no -1 padding at step >= %d", f, cfg.WindowSize-1)
+		}
+	}
+	return nil
+}
+
+// SynthOptions configure Synthesize.
+type SynthOptions struct {
+	Config  string // preset name (default "tiny")
+	Prefill int    // positions 0..Prefill-1 run before the dump (the start state is valid after Prefill-1)
+	Steps   int    // decode steps dumped: Prefill .. Prefill+Steps-1
+	Seed    uint64
+	Fault   *Fault
+}
+
+// Synth is a synthetic model and the dump a GPU running it would write.
+type Synth struct {
+	Cfg     *engine.Config
+	Weights map[int]*engine.LayerWeights
+	Rope    map[int]*engine.RopeTable
+	Src     *replay.MemSource // request "B" (the replayed one)
+	Fault   *Fault
+	Seed    uint64
+}
+
+// Model returns the reference model of the synthetic dump (its RoPE tables
+// are the ones the "GPU" used, so they count as the GPU's own).
+func (s *Synth) Model() *engine.Model {
+	return &engine.Model{Cfg: s.Cfg, Weights: s.Weights, Rope: s.Rope, GPURope: true}
+}
+
+// ErrInvisible is returned when a fault, injected at the position asked
+// for, does not change its stage beyond tolerance (e.g. a rescaling by a
+// factor too close to 1); pick another position.
+var ErrInvisible = errors.New("the injected fault does not change its stage beyond tolerance here")
+
+// Request names used by synthetic dumps: B is replayed; A is the other request
+// whose pages a stale prefix-cache hit serves.
+const (
+	SynthRequest      = "B"
+	SynthOtherRequest = "A"
+)
+
+// Synthesize builds a seeded random model of the preset and runs the
+// reference over a seeded random sequence as a GPU would, recording every stage
+// of the dumped steps, the start state, and (with a fault) the faulty values.
+//
+// The attention input x of layer l is a weightless RMS norm of a residual
+// stream h (h₀ = a random bf16 embedding per token, h_{l+1} = bf16(h_l + y_l)):
+// synthetic glue standing in for the mHC block, so that an error in one
+// layer's output reaches the next layer's input as it would on a GPU.
+func Synthesize(opt SynthOptions) (*Synth, error) {
+	if opt.Config == "" {
+		opt.Config = "tiny"
+	}
+	if opt.Steps <= 0 || opt.Prefill < 1 {
+		return nil, fmt.Errorf("synth: need steps >= 1 and prefill >= 1")
+	}
+	cfg, err := engine.Preset(opt.Config)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Dim*cfg.NHeads*cfg.HeadDim*cfg.NLayers > 1<<28 {
+		return nil, fmt.Errorf("synth: preset %q would need several GB of synthetic weights; use the tiny preset", opt.Config)
+	}
+	first, last := int64(opt.Prefill), int64(opt.Prefill+opt.Steps-1)
+	if last >= int64(cfg.MaxSeqLen) {
+		return nil, fmt.Errorf("synth: %d positions exceed max_seq_len %d", last+1, cfg.MaxSeqLen)
+	}
+	if opt.Fault != nil {
+		if err := opt.Fault.Check(cfg, first, last); err != nil {
+			return nil, err
+		}
+	}
+	s := &Synth{Cfg: cfg, Weights: map[int]*engine.LayerWeights{}, Rope: map[int]*engine.RopeTable{}, Fault: opt.Fault, Seed: opt.Seed}
+	for l := 0; l < cfg.NLayers; l++ {
+		s.Weights[l] = engine.RandomLayerWeights(cfg, l, opt.Seed)
+		s.Rope[l] = engine.LayerRope(cfg, l, cfg.MaxSeqLen)
+	}
+	s.Src = replay.NewMemSource(fmt.Sprintf("synth(%s, seed %d)", opt.Config, opt.Seed))
+	s.Src.StartAfter = first - 1
+
+	// Request A: only needed as the source of stale pages.
+	var other map[int]engine.Tensor // layer -> A's kv_cache at the fault step
+	if opt.Fault != nil && opt.Fault.Kind == StalePrefix {
+		other = map[int]engine.Tensor{}
+		g := &gpuRun{s: s, seed: opt.Seed ^ 0xa5a5a5a5, last: opt.Fault.Step}
+		g.onStep = func(p int64, l int, vals map[string]engine.Tensor) {
+			if p == opt.Fault.Step {
+				other[l] = vals["kv_cache"]
+			}
+		}
+		if err := g.run(); err != nil {
+			return nil, err
+		}
+		s.Src.Hit = &replay.PrefixHit{From: SynthOtherRequest, Tokens: opt.Fault.Step}
+		s.Src.Others = map[string]map[replay.StageKey]engine.Tensor{SynthOtherRequest: {}}
+		for l, t := range other {
+			s.Src.Others[SynthOtherRequest][replay.StageKey{Step: opt.Fault.Step, Layer: l, Stage: "kv_cache"}] = t
+		}
+	}
+	g := &gpuRun{s: s, seed: opt.Seed, last: last}
+	if opt.Fault != nil {
+		g.inj = newFaultInjector(*opt.Fault, opt.Seed, other)
+	}
+	g.onStep = func(p int64, l int, vals map[string]engine.Tensor) {
+		if p < first {
+			return
+		}
+		for name, t := range vals {
+			if g.inj != nil && g.inj.hides(p, l, name) {
+				continue
+			}
+			s.Src.Put(p, l, name, t)
+		}
+	}
+	g.onState = func(p int64, l int, st map[string]engine.Tensor) {
+		if p == first-1 {
+			s.Src.Start[l] = st
+		}
+	}
+	if err := g.run(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// gpuRun runs the stage graph like a GPU: each stage from the values the
+// "GPU" itself produced (faulty ones included), state carried across steps.
+type gpuRun struct {
+	s       *Synth
+	seed    uint64
+	last    int64
+	inj     *faultInjector // nil: a clean run
+	onStep  func(p int64, l int, vals map[string]engine.Tensor)
+	onState func(p int64, l int, st map[string]engine.Tensor)
+}
+
+func (g *gpuRun) run() error {
+	cfg := g.s.Cfg
+	rng := rand.New(rand.NewPCG(g.seed, 0x5eed))
+	states := make([]map[string]engine.Tensor, cfg.NLayers)
+	for l := range states {
+		states[l] = engine.NewLayerState(cfg, l).StateTensors()
+	}
+	for p := int64(0); p <= g.last; p++ {
+		h := make([]float32, cfg.Dim)
+		for i := range h {
+			h[i] = quant.BF16Round(float32(rng.NormFloat64()))
+		}
+		for l := 0; l < cfg.NLayers; l++ {
+			x := synthNorm(h)
+			vals, err := g.layerStep(p, l, x, states[l])
+			if err != nil {
+				return fmt.Errorf("synth: step %d layer %d: %w", p, l, err)
+			}
+			for name := range states[l] {
+				if t, ok := vals[name]; ok {
+					states[l][name] = t
+				}
+			}
+			if g.onStep != nil {
+				g.onStep(p, l, vals)
+			}
+			if g.onState != nil {
+				cp := make(map[string]engine.Tensor, len(states[l]))
+				for k, v := range states[l] {
+					cp[k] = v
+				}
+				g.onState(p, l, cp)
+			}
+			y := vals["y"].F
+			for i := range h {
+				h[i] = quant.BF16Round(h[i] + y[i])
+			}
+		}
+	}
+	return nil
+}
+
+// synthNorm is x = bf16(h · rsqrt(mean(h²) + 1e-6)), a weightless RMS norm.
+func synthNorm(h []float32) engine.Tensor {
+	var ss float64
+	for _, v := range h {
+		ss += float64(v) * float64(v)
+	}
+	r := 1 / math.Sqrt(ss/float64(len(h))+1e-6)
+	x := make([]float32, len(h))
+	for i, v := range h {
+		x[i] = quant.BF16Round(float32(float64(v) * r))
+	}
+	return engine.FromF(engine.KindBF16, x, len(x))
+}
+
+func (g *gpuRun) layerStep(p int64, l int, x engine.Tensor, prev map[string]engine.Tensor) (map[string]engine.Tensor, error) {
+	cfg := g.s.Cfg
+	ctx := &engine.StepContext{Cfg: cfg, Layer: l, Pos: p, W: g.s.Weights[l], Rope: g.s.Rope[l]}
+	vals := map[string]engine.Tensor{"x": x}
+	for _, def := range engine.Stages(cfg, l, p) {
+		if p == 0 && prefillSkips[def.Name] {
+			continue
+		}
+		in := make(map[string]engine.Tensor, len(def.Inputs))
+		for _, name := range def.Inputs {
+			if base, ok := strings.CutPrefix(name, engine.PrevPrefix); ok {
+				in[name] = prev[base]
+			} else {
+				in[name] = vals[name]
+			}
+		}
+		out, err := def.Compute(ctx, in)
+		if err != nil {
+			return nil, fmt.Errorf("stage %s: %w", def.Name, err)
+		}
+		if g.inj != nil && g.inj.at(p, l, def.Name) {
+			// The "GPU" is the reference here, so the value to corrupt
+			// and the reference value are the same.
+			if out, err = g.inj.apply(ctx, out, out, in, true); err != nil {
+				return nil, err
+			}
+		}
+		if g.inj != nil {
+			out = g.inj.lateWrite(ctx, def.Name, out)
+		}
+		vals[def.Name] = out
+		if def.Name == "o" {
+			// The GPU's split-K partials (FlashMLA form), dumped beside o.
+			if bounds := replay.SplitBounds(in["topk_idxs"].I); bounds != nil {
+				parts := replay.SplitPartials(cfg, in["q"], in["kv_cache"], in["topk_idxs"], bounds)
+				vals["split_bounds"] = engine.FromI(engine.KindI64, bounds, len(bounds))
+				for i, pt := range parts {
+					vals[fmt.Sprintf("o_split/%d", i)] = engine.FromF(engine.KindF32, pt.O, cfg.NHeads, cfg.HeadDim)
+					vals[fmt.Sprintf("lse_split/%d", i)] = engine.FromF(engine.KindF32, pt.LSE2, cfg.NHeads)
+				}
+			}
+		}
+	}
+	if p == 0 {
+		vals["y"] = engine.NewF(engine.KindBF16, cfg.Dim)
+	}
+	return vals, nil
+}
+
+// prefillSkips are the stages position 0 does not run: in the official code
+// p = 0 is a prefill, and the decode-step index list (WindowIdx) starts at
+// p = 1. Position 0 only writes its cache and compressor state; its attention
+// output is taken as zero (the synthetic residual stream is unchanged).
+var prefillSkips = map[string]bool{"topk_idxs": true, "o": true, "o_inv": true, "u": true, "y": true}
+
+// faultInjector applies one Fault the way a buggy GPU makes it. Synthesize
+// (a synthetic GPU run) and WriteFaulted (a faulted copy of a dump) share it.
+type faultInjector struct {
+	fault Fault
+	seed  uint64 // scale-byte: which 64-block's scale byte flips
+	// other is, per layer, the kv_cache another request (the donor of a
+	// stale prefix-cache page) held at the fault step (stale-prefix only).
+	other map[int]engine.Tensor
+	// hidden names the stages a faulty GPU did not produce at the fault's
+	// step and layer (compressor-late: the row is not computed there); they
+	// are left out of the dump.
+	hidden  map[string]bool
+	lateRow []float32 // compressor-late: the row the GPU writes one step late
+}
+
+func newFaultInjector(f Fault, seed uint64, other map[int]engine.Tensor) *faultInjector {
+	j := &faultInjector{fault: f, seed: seed, other: other, hidden: map[string]bool{}}
+	if f.Kind == CompressorLate {
+		for _, n := range []string{"cmp_pooled", "cmp_normed", "cmp_roped", "cmp_row"} {
+			j.hidden[n] = true
+		}
+	}
+	return j
+}
+
+// at reports whether stage name of (step p, layer l) is where the fault lives.
+func (j *faultInjector) at(p int64, l int, name string) bool {
+	return p == j.fault.Step && l == j.fault.Layer && name == j.fault.Stage()
+}
+
+// hides reports whether stage name of (p, l) is one the faulty GPU did not
+// produce.
+func (j *faultInjector) hides(p int64, l int, name string) bool {
+	return p == j.fault.Step && l == j.fault.Layer && j.hidden[name]
+}
+
+// apply returns the faulty value of the fault's stage: base is the GPU's
+// correct value (corrupted in a copy), ref the reference value computed from
+// the stage's inputs in (base itself for a synthetic run). The faulty value
+// must be out of tolerance against ref, else ErrInvisible.
+func (j *faultInjector) apply(ctx *engine.StepContext, base, ref engine.Tensor, in map[string]engine.Tensor, gpuRope bool) (engine.Tensor, error) {
+	name := j.fault.Stage()
+	bad, err := j.corrupt(ctx, base, in)
+	if err != nil {
+		return engine.Tensor{}, err
+	}
+	var sr replay.StageResult
+	sr.Stage = name
+	replay.JudgeStage(&sr, ref, bad, in, replay.DefaultTolerance().For(name), replay.JudgeContext{GPURope: gpuRope, Window: ctx.Cfg.WindowSize})
+	if sr.Status != replay.StatusFail {
+		return engine.Tensor{}, fmt.Errorf("fault %s: %w", j.fault, ErrInvisible)
+	}
+	return bad, nil
+}
+
+// lateWrite is the compressor-late fault's second half: at step Step+1 the
+// kv_cache finally receives the row due at the emission step. Any other
+// stage or step is returned unchanged.
+func (j *faultInjector) lateWrite(ctx *engine.StepContext, name string, out engine.Tensor) engine.Tensor {
+	f := j.fault
+	if f.Kind != CompressorLate || ctx.Layer != f.Layer || ctx.Pos != f.Step+1 || name != "kv_cache" || j.lateRow == nil {
+		return out
+	}
+	cfg := ctx.Cfg
+	out = out.Clone()
+	r := attention.EmittedRow(f.Step, cfg.Ratio(ctx.Layer))
+	copy(out.F[(cfg.WindowSize+r)*cfg.HeadDim:], j.lateRow)
+	return out
+}
+
+// corrupt returns base with the fault applied.
+func (j *faultInjector) corrupt(ctx *engine.StepContext, out engine.Tensor, in map[string]engine.Tensor) (engine.Tensor, error) {
+	cfg := ctx.Cfg
+	D, W := cfg.HeadDim, cfg.WindowSize
+	bad := out.Clone()
+	switch j.fault.Kind {
+	case SplitKMerge, WrongLSE:
+		q, kv, idx := in["q"], in["kv_cache"], in["topk_idxs"]
+		bounds := replay.SplitBounds(idx.I)
+		if bounds == nil {
+			return engine.Tensor{}, fmt.Errorf("fault %s: fewer than 2 keys", j.fault)
+		}
+		parts := replay.SplitPartials(cfg, q, kv, idx, bounds)
+		if j.fault.Kind == WrongLSE {
+			noSink := make([]float32, cfg.NHeads)
+			for i := range noSink {
+				noSink[i] = float32(math.Inf(-1))
+			}
+			attention.MergePartials(bad.F, parts, noSink, D)
+			return bad, nil
+		}
+		// Correct total L (with the sink), then the buggy sum: split 1 is
+		// added with weight 1 instead of 2^(LSE2_1 − L).
+		tmp := make([]float32, len(bad.F))
+		L := attention.MergePartials(tmp, parts, ctx.W.AttnSink, D)
+		for h := 0; h < cfg.NHeads; h++ {
+			w0 := math.Exp2(float64(parts[0].LSE2[h] - L[h]))
+			for k := 0; k < D; k++ {
+				i := h*D + k
+				bad.F[i] = quant.BF16Round(float32(w0*float64(parts[0].O[i]) + float64(parts[1].O[i])))
+			}
+		}
+		return bad, nil
+	case FP8Scale:
+		roped := in["kv_roped"]
+		nope := D - 64
+		for b := 0; b*64 < nope; b++ {
+			blk := roped.F[b*64 : (b+1)*64]
+			s := replay.FQ8Scale(blk)
+			var a float32
+			for _, v := range blk {
+				a = max(a, float32(math.Abs(float64(v))))
+			}
+			t := max(a, 1e-4) * float32(1.0/448)
+			if t < s { // not a power of two: round down instead of up
+				s /= 2
+			}
+			replay.FQ8With(bad.F[b*64:(b+1)*64], blk, s)
+		}
+		return bad, nil
+	case ScaleByte:
+		slot := int((j.fault.Step - 1) % int64(W))
+		row := bad.F[slot*D : (slot+1)*D]
+		rng := rand.New(rand.NewPCG(j.seed, uint64(j.fault.Step)<<8|uint64(j.fault.Layer)))
+		for try := 0; try < 16; try++ {
+			b := rng.IntN((D - 64) / 64)
+			blk := row[b*64 : (b+1)*64]
+			if allZero(blk) {
+				continue
+			}
+			e := replay.ScaleExp2(replay.FQ8Scale(blk))
+			f := float32(2) // scale byte 127+e with bit 0 flipped
+			if (127+e)%2 == 1 {
+				f = 0.5
+			}
+			for i := range blk {
+				blk[i] *= f
+			}
+			return bad, nil
+		}
+		return engine.Tensor{}, fmt.Errorf("fault %s: no non-zero block in window slot %d", j.fault, slot)
+	case TopKOffByOne:
+		scores := in["index_score"].F
+		k := len(out.I)
+		tc := len(scores)
+		_, tr := indexer.TopK(scores, k)
+		ties := tr.KthScore
+		last := out.I[k-1]
+		sel := map[int64]bool{}
+		for _, v := range out.I {
+			sel[v] = true
+		}
+		for _, c := range []int64{last + 1, last - 1} {
+			if c < 0 || c >= int64(tc) {
+				continue
+			}
+			if sel[c] || scores[c] != ties {
+				bad.I[k-1] = c
+				return bad, nil
+			}
+		}
+		return engine.Tensor{}, fmt.Errorf("fault %s: %w", j.fault, ErrInvisible)
+	case StalePrefix:
+		o := j.other[j.fault.Layer]
+		for t := max(0, j.fault.Step-4); t < j.fault.Step; t++ {
+			slot := int(t % int64(W))
+			copy(bad.F[slot*D:(slot+1)*D], o.F[slot*D:(slot+1)*D])
+		}
+		return bad, nil
+	case WindowOrder:
+		var valid, pad []int64
+		for _, v := range out.I[:W] {
+			if v >= 0 {
+				valid = append(valid, v)
+			} else {
+				pad = append(pad, v)
+			}
+		}
+		copy(bad.I, append(pad, valid...))
+		return bad, nil
+	case CompressorLate:
+		e := attention.EmittedRow(j.fault.Step, cfg.Ratio(j.fault.Layer))
+		row := bad.F[(W+e)*D : (W+e+1)*D]
+		j.lateRow = append([]float32(nil), row...)
+		clear(row)
+		return bad, nil
+	}
+	return engine.Tensor{}, fmt.Errorf("fault %s: unknown kind", j.fault)
+}
+
+// allZero reports whether every value of v is zero.
+func allZero(v []float32) bool {
+	for _, x := range v {
+		if x != 0 {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,51 @@
+package htmlreport
+
+import (
+	"bytes"
+	"context"
+	"html"
+	"strings"
+	"testing"
+
+	"sparsemla/fault"
+	"sparsemla/replay"
+)
+
+// TestWritePage: the page of a diverged replay is self-contained (inline SVG,
+// nothing loaded from elsewhere), carries the verdict and the first
+// divergence, and is the same bytes when written twice.
+func TestWritePage(t *testing.T) {
+	f := fault.Fault{Kind: fault.WrongLSE, Step: 8, Layer: 1}
+	s, err := fault.Synthesize(fault.SynthOptions{Prefill: 6, Steps: 4, Seed: 11, Fault: &f})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := replay.Run(context.Background(), s.Model(), s.Src, replay.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.First == nil {
+		t.Fatal("the faulty synthetic dump agrees")
+	}
+	var a, b bytes.Buffer
+	if err := Write(&a, rep); err != nil {
+		t.Fatal(err)
+	}
+	if err := Write(&b, rep); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(a.Bytes(), b.Bytes()) {
+		t.Error("two writes of one report differ")
+	}
+	page := a.String()
+	for _, want := range []string{"<!DOCTYPE html>", "data:image/svg", "Error by layer x step", html.EscapeString(rep.First.Text)} {
+		if !strings.Contains(page, want) {
+			t.Errorf("page lacks %q", want)
+		}
+	}
+	for _, bad := range []string{`src="http`, `href="http`, "<script src"} {
+		if strings.Contains(page, bad) {
+			t.Errorf("page is not self-contained: %q", bad)
+		}
+	}
+}

@@ -1,0 +1,172 @@
+package replay
+
+import (
+	"context"
+	"fmt"
+	"sort"
+
+	"sparsemla/engine"
+)
+
+// Diff compares two dumps of the same run stage by stage, in replay order
+// (step, layer, the order of Stages), treating A as the baseline and B as the
+// candidate under tol, and names the first stage where they differ. When m is
+// non-nil the reference referees: at that stage it is computed from A's dumped
+// inputs (which agree with B's, or an earlier stage would have differed) and
+// compared with both values, and both dumps are replayed in local mode — so the
+// report says which side is right. cfg gives the stage order (m.Cfg when m is
+// set).
+func Diff(ctx context.Context, cfg *engine.Config, m *engine.Model, a, b Source, tol *Tolerance) (*Report, error) {
+	if tol == nil {
+		tol = DefaultTolerance()
+	}
+	steps := intersectSteps(a.Steps(), b.Steps())
+	layers := intersectInts(a.Layers(), b.Layers())
+	if len(steps) == 0 || len(layers) == 0 {
+		return nil, fmt.Errorf("diff %s %s: no decode step and layer in common (A steps %v, B steps %v)", a.Name(), b.Name(), a.Steps(), b.Steps())
+	}
+	rep := newReport(a.Name(), string(Local), m != nil && m.GPURope, steps, layers)
+	rep.Command, rep.Against = "diff", b.Name()
+	if m != nil {
+		rep.Kernels = m.Kernels()
+	}
+	for _, p := range steps {
+		for _, l := range layers {
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+			names := []string{"x"}
+			defs := map[string]engine.StageDef{}
+			for _, d := range engine.Stages(cfg, l, p) {
+				names = append(names, d.Name)
+				defs[d.Name] = d
+			}
+			for _, name := range names {
+				ta, okA, err := a.Stage(p, l, name)
+				if err != nil {
+					return nil, err
+				}
+				tb, okB, err := b.Stage(p, l, name)
+				if err != nil {
+					return nil, err
+				}
+				sr := StageResult{Step: p, Layer: l, Stage: name, Equation: defs[name].Equation, Inputs: []InputInfo{}}
+				if !okA || !okB {
+					sr.Status = StatusMissing
+					sr.Reason = fmt.Sprintf("in A: %t, in B: %t", okA, okB)
+					rep.Results = append(rep.Results, sr)
+					continue
+				}
+				in := map[string]engine.Tensor{}
+				if s, ok, _ := a.Stage(p, l, "index_score"); ok {
+					in["index_score"] = s
+				}
+				JudgeStage(&sr, ta, tb, in, tol.For(name), JudgeContext{GPURope: true, Window: cfg.WindowSize})
+				rep.Results = append(rep.Results, sr)
+				if sr.Status == StatusFail && rep.First == nil {
+					div := &Divergence{Step: p, Layer: l, Stage: name, Kind: stageKind(name), Mode: "diff",
+						Why: "A and B differ: " + sr.Reason, Inputs: []InputInfo{}}
+					if m != nil {
+						if def, ok := defs[name]; ok {
+							div.Detail = append(div.Detail, refereeStage(m, a, def, p, l, ta, tb, tol))
+						}
+					}
+					div.Text = fmt.Sprintf("first divergence: decode step %d, layer %d, stage %s — %s: %s", p, l, name, div.Kind, div.Why)
+					rep.First = div
+				}
+			}
+		}
+	}
+	rep.StepsReplayed = len(steps)
+	rep.finish()
+	if m != nil {
+		rep.Referee = &Referee{A: "not-run", B: "not-run", Right: "unknown"}
+		ra, errA := Run(ctx, m, a, Options{Tol: tol})
+		rb, errB := Run(ctx, m, b, Options{Tol: tol})
+		if errA == nil {
+			rep.Referee.A = ra.Verdict
+		}
+		if errB == nil {
+			rep.Referee.B = rb.Verdict
+		}
+		switch {
+		case errA != nil || errB != nil:
+		case ra.Diverged() && rb.Diverged():
+			rep.Referee.Right = "neither"
+		case ra.Diverged():
+			rep.Referee.Right = "b"
+		case rb.Diverged():
+			rep.Referee.Right = "a"
+		default:
+			rep.Referee.Right = "both"
+		}
+	}
+	return rep, nil
+}
+
+// refereeStage computes stage def from A's dumped inputs and says which of the
+// two dumped values the reference agrees with.
+func refereeStage(m *engine.Model, a Source, def engine.StageDef, p int64, l int, ta, tb engine.Tensor, tol *Tolerance) string {
+	in := map[string]engine.Tensor{}
+	for _, name := range def.Inputs {
+		var t engine.Tensor
+		var ok bool
+		var err error
+		if base, prev := cutPrev(name); prev {
+			t, ok, err = a.Stage(p-1, l, base)
+			if !ok && err == nil {
+				if st, after, has, e := a.State(l); e == nil && has && after == p-1 {
+					t, ok = st[base]
+				}
+			}
+		} else {
+			t, ok, err = a.Stage(p, l, name)
+		}
+		if err != nil || !ok {
+			return fmt.Sprintf("referee: input %s of %s is not in dump A; no verdict", name, def.Name)
+		}
+		in[name] = t
+	}
+	ctx := &engine.StepContext{Cfg: m.Cfg, Layer: l, Pos: p, W: m.Weights[l], Rope: m.Rope[l]}
+	ref, err := def.Compute(ctx, in)
+	if err != nil {
+		return "referee: " + err.Error()
+	}
+	var sa, sb StageResult
+	sa.Stage, sb.Stage = def.Name, def.Name
+	JudgeStage(&sa, ref, ta, in, tol.For(def.Name), JudgeContext{m.GPURope, m.Cfg.WindowSize})
+	JudgeStage(&sb, ref, tb, in, tol.For(def.Name), JudgeContext{m.GPURope, m.Cfg.WindowSize})
+	okA := sa.Status != StatusFail
+	okB := sb.Status != StatusFail
+	switch {
+	case okA && !okB:
+		return "referee: the reference, fed A's inputs, agrees with A: B is wrong here (" + sb.Reason + ")"
+	case okB && !okA:
+		return "referee: the reference, fed A's inputs, agrees with B: A is wrong here (" + sa.Reason + ")"
+	case okA && okB:
+		return "referee: the reference is within tolerance of both"
+	}
+	return "referee: the reference agrees with neither (A: " + sa.Reason + "; B: " + sb.Reason + ")"
+}
+
+func cutPrev(name string) (string, bool) {
+	if len(name) > len(engine.PrevPrefix) && name[:len(engine.PrevPrefix)] == engine.PrevPrefix {
+		return name[len(engine.PrevPrefix):], true
+	}
+	return name, false
+}
+
+func intersectInts(a, b []int) []int {
+	in := map[int]bool{}
+	for _, v := range b {
+		in[v] = true
+	}
+	var out []int
+	for _, v := range a {
+		if in[v] {
+			out = append(out, v)
+		}
+	}
+	sort.Ints(out)
+	return out
+}

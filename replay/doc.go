@@ -1,0 +1,61 @@
+// Package replay replays a GPU dump of the DeepSeek-V4 decode path through the
+// engine reference and names the first stage out of tolerance, with a
+// diagnosis of why. It holds everything between a dump and a verdict: the
+// sources, the model a dump needs, comparison, tolerances, judging,
+// diagnosis, Bisect, Diff and the Report with its JSON schema.
+//
+// # Sources and the model
+//
+// A Source yields the dumped stage tensors of one request by (step, layer,
+// stage) and the start state of each layer: DumpSource reads a dump.Dump
+// (any format the dump package opens, records decoded one at a time),
+// MemSource holds tensors in memory (package fault's synthetic runs). A
+// source may also carry the GPU's KV pages (PageSource) and a prefix-cache
+// hit with the donor request's stages (PrefixSource).
+//
+// LoadModel builds the engine.Model a dump needs: the config from the dump's
+// ModelArgs, the weights of the replayed layers from weights.safetensors
+// beside the dump (or --weights; FindWeights), and each layer's RoPE table,
+// the GPU's own when the dump holds it. LoadModel keeps the full reference
+// form and runs the plain reference loops; LoadModelWith(LoadOptions{Prepared:
+// true}), what the commands do unless --reference, packs each layer as it is
+// read (engine.LoadLayerWeightsPrepared) and runs the prepared fast kernels,
+// the same bits. The report's "kernels" field names the path that ran
+// (engine.Model.Kernels); the reports are byte-identical otherwise (cmd/sparsemla
+// TestReplayKernelsSameBytes).
+//
+// # Replays
+//
+// Run replays every stage of every layer at every decode step in spec order.
+// Local mode (teacher-forced, the default) computes each stage from the
+// dump's own values of its inputs, so an error is charged to the stage that
+// made it; Propagated mode chains the reference's own values from each
+// layer's dumped x (engine.RunStepHooked), to show how an error grows.
+// Bisect finds the first diverging step of a long dump with few probes (a
+// local replay of one step plus a check of the cache it leaves); Diff
+// compares two dumps of one run, with the reference as referee when the
+// weights are found.
+//
+// Each comparison (CompareFloat, CompareInt, sets for top-k) is judged by the
+// stage's StageTol (DefaultTolerance, PropagatedTolerance, overridable from a
+// file or ParseStageTol): exact, bf16 ulps, FlashMLA's abs-or-rel plus
+// cos_diff, or a top-k set where a difference inside an exact score tie is a
+// tie. The first failing stage is diagnosed (Diagnose): attention kernel
+// (split-K partials, LSE), indexer selection and scores, FP8 cache scales,
+// compressor, index list, prefix cache, upstream, NaN/inf. KV pages are
+// checked byte by byte with the kvcache codecs (RewritePage) and prefix-cache
+// hits row by row with kvcache.VerifyPrefixHit: a library caller of Run gets
+// both with no wiring.
+//
+// # Reports
+//
+// A Report holds every stage result, the summary, the verdict and the first
+// divergence; WriteText prints it for people, WriteJSON as the
+// sparsemla.replay/v1 object documented in docs/replay-json.md (every key
+// path is listed in testdata/replay-schema.golden). Package htmlreport draws
+// it as an HTML page. Output is deterministic: (step, layer) units run in
+// parallel and are assembled in order, so a report is byte-identical at any
+// GOMAXPROCS. Outside input (dumps, tolerance files) returns wrapped errors
+// naming the file and record; a stage that panics on malformed dumped inputs
+// becomes an error naming the stage (ComputeStage).
+package replay

@@ -1,0 +1,168 @@
+package replay
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"sparsemla/attention"
+	"sparsemla/dump"
+	"sparsemla/engine"
+)
+
+// LoadModel builds the reference Model for a dump: the config from the dump
+// header (ModelArgs JSON), the attention weights of the layers in src from
+// weights (a safetensors file, or a directory holding weights.safetensors;
+// empty: weights.safetensors next to the dump), and each layer's RoPE table —
+// the GPU's own (freqs_cis_r0 / freqs_cis_cmp tables) when the dump has them,
+// else computed (spec §3.6).
+//
+// The model runs the reference loops (its weights carry their fp32
+// dequantisations); LoadModelWith can load the prepared path instead.
+func LoadModel(d *dump.Dump, src Source, weights string) (*engine.Model, error) {
+	return LoadModelWith(d, src, LoadOptions{Weights: weights})
+}
+
+// LoadOptions configure LoadModelWith.
+type LoadOptions struct {
+	// Weights is the weights file or directory ("": weights.safetensors next
+	// to the dump).
+	Weights string
+	// Prepared loads every layer with LoadLayerWeightsPrepared: the fast
+	// kernels (the same bits) on the compact weights, packed once per layer
+	// as it is read, so the fp32 copies of a whole model are never held at
+	// once. False keeps the full reference weights (LoadLayerWeights) and the
+	// plain reference loops.
+	Prepared bool
+}
+
+// LoadModelWith is LoadModel with options (LoadOptions).
+func LoadModelWith(d *dump.Dump, src Source, opt LoadOptions) (*engine.Model, error) {
+	weights := opt.Weights
+	if d.Header.ModelArgs == "" {
+		return nil, fmt.Errorf("dump %s: no model config (ModelArgs) in the dump; write config.json beside it or use a native dump", d.Path)
+	}
+	cfg, err := engine.ParseConfig([]byte(d.Header.ModelArgs))
+	if err != nil {
+		return nil, fmt.Errorf("dump %s: %w", d.Path, err)
+	}
+	wpath, err := FindWeights(d.Path, weights)
+	if err != nil {
+		return nil, err
+	}
+	st, err := dump.OpenSafetensors(wpath)
+	if err != nil {
+		return nil, err
+	}
+	defer st.Close()
+	m := &engine.Model{Cfg: cfg, Weights: map[int]*engine.LayerWeights{}, Rope: map[int]*engine.RopeTable{}}
+	T0 := 1 // positions the steps need
+	for _, p := range src.Steps() {
+		T0 = max(T0, int(p)+1)
+	}
+	if err := checkReplayConfig(cfg, T0); err != nil {
+		return nil, fmt.Errorf("dump %s: %w", d.Path, err)
+	}
+	T := T0 // a computed RoPE table covers the positions the dump decodes
+	gpu := map[string]*engine.RopeTable{}
+	for _, name := range []string{"freqs_cis_r0", "freqs_cis_cmp"} {
+		e, ok := d.Lookup(dump.Key{Step: dump.NoStep, Layer: dump.Global, Stage: name}, dump.KindTable)
+		if !ok {
+			continue
+		}
+		rec, err := d.Read(e)
+		if err != nil {
+			return nil, err
+		}
+		if len(rec.Shape) != 3 || rec.Shape[1] != 32 || rec.Shape[2] != 2 {
+			return nil, fmt.Errorf("dump %s: table %s has shape %v, want [T, 32, 2]", d.Path, name, rec.Shape)
+		}
+		f, err := rec.Float32()
+		if err != nil {
+			return nil, err
+		}
+		if rec.Shape[0] < T0 {
+			return nil, fmt.Errorf("dump %s: table %s covers positions 0..%d, the dump decodes position %d", d.Path, name, rec.Shape[0]-1, T0-1)
+		}
+		gpu[name] = attention.RopeTableFromCis(f, rec.Shape[0], d.Path+":"+name)
+	}
+	m.GPURope = len(gpu) > 0
+	for _, l := range src.Layers() {
+		if l >= cfg.NLayers {
+			return nil, fmt.Errorf("dump %s: layer %d outside the model (%d layers)", d.Path, l, cfg.NLayers)
+		}
+		load := engine.LoadLayerWeights
+		if opt.Prepared {
+			load = engine.LoadLayerWeightsPrepared
+		}
+		lw, err := load(cfg, l, st)
+		if err != nil {
+			return nil, err
+		}
+		m.Weights[l] = lw
+		name := "freqs_cis_r0"
+		if cfg.Ratio(l) > 0 {
+			name = "freqs_cis_cmp"
+		}
+		if t, ok := gpu[name]; ok {
+			m.Rope[l] = t
+		} else {
+			m.GPURope = false
+			m.Rope[l] = engine.LayerRope(cfg, l, T)
+		}
+	}
+	if err := checkDumpShapes(cfg, d); err != nil {
+		return nil, fmt.Errorf("dump %s: %w", d.Path, err)
+	}
+	return m, nil
+}
+
+// FindWeights resolves the weights file of the dump at dumpPath: weights
+// itself or weights/weights.safetensors when given, else weights.safetensors
+// beside the dump. The error says what was looked for.
+func FindWeights(dumpPath, weights string) (string, error) {
+	cands := []string{}
+	if weights != "" {
+		cands = append(cands, weights, filepath.Join(weights, "weights.safetensors"))
+	} else {
+		dir := dumpPath
+		if fi, err := os.Stat(dumpPath); err == nil && !fi.IsDir() {
+			dir = filepath.Dir(dumpPath)
+		}
+		cands = append(cands, filepath.Join(dir, "weights.safetensors"))
+	}
+	for _, c := range cands {
+		if fi, err := os.Stat(c); err == nil && !fi.IsDir() {
+			return c, nil
+		}
+	}
+	if weights != "" {
+		return "", fmt.Errorf("weights %s: no safetensors file there (want a file or a directory with weights.safetensors)", weights)
+	}
+	return "", fmt.Errorf("dump %s: no weights.safetensors beside it; pass --weights", dumpPath)
+}
+
+// Bounds on config values that size a replay's allocations but that no weight
+// shape checks (the weights fix dim, heads, ranks). V4 uses window 128, top-k
+// 512/1024 and at most 2^20 positions; the bounds leave ample room.
+const (
+	maxReplayWindow = 1 << 16
+	maxReplayTopK   = 1 << 20
+	maxReplayPos    = 1 << 24
+)
+
+// checkReplayConfig refuses configs and dumps whose sizes no real model has,
+// before anything is allocated from them.
+func checkReplayConfig(cfg *engine.Config, positions int) error {
+	switch {
+	case cfg.WindowSize > maxReplayWindow:
+		return fmt.Errorf("config window_size = %d exceeds %d (V4 uses 128)", cfg.WindowSize, maxReplayWindow)
+	case cfg.IndexTopK > maxReplayTopK:
+		return fmt.Errorf("config index_topk = %d exceeds %d (V4 uses 512 or 1024)", cfg.IndexTopK, maxReplayTopK)
+	case cfg.MaxSeqLen > maxReplayPos:
+		return fmt.Errorf("config max_seq_len = %d exceeds %d positions", cfg.MaxSeqLen, maxReplayPos)
+	case positions > maxReplayPos:
+		return fmt.Errorf("the dump decodes position %d, beyond %d", positions-1, maxReplayPos)
+	}
+	return nil
+}

@@ -1,0 +1,306 @@
+package replay
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+
+	"sparsemla/engine"
+	"sparsemla/indexer"
+)
+
+// SchemaVersion names the JSON schema of Report (docs/replay-json.md). It
+// changes only when a field changes meaning or disappears.
+const SchemaVersion = "sparsemla.replay/v1"
+
+// Report is the outcome of a replay, diff or bisect: every stage comparison in
+// replay order and the first divergence with its diagnosis. Its JSON form is
+// the stable --json output.
+type Report struct {
+	Schema        string        `json:"schema"`
+	Command       string        `json:"command"` // replay | diff | bisect
+	Dump          string        `json:"dump"`
+	Against       string        `json:"against,omitempty"` // diff: the second dump
+	Mode          string        `json:"mode"`              // local | propagated
+	GPURope       bool          `json:"gpu_rope_table"`    // RoPE from the GPU's own table
+	Kernels       string        `json:"kernels,omitempty"` // prepared | reference | mixed (Model.Kernels); empty: no reference ran
+	Steps         []int64       `json:"steps"`             // decode steps in the dump
+	Layers        []int         `json:"layers"`
+	StepsReplayed int           `json:"steps_replayed"`
+	Verdict       string        `json:"verdict"` // agree | diverged
+	Summary       Summary       `json:"summary"`
+	First         *Divergence   `json:"first_divergence"`  // null when agree
+	Referee       *Referee      `json:"referee,omitempty"` // diff with weights
+	Probes        []Probe       `json:"probes,omitempty"`  // bisect: the steps probed, in order
+	Results       []StageResult `json:"stages"`
+}
+
+// Summary counts the stage comparisons by status.
+type Summary struct {
+	Compared int `json:"compared"` // pass + fail + tie
+	Pass     int `json:"pass"`
+	Fail     int `json:"fail"`
+	Tie      int `json:"tie"`
+	Missing  int `json:"missing"`
+	Skipped  int `json:"skipped"`
+}
+
+// StageResult is one stage of one layer at one decode step.
+type StageResult struct {
+	Step     int64       `json:"step"`
+	Layer    int         `json:"layer"`
+	Stage    string      `json:"stage"`
+	Equation string      `json:"equation,omitempty"`
+	Status   string      `json:"status"` // pass | fail | tie | missing | skipped
+	Reason   string      `json:"reason,omitempty"`
+	Tol      string      `json:"tol,omitempty"` // tolerance mode used
+	Shape    []int       `json:"shape"`
+	GPUShape []int       `json:"gpu_shape,omitempty"`
+	Severity float64     `json:"severity"` // 0 identical, <1 within tolerance, >=1 out (max 2)
+	Metrics  *Metrics    `json:"metrics,omitempty"`
+	Set      *SetMetrics `json:"set,omitempty"`
+	Inputs   []InputInfo `json:"inputs"`
+}
+
+// InputInfo says where one input of a stage came from and whether it had been
+// checked against the reference.
+type InputInfo struct {
+	Name   string `json:"name"`
+	From   string `json:"from"`   // dump | dump@prev | start-state | reference | propagated
+	Status string `json:"status"` // matched | diverged | unchecked
+}
+
+// SetMetrics compare a top-k selection as a set.
+type SetMetrics struct {
+	K        int     `json:"k"`
+	Recall   float64 `json:"recall"`
+	Jaccard  float64 `json:"jaccard"`
+	Missing  []int64 `json:"missing"` // rows the reference selects and the GPU does not
+	Extra    []int64 `json:"extra"`   // rows the GPU selects and the reference does not
+	KthScore F64     `json:"kth_score"`
+	Tied     int     `json:"tied"` // rows whose score equals the k-th score
+	Boundary bool    `json:"boundary_tie"`
+}
+
+// Divergence is the first out-of-tolerance stage with its diagnosis.
+type Divergence struct {
+	Step   int64       `json:"step"`
+	Layer  int         `json:"layer"`
+	Stage  string      `json:"stage"`
+	Kind   string      `json:"kind"` // see the Kind* constants
+	Why    string      `json:"why"`
+	Text   string      `json:"text"` // "first divergence: decode step P, layer L, stage S — kind: why"
+	Mode   string      `json:"mode"`
+	Inputs []InputInfo `json:"inputs"`
+	// Heads / Rows / Blocks name where inside the tensor it differs (leading
+	// axis: heads for q/o, cache rows for kv_cache, FQ8 blocks for kv).
+	Heads  []int    `json:"heads,omitempty"`
+	Rows   []int    `json:"rows,omitempty"`
+	Blocks []int    `json:"blocks,omitempty"`
+	Detail []string `json:"detail,omitempty"` // further lines for a human
+	Hint   string   `json:"hint,omitempty"`   // where to look next
+}
+
+// hints says, per diagnosis kind, where a GPU engineer should look next.
+var hints = map[string]string{
+	KindAttention:  "check the sparse-attention kernel's split-K combine (LSE merge, sink folded as lse += log2(1 + 2^(σ·log2e − lse))) and the keys it gathers; dump split_bounds/o_split/lse_split to separate a split from the combine",
+	KindIndexer:    "check the indexer's top-k (k = min(index_topk, Tc), descending scores, indices offset by 128); ties at the k-th score are legal, other differences are not",
+	KindIndexScore: "check the indexer query path (wq_b, RoPE, Hadamard, FQ4) and the per-head ReLU·weight products, each rounded to bf16 before the head sum (spec §6)",
+	KindFP8Cache:   "check the KV writer: FQ8 scale = ceil2(f32(max(amax,1e-4)·f32(1/448))) per 64-block, UE8M0 byte = exponent+127, and the page bytes it stores",
+	KindCompressor: "check the compressor's state update and emission condition ((p+1) mod r == 0, row j = p div r written before attention at the same step)",
+	KindPrefix:     "check the prefix/radix cache: the rows served for the reused prefix belong to another request (a window ring page that is not content-addressed is a known DeepSeek-V4 serving bug)",
+	KindUpstream:   "look at the earlier divergence of the input named; this stage only inherited it",
+	KindProjection: "check the linear / norm / RoPE kernel of this stage against its equation (FP8 activation quantisation per 128, fp32 accumulation, bf16 out)",
+	KindCache:      "check the cache write of this step (window slot p mod W, compressed row 128 + p div r)",
+	KindIndexList:  "check the index list given to sparse attention: window ring order oldest to newest, -1 padding at the end, then 128 + selected rows",
+}
+
+// Referee is the diff verdict on which of two dumps the reference agrees with.
+type Referee struct {
+	A     string `json:"a"` // agree | diverged | not-run
+	B     string `json:"b"`
+	Right string `json:"right"` // a | b | neither | both | unknown
+}
+
+// Diagnosis kinds.
+const (
+	KindAttention  = "attention kernel"
+	KindIndexer    = "indexer selection"
+	KindIndexScore = "indexer scores"
+	KindFP8Cache   = "FP8 cache"
+	KindCompressor = "compressor"
+	KindPrefix     = "prefix cache"
+	KindUpstream   = "upstream"
+	KindProjection = "projection"
+	KindNonFinite  = "NaN/inf"
+	KindCache      = "KV cache"
+	KindIndexList  = "index list"
+)
+
+func newReport(dump, mode string, gpuRope bool, steps []int64, layers []int) *Report {
+	return &Report{Schema: SchemaVersion, Command: "replay", Dump: dump, Mode: mode, GPURope: gpuRope,
+		Steps: append([]int64{}, steps...), Layers: append([]int{}, layers...), Results: []StageResult{}}
+}
+
+// finish fills Summary and Verdict from Results.
+func (r *Report) finish() {
+	r.Summary = Summary{}
+	for _, s := range r.Results {
+		switch s.Status {
+		case StatusPass:
+			r.Summary.Pass++
+		case StatusFail:
+			r.Summary.Fail++
+		case StatusTie:
+			r.Summary.Tie++
+		case StatusMissing:
+			r.Summary.Missing++
+		case StatusSkipped:
+			r.Summary.Skipped++
+		}
+	}
+	r.Summary.Compared = r.Summary.Pass + r.Summary.Fail + r.Summary.Tie
+	r.Verdict = "agree"
+	if r.Summary.Fail > 0 {
+		r.Verdict = "diverged"
+	}
+}
+
+// Diverged reports whether any stage was out of tolerance.
+func (r *Report) Diverged() bool { return r.Verdict == "diverged" }
+
+// WriteJSON writes the report as indented JSON (the --json output).
+func (r *Report) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}
+
+// WriteText writes the human summary: the verdict, counts, ties, and the
+// first divergence with its diagnosis and the inputs it was computed from.
+func (r *Report) WriteText(w io.Writer) {
+	s := r.Summary
+	fmt.Fprintf(w, "%s %s (%s mode): %d steps x %d layers, %d stages compared: %d pass, %d tie, %d fail; %d not dumped, %d skipped\n",
+		r.Command, r.Dump, r.Mode, len(r.Steps), len(r.Layers), s.Compared, s.Pass, s.Tie, s.Fail, s.Missing, s.Skipped)
+	if !r.GPURope {
+		fmt.Fprintln(w, "  (no GPU RoPE table in the dump: RoPE stages allowed one bf16 ulp)")
+	}
+	skipped := 0
+	for _, sr := range r.Results {
+		switch sr.Status {
+		case StatusTie:
+			fmt.Fprintf(w, "  tie: step %d layer %d %s: %s\n", sr.Step, sr.Layer, sr.Stage, sr.Reason)
+		case StatusSkipped:
+			if skipped == 0 {
+				fmt.Fprintf(w, "  warning: %d stages skipped (an input is not in the dump), first: step %d layer %d %s: %s\n",
+					s.Skipped, sr.Step, sr.Layer, sr.Stage, sr.Reason)
+			}
+			skipped++
+		}
+	}
+	if r.Referee != nil {
+		defer fmt.Fprintf(w, "referee: reference vs A %s, vs B %s: %s is right\n", r.Referee.A, r.Referee.B, r.Referee.Right)
+	}
+	if r.First == nil {
+		fmt.Fprintln(w, "agree: no stage out of tolerance")
+		return
+	}
+	d := r.First
+	fmt.Fprintln(w, d.Text)
+	for _, line := range d.Detail {
+		fmt.Fprintln(w, "  "+line)
+	}
+	if d.Hint != "" {
+		fmt.Fprintln(w, "  hint: "+d.Hint)
+	}
+	if len(d.Inputs) > 0 {
+		var parts []string
+		for _, in := range d.Inputs {
+			parts = append(parts, fmt.Sprintf("%s (%s, %s)", in.Name, in.From, in.Status))
+		}
+		fmt.Fprintln(w, "  inputs: "+strings.Join(parts, ", "))
+	}
+}
+
+// judgeSet compares a top-k selection (index_topk, or index_sel = topk+128) as
+// a set with indexer.CompareSelection, using the dumped index_score (an input
+// of the stage) to recognise boundary ties.
+//
+// topk_idxs in set mode (propagated replays, where the reference's own
+// index_sel orders tied rows by its own rule) is its window part (exact) and
+// its compressed part, 128 + index_topk, compared as a set.
+func judgeSet(sr *StageResult, ref, gpu engine.Tensor, in map[string]engine.Tensor, window int) {
+	if ref.Kind.IsFloat() || gpu.Kind.IsFloat() {
+		sr.Status, sr.Severity, sr.Reason = StatusFail, 2, "top-k must be an integer tensor"
+		return
+	}
+	off := int64(0)
+	if sr.Stage == "index_sel" {
+		off = int64(window)
+	}
+	if sr.Stage == "topk_idxs" {
+		if len(ref.I) < window || len(gpu.I) < window {
+			sr.Status, sr.Severity = StatusFail, 2
+			sr.Reason = fmt.Sprintf("index list of %d entries, reference %d (window %d)", len(gpu.I), len(ref.I), window)
+			return
+		}
+		for i := 0; i < window; i++ {
+			if ref.I[i] != gpu.I[i] {
+				sr.Status, sr.Severity = StatusFail, 2
+				sr.Reason = fmt.Sprintf("window part differs at entry %d: GPU %d, reference %d", i, gpu.I[i], ref.I[i])
+				return
+			}
+		}
+		ref = engine.FromI(ref.Kind, ref.I[window:], len(ref.I)-window)
+		gpu = engine.FromI(gpu.Kind, gpu.I[window:], len(gpu.I)-window)
+		off = int64(window)
+	}
+	g := make([]int64, len(gpu.I))
+	for i, v := range gpu.I {
+		g[i] = v - off
+	}
+	k := len(ref.I)
+	scores, ok := in["index_score"]
+	var d indexer.SelectionDiff
+	if ok && scores.Kind.IsFloat() {
+		d = indexer.CompareSelection(g, scores.F, k)
+	} else {
+		// No scores at hand: the reference's own list defines the set, so
+		// any difference is a divergence (ties cannot be recognised).
+		r := make([]int64, len(ref.I))
+		for i, v := range ref.I {
+			r[i] = v - off
+		}
+		d = plainSetDiff(r, g)
+	}
+	sr.Set = &SetMetrics{K: k, Recall: d.Recall, Jaccard: d.Jaccard, Missing: orEmpty(d.Missing), Extra: orEmpty(d.Extra),
+		KthScore: F64(d.Ties.KthScore), Tied: d.Ties.Tied, Boundary: d.Ties.Boundary()}
+	switch d.Verdict {
+	case indexer.Same:
+		sr.Status = StatusPass
+	case indexer.Tie:
+		sr.Status, sr.Severity = StatusTie, 0.5
+		sr.Reason = fmt.Sprintf("GPU chose %v instead of %v among %d rows tied at score %g (k-th place)", d.Extra, d.Missing, d.Ties.Tied, d.Ties.KthScore)
+	default:
+		sr.Status, sr.Severity, sr.Reason = StatusFail, 1+(1-d.Jaccard), d.Reason
+	}
+}
+
+func orEmpty(v []int64) []int64 {
+	if v == nil {
+		return []int64{}
+	}
+	return v
+}
+
+// plainSetDiff compares two selections as sets with no tie information.
+func plainSetDiff(ref, gpu []int64) indexer.SelectionDiff {
+	d := indexer.SelectionDiff{Ref: ref}
+	d.Missing, d.Extra, d.Recall, d.Jaccard = indexer.SetDiff(ref, gpu)
+	if len(d.Missing) > 0 || len(d.Extra) > 0 || len(ref) != len(gpu) {
+		d.Verdict = indexer.Diverged
+		d.Reason = fmt.Sprintf("GPU selected %v not in the reference set, left out %v", d.Extra, d.Missing)
+	}
+	return d
+}

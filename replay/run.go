@@ -1,0 +1,591 @@
+package replay
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"strings"
+
+	"golang.org/x/sync/errgroup"
+
+	"sparsemla/engine"
+)
+
+// Mode selects how stage inputs are obtained.
+type Mode string
+
+const (
+	// Local (teacher-forced, the default): every stage is recomputed from the
+	// dump's own values of its inputs, so an error is attributed to the stage
+	// that made it.
+	Local Mode = "local"
+	// Propagated: RunStep from each layer's dumped x, carrying the reference's
+	// own state across steps, to show how an error grows.
+	Propagated Mode = "propagated"
+)
+
+// Options configure one replay.
+type Options struct {
+	Mode Mode
+	Tol  *Tolerance // nil: DefaultTolerance()
+	// Steps restricts the replay to these decode steps (nil: all).
+	Steps []int64
+	// Progress, when set, is called after each (step, layer) unit completes.
+	Progress func(done, total int)
+}
+
+// Status of one stage comparison.
+const (
+	StatusPass    = "pass"    // within tolerance
+	StatusFail    = "fail"    // out of tolerance: a divergence
+	StatusTie     = "tie"     // top-k differs only inside a boundary tie
+	StatusMissing = "missing" // the dump does not hold this stage
+	StatusSkipped = "skipped" // an input was unavailable, nothing compared
+)
+
+// Input sources of a stage input.
+const (
+	FromDump      = "dump"        // this step's dumped value
+	FromPrevDump  = "dump@prev"   // the previous step's dumped value
+	FromStart     = "start-state" // the dump's start state
+	FromReference = "reference"   // not dumped: the reference's own value
+	FromPropagate = "propagated"  // the reference's own chain (propagated mode)
+)
+
+// unit is one (step, layer) of a replay.
+type unit struct {
+	step  int64
+	layer int
+}
+
+// unitResult is what replaying one unit yields.
+type unitResult struct {
+	results []StageResult
+	first   *Divergence // diagnosis of the unit's first failing stage
+}
+
+// Run replays src against the reference and returns the report (Verdict
+// "agree" or "diverged"). err is for unusable input (unreadable dump, missing
+// weights, a gap in the steps a propagated replay cannot bridge).
+//
+// Order: decode steps ascending, then layers, then the stages of Stages (spec
+// order). In Local mode (teacher-forced, the default) each stage is computed
+// by its StageDef.Compute from the DUMPED values of its inputs — "prev:X"
+// inputs from the dump of step p-1 or the start state — and compared with the
+// dumped value of the stage, so an error is charged to the stage that made
+// it; (step, layer) units run in parallel and are assembled in order, so the
+// report is identical at any GOMAXPROCS. In Propagated mode RunStep chains the
+// reference's own values from each layer's dumped x, carrying its own state
+// from the start state (re-seeded from a dumped state across gaps), to show
+// how an error grows; where the GPU's top-k selection is judged a boundary
+// tie (a legal choice) the chain follows the GPU's selection for that step
+// and layer, and the tie's reason says so.
+//
+// Each comparison is judged by the stage's tolerance (DefaultTolerance,
+// PropagatedTolerance, overridable; docs/replay-json.md): exact, bf16 ulps,
+// FlashMLA's abs-or-rel plus cos_diff, or top-k sets with boundary ties. The
+// first failing stage is diagnosed (Diagnose) with what its inputs looked
+// like; KV pages (a PageSource: the dump's records of kind "page") are
+// checked byte by byte with the kvcache codecs and a prefix-cache hit (a
+// PrefixSource) row by row with kvcache.VerifyPrefixHit.
+func Run(ctx context.Context, m *engine.Model, src Source, opt Options) (*Report, error) {
+	if opt.Mode == "" {
+		opt.Mode = Local
+	}
+	if opt.Tol == nil {
+		opt.Tol = DefaultTolerance()
+		if opt.Mode == Propagated {
+			opt.Tol = PropagatedTolerance()
+		}
+	}
+	steps := src.Steps()
+	if opt.Steps != nil {
+		steps = intersectSteps(steps, opt.Steps)
+	}
+	layers := src.Layers()
+	for _, l := range layers {
+		if m.Weights[l] == nil {
+			return nil, fmt.Errorf("replay %s: no weights for layer %d", src.Name(), l)
+		}
+	}
+	rep := newReport(src.Name(), string(opt.Mode), m.GPURope, steps, layers)
+	rep.Kernels = m.Kernels()
+	var units []unitResult
+	var err error
+	switch opt.Mode {
+	case Local:
+		units, err = replayLocal(ctx, m, src, steps, layers, opt)
+	case Propagated:
+		units, err = replayPropagated(ctx, m, src, steps, layers, opt)
+	default:
+		return nil, fmt.Errorf("replay: unknown mode %q (local, propagated)", opt.Mode)
+	}
+	if err != nil {
+		return nil, err
+	}
+	rep.StepsReplayed = len(steps)
+	for _, u := range units {
+		rep.Results = append(rep.Results, u.results...)
+		if rep.First == nil && u.first != nil {
+			rep.First = u.first
+		}
+	}
+	rep.finish()
+	return rep, nil
+}
+
+func intersectSteps(have, want []int64) []int64 {
+	w := map[int64]bool{}
+	for _, s := range want {
+		w[s] = true
+	}
+	var out []int64
+	for _, s := range have {
+		if w[s] {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// replayLocal runs every (step, layer) unit independently (they read only the
+// dump), in parallel across units; each unit's stages run in order. Results
+// are assembled in (step, layer) order, so the output does not depend on
+// GOMAXPROCS.
+func replayLocal(ctx context.Context, m *engine.Model, src Source, steps []int64, layers []int, opt Options) ([]unitResult, error) {
+	var work []unit
+	for _, p := range steps {
+		for _, l := range layers {
+			work = append(work, unit{p, l})
+		}
+	}
+	out := make([]unitResult, len(work))
+	replayed := map[int64]bool{}
+	for _, p := range steps {
+		replayed[p] = true
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(runtime.GOMAXPROCS(0))
+	done := make(chan struct{}, len(work))
+	for i, u := range work {
+		g.Go(func() error {
+			if err := gctx.Err(); err != nil {
+				return err
+			}
+			r, err := localUnit(m, src, u, opt.Tol, replayed[u.step-1])
+			if err != nil {
+				return err
+			}
+			out[i] = r
+			done <- struct{}{}
+			return nil
+		})
+	}
+	if opt.Progress != nil {
+		go func() {
+			for n := 1; n <= len(work); n++ {
+				if _, ok := <-done; !ok {
+					return
+				}
+				opt.Progress(n, len(work))
+			}
+		}()
+	}
+	err := g.Wait()
+	close(done)
+	return out, err
+}
+
+// localUnit replays the stages of one layer at one step from dumped inputs.
+//
+// "prev:X" inputs are the dumped X of step p-1 (a full or a state-only dumped
+// step), else the start state when it is valid after p-1. prevChecked says
+// whether step p-1 is replayed too (its values are then checked there).
+func localUnit(m *engine.Model, src Source, u unit, tol *Tolerance, prevChecked bool) (unitResult, error) {
+	prevStep := u.step - 1
+	var res unitResult
+	ctx := &engine.StepContext{Cfg: m.Cfg, Layer: u.layer, Pos: u.step, W: m.Weights[u.layer], Rope: m.Rope[u.layer]}
+	defs := engine.Stages(m.Cfg, u.layer, u.step)
+	own := map[string]engine.Tensor{}  // the reference's values at this step
+	status := map[string]string{}      // this step's stage statuses
+	var start map[string]engine.Tensor // loaded on first use
+	var startAfter int64
+	startOK, startLoaded := false, false
+	for _, def := range defs {
+		sr := StageResult{Step: u.step, Layer: u.layer, Stage: def.Name, Equation: def.Equation}
+		in := make(map[string]engine.Tensor, len(def.Inputs))
+		missing := ""
+		for _, name := range def.Inputs {
+			info := InputInfo{Name: name}
+			if base, ok := strings.CutPrefix(name, "prev:"); ok {
+				var t engine.Tensor
+				found := false
+				if prevStep >= 0 {
+					v, ok, err := src.Stage(prevStep, u.layer, base)
+					if err != nil {
+						return res, err
+					}
+					if ok {
+						t, found = v, true
+						info.From, info.Status = FromPrevDump, "unchecked"
+						if prevChecked {
+							info.Status = "matched" // compared there; an earlier divergence would be reported first
+						}
+					}
+				}
+				if !found {
+					if !startLoaded {
+						var err error
+						start, startAfter, startOK, err = src.State(u.layer)
+						if err != nil {
+							return res, err
+						}
+						startLoaded = true
+					}
+					if v, ok := start[base]; ok && startOK && startAfter == u.step-1 {
+						t, found = v, true
+						info.From, info.Status = FromStart, "unchecked"
+					}
+				}
+				if !found {
+					missing = fmt.Sprintf("no value of %s after step %d in the dump", base, u.step-1)
+					break
+				}
+				in[name] = t
+			} else {
+				v, ok, err := src.Stage(u.step, u.layer, name)
+				if err != nil {
+					return res, err
+				}
+				switch {
+				case ok:
+					in[name] = v
+					info.From = FromDump
+					switch status[name] {
+					case StatusPass, StatusTie:
+						info.Status = "matched"
+					case StatusFail:
+						info.Status = "diverged"
+					default:
+						info.Status = "unchecked"
+					}
+				case hasTensor(own, name):
+					in[name] = own[name]
+					info.From, info.Status = FromReference, "unchecked"
+				default:
+					missing = fmt.Sprintf("input %s is neither dumped nor computed", name)
+				}
+				if missing != "" {
+					break
+				}
+			}
+			sr.Inputs = append(sr.Inputs, info)
+		}
+		if missing != "" {
+			sr.Status, sr.Reason = StatusSkipped, missing
+			res.results = append(res.results, sr)
+			status[def.Name] = StatusSkipped
+			continue
+		}
+		ref, err := ComputeStage(def, ctx, in)
+		if err != nil {
+			sr.Status, sr.Reason = StatusSkipped, "reference: "+err.Error()
+			res.results = append(res.results, sr)
+			status[def.Name] = StatusSkipped
+			continue
+		}
+		own[def.Name] = ref
+		gpu, ok, err := src.Stage(u.step, u.layer, def.Name)
+		if err != nil {
+			return res, err
+		}
+		sr.Shape = ref.Shape
+		if !ok {
+			sr.Status = StatusMissing
+			res.results = append(res.results, sr)
+			status[def.Name] = StatusMissing
+			continue
+		}
+		JudgeStage(&sr, ref, gpu, in, tol.For(def.Name), JudgeContext{m.GPURope, m.Cfg.WindowSize})
+		status[def.Name] = sr.Status
+		res.results = append(res.results, sr)
+		if sr.Status == StatusFail && res.first == nil {
+			res.first = Diagnose(DiagnoseInput{
+				Model: m, Src: src, Def: def, Result: sr, Ref: ref, GPU: gpu, In: in, Own: own, Mode: Local, Tol: tol,
+			})
+		}
+		if def.Name == "kv_cache" {
+			// The GPU's page bytes, when dumped, must encode the dumped rows
+			// (teacher-forced like every stage: kv_pages is computed from
+			// the dumped kv_cache).
+			pr, ok, err := pageResult(m, src, u.step, u.layer, gpu, sr.Status)
+			if err != nil {
+				return res, err
+			}
+			if ok {
+				res.results = append(res.results, pr)
+				if pr.Status == StatusFail && res.first == nil {
+					res.first = &Divergence{Step: u.step, Layer: u.layer, Stage: pr.Stage, Kind: KindFP8Cache, Mode: string(Local),
+						Inputs: pr.Inputs, Why: "the kv_cache rows matched, but the GPU's page bytes do not encode them: " + pr.Reason}
+					res.first.Text = fmt.Sprintf("first divergence: decode step %d, layer %d, stage %s — %s: %s", u.step, u.layer, pr.Stage, KindFP8Cache, res.first.Why)
+				}
+			}
+		}
+	}
+	return res, nil
+}
+
+// isSelectionStage reports whether a stage is a top-k selection judged as a
+// set (a boundary tie is legal there).
+func isSelectionStage(name string) bool {
+	return name == "index_topk" || name == "index_sel" || name == "topk_idxs"
+}
+
+func hasTensor(m map[string]engine.Tensor, name string) bool { _, ok := m[name]; return ok }
+
+// ComputeStage runs a stage's Compute on dumped inputs. Compute validates its
+// inputs and returns errors; a panic that slips through on malformed dump data
+// is turned into an error naming the stage, so outside input never crashes a
+// replay.
+func ComputeStage(def engine.StageDef, ctx *engine.StepContext, in map[string]engine.Tensor) (t engine.Tensor, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("stage %s failed on the dumped inputs: %v", def.Name, r)
+		}
+	}()
+	return def.Compute(ctx, in)
+}
+
+// JudgeContext is what judging a stage needs besides the tolerance.
+type JudgeContext struct {
+	GPURope bool // RoPE ran on the GPU's own table
+	Window  int  // window size W: topk_idxs = W window entries, then the compressed part
+}
+
+// JudgeStage compares ref with gpu under st and fills sr's status, reason,
+// metrics and severity. in holds the stage's inputs (index_score for sets).
+func JudgeStage(sr *StageResult, ref, gpu engine.Tensor, in map[string]engine.Tensor, st StageTol, jc JudgeContext) {
+	gpuRope := jc.GPURope
+	sr.Tol = string(st.Mode)
+	sr.Shape = ref.Shape
+	sr.GPUShape = gpu.Shape
+	if st.Mode == TolSet {
+		judgeSet(sr, ref, gpu, in, jc.Window)
+		return
+	}
+	if ref.Kind.IsFloat() != gpu.Kind.IsFloat() {
+		sr.Status, sr.Severity = StatusFail, 2
+		sr.Reason = fmt.Sprintf("dtype %s, reference %s", gpu.Kind, ref.Kind)
+		return
+	}
+	if !engine.SameShape(ref.Shape, gpu.Shape) {
+		sr.Status, sr.Severity = StatusFail, 2
+		sr.Reason = fmt.Sprintf("shape %v, reference %v", gpu.Shape, ref.Shape)
+		return
+	}
+	var mt Metrics
+	if ref.Kind.IsFloat() {
+		mt = CompareFloat(ref, gpu, st, gpuRope)
+	} else {
+		mt = CompareInt(ref, gpu)
+	}
+	sr.Metrics = &mt
+	ok, why := st.Judge(mt, gpuRope)
+	sr.Severity = severity(mt, st, gpuRope)
+	if ok {
+		sr.Status = StatusPass
+		if sr.Severity >= 1 {
+			sr.Severity = 0.99
+		}
+		return
+	}
+	sr.Status, sr.Reason = StatusFail, why
+	if sr.Severity < 1 {
+		sr.Severity = 1
+	}
+}
+
+// severity maps metrics to one number for heatmaps: 0 = identical, < 1 within
+// tolerance, >= 1 out of tolerance (capped at 2).
+func severity(m Metrics, st StageTol, gpuRope bool) float64 {
+	var s float64
+	if m.RefNaN != m.GPUNaN || m.RefInf != m.GPUInf || len(m.NonFiniteRows) > 0 {
+		return 2
+	}
+	switch st.Mode {
+	case TolExact:
+		if m.Mismatch > 0 {
+			s = 1 + float64(m.Mismatch)/float64(max(m.N, 1))
+		}
+	case TolULP:
+		s = float64(m.MaxULP) / float64(st.allowedULP(gpuRope)+1)
+	case TolClose:
+		if m.CloseFail > 0 {
+			s = 1 + float64(m.CloseFail)/float64(max(m.N, 1))
+		} else if st.Cos > 0 {
+			s = m.CosDiff / st.Cos
+		}
+	default:
+		if m.Mismatch > 0 {
+			s = 0.5
+		}
+	}
+	return min(s, 2)
+}
+
+// replayPropagated runs each layer's chain with RunStep from the dumped x,
+// carrying the reference's own state from the dump's start state. The steps
+// must be consecutive from the start state on.
+//
+// Each stage is judged as soon as the chain computes it. Where a top-k
+// selection (index_topk, index_sel, topk_idxs) is judged a tie — the GPU
+// picked another member of a boundary tie, which is legal — the chain
+// continues from the GPU's selection for the rest of that step and layer
+// (the selection does not enter the state carried to the next step), so the
+// attention stages are not false alarms; a real divergence of the selection
+// keeps the reference's own choice.
+func replayPropagated(ctx context.Context, m *engine.Model, src Source, steps []int64, layers []int, opt Options) ([]unitResult, error) {
+	perLayer := make([][]unitResult, len(layers))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(runtime.GOMAXPROCS(0))
+	for li, l := range layers {
+		g.Go(func() error {
+			r, err := propagateLayer(gctx, m, src, steps, l, opt.Tol)
+			perLayer[li] = r
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	// Reorder to (step, layer).
+	var out []unitResult
+	for si := range steps {
+		for li := range layers {
+			out = append(out, perLayer[li][si])
+		}
+		if opt.Progress != nil {
+			opt.Progress(si+1, len(steps))
+		}
+	}
+	return out, nil
+}
+
+func propagateLayer(ctx context.Context, m *engine.Model, src Source, steps []int64, layer int, tol *Tolerance) ([]unitResult, error) {
+	stT, after, ok, err := src.State(layer)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, fmt.Errorf("replay %s: propagated mode needs the start state of layer %d", src.Name(), layer)
+	}
+	st, err := engine.LoadState(m.Cfg, layer, stT)
+	if err != nil {
+		return nil, fmt.Errorf("replay %s: start state of layer %d: %w", src.Name(), layer, err)
+	}
+	out := make([]unitResult, 0, len(steps))
+	want := after + 1
+	stFrom := FromStart // where the state before the step came from
+	for _, p := range steps {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		if p != want {
+			// A gap: re-seed the chain from the state the dump holds after
+			// p-1 (a state-only step), as a replay would from a start state.
+			seed := map[string]engine.Tensor{}
+			for name := range engine.NewLayerState(m.Cfg, layer).StateTensors() {
+				t, ok, err := src.Stage(p-1, layer, name)
+				if err != nil {
+					return nil, err
+				}
+				if ok {
+					seed[name] = t
+				}
+			}
+			ns, err := engine.LoadState(m.Cfg, layer, seed)
+			if err != nil {
+				return nil, fmt.Errorf("replay %s: propagated mode: steps %d..%d are not in the dump and no state after step %d is: %w", src.Name(), want, p-1, p-1, err)
+			}
+			st, stFrom = ns, FromPrevDump
+		}
+		want++
+		x, ok, err := src.Stage(p, layer, "x")
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			return nil, fmt.Errorf("replay %s: step %d layer %d: no x in the dump", src.Name(), p, layer)
+		}
+		sctx := &engine.StepContext{Cfg: m.Cfg, Layer: layer, Pos: p, W: m.Weights[layer], Rope: m.Rope[layer]}
+		var ur unitResult
+		status := map[string]string{}     // this step's stage statuses
+		own := map[string]engine.Tensor{} // the chain's values at this step
+		followed := map[string]bool{}     // selection stages the chain took from the dump (a tie)
+		judge := func(def engine.StageDef, chainIn map[string]engine.Tensor, ref engine.Tensor) (engine.Tensor, error) {
+			own[def.Name] = ref
+			sr := StageResult{Step: p, Layer: layer, Stage: def.Name, Equation: def.Equation}
+			for _, n := range def.Inputs {
+				// The chain's own value; same-step inputs were compared
+				// with the dump just before. The state before the step is
+				// the dump's (start state, or a state-only step after a
+				// gap, both unchecked) at the first step of the chain.
+				info := InputInfo{Name: n, From: FromPropagate, Status: inputStatus(status[n])}
+				if followed[n] {
+					info.From = FromDump
+				}
+				if strings.HasPrefix(n, engine.PrevPrefix) {
+					info.From = stFrom
+				}
+				sr.Inputs = append(sr.Inputs, info)
+			}
+			gpu, ok, err := src.Stage(p, layer, def.Name)
+			if err != nil {
+				return ref, err
+			}
+			if !ok {
+				sr.Status, sr.Shape = StatusMissing, ref.Shape
+				ur.results = append(ur.results, sr)
+				return ref, nil
+			}
+			// The chain's own inputs (for the diagnosis); a top-k set is
+			// judged against the dumped scores, as in a local replay.
+			in := map[string]engine.Tensor{}
+			for _, n := range def.Inputs {
+				in[n] = chainIn[n]
+			}
+			sel := isSelectionStage(def.Name)
+			if sel {
+				if s, ok, _ := src.Stage(p, layer, "index_score"); ok {
+					in["index_score"] = s
+				}
+			}
+			JudgeStage(&sr, ref, gpu, in, tol.For(def.Name), JudgeContext{m.GPURope, m.Cfg.WindowSize})
+			status[def.Name] = sr.Status
+			next := ref
+			if sel && sr.Status == StatusTie {
+				// The GPU legally picked another member of the boundary
+				// tie: the chain follows its selection (teacher-forced for
+				// this step and layer), so attention is compared on the
+				// keys the GPU really read. A real divergence keeps the
+				// reference's own choice.
+				next = gpu
+				own[def.Name] = gpu
+				followed[def.Name] = true
+				sr.Reason += "; the propagated chain follows the GPU's selection at this step"
+			}
+			ur.results = append(ur.results, sr)
+			if sr.Status == StatusFail && ur.first == nil {
+				ur.first = Diagnose(DiagnoseInput{Model: m, Src: src, Def: def, Result: sr, Ref: ref, GPU: gpu, In: in, Own: own, Mode: Propagated, Tol: tol})
+			}
+			return next, nil
+		}
+		_, next, err := engine.RunStepHooked(sctx, x, st, judge)
+		if err != nil {
+			return nil, fmt.Errorf("replay %s: step %d layer %d: %w", src.Name(), p, layer, err)
+		}
+		st, stFrom = next, FromPropagate
+		out = append(out, ur)
+	}
+	return out, nil
+}

@@ -1,0 +1,275 @@
+package replay_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"math"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strings"
+	"testing"
+
+	"sparsemla/dump"
+	"sparsemla/engine"
+	"sparsemla/fault"
+	"sparsemla/replay"
+)
+
+var updateGolden = flag.Bool("update", false, "rewrite replay/testdata golden files")
+
+// replaySynth replays a synthetic dump in local mode.
+func replaySynth(t *testing.T, s *fault.Synth) *replay.Report {
+	t.Helper()
+	rep, err := replay.Run(context.Background(), s.Model(), s.Src, replay.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rep
+}
+
+// TestReplayNaNPattern: NaN in some GPU heads of o is a divergence naming the
+// heads, not an input error.
+func TestReplayNaNPattern(t *testing.T) {
+	s, err := fault.Synthesize(fault.SynthOptions{Prefill: 4, Steps: 3, Seed: 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := replay.StageKey{Step: 5, Layer: 1, Stage: "o"}
+	o := s.Src.Values[k].Clone()
+	D := o.Shape[1]
+	o.F[2*D+17] = float32(math.NaN())
+	s.Src.Values[k] = o
+	rep := replaySynth(t, s)
+	d := rep.First
+	if d == nil || d.Step != 5 || d.Layer != 1 || d.Stage != "o" {
+		t.Fatalf("first divergence %+v, want step 5 layer 1 o", d)
+	}
+	if len(d.Rows) != 1 || d.Rows[0] != 2 || !strings.Contains(d.Why, "NaN") {
+		t.Fatalf("diagnosis %q rows %v: want NaN in head 2", d.Why, d.Rows)
+	}
+}
+
+// TestReplayJSONDeterministic: the --json report is byte-identical at
+// GOMAXPROCS 1 and 2 (units run in parallel, results assembled in order).
+func TestReplayJSONDeterministic(t *testing.T) {
+	f := fault.Fault{Kind: fault.SplitKMerge, Step: 8, Layer: 2}
+	s, err := fault.Synthesize(fault.SynthOptions{Prefill: 6, Steps: 4, Seed: 3, Fault: &f})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func(procs int, mode replay.Mode) []byte {
+		old := runtime.GOMAXPROCS(procs)
+		defer runtime.GOMAXPROCS(old)
+		rep, err := replay.Run(context.Background(), s.Model(), s.Src, replay.Options{Mode: mode})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b bytes.Buffer
+		if err := rep.WriteJSON(&b); err != nil {
+			t.Fatal(err)
+		}
+		return b.Bytes()
+	}
+	for _, mode := range []replay.Mode{replay.Local, replay.Propagated} {
+		a, b := run(1, mode), run(2, mode)
+		if !bytes.Equal(a, b) {
+			t.Fatalf("%s: JSON differs between GOMAXPROCS 1 and 2", mode)
+		}
+	}
+}
+
+// jsonPaths lists every key path of a JSON value ("stages[].metrics.max_ulp"),
+// sorted and deduplicated: the structure of the schema, not its values.
+func jsonPaths(v any, prefix string, out map[string]bool) {
+	switch x := v.(type) {
+	case map[string]any:
+		for k, e := range x {
+			p := k
+			if prefix != "" {
+				p = prefix + "." + k
+			}
+			out[p] = true
+			jsonPaths(e, p, out)
+		}
+	case []any:
+		for _, e := range x {
+			jsonPaths(e, prefix+"[]", out)
+		}
+	}
+}
+
+// TestReplayJSONSchema checks the structure of the --json report against the
+// golden list of key paths in testdata/replay-schema.golden (regenerate with
+// go test ./replay -run JSONSchema -update, and document the change in
+// docs/replay-json.md with a new schema version if a field changed meaning).
+func TestReplayJSONSchema(t *testing.T) {
+	paths := map[string]bool{}
+	for _, f := range []*fault.Fault{{Kind: fault.TopKOffByOne, Step: 9, Layer: 1}, {Kind: fault.StalePrefix, Step: 8, Layer: 3}} {
+		s, err := fault.Synthesize(fault.SynthOptions{Prefill: 6, Steps: 4, Seed: 5, Fault: f})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rep := replaySynth(t, s)
+		if rep.Schema != replay.SchemaVersion {
+			t.Fatalf("schema %q", rep.Schema)
+		}
+		var b bytes.Buffer
+		if err := rep.WriteJSON(&b); err != nil {
+			t.Fatal(err)
+		}
+		var v any
+		if err := json.Unmarshal(b.Bytes(), &v); err != nil {
+			t.Fatal(err)
+		}
+		jsonPaths(v, "", paths)
+	}
+	var list []string
+	for p := range paths {
+		list = append(list, p)
+	}
+	sort.Strings(list)
+	got := strings.Join(list, "\n") + "\n"
+	golden := filepath.Join("testdata", "replay-schema.golden")
+	if *updateGolden {
+		if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != string(want) {
+		t.Fatalf("JSON structure changed (schema %s):\ngot:\n%s\nwant:\n%s", replay.SchemaVersion, got, want)
+	}
+}
+
+// TestBisect: a fault that stays in the cache (a stale page, a corrupted scale
+// byte) is found at its step with about log2(steps) replays.
+func TestBisect(t *testing.T) {
+	for _, f := range []fault.Fault{{Kind: fault.StalePrefix, Step: 9, Layer: 3}, {Kind: fault.ScaleByte, Step: 12, Layer: 0}} {
+		s, err := fault.Synthesize(fault.SynthOptions{Prefill: 6, Steps: 16, Seed: 9, Fault: &f})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rep, err := replay.Bisect(context.Background(), s.Model(), s.Src, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep.First == nil || rep.First.Step != f.Step || rep.First.Layer != f.Layer || rep.First.Stage != f.Stage() {
+			t.Fatalf("%s: bisect found %+v", f, rep.First)
+		}
+		if rep.StepsReplayed > 6 {
+			t.Fatalf("%s: %d steps replayed of 16, want <= 6", f, rep.StepsReplayed)
+		}
+	}
+	s, err := fault.Synthesize(fault.SynthOptions{Prefill: 6, Steps: 8, Seed: 9})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := replay.Bisect(context.Background(), s.Model(), s.Src, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Diverged() || rep.StepsReplayed != 1 {
+		t.Fatalf("clean dump: verdict %s after %d replays", rep.Verdict, rep.StepsReplayed)
+	}
+}
+
+// TestDiffReferee: diffing a clean dump against a faulty one names the fault's
+// stage and the referee says the clean side is right.
+func TestDiffReferee(t *testing.T) {
+	f := fault.Fault{Kind: fault.FP8Scale, Step: 8, Layer: 1}
+	clean, err := fault.Synthesize(fault.SynthOptions{Prefill: 6, Steps: 4, Seed: 11})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad, err := fault.Synthesize(fault.SynthOptions{Prefill: 6, Steps: 4, Seed: 11, Fault: &f})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, order := range []struct {
+		a, b  *fault.Synth
+		right string
+	}{{clean, bad, "a"}, {bad, clean, "b"}} {
+		rep, err := replay.Diff(context.Background(), clean.Cfg, clean.Model(), order.a.Src, order.b.Src, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep.First == nil || rep.First.Step != f.Step || rep.First.Layer != f.Layer || rep.First.Stage != "kv" {
+			t.Fatalf("diff first %+v", rep.First)
+		}
+		if rep.Referee == nil || rep.Referee.Right != order.right {
+			t.Fatalf("referee %+v, want %s right", rep.Referee, order.right)
+		}
+	}
+}
+
+// TestReplayMalformedDump: dumped tensors of the wrong shape, dtype or range
+// are divergences of the stage that holds them (and skips downstream), never
+// a panic.
+func TestReplayMalformedDump(t *testing.T) {
+	s, err := fault.Synthesize(fault.SynthOptions{Prefill: 6, Steps: 2, Seed: 13})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		key  replay.StageKey
+		bad  engine.Tensor
+		want string
+	}{
+		{replay.StageKey{6, 0, "q"}, engine.FromF(engine.KindBF16, make([]float32, 3), 3), "shape"},
+		{replay.StageKey{6, 1, "kv_cache"}, engine.FromI(engine.KindI64, make([]int64, 4), 4), "dtype"},
+		{replay.StageKey{7, 2, "topk_idxs"}, engine.FromI(engine.KindI32, []int64{0, 999999, -7}, 3), "shape"},
+		{replay.StageKey{7, 3, "index_topk"}, engine.FromI(engine.KindI64, []int64{5, 5}, 2), "index_topk"},
+	}
+	for _, c := range cases {
+		old := s.Src.Values[c.key]
+		s.Src.Values[c.key] = c.bad
+		rep := replaySynth(t, s)
+		s.Src.Values[c.key] = old
+		d := rep.First
+		if d == nil || d.Step != c.key.Step || d.Layer != c.key.Layer || d.Stage != c.key.Stage {
+			t.Fatalf("%v: first divergence %+v", c.key, d)
+		}
+		if !strings.Contains(d.Text, c.want) {
+			t.Errorf("%v: %q lacks %q", c.key, d.Text, c.want)
+		}
+	}
+}
+
+// BenchmarkReplayLocal measures a local replay of the official GPU dump
+// (6 steps x 4 layers, every stage recomputed and compared).
+func BenchmarkReplayLocal(b *testing.B) {
+	dir := filepath.Join("..", "testdata", "official-v4-tiny")
+	if _, err := os.Stat(dir); err != nil {
+		b.Skip(dir + " absent")
+	}
+	d, err := dump.Open(dir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer d.Close()
+	src, err := replay.NewDumpSource(d, "")
+	if err != nil {
+		b.Fatal(err)
+	}
+	m, err := replay.LoadModel(d, src, "")
+	if err != nil {
+		b.Fatal(err)
+	}
+	var stages int
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		rep, err := replay.Run(context.Background(), m, src, replay.Options{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		stages = rep.Summary.Compared
+	}
+	b.ReportMetric(float64(stages)*float64(b.N)/b.Elapsed().Seconds(), "stages/s")
+}
