@@ -468,14 +468,11 @@ func (d *Dump) Read(e *Entry) (Record, error) { return d.ReadBuf(e, nil) }
 func (d *Dump) ReadBuf(e *Entry, buf []byte) (Record, error) {
 	r := Record{Key: e.Key, Kind: e.Kind, Name: e.Name, DType: e.DType, Shape: append([]int(nil), e.Shape...), Page: e.Page}
 	if e.npz != nil {
-		data, err := readNpzMember(e.npz)
+		data, err := readNpzMember(e.npz, e.npyData, e.NBytes, buf)
 		if err != nil {
 			return Record{}, fmt.Errorf("dump: %s: record %d (%s): %w", e.File, e.Record, e.Name, err)
 		}
-		if int64(len(data))-e.npyData != e.NBytes {
-			return Record{}, fmt.Errorf("dump: %s: record %d (%s): member changed since it was indexed", e.File, e.Record, e.Name)
-		}
-		r.Data = data[e.npyData:]
+		r.Data = data
 		return r, nil
 	}
 	if int64(cap(buf)) >= e.NBytes {
