@@ -9,6 +9,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"sparsemla/userfile"
 )
 
 // Checkpoint is a Hugging Face style checkpoint directory:
@@ -36,11 +38,8 @@ const MaxIndexJSON = 256 << 20
 func OpenCheckpoint(dir string) (*Checkpoint, error) {
 	c := &Checkpoint{Dir: dir, stored: map[string]string{}, alias: map[string]string{}, shards: map[string]*Safetensors{}}
 	idx := filepath.Join(dir, "model.safetensors.index.json")
-	if fi, err := os.Stat(idx); err == nil {
-		if fi.Size() > MaxIndexJSON {
-			return nil, fmt.Errorf("dump: %s: %d bytes, larger than the %d-byte limit", idx, fi.Size(), MaxIndexJSON)
-		}
-		b, err := os.ReadFile(idx)
+	if _, err := os.Lstat(idx); err == nil {
+		b, err := userfile.ReadFile(idx, MaxIndexJSON)
 		if err != nil {
 			return nil, fmt.Errorf("dump: %w", err)
 		}

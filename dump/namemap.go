@@ -5,11 +5,12 @@ import (
 	"embed"
 	"encoding/json"
 	"fmt"
-	"os"
 	"path/filepath"
 	"regexp"
 	"sort"
 	"strconv"
+
+	"sparsemla/userfile"
 )
 
 // A NameMap turns the tensor names a user's tool wrote into canonical keys.
@@ -142,12 +143,15 @@ func compileCaptures(expr string) (*regexp.Regexp, error) {
 	return re, nil
 }
 
+// MaxNameMap bounds the size of a name map file (a real one is a few KiB).
+const MaxNameMap = 4 << 20
+
 // LoadNameMap reads a name map file, or a built-in map by name.
 func LoadNameMap(pathOrName string) (*NameMap, error) {
 	if m, err := BuiltinNameMap(pathOrName); err == nil {
 		return m, nil
 	}
-	data, err := os.ReadFile(pathOrName)
+	data, err := userfile.ReadFile(pathOrName, MaxNameMap)
 	if err != nil {
 		return nil, fmt.Errorf("dump: name map: %w", err)
 	}

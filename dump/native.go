@@ -287,6 +287,10 @@ func (s *frameScanner) next() (frameInfo, error) {
 		return frameInfo{}, s.errf("truncated frame meta (%d of %d bytes)", n, ml)
 	}
 	fi := frameInfo{index: s.index, offset: s.off, dataOff: s.off + 4 + int64(ml)}
+	// Claimed lengths first: the decoder would allocate them (msgcheck.go).
+	if _, err := checkMsgpack(s.meta); err != nil {
+		return frameInfo{}, s.errf("bad frame meta: %v", err)
+	}
 	if err := msgpack.Unmarshal(s.meta, &fi.meta); err != nil {
 		return frameInfo{}, s.errf("bad frame meta: %v", err)
 	}

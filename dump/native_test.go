@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -290,6 +291,14 @@ func FuzzNative(f *testing.F) {
 	f.Add(writeNative(f, keyed()))
 	f.Add(writeNative(f, nil, PrefixHit{Request: "a", Source: "b", Tokens: 3}))
 	f.Add(fileHeader(1))
+	// Frames whose msgpack claims lengths the bytes do not back (arrays,
+	// maps, strings, nesting): the fuzzer starts at the claim-length paths
+	// of checkMsgpack and mutates the claims from there.
+	for _, name := range slices.Sorted(maps.Keys(claimCases())) {
+		if b := claimCases()[name]; len(b) < 4096 {
+			f.Add(b)
+		}
+	}
 	dir := f.TempDir()
 	f.Fuzz(func(t *testing.T, b []byte) {
 		err := streamAll(b)

@@ -2,7 +2,6 @@ package dump
 
 import (
 	"archive/zip"
-	"bytes"
 	"encoding/binary"
 	"fmt"
 	"io"
@@ -160,26 +159,116 @@ type npzMember struct {
 // MaxNpzMember bounds the uncompressed size of one .npz member.
 const MaxNpzMember = 1 << 40
 
-// readNpzMember decompresses one member fully, checking the claimed size
-// while reading (never allocating it up front).
-func readNpzMember(f *zip.File) ([]byte, error) {
+// Inflation limits of a deflated .npz member (np.savez_compressed): a member
+// larger than NpzRatioFree bytes must not claim more than NpzMaxRatio times
+// its compressed size. Real activations and weights (bf16, fp32, fp8 codes)
+// deflate by at most a few times; a member past the ratio is a zip bomb or
+// a huge constant tensor, which np.savez (stored, read in place) holds
+// without inflating anything.
+const (
+	NpzRatioFree = 16 << 20
+	NpzMaxRatio  = 128
+)
+
+// checkNpzInflation refuses a deflated member whose declared size is past
+// MaxNpzMember or the ratio limit.
+func checkNpzInflation(f *zip.File) error {
 	if f.UncompressedSize64 > MaxNpzMember {
-		return nil, fmt.Errorf("member %q claims %d bytes", f.Name, f.UncompressedSize64)
+		return fmt.Errorf("member %q claims %d bytes (limit %d)", f.Name, f.UncompressedSize64, uint64(MaxNpzMember))
+	}
+	if f.UncompressedSize64 > NpzRatioFree && f.UncompressedSize64/NpzMaxRatio > f.CompressedSize64 {
+		return fmt.Errorf("member %q inflates %d compressed bytes to %d (over %d:1; save it with np.savez, uncompressed)", f.Name, f.CompressedSize64, f.UncompressedSize64, NpzMaxRatio)
+	}
+	return nil
+}
+
+// readNpzMember inflates one deflated member and returns the n bytes that
+// follow its first skip bytes (the npy header), checking that the member
+// ends exactly there and has its declared size. It allocates as data
+// arrives (readClaimed), never n up front; buf is reused when large enough.
+func readNpzMember(f *zip.File, skip, n int64, buf []byte) ([]byte, error) {
+	if err := checkNpzInflation(f); err != nil {
+		return nil, err
+	}
+	if skip < 0 || n < 0 || uint64(skip)+uint64(n) != f.UncompressedSize64 {
+		return nil, fmt.Errorf("member %q: %d + %d bytes, zip directory says %d", f.Name, skip, n, f.UncompressedSize64)
 	}
 	rc, err := f.Open()
 	if err != nil {
 		return nil, fmt.Errorf("member %q: %w", f.Name, err)
 	}
 	defer rc.Close()
-	var buf bytes.Buffer
-	n, err := io.Copy(&buf, io.LimitReader(rc, int64(f.UncompressedSize64)+1))
+	if m, err := io.CopyN(io.Discard, rc, skip); err != nil {
+		return nil, fmt.Errorf("member %q: inflating its header: after %d bytes: %w", f.Name, m, err)
+	}
+	var data []byte
+	if int64(cap(buf)) >= n {
+		data = buf[:n]
+		if _, err := io.ReadFull(rc, data); err != nil {
+			return nil, fmt.Errorf("member %q: inflating %d data bytes: %w", f.Name, n, err)
+		}
+	} else if data, err = readClaimed(rc, n); err != nil {
+		return nil, fmt.Errorf("member %q: after %d of %d data bytes: %w", f.Name, len(data), n, err)
+	}
+	// The end: archive/zip checks the CRC-32 and the size when it is met.
+	var one [1]byte
+	m, err := io.ReadFull(rc, one[:])
+	if m != 0 {
+		return nil, fmt.Errorf("member %q: longer than the %d bytes the zip directory says", f.Name, f.UncompressedSize64)
+	}
+	if err != io.EOF {
+		return nil, fmt.Errorf("member %q: at its end: %w", f.Name, err)
+	}
+	return data, nil
+}
+
+// prefixReaderAt serves ReadAt from the first bytes of a stream (an
+// inflating member), reading them only as far as asked and never past
+// limit: ParseNpyHeader then costs the header, not the member.
+type prefixReaderAt struct {
+	r     io.Reader
+	buf   []byte
+	limit int64
+	err   error
+}
+
+func (p *prefixReaderAt) ReadAt(b []byte, off int64) (int, error) {
+	end := off + int64(len(b))
+	if off < 0 || end > p.limit {
+		return 0, fmt.Errorf("npy header reaches past the first %d bytes", p.limit)
+	}
+	for int64(len(p.buf)) < end && p.err == nil {
+		need := int(end) - len(p.buf)
+		old := len(p.buf)
+		p.buf = append(p.buf, make([]byte, need)...)
+		m, err := io.ReadFull(p.r, p.buf[old:])
+		p.buf = p.buf[:old+m]
+		p.err = err
+	}
+	if off >= int64(len(p.buf)) {
+		return 0, io.ErrUnexpectedEOF
+	}
+	n := copy(b, p.buf[off:])
+	if n < len(b) {
+		return n, io.ErrUnexpectedEOF
+	}
+	return n, nil
+}
+
+// npyHeaderDeflated parses the npy header of a deflated member by inflating
+// only its first bytes (at most the preamble and MaxNpyHeader).
+// The ratio limit applies when the data is read (readNpzMember), so that
+// inspect still lists such a member.
+func npyHeaderDeflated(f *zip.File) (NpyHeader, error) {
+	if f.UncompressedSize64 > MaxNpzMember {
+		return NpyHeader{}, fmt.Errorf("member %q claims %d bytes (limit %d)", f.Name, f.UncompressedSize64, uint64(MaxNpzMember))
+	}
+	rc, err := f.Open()
 	if err != nil {
-		return nil, fmt.Errorf("member %q: after %d bytes: %w", f.Name, n, err)
+		return NpyHeader{}, fmt.Errorf("member %q: %w", f.Name, err)
 	}
-	if uint64(n) != f.UncompressedSize64 {
-		return nil, fmt.Errorf("member %q: %d bytes, zip directory says %d", f.Name, n, f.UncompressedSize64)
-	}
-	return buf.Bytes(), nil
+	defer rc.Close()
+	return ParseNpyHeader(&prefixReaderAt{r: rc, limit: 12 + MaxNpyHeader}, int64(f.UncompressedSize64))
 }
 
 // listNpz parses the header of every .npy member of an archive of size
@@ -202,10 +291,11 @@ func listNpz(zr *zip.Reader, ra io.ReaderAt, size int64, name string) ([]npzMemb
 			hdr, err = ParseNpyHeader(io.NewSectionReader(ra, off, int64(f.UncompressedSize64)), int64(f.UncompressedSize64))
 			stored = off
 		} else {
-			var data []byte
-			if data, err = readNpzMember(f); err == nil {
-				hdr, err = ParseNpyHeader(bytes.NewReader(data), int64(len(data)))
+			if f.CompressedSize64 > uint64(size) {
+				return nil, fmt.Errorf("dump: %s: member %d %q: %d compressed bytes exceed the %d-byte archive", name, i, f.Name, f.CompressedSize64, size)
 			}
+			// Deflated: inflate the header only (the data is read by Dump.Read).
+			hdr, err = npyHeaderDeflated(f)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("dump: %s: member %d %q: %w", name, i, f.Name, err)

@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+
+	"sparsemla/userfile"
 )
 
 // Entry is one record of a dump's index: its key and layout, and where its
@@ -63,7 +65,7 @@ func Open(path string) (*Dump, error) { return OpenMapped(path, nil) }
 
 // OpenMapped is Open with an explicit name map for non-native dumps.
 func OpenMapped(path string, m *NameMap) (*Dump, error) {
-	fi, err := os.Stat(path)
+	fi, err := userfile.CheckFileOrDir(path)
 	if err != nil {
 		return nil, fmt.Errorf("dump: %w", err)
 	}
@@ -89,7 +91,7 @@ func OpenMapped(path string, m *NameMap) (*Dump, error) {
 			return nil
 		})
 		if err != nil {
-			return nil, fmt.Errorf("dump: %w", err)
+			return nil, fmt.Errorf("dump: %w", userfile.Describe(path, err))
 		}
 		sort.Strings(files)
 		if len(files) == 0 {
@@ -100,8 +102,14 @@ func OpenMapped(path string, m *NameMap) (*Dump, error) {
 		files = []string{filepath.Base(path)}
 	}
 	formats := map[string]bool{}
+	sniffed := map[string]string{} // relative path -> format
 	for _, f := range files {
-		formats[formatOf(filepath.Join(root, f))] = true
+		format, err := formatOf(filepath.Join(root, f))
+		if err != nil {
+			return nil, fmt.Errorf("dump: %w", err)
+		}
+		sniffed[f] = format
+		formats[format] = true
 	}
 	if formats["native"] && fi.IsDir() {
 		// A native dump directory may hold the model weights beside the
@@ -115,7 +123,7 @@ func OpenMapped(path string, m *NameMap) (*Dump, error) {
 		files = kept
 		formats = map[string]bool{}
 		for _, f := range files {
-			formats[formatOf(filepath.Join(root, f))] = true
+			formats[sniffed[f]] = true
 		}
 	}
 	if formats["native"] && len(formats) > 1 {
@@ -130,7 +138,14 @@ func OpenMapped(path string, m *NameMap) (*Dump, error) {
 		}
 		d.Map = m
 		if m.Config != "" && fi.IsDir() {
-			if cfg, err := os.ReadFile(filepath.Join(path, m.Config)); err == nil {
+			// A missing config is not an error here (the replay says what it
+			// needs); one that is there but unreadable is.
+			p := filepath.Join(path, m.Config)
+			if _, err := os.Lstat(p); err == nil {
+				cfg, err := userfile.ReadFile(p, MaxConfigJSON)
+				if err != nil {
+					return nil, fmt.Errorf("dump: %w", err)
+				}
 				d.Header.ModelArgs = string(cfg)
 				d.Header.CompressRatios = compressRatios(cfg)
 			}
@@ -145,7 +160,7 @@ func OpenMapped(path string, m *NameMap) (*Dump, error) {
 	var prevFix []int // entries whose step is "the step before the first dumped step"
 	for _, rel := range files {
 		full := filepath.Join(root, rel)
-		format := formatOf(full)
+		format := sniffed[rel]
 		d.Format = format
 		if len(formats) > 1 {
 			d.Format = "mixed"
@@ -161,7 +176,7 @@ func OpenMapped(path string, m *NameMap) (*Dump, error) {
 		case "npy":
 			err = d.addNpy(full, rel, &prevFix)
 		default:
-			err = fmt.Errorf("dump: %s: unrecognised file (want a sparsemla dump, safetensors, .npy or .npz)", full)
+			err = fmt.Errorf("dump: %s: unrecognised file (want a sparsemla dump, safetensors, .npy or .npz)", userfile.Escape(full))
 		}
 		if err != nil {
 			return nil, err
@@ -199,38 +214,42 @@ func OpenMapped(path string, m *NameMap) (*Dump, error) {
 	return d, nil
 }
 
-// formatOf sniffs a file's format from its first bytes.
-func formatOf(path string) string {
-	f, err := os.Open(path)
+// MaxConfigJSON bounds the config.json a name map names (a real one is a
+// few KiB).
+const MaxConfigJSON = 4 << 20
+
+// formatOf sniffs a file's format from its first bytes. The file must be a
+// regular file that can be opened: anything else is an error saying what
+// it is (a FIFO, permission denied, ...), never "unrecognised".
+func formatOf(path string) (string, error) {
+	f, _, err := userfile.Open(path)
 	if err != nil {
-		return "unknown"
+		return "", err
 	}
 	defer f.Close()
 	var b [8]byte
-	n, _ := io.ReadFull(f, b[:])
+	n, err := io.ReadFull(f, b[:])
+	if err != nil && err != io.EOF && err != io.ErrUnexpectedEOF {
+		return "", userfile.Describe(path, err)
+	}
 	switch {
 	case n >= 8 && string(b[:]) == Magic:
-		return "native"
+		return "native", nil
 	case n >= 6 && string(b[:6]) == npyMagic:
-		return "npy"
+		return "npy", nil
 	case n >= 4 && string(b[:4]) == "PK\x03\x04":
-		return "npz"
+		return "npz", nil
 	case strings.HasSuffix(path, ".safetensors"):
-		return "safetensors"
+		return "safetensors", nil
 	case strings.HasSuffix(path, ".smd"):
-		return "native" // lets the native reader report the bad magic
+		return "native", nil // lets the native reader report the bad magic
 	}
-	return "unknown"
+	return "unknown", nil
 }
 
 func (d *Dump) addSource(path string) (*os.File, int64, int, error) {
-	f, err := os.Open(path)
+	f, fi, err := userfile.Open(path)
 	if err != nil {
-		return nil, 0, 0, fmt.Errorf("dump: %w", err)
-	}
-	fi, err := f.Stat()
-	if err != nil {
-		f.Close()
 		return nil, 0, 0, fmt.Errorf("dump: %w", err)
 	}
 	d.srcs = append(d.srcs, f)
@@ -468,14 +487,11 @@ func (d *Dump) Read(e *Entry) (Record, error) { return d.ReadBuf(e, nil) }
 func (d *Dump) ReadBuf(e *Entry, buf []byte) (Record, error) {
 	r := Record{Key: e.Key, Kind: e.Kind, Name: e.Name, DType: e.DType, Shape: append([]int(nil), e.Shape...), Page: e.Page}
 	if e.npz != nil {
-		data, err := readNpzMember(e.npz)
+		data, err := readNpzMember(e.npz, e.npyData, e.NBytes, buf)
 		if err != nil {
 			return Record{}, fmt.Errorf("dump: %s: record %d (%s): %w", e.File, e.Record, e.Name, err)
 		}
-		if int64(len(data))-e.npyData != e.NBytes {
-			return Record{}, fmt.Errorf("dump: %s: record %d (%s): member changed since it was indexed", e.File, e.Record, e.Name)
-		}
-		r.Data = data[e.npyData:]
+		r.Data = data
 		return r, nil
 	}
 	if int64(cap(buf)) >= e.NBytes {

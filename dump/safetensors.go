@@ -6,8 +6,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"os"
 	"sort"
+
+	"sparsemla/userfile"
 )
 
 // MaxSafetensorsHeader is the largest JSON header accepted (the safetensors
@@ -41,13 +42,8 @@ type Safetensors struct {
 
 // OpenSafetensors opens path and validates its header against the file size.
 func OpenSafetensors(path string) (*Safetensors, error) {
-	f, err := os.Open(path)
+	f, fi, err := userfile.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("dump: %w", err)
-	}
-	fi, err := f.Stat()
-	if err != nil {
-		f.Close()
 		return nil, fmt.Errorf("dump: %w", err)
 	}
 	st, err := NewSafetensors(f, fi.Size(), path)

@@ -1,0 +1,79 @@
+package userfile
+
+import (
+	"fmt"
+	"strings"
+	"unicode/utf8"
+)
+
+// Escape returns s with every byte or rune that could change how a terminal
+// shows a message escaped: ASCII and C1 control characters (\n, \t, \r and
+// ESC as \n, \t, \r, \x1b), DEL, bytes that are not UTF-8 (\xNN) and the
+// Unicode bidirectional overrides and isolates (\u202e, ...). Everything
+// else, backslashes included, is kept as is, so ordinary names read the same.
+func Escape(s string) string {
+	i := 0
+	for i < len(s) {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		if needsEscape(r, n) {
+			break
+		}
+		i += n
+	}
+	if i == len(s) {
+		return s
+	}
+	var b strings.Builder
+	b.Grow(len(s) + 8)
+	b.WriteString(s[:i])
+	for i < len(s) {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		if !needsEscape(r, n) {
+			b.WriteString(s[i : i+n])
+			i += n
+			continue
+		}
+		switch {
+		case r == utf8.RuneError && n == 1:
+			fmt.Fprintf(&b, `\x%02x`, s[i])
+		case r == '\n':
+			b.WriteString(`\n`)
+		case r == '\r':
+			b.WriteString(`\r`)
+		case r == '\t':
+			b.WriteString(`\t`)
+		case r < 0x80:
+			fmt.Fprintf(&b, `\x%02x`, r)
+		default:
+			fmt.Fprintf(&b, `\u%04x`, r)
+		}
+		i += n
+	}
+	return b.String()
+}
+
+func needsEscape(r rune, n int) bool {
+	switch {
+	case r == utf8.RuneError && n == 1:
+		return true
+	case r < 0x20, r == 0x7f, r >= 0x80 && r <= 0x9f:
+		return true
+	case r >= 0x202a && r <= 0x202e, r >= 0x2066 && r <= 0x2069, r == 0x200e, r == 0x200f, r == 0x061c:
+		return true
+	}
+	return false
+}
+
+// OneLine makes a message one line: it escapes what Escape escapes except
+// the newlines that separate joined errors (errors.Join), which become "; ".
+// Empty lines are dropped.
+func OneLine(msg string) string {
+	parts := strings.Split(strings.TrimRight(msg, "\n"), "\n")
+	kept := parts[:0]
+	for _, p := range parts {
+		if strings.TrimSpace(p) != "" {
+			kept = append(kept, Escape(p))
+		}
+	}
+	return strings.Join(kept, "; ")
+}
