@@ -40,7 +40,7 @@ type RadixCache struct {
 	// exactly the unlocked nodes whose window rows are kept (EvictWindows'),
 	// both ordered by (last, seq).
 	leaves, windows lruHeap
-	seq   uint64
+	seq             uint64
 
 	evictable, protected int // tokens in nodes with lock 0 / lock > 0
 	windowTokens         int // tokens whose window rows are kept
