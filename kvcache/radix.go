@@ -253,6 +253,9 @@ type Match struct {
 	Matched int     // longest page-aligned prefix of the query that is cached
 	Len     int     // longest resumable prefix (≤ Matched): what may be reused
 	Vals    []int64 // values (KV slots) of tokens [0, Len)
+	// LastMatched is the value of token Matched-1 (0 when Matched is 0): who
+	// cached the end of the match even when it is not resumable.
+	LastMatched int64
 	Node    Handle  // the node ending at Len (locked when MatchPrefix was asked to)
 	// Refusal is non-nil when Len < Matched: why the cache cannot resume at
 	// Matched (missing snapshot, snapshot without the overlap halo, window rows
@@ -295,6 +298,10 @@ func (c *RadixCache) MatchPrefixNS(ns string, tokens []int32, lock bool) Match {
 		cur = child
 	}
 	m := Match{Matched: pos}
+	if pos > 0 {
+		x := path[len(path)-1]
+		m.LastMatched = x.vals[pos-1-x.start]
+	}
 	// Candidate resume points: snapshot positions on the path within the match, and 0.
 	var cands []int
 	for _, x := range path {
