@@ -216,6 +216,14 @@ func (r *Runner) markEvicted(ev []kvcache.Evicted, state uint8, before int) {
 	}
 }
 
+// evictedAlready reports whether the page ending at len(keys) left the
+// correct cache earlier (e.g. with a parent the engine evicted first).
+func (r *Runner) evictedAlready(ns string, keys []int32) bool {
+	c, _ := chains(ns, keys, r.cfg.PageSize)
+	h, ok := r.hist[c[len(c)-1]]
+	return ok && h.state != stCached
+}
+
 func lcp(a, b []int32) int {
 	n := 0
 	for n < len(a) && n < len(b) && a[n] == b[n] {
@@ -253,7 +261,7 @@ func (r *Runner) Add(q *Request) (*Result, error) {
 		if err != nil {
 			return nil, fmt.Errorf("prefixcheck: %s: before request %q: %w", r.flags.Input, q.ID, err)
 		}
-		if len(ev) == 0 {
+		if len(ev) == 0 && !r.evictedAlready(e.Namespace, keys) {
 			r.rep.Summary.UnknownEvictions++
 			r.note("before request %q the engine evicted page %s (tokens [%d, %d)), which the correct cache did not hold", q.ID, e.PageID, len(keys)-P, len(keys))
 		}
@@ -463,7 +471,10 @@ func (r *Runner) judge(q *Request, res *Result, keys []int32, withNS, without []
 	case M < T:
 		res.Kind, res.Cause = KindMissedHit, CauseNone
 		res.Detail = fmt.Sprintf("the engine reused %d tokens; the correct cache held %d resumable tokens of this namespace (from request %q)", M, T, res.Truth.Source)
-		if r.flags.EvictionsRecorded {
+		if q.MissExplained != "" {
+			res.Status = StatusWarn
+			res.Detail += "; " + q.MissExplained
+		} else if r.flags.EvictionsRecorded {
 			res.Status = StatusDiverged
 		} else {
 			res.Status = StatusWarn

@@ -49,6 +49,9 @@ type Request struct {
 	// request and this one (applied before this request's lookup).
 	Evictions []Eviction
 	Clear     bool
+	// MissExplained, when set, says why a missed hit of this request is not
+	// provably an engine error (reported as warn with this reason).
+	MissExplained string
 }
 
 // Hit is a prefix hit an engine recorded.
