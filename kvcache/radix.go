@@ -256,7 +256,7 @@ type Match struct {
 	// LastMatched is the value of token Matched-1 (0 when Matched is 0): who
 	// cached the end of the match even when it is not resumable.
 	LastMatched int64
-	Node    Handle  // the node ending at Len (locked when MatchPrefix was asked to)
+	Node        Handle // the node ending at Len (locked when MatchPrefix was asked to)
 	// Refusal is non-nil when Len < Matched: why the cache cannot resume at
 	// Matched (missing snapshot, snapshot without the overlap halo, window rows
 	// evicted).

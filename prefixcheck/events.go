@@ -76,8 +76,8 @@ type evReader struct {
 	d    *msgpack.Decoder
 }
 
-func (e *evReader) off() int64  { return int64(len(e.data) - e.r.Len()) }
-func (e *evReader) left() int   { return e.r.Len() }
+func (e *evReader) off() int64 { return int64(len(e.data) - e.r.Len()) }
+func (e *evReader) left() int  { return e.r.Len() }
 func (e *evReader) errf(at int64, format string, args ...any) error {
 	return fmt.Errorf("prefixcheck: %s: byte %d: %s", e.name, at, fmt.Sprintf(format, args...))
 }

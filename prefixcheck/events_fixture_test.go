@@ -41,7 +41,7 @@ type removed struct {
 
 type cleared struct{}
 
-func p64(v int64) *int64 { return &v }
+func p64(v int64) *int64    { return &v }
 func pstr(s string) *string { return &s }
 
 type evEnc struct {
