@@ -22,6 +22,7 @@ type Report struct {
 	First    *Result   `json:"first_divergence"` // null when agree
 	Requests []Result  `json:"requests"`         // arrival order
 	Notes    []string  `json:"notes,omitempty"`
+	brief    bool
 }
 
 // CacheInfo says what the correct cache was and what was compared.
@@ -34,6 +35,7 @@ type CacheInfo struct {
 	Hits            string `json:"hits"`            // "recorded" | "partial"
 	ResumeAtEndOnly bool   `json:"resume_at_end_only"`
 	Retain          int    `json:"retain_streams"` // 0: all
+	Brief           bool   `json:"brief"`          // requests lists only those not plainly agreeing
 }
 
 // Summary counts requests by status and tokens reused.
@@ -110,8 +112,8 @@ type TokenDiff struct {
 func newReport(cfg Config, t Trace) *Report {
 	rep := &Report{Schema: SchemaVersion, Command: "prefix", Input: t.Input, Format: t.Format,
 		Cache: CacheInfo{PageSize: cfg.PageSize, Window: cfg.Schedule.Window, Ratios: cfg.Schedule.Ratios,
-			Capacity: cfg.Capacity, Evictions: "none", Hits: "partial", ResumeAtEndOnly: cfg.ResumeAtEndOnly, Retain: cfg.Retain},
-		Requests: []Result{}, Summary: Summary{Kinds: map[string]int{}}}
+			Capacity: cfg.Capacity, Evictions: "none", Hits: "partial", ResumeAtEndOnly: cfg.ResumeAtEndOnly, Retain: cfg.Retain, Brief: cfg.Brief},
+		Requests: []Result{}, Summary: Summary{Kinds: map[string]int{}}, brief: cfg.Brief}
 	if rep.Cache.Ratios == nil {
 		rep.Cache.Ratios = []int{}
 	}
@@ -156,7 +158,9 @@ func (rep *Report) add(res *Result) {
 		s.AlignmentLoss += res.AlignmentLoss
 		s.AlignmentReqs++
 	}
-	rep.Requests = append(rep.Requests, *res)
+	if !rep.brief || res.Status != StatusAgree || res.Kind != "" {
+		rep.Requests = append(rep.Requests, *res)
+	}
 }
 
 func (rep *Report) finish() {

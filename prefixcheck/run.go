@@ -46,8 +46,7 @@ type pageHist struct {
 }
 
 type nsHist struct {
-	req int32
-	ns  string
+	req int32 // the first request that cached the page (its namespace is the page's)
 }
 
 type owner struct {
@@ -322,7 +321,7 @@ func (r *Runner) Add(q *Request) (*Result, error) {
 	}
 	for p := range without {
 		if _, ok := r.nsHist[without[p]]; !ok {
-			r.nsHist[without[p]] = nsHist{req: int32(idx), ns: q.Namespace}
+			r.nsHist[without[p]] = nsHist{req: int32(idx)}
 		}
 	}
 	fl := min(len(keys), P)
@@ -531,8 +530,8 @@ func (r *Runner) missCause(q *Request, res *Result, keys []int32, withNS, withou
 			set(CauseEviction, "page %d (tokens [%d, %d)) was cached by request %q and evicted %s before request %q", k, k*P, (k+1)*P, r.reqs[h.req].id, how, r.reqs[h.before].id)
 			return
 		}
-		if h, ok := r.nsHist[without[k]]; ok && h.ns != q.Namespace {
-			set(CauseNamespace, "page %d (tokens [%d, %d)) is shared with request %q of namespace %q (this request: %q); namespaces never share", k, k*P, (k+1)*P, r.reqs[h.req].id, h.ns, q.Namespace)
+		if h, ok := r.nsHist[without[k]]; ok && r.reqs[h.req].ns != q.Namespace {
+			set(CauseNamespace, "page %d (tokens [%d, %d)) is shared with request %q of namespace %q (this request: %q); namespaces never share", k, k*P, (k+1)*P, r.reqs[h.req].id, r.reqs[h.req].ns, q.Namespace)
 			return
 		}
 	}

@@ -84,6 +84,9 @@ type Config struct {
 	// hit-too-long check (older sources are compared page by page through
 	// their chain hashes); 0 keeps all.
 	Retain int
+	// Brief lists in the report only the requests that are not plain
+	// agreements (the summary still counts all).
+	Brief bool
 }
 
 func (c Config) validate() error {
