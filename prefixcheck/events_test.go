@@ -211,3 +211,24 @@ func FuzzEvents(f *testing.F) {
 		}
 	})
 }
+
+// EncodeEvents writes back exactly the bytes of both fixtures it decoded.
+func TestEncodeEventsRoundTrip(t *testing.T) {
+	for _, c := range []struct{ file, enc string }{{"vllm-kv-events.msgpack", EncodingMap}, {"sglang-kv-events.msgpack", EncodingArray}} {
+		data, err := os.ReadFile(filepath.Join(fixtureDir, c.file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := DecodeEvents(data, c.file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := EncodeEvents(b, c.enc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(out, data) {
+			t.Fatalf("%s: re-encoded %d bytes differ from the %d read", c.file, len(out), len(data))
+		}
+	}
+}
