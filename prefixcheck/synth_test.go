@@ -1,0 +1,137 @@
+package prefixcheck
+
+import (
+	"path/filepath"
+	"testing"
+
+	"sparsemla/dump"
+)
+
+// checkSynth writes the run in form, reads it back as the command would and
+// runs the check.
+func checkSynth(t *testing.T, s *SynthRun, form string) *Report {
+	t.Helper()
+	var tr *Trace
+	switch form {
+	case FormEvents:
+		data, err := EncodeEvents(s.Events(), EncodingMap)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := DecodeEvents(data, "synth.msgpack")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tr, err = EventsTrace(b, "synth.msgpack", EventsOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	case FormNative:
+		path := filepath.Join(t.TempDir(), "synth.smd")
+		if err := s.WriteNative(path, dump.Header{}); err != nil {
+			t.Fatal(err)
+		}
+		d, err := dump.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer d.Close()
+		if tr, err = FromDump(d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rep, err := Run(tr, s.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rep
+}
+
+func TestSynthCleanRunsAgree(t *testing.T) {
+	for _, sc := range Scenarios {
+		for _, form := range []string{FormEvents, FormNative} {
+			if form == FormNative && sc == ScenarioEviction {
+				continue
+			}
+			for seed := uint64(1); seed <= 3; seed++ {
+				s, err := Synth(SynthOptions{Scenario: sc, Seed: seed, Requests: 40, NoNamespaces: form == FormNative})
+				if err != nil {
+					t.Fatal(err)
+				}
+				rep := checkSynth(t, s, form)
+				hits := 0
+				for _, q := range s.Requests {
+					P := s.Options.PageSize
+					if form == FormNative || q.Hit/P*P < len(q.Tokens)/P*P { // an event stream has only requests that store pages
+						hits += q.Hit
+					}
+				}
+				if rep.Summary.Diverged != 0 || rep.Summary.Warn != 0 || rep.Summary.Unchecked != 0 || rep.Summary.RecordedTokens != hits || hits == 0 {
+					t.Errorf("%s %s seed %d: %+v (engine reused %d tokens)\nfirst %+v", sc, form, seed, rep.Summary, hits, rep.First)
+				}
+				if sc == ScenarioEviction {
+					ev := 0
+					for _, q := range s.Requests {
+						ev += len(q.Evicted)
+					}
+					if ev == 0 || rep.Summary.UnknownEvictions != 0 {
+						t.Errorf("%s seed %d: %d evictions, %d unknown to the correct cache", sc, seed, ev, rep.Summary.UnknownEvictions)
+					}
+				}
+			}
+		}
+	}
+}
+
+// Every fault kind replays to exactly its request and kind.
+func TestSynthFaultsReplayToTheirRequest(t *testing.T) {
+	for _, kind := range FaultKinds() {
+		form := FaultForms[kind]
+		for _, sc := range Scenarios {
+			if form == FormNative && sc == ScenarioEviction {
+				continue
+			}
+			if kind == KindEvicted && sc != ScenarioEviction {
+				continue
+			}
+			for seed := uint64(1); seed <= 3; seed++ {
+				s, err := Synth(SynthOptions{Scenario: sc, Seed: seed, Requests: 40, NoNamespaces: form == FormNative})
+				if err != nil {
+					t.Fatal(err)
+				}
+				id, err := s.InjectFault(kind, 20)
+				if err != nil {
+					t.Errorf("%s %s seed %d: %v", kind, sc, seed, err)
+					continue
+				}
+				if form == FormEvents {
+					id = s.EventID(id)
+				}
+				rep := checkSynth(t, s, form)
+				if rep.Summary.Diverged != 1 || rep.Summary.Warn != 0 || rep.First == nil || rep.First.ID != id || rep.First.Kind != kind {
+					t.Errorf("%s %s seed %d: %+v\nfirst %+v", kind, sc, seed, rep.Summary, rep.First)
+					for _, r := range rep.Requests {
+						if r.Status != StatusAgree {
+							t.Logf("  %s %s %s %s", r.ID, r.Status, r.Kind, r.Detail)
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+func TestSynthErrors(t *testing.T) {
+	if _, err := Synth(SynthOptions{Scenario: "nope"}); err == nil {
+		t.Fatal("unknown scenario accepted")
+	}
+	s, _ := Synth(SynthOptions{Scenario: ScenarioEviction, Seed: 1, Requests: 40, NoNamespaces: true})
+	if err := s.WriteNative(filepath.Join(t.TempDir(), "x.smd"), dump.Header{}); err == nil {
+		t.Fatal("a run with evictions written as a native dump")
+	}
+	if _, err := s.InjectFault("nope", 3); err == nil {
+		t.Fatal("unknown fault accepted")
+	}
+	if _, err := s.InjectFault(KindMissedHit, 0); err == nil {
+		t.Fatal("position 0 accepted")
+	}
+}
