@@ -33,11 +33,11 @@ func (w *evWriter) do(err error) {
 	}
 }
 
-func (w *evWriter) str(s string)  { w.do(w.e.EncodeString(s)) }
-func (w *evWriter) int(v int64)   { w.do(w.e.EncodeInt(v)) }
-func (w *evWriter) nil_()         { w.do(w.e.EncodeNil()) }
-func (w *evWriter) arr(n int)     { w.do(w.e.EncodeArrayLen(n)) }
-func (w *evWriter) mapLen(n int)  { w.do(w.e.EncodeMapLen(n)) }
+func (w *evWriter) str(s string) { w.do(w.e.EncodeString(s)) }
+func (w *evWriter) int(v int64)  { w.do(w.e.EncodeInt(v)) }
+func (w *evWriter) nil_()        { w.do(w.e.EncodeNil()) }
+func (w *evWriter) arr(n int)    { w.do(w.e.EncodeArrayLen(n)) }
+func (w *evWriter) mapLen(n int) { w.do(w.e.EncodeMapLen(n)) }
 func (w *evWriter) optStr(s string) {
 	if s == "" {
 		w.nil_()
