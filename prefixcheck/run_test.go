@@ -194,3 +194,35 @@ func TestRunErrors(t *testing.T) {
 		}
 	}
 }
+
+// With Retain, an old source's tokens are dropped and the hit is compared
+// page by page through the chain hashes.
+func TestRetainComparesOldSourcesByPage(t *testing.T) {
+	tr := Trace{HitsRecorded: true, Requests: []Request{
+		req("A", "abcdefgh", 0, ""), req("X", "zzzz", 0, ""), req("B", "abcdxyzw", 8, "A"), req("C", "abcdefgh", 8, "A")}}
+	cfg := testCfg
+	cfg.Retain = 1
+	rep, err := Run(&tr, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkWants(t, rep, []want{
+		{"A", StatusAgree, "", "", ""}, {"X", StatusAgree, "", "", ""},
+		{"B", StatusDiverged, KindHitTooLong, "", "page 1 (tokens [4, 8)) differs (that request's tokens are no longer retained"},
+		{"C", StatusAgree, "", "", ""},
+	})
+}
+
+// Brief reports list only what is not a plain agreement; the counts cover all.
+func TestBriefReport(t *testing.T) {
+	tr := Trace{HitsRecorded: true, Requests: []Request{req("A", "abcdefgh", 0, ""), req("B", "abcdxyzw", 8, "A"), req("C", "abcdwxyz", 4, "A")}}
+	cfg := testCfg
+	cfg.Brief = true
+	rep, err := Run(&tr, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Requests) != 1 || rep.Requests[0].ID != "B" || rep.Summary.Requests != 3 || rep.First.ID != "B" {
+		t.Fatalf("%+v", rep)
+	}
+}

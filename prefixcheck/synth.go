@@ -40,6 +40,9 @@ type SynthOptions struct {
 	// NoNamespaces keeps every request in the default namespace (native
 	// dumps cannot say a request's namespace).
 	NoNamespaces bool
+	// ResumeAtEndOnly: the engine keeps the compressor state only at the end
+	// of each cached request, so it resumes only there (Config's field).
+	ResumeAtEndOnly bool
 }
 
 // SynthRequest is one request of a synthetic run and the engine's decision.
@@ -98,7 +101,7 @@ func (o *SynthOptions) defaults() error {
 
 // Config is the correct cache's configuration for checking the run.
 func (s *SynthRun) Config() Config {
-	return Config{PageSize: s.Options.PageSize, Schedule: s.Options.Schedule, Capacity: s.Options.Capacity}
+	return Config{PageSize: s.Options.PageSize, Schedule: s.Options.Schedule, Capacity: s.Options.Capacity, ResumeAtEndOnly: s.Options.ResumeAtEndOnly}
 }
 
 // Synth generates a run with a correct engine's decisions.
@@ -182,7 +185,9 @@ func (s *SynthRun) engine(n int, record bool) *kvcache.RadixCache {
 		}
 		var snaps []kvcache.Snapshot
 		for at := P; at <= aligned; at += P {
-			snaps = append(snaps, kvcache.Snapshot{At: at, StateFrom: s.Options.Schedule.Needs(at).StateFrom})
+			if !s.Options.ResumeAtEndOnly || at == aligned {
+				snaps = append(snaps, kvcache.Snapshot{At: at, StateFrom: s.Options.Schedule.Needs(at).StateFrom})
+			}
 		}
 		c.InsertNS(q.Namespace, q.Tokens[:aligned], vals, snaps)
 		c.Unlock(m.Node)

@@ -17,9 +17,11 @@ const (
 // be expressed: a native dump has the request's own tokens (so a hit longer
 // than the shared prefix, or not page aligned, shows) but no namespaces,
 // evictions or page ids; an event stream has those but not the request's
-// tokens outside the stored blocks.
+// tokens outside the stored blocks. resume-beyond-cache needs a run with
+// ResumeAtEndOnly (the state is kept only at request ends).
 var FaultForms = map[string]string{
 	KindHitTooLong:   FormNative,
+	KindResumeBeyond: FormNative,
 	KindBeyondCache:  FormNative,
 	KindNamespaceMix: FormEvents,
 	KindMissedHit:    FormEvents,
@@ -116,6 +118,22 @@ func (s *SynthRun) buildFault(kind string, pos int) (SynthRequest, bool) {
 			}
 			toks := append(append([]int32(nil), src.Tokens[:m.Len+1]...), s.freshPage(rng, -1)...)
 			return SynthRequest{Tokens: toks, Hit: m.Len + 1, Source: src.ID}, true
+		case KindResumeBeyond:
+			// Resume at a cached page boundary where no state was kept.
+			if !s.Options.ResumeAtEndOnly || src.Namespace != "" {
+				continue
+			}
+			L := m.Matched - P
+			for ; L >= P; L -= P {
+				if mm := c.MatchPrefixNS("", src.Tokens[:L], false); mm.Matched == L && mm.Len < L {
+					break
+				}
+			}
+			if L < P {
+				continue
+			}
+			toks := append(append([]int32(nil), src.Tokens[:L]...), s.freshPage(rng, src.Tokens[L])...)
+			return SynthRequest{Tokens: toks, Hit: L, Source: src.ID}, true
 		case KindNamespaceMix:
 			// Build, under another LoRA adapter, on a cached page of the default namespace.
 			if src.Namespace != "" || m.Len < P {
