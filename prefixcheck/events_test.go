@@ -2,8 +2,10 @@ package prefixcheck
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"testing"
 )
@@ -230,5 +232,71 @@ func TestEncodeEventsRoundTrip(t *testing.T) {
 		if !bytes.Equal(out, data) {
 			t.Fatalf("%s: re-encoded %d bytes differ from the %d read", c.file, len(out), len(data))
 		}
+	}
+}
+
+// keyPaths lists every key path of a JSON value ("a.b[].c").
+func keyPaths(v any, prefix string, out map[string]bool) {
+	switch x := v.(type) {
+	case map[string]any:
+		for k, e := range x {
+			p := prefix + "." + k
+			if prefix == "" {
+				p = k
+			}
+			if prefix == "summary.kinds" {
+				p = prefix + ".<status:kind>"
+			}
+			out[p] = true
+			keyPaths(e, p, out)
+		}
+	case []any:
+		for _, e := range x {
+			keyPaths(e, prefix+"[]", out)
+		}
+	}
+}
+
+// The JSON report's key paths (docs/prefix-json.md) for the vLLM fixture's
+// report; go test -run JSONSchema -update rewrites the golden list.
+func TestJSONSchema(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join(fixtureDir, "vllm-kv-events.msgpack"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := DecodeEvents(data, "vllm-kv-events.msgpack")
+	tr, _ := EventsTrace(b, "vllm-kv-events.msgpack", EventsOptions{})
+	rep, err := Run(tr, Config{PageSize: 4, Schedule: testCfg.Schedule})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if err := rep.WriteJSON(&buf); err != nil {
+		t.Fatal(err)
+	}
+	var v any
+	if err := json.Unmarshal(buf.Bytes(), &v); err != nil {
+		t.Fatal(err)
+	}
+	paths := map[string]bool{}
+	keyPaths(v, "", paths)
+	var list []string
+	for p := range paths {
+		list = append(list, p)
+	}
+	sort.Strings(list)
+	got := strings.Join(list, "\n") + "\n"
+	golden := "testdata/prefix-schema.golden"
+	if *update {
+		if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != string(want) {
+		t.Fatalf("JSON key paths changed (update docs/prefix-json.md and rerun with -update):\n%s", got)
 	}
 }

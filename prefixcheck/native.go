@@ -52,8 +52,11 @@ func FromDump(d *dump.Dump) (*Trace, error) {
 	}
 	hits := map[string]dump.PrefixHit{}
 	for _, h := range d.Prefix {
-		if _, dup := hits[h.Request]; dup {
-			return nil, fmt.Errorf("prefixcheck: %s: record %d of %s: a second prefix hit for request %q", d.Path, h.Record, h.File, h.Request)
+		if old, dup := hits[h.Request]; dup {
+			if old.Source == h.Source && old.Tokens == h.Tokens {
+				continue // the same hit stated twice (e.g. a sidecar and file metadata)
+			}
+			return nil, fmt.Errorf("prefixcheck: %s: record %d of %s: a second prefix hit for request %q (%d tokens of %q, earlier %d of %q)", d.Path, h.Record, h.File, h.Request, h.Tokens, h.Source, old.Tokens, old.Source)
 		}
 		hits[h.Request] = h
 		if _, ok := first[h.Request]; !ok {

@@ -8,7 +8,7 @@ import (
 )
 
 // SchemaVersion names the JSON layout of Report.
-const SchemaVersion = "sparsemla.prefixcheck/1"
+const SchemaVersion = "sparsemla.prefix/v1"
 
 // Report is the result of a ground-truth run.
 type Report struct {
@@ -77,10 +77,10 @@ type Result struct {
 // HitInfo is a prefix hit: the correct cache's (all fields) or the engine's
 // (Tokens, Source; Resume when judged).
 type HitInfo struct {
-	Tokens  int       `json:"tokens"`            // reused tokens [0, Tokens)
-	Matched int       `json:"matched,omitempty"` // cached page-aligned prefix (≥ Tokens)
-	Source  string    `json:"source,omitempty"`  // request that cached the last reused page
-	Pages   []PageRun `json:"pages,omitempty"`   // which request cached which pages
+	Tokens  int       `json:"tokens"`           // reused tokens [0, Tokens)
+	Matched int       `json:"matched"`          // cached page-aligned prefix (≥ Tokens)
+	Source  string    `json:"source,omitempty"` // request that cached the last reused page
+	Pages   []PageRun `json:"pages,omitempty"`  // which request cached which pages
 	Resume  *Resume   `json:"resume,omitempty"`
 	Refusal string    `json:"refusal,omitempty"` // why Matched > Tokens
 }
