@@ -58,7 +58,8 @@ type Event struct {
 	Medium      string   // "" when absent or null
 	ExtraKeys   []string // BlockStored: per block, the raw msgpack of its extra keys ("" for null); nil when absent
 	GroupIdx    *int64
-	Offset      int64 // byte offset of the event in the stream
+	SpecKind    string // kv_cache_spec_kind: "full_attention", "mla_attention", "sliding_window", ... ("" absent)
+	Offset      int64  // byte offset of the event in the stream
 }
 
 // EventBatch is one published batch.
@@ -414,6 +415,8 @@ func (e *evReader) field(ev *Event, name string) (err error) {
 		ev.Medium, err = e.str(what)
 	case "lora_name":
 		ev.LoraName, err = e.str(what)
+	case "kv_cache_spec_kind":
+		ev.SpecKind, err = e.str(what)
 	case "extra_keys":
 		n, err := e.arrayLen(what)
 		if err != nil || n < 0 {
@@ -511,7 +514,9 @@ func (e *evReader) event() (Event, error) {
 			return ev, e.errf(ev.Offset, "%s without %s", ev.Type, f)
 		}
 	}
-	if ev.Type == "BlockStored" && len(ev.TokenIDs) != len(ev.BlockHashes)*ev.BlockSize {
+	// An empty token list with hashes announces blocks without their tokens
+	// (an inventory snapshot some publishers send); EventsTrace skips it.
+	if ev.Type == "BlockStored" && len(ev.TokenIDs) != len(ev.BlockHashes)*ev.BlockSize && len(ev.TokenIDs) > 0 {
 		return ev, e.errf(ev.Offset, "BlockStored: %d token ids for %d blocks of %d tokens", len(ev.TokenIDs), len(ev.BlockHashes), ev.BlockSize)
 	}
 	if ev.ExtraKeys != nil && len(ev.ExtraKeys) != len(ev.BlockHashes) {

@@ -300,3 +300,42 @@ func TestJSONSchema(t *testing.T) {
 		t.Fatalf("JSON key paths changed (update docs/prefix-json.md and rerun with -update):\n%s", got)
 	}
 }
+
+// A hybrid model's sliding-window group is skipped: the full-attention group
+// is checked (vLLM's group_idx and kv_cache_spec_kind).
+func TestEventsGroupSelection(t *testing.T) {
+	g0, g1 := int64(0), int64(1)
+	toks := []int32{1, 2, 3, 4}
+	b := []EventBatch{{TS: 1, Events: []Event{
+		{Type: "BlockStored", BlockHashes: []BlockHash{"7"}, TokenIDs: toks, BlockSize: 4, Medium: "GPU", GroupIdx: &g1, SpecKind: "sliding_window"},
+		{Type: "BlockStored", BlockHashes: []BlockHash{"8"}, TokenIDs: toks, BlockSize: 4, Medium: "GPU", GroupIdx: &g0, SpecKind: "full_attention"},
+		{Type: "BlockRemoved", BlockHashes: []BlockHash{"7"}, Medium: "GPU", GroupIdx: &g1},
+		{Type: "BlockStored", BlockHashes: []BlockHash{"9"}, Parent: "8", TokenIDs: toks, BlockSize: 4, Medium: "GPU", GroupIdx: &g0, SpecKind: "full_attention"},
+		{Type: "BlockStored", BlockHashes: []BlockHash{"10"}, BlockSize: 4, Medium: "GPU", GroupIdx: &g0},
+	}}}
+	data, err := EncodeEvents(b, EncodingMap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := DecodeEvents(data, "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if back[0].Events[0].SpecKind != "sliding_window" || *back[0].Events[1].GroupIdx != 0 {
+		t.Fatalf("decoded %+v", back[0].Events[:2])
+	}
+	tr, err := EventsTrace(back, "x", EventsOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tr.Requests) != 2 || tr.Requests[1].Hit.Tokens != 4 {
+		t.Fatalf("requests %+v", tr.Requests)
+	}
+	notes := strings.Join(tr.Notes, "; ")
+	if !strings.Contains(notes, "2 events of other KV-cache groups than 0 skipped") || !strings.Contains(notes, "1 BlockStored event without token ids") {
+		t.Fatalf("notes %q", notes)
+	}
+	if _, err := EncodeEvents(b, EncodingArray); err == nil {
+		t.Fatal("group_idx written in the array encoding")
+	}
+}

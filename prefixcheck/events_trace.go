@@ -12,7 +12,8 @@ type EventsOptions struct {
 	Medium string
 	// Group keeps events of this KV-cache group (vLLM's group_idx; hybrid
 	// models cache full-attention and sliding-window layers in separate
-	// groups). Nil: the group of the first BlockStored event that has one.
+	// groups). Nil: the first group whose kv_cache_spec_kind is
+	// full_attention or mla_attention, else the first group seen.
 	Group *int64
 }
 
@@ -54,7 +55,10 @@ func EventsTrace(batches []EventBatch, input string, opt EventsOptions) (*Trace,
 	var evictions []Eviction
 	clear := false
 	group := opt.Group
-	skippedMedium, skippedGroup, unknownRemoved, dups := 0, 0, 0, 0
+	if group == nil {
+		group = pickGroup(batches)
+	}
+	skippedMedium, skippedGroup, unknownRemoved, dups, inventory := 0, 0, 0, 0, 0
 	chain := func(h BlockHash) (toks []int32, extra []string, ids []string, ok bool) {
 		var path []*evBlock
 		var hs []BlockHash
@@ -81,15 +85,13 @@ func EventsTrace(batches []EventBatch, input string, opt EventsOptions) (*Trace,
 				skippedMedium++
 				continue
 			}
-			if ev.GroupIdx != nil && ev.Type != "AllBlocksCleared" {
-				if group == nil && ev.Type == "BlockStored" {
-					g := *ev.GroupIdx
-					group = &g
-				}
-				if group != nil && *ev.GroupIdx != *group {
-					skippedGroup++
-					continue
-				}
+			if ev.GroupIdx != nil && ev.Type != "AllBlocksCleared" && group != nil && *ev.GroupIdx != *group {
+				skippedGroup++
+				continue
+			}
+			if ev.Type == "BlockStored" && len(ev.TokenIDs) == 0 {
+				inventory++
+				continue
 			}
 			switch ev.Type {
 			case "AllBlocksCleared":
@@ -175,16 +177,19 @@ func EventsTrace(batches []EventBatch, input string, opt EventsOptions) (*Trace,
 		}
 	}
 	if skippedMedium > 0 {
-		t.Notes = append(t.Notes, fmt.Sprintf("%d events of other media than %s skipped", skippedMedium, medium))
+		t.Notes = append(t.Notes, fmt.Sprintf("%s of other media than %s skipped", plural(skippedMedium, "event"), medium))
 	}
 	if skippedGroup > 0 {
-		t.Notes = append(t.Notes, fmt.Sprintf("%d events of other KV-cache groups than %d skipped", skippedGroup, *group))
+		t.Notes = append(t.Notes, fmt.Sprintf("%s of other KV-cache groups than %d skipped", plural(skippedGroup, "event"), *group))
 	}
 	if unknownRemoved > 0 {
-		t.Notes = append(t.Notes, fmt.Sprintf("%d removals of blocks not cached in this stream (it starts mid-run?)", unknownRemoved))
+		t.Notes = append(t.Notes, plural(unknownRemoved, "removal")+" of blocks not cached in this stream (it starts mid-run?)")
+	}
+	if inventory > 0 {
+		t.Notes = append(t.Notes, plural(inventory, "BlockStored event")+" without token ids (an inventory announcement) skipped")
 	}
 	if dups > 0 {
-		t.Notes = append(t.Notes, fmt.Sprintf("%d BlockStored events only re-stored cached blocks", dups))
+		t.Notes = append(t.Notes, plural(dups, "BlockStored event")+" only re-stored cached blocks")
 	}
 	if len(t.Requests) == 0 {
 		return nil, fmt.Errorf("prefixcheck: %s: no BlockStored events (of medium %s)", input, medium)
@@ -202,4 +207,34 @@ func equal32(a, b []int32) bool {
 		}
 	}
 	return true
+}
+
+func plural(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return fmt.Sprintf("%d %ss", n, what)
+}
+
+// pickGroup chooses the KV-cache group to check when none is asked for: the
+// first whose spec kind is a full-attention one, else the first group seen
+// (nil when no event names a group).
+func pickGroup(batches []EventBatch) *int64 {
+	var first *int64
+	for _, b := range batches {
+		for _, ev := range b.Events {
+			if ev.Type != "BlockStored" || ev.GroupIdx == nil {
+				continue
+			}
+			if ev.SpecKind == "full_attention" || ev.SpecKind == "mla_attention" {
+				g := *ev.GroupIdx
+				return &g
+			}
+			if first == nil {
+				g := *ev.GroupIdx
+				first = &g
+			}
+		}
+	}
+	return first
 }

@@ -108,6 +108,9 @@ func (w *evWriter) mapEvent(ev *Event) {
 		if ev.GroupIdx != nil {
 			n++
 		}
+		if ev.SpecKind != "" {
+			n++
+		}
 		w.mapLen(n)
 		w.str("type")
 		w.str(ev.Type)
@@ -136,6 +139,10 @@ func (w *evWriter) mapEvent(ev *Event) {
 		if ev.GroupIdx != nil {
 			w.str("group_idx")
 			w.int(*ev.GroupIdx)
+		}
+		if ev.SpecKind != "" {
+			w.str("kv_cache_spec_kind")
+			w.str(ev.SpecKind)
 		}
 	case "BlockRemoved":
 		n := 3
@@ -176,8 +183,8 @@ func (w *evWriter) arrayEvent(ev *Event) {
 		w.tokens(ev.TokenIDs)
 		w.int(int64(ev.BlockSize))
 		w.optInt(ev.LoraID)
-		if ev.LoraName != "" || ev.ExtraKeys != nil || ev.Medium != "" || ev.GroupIdx != nil {
-			w.do(fmt.Errorf("prefixcheck: the array encoding has no lora_name, medium, extra_keys or group_idx"))
+		if ev.LoraName != "" || ev.ExtraKeys != nil || ev.Medium != "" || ev.GroupIdx != nil || ev.SpecKind != "" {
+			w.do(fmt.Errorf("prefixcheck: the array encoding has no lora_name, medium, extra_keys, group_idx or kv_cache_spec_kind"))
 		}
 	case "BlockRemoved":
 		w.arr(2)
