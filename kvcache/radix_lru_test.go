@@ -241,3 +241,72 @@ func runes(s []int32) []rune {
 	}
 	return r
 }
+
+// Remove against the model: random operation sequences (radixRun.step) with
+// removals of random cached pages mixed in.
+func TestRadixRemoveAgainstModel(t *testing.T) {
+	for seed := uint64(1); seed <= 4; seed++ {
+		for _, page := range []int{1, 2, 4} {
+			rng := rand.New(rand.NewPCG(seed, 99+uint64(page)))
+			r := newRadixRun(t, page)
+			for i := 0; i < 400; i++ {
+				if rng.IntN(6) != 0 {
+					r.step(rng.IntN)
+					continue
+				}
+				s := seqFrom(rng.IntN, 24)
+				n := len(s) / page * page
+				if n == 0 {
+					continue
+				}
+				prefix := s[:n-page*rng.IntN(n/page)]
+				key := pageKey(prefix)
+				locked, cached := false, r.m.p[key] != nil
+				var doomed []string
+				for k, pg := range r.m.p {
+					if strings.HasPrefix(k, key) {
+						doomed = append(doomed, k)
+						locked = locked || pg.lock > 0
+					}
+				}
+				ev, err := r.c.Remove("", prefix)
+				switch {
+				case !cached:
+					if ev != nil || err != nil {
+						t.Fatalf("Remove of uncached %v: %v %v", prefix, ev, err)
+					}
+				case locked:
+					if !errors.Is(err, ErrLocked) {
+						t.Fatalf("Remove of locked %v: %v", prefix, err)
+					}
+				default:
+					if err != nil {
+						t.Fatal(err)
+					}
+					freed := 0
+					for _, e := range ev {
+						freed += len(e.Prefix) - e.Start
+						if len(e.Vals) != len(e.Prefix)-e.Start {
+							t.Fatalf("removed node with %d values for %d tokens", len(e.Vals), len(e.Prefix)-e.Start)
+						}
+					}
+					if freed != len(doomed)*page {
+						t.Fatalf("Remove(%v) freed %d tokens, model %d pages", prefix, freed, len(doomed))
+					}
+					for _, k := range doomed {
+						delete(r.m.p, k)
+					}
+				}
+				if err := r.c.CheckInvariants(); err != nil {
+					t.Fatal(err)
+				}
+				got, want := r.c.Usage(), r.m.usage()
+				got.Nodes, got.Bytes = 0, 0
+				if got != want {
+					t.Fatalf("after Remove: usage %+v, model %+v", got, want)
+				}
+			}
+			r.releaseAll()
+		}
+	}
+}
