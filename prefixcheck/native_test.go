@@ -44,10 +44,10 @@ func writeNative(t *testing.T, reqs [][2]string, from map[string]int, hits []dum
 
 func TestFromNativeDump(t *testing.T) {
 	path := writeNative(t,
-		[][2]string{{"B", "abcdxyzw"}, {"A", "abcdefgh"}, {"C", "abcdefgh"}, {"D", "abcdefgh"}, {"E", "abcdefgh"}},
+		[][2]string{{"B", "abcdxyzw"}, {"A", "abcdefgh"}, {"C", "abcdefgh"}, {"D", "abcdefgh"}, {"E", "wxyzwxyz"}, {"F", "wxyzwxyz"}},
 		map[string]int{"D": 4},
 		[]dump.PrefixHit{{Request: "B", Source: "A", Tokens: 8}, {Request: "C", Source: "A", Tokens: 8},
-			{Request: "D", Source: "A", Tokens: 4}, {Request: "E", Source: "Z", Tokens: 4}})
+			{Request: "D", Source: "A", Tokens: 4}, {Request: "E", Source: "Z", Tokens: 4}, {Request: "F", Source: "E", Tokens: 8}})
 	d, err := dump.Open(path)
 	if err != nil {
 		t.Fatal(err)
@@ -62,7 +62,7 @@ func TestFromNativeDump(t *testing.T) {
 	for _, q := range tr.Requests {
 		order = append(order, q.ID)
 	}
-	if strings.Join(order, " ") != "A B C D E" {
+	if strings.Join(order, " ") != "A B C D E F" {
 		t.Fatalf("arrival order %v", order)
 	}
 	cfg, err := ConfigFromDump(d)
@@ -83,6 +83,8 @@ func TestFromNativeDump(t *testing.T) {
 		{"C", StatusAgree, "", "", ""},
 		{"D", StatusUnchecked, "", "", "tok records start at position 4"},
 		{"E", StatusUnchecked, "", "", `source request "Z" is not in the dump`},
+		// E is not judged but is cached: F's hit on it agrees.
+		{"F", StatusAgree, "", "", ""},
 	})
 	if rep.ExitCode() != 1 || rep.First.ID != "B" {
 		t.Fatalf("exit %d first %+v", rep.ExitCode(), rep.First)

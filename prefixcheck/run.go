@@ -244,6 +244,7 @@ func (r *Runner) Add(q *Request) (*Result, error) {
 	// The engine's recorded cache events since the previous request.
 	if q.Clear {
 		r.cache = kvcache.NewRadixCache(P, r.cfg.Schedule, kvcache.Sizes{})
+		r.firsts = kvcache.NewRadixCache(1, kvcache.Schedule{}, kvcache.Sizes{})
 		for c, h := range r.hist {
 			if h.state == stCached {
 				h.state, h.before = stEvictedRecorded, int32(idx)
@@ -272,7 +273,7 @@ func (r *Runner) Add(q *Request) (*Result, error) {
 	if q.Hit != nil {
 		res.Recorded = &HitInfo{Tokens: q.Hit.Tokens, Source: q.Hit.Source}
 	}
-	if q.Unknown != "" || len(q.Tokens) == 0 && q.Hit != nil && q.Hit.Tokens > 0 {
+	if len(q.Tokens) == 0 && (q.Unknown != "" || q.Hit != nil && q.Hit.Tokens > 0) {
 		res.Status, res.Detail = StatusUnchecked, q.Unknown
 		info.unknown = true
 		if res.Detail == "" {
@@ -295,7 +296,13 @@ func (r *Runner) Add(q *Request) (*Result, error) {
 	// The correct cache's hit.
 	m := r.cache.MatchPrefixNS(q.Namespace, keys, true)
 	res.Truth = r.hitInfo(m, len(keys))
-	r.judge(q, res, keys, withNS, without, m)
+	if q.Unknown != "" {
+		// Not judged (e.g. its source is not in the input), but its tokens
+		// are known: the engine cached them, so the correct cache does too.
+		res.Status, res.Detail = StatusUnchecked, q.Unknown
+	} else {
+		r.judge(q, res, keys, withNS, without, m)
+	}
 
 	// Cache the request: make room (the model's LRU), insert, release.
 	aligned := len(keys) / P * P

@@ -35,6 +35,8 @@ type Request struct {
 	// Tokens is the token stream from position 0 as far as known (prompt and
 	// generated tokens). A request whose leading tokens are not known has none
 	// here and Unknown says why; it is reported unchecked and not cached.
+	// Unknown with tokens: the request is not judged (e.g. its source is not
+	// in the input) but is cached.
 	Tokens  []int32
 	Unknown string
 	// Extra holds, per page, an extra key that is part of that page's identity
