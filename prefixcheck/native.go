@@ -18,9 +18,16 @@ import (
 // hit's source before its request (the dump has no arrival times; a source
 // appearing later is taken to have arrived earlier). A request whose tokens
 // before some position are not dumped, or whose hit names a request absent
-// from the dump, is unchecked. Native dumps record no evictions.
+// from the dump, is unchecked. A dump with no prefix hit at all is taken not
+// to record hits (every request unchecked, with a note). Dumps record no
+// evictions.
 func FromDump(d *dump.Dump) (*Trace, error) {
-	t := &Trace{Input: d.Path, Format: d.Format, HitsRecorded: true}
+	// A dump without any prefix hit may simply not record them: then a
+	// request without one is not judged.
+	t := &Trace{Input: d.Path, Format: d.Format, HitsRecorded: len(d.Prefix) > 0}
+	if !t.HitsRecorded {
+		t.Notes = append(t.Notes, "the dump records no prefix hit at all (no prefix frames, no sparsemla.prefix metadata): the engine's decisions cannot be judged, only the correct cache's hits are shown")
+	}
 	first := map[string]int{}
 	toks := map[string]map[int]int64{}
 	for i := range d.Entries {

@@ -113,3 +113,23 @@ func TestFromNativeDumpErrors(t *testing.T) {
 		t.Fatalf("error %v", err)
 	}
 }
+
+func TestFromNativeDumpWithoutHits(t *testing.T) {
+	path := writeNative(t, [][2]string{{"A", "abcdefgh"}, {"B", "abcdefgh"}}, nil, nil)
+	d, err := dump.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	tr, err := FromDump(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := Run(tr, Config{PageSize: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Summary.Unchecked != 2 || rep.Diverged() || len(rep.Notes) != 1 || rep.Requests[1].Truth.Tokens != 8 {
+		t.Fatalf("%+v %v", rep.Summary, rep.Notes)
+	}
+}
