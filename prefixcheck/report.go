@@ -22,8 +22,14 @@ type Report struct {
 	First    *Result   `json:"first_divergence"` // null when agree
 	Requests []Result  `json:"requests"`         // arrival order
 	Notes    []string  `json:"notes,omitempty"`
-	brief    bool
+	// TextAll makes WriteText list every request that is not a plain
+	// agreement (by default at most 20 of each status, and agreeing misses
+	// as counts by cause).
+	TextAll bool `json:"-"`
+	brief   bool
 }
+
+const maxTextLines = 20
 
 // CacheInfo says what the correct cache was and what was compared.
 type CacheInfo struct {
@@ -240,8 +246,21 @@ func (rep *Report) WriteText(w io.Writer) {
 		fmt.Fprintf(w, "; %d shared tokens in %d requests fall inside a page (alignment)", s.AlignmentLoss, s.AlignmentReqs)
 	}
 	fmt.Fprintln(w)
+	// Diverged, warn and unchecked requests (at most maxTextLines of each
+	// unless TextAll), then the causes of agreeing misses as counts.
+	shown := map[string]int{}
+	causes := map[string]int{}
 	for _, r := range rep.Requests {
-		if r.Status == StatusAgree && r.Kind == "" {
+		if r.Status == StatusAgree {
+			if r.Kind != "" && !rep.TextAll {
+				causes[r.Cause]++
+				continue
+			}
+			if r.Kind == "" {
+				continue
+			}
+		}
+		if shown[r.Status]++; shown[r.Status] > maxTextLines && !rep.TextAll {
 			continue
 		}
 		kind := r.Kind
@@ -252,6 +271,20 @@ func (rep *Report) WriteText(w io.Writer) {
 		if r.Status != StatusUnchecked {
 			fmt.Fprintf(w, "      correct cache: %s\n      engine:        %s\n", r.Truth.describe(c.PageSize), r.Recorded.describe(c.PageSize))
 		}
+	}
+	for _, st := range []string{StatusDiverged, StatusWarn, StatusUnchecked} {
+		if n := shown[st] - maxTextLines; n > 0 && !rep.TextAll {
+			fmt.Fprintf(w, "  (%d more %s requests; --json or --all lists them)\n", n, st)
+		}
+	}
+	if len(causes) > 0 {
+		var parts []string
+		for _, cause := range []string{CauseAlignment, CauseEviction, CauseNamespace, CauseResume} {
+			if causes[cause] > 0 {
+				parts = append(parts, fmt.Sprintf("%d %s", causes[cause], cause))
+			}
+		}
+		fmt.Fprintf(w, "  agreeing misses (the correct cache misses too): %s (--json or --all lists them)\n", strings.Join(parts, ", "))
 	}
 	for _, n := range rep.Notes {
 		fmt.Fprintf(w, "  note: %s\n", n)

@@ -226,3 +226,25 @@ func TestBriefReport(t *testing.T) {
 		t.Fatalf("%+v", rep)
 	}
 }
+
+func TestTextCapsLines(t *testing.T) {
+	tr := Trace{}
+	for i := 0; i < 25; i++ {
+		tr.Requests = append(tr.Requests, req(strings.Repeat("r", i+1), "abcd", 0, ""))
+	}
+	rep, err := Run(&tr, testCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	rep.WriteText(&b)
+	if n := strings.Count(b.String(), "  unchecked: "); n != 20 || !strings.Contains(b.String(), "(5 more unchecked requests") {
+		t.Fatalf("%d lines:\n%s", n, b.String())
+	}
+	rep.TextAll = true
+	b.Reset()
+	rep.WriteText(&b)
+	if n := strings.Count(b.String(), "  unchecked: "); n != 25 {
+		t.Fatalf("TextAll: %d lines", n)
+	}
+}
