@@ -61,7 +61,6 @@ type SynthRequest struct {
 	parentNS   string      // namespace of the parent block (namespace-mix)
 	salt       string      // block hash salt (missed-hit: same content, other hashes)
 	hashOf     []BlockHash // block hashes to use (overwritten-page)
-	extraEvict []kvcache.Evicted
 }
 
 // SynthRun is a synthetic serving run.
@@ -227,7 +226,7 @@ func (s *SynthRun) Events() []EventBatch {
 	for i := range s.Requests {
 		q := &s.Requests[i]
 		b := EventBatch{TS: float64(i)}
-		for _, e := range append(append([]kvcache.Evicted(nil), q.Evicted...), q.extraEvict...) {
+		for _, e := range q.Evicted {
 			var hs []BlockHash
 			for end := len(e.Prefix); end > e.Start; end -= P {
 				hs = append(hs, blockHash(e.Namespace, "", e.Prefix[:end]))
@@ -277,14 +276,12 @@ func (s *SynthRun) EventID(id string) string {
 
 // WriteNative writes the run as a native dump: one tok record per position of
 // every request and a prefix frame for every hit. It fails when the run has
-// namespaces or evictions (a native dump cannot record them).
+// namespaces (a native dump cannot say them). Evictions are not recorded: a
+// check with the run's capacity (Config) replays the same LRU.
 func (s *SynthRun) WriteNative(path string, h dump.Header) error {
 	for _, q := range s.Requests {
 		if q.Namespace != "" {
 			return fmt.Errorf("prefixcheck: synth: request %s is in namespace %q: a native dump cannot say so (use NoNamespaces or the event stream)", q.ID, q.Namespace)
-		}
-		if len(q.Evicted) > 0 || len(q.extraEvict) > 0 {
-			return fmt.Errorf("prefixcheck: synth: the engine evicted before request %s: a native dump cannot record evictions (use the event stream)", q.ID)
 		}
 	}
 	w, err := dump.Create(path, h)

@@ -49,9 +49,6 @@ func checkSynth(t *testing.T, s *SynthRun, form string) *Report {
 func TestSynthCleanRunsAgree(t *testing.T) {
 	for _, sc := range Scenarios {
 		for _, form := range []string{FormEvents, FormNative} {
-			if form == FormNative && sc == ScenarioEviction {
-				continue
-			}
 			for seed := uint64(1); seed <= 4; seed++ {
 				// Seed 4: the engine resumes only at request ends.
 				s, err := Synth(SynthOptions{Scenario: sc, Seed: seed, Requests: 40, NoNamespaces: form == FormNative, ResumeAtEndOnly: seed == 4 && form == FormNative})
@@ -129,9 +126,9 @@ func TestSynthErrors(t *testing.T) {
 	if _, err := Synth(SynthOptions{Scenario: "nope"}); err == nil {
 		t.Fatal("unknown scenario accepted")
 	}
-	s, _ := Synth(SynthOptions{Scenario: ScenarioEviction, Seed: 1, Requests: 40, NoNamespaces: true})
+	s, _ := Synth(SynthOptions{Scenario: ScenarioEviction, Seed: 1, Requests: 40})
 	if err := s.WriteNative(filepath.Join(t.TempDir(), "x.smd"), dump.Header{}); err == nil {
-		t.Fatal("a run with evictions written as a native dump")
+		t.Fatal("a run with namespaces written as a native dump")
 	}
 	if _, err := s.InjectFault("nope", 3); err == nil {
 		t.Fatal("unknown fault accepted")
