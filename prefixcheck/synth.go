@@ -57,10 +57,10 @@ type SynthRequest struct {
 	Evicted []kvcache.Evicted
 	// Fault is the decision fault this request carries ("" for none), with
 	// what the stream writer needs to express it.
-	Fault      string
-	parentNS   string      // namespace of the parent block (namespace-mix)
-	salt       string      // block hash salt (missed-hit: same content, other hashes)
-	hashOf     []BlockHash // block hashes to use (overwritten-page)
+	Fault    string
+	parentNS string      // namespace of the parent block (namespace-mix)
+	salt     string      // block hash salt (missed-hit: same content, other hashes)
+	hashOf   []BlockHash // block hashes to use (overwritten-page)
 }
 
 // SynthRun is a synthetic serving run.
