@@ -493,13 +493,9 @@ func (h *lruHeap) place(n *node, which int, in bool) {
 }
 
 func (c *RadixCache) prefixOf(n *node) []int32 {
-	var chain []*node
+	out := make([]int32, n.endPos)
 	for x := n; x.parent != nil; x = x.parent {
-		chain = append(chain, x)
-	}
-	var out []int32
-	for i := len(chain) - 1; i >= 0; i-- {
-		out = append(out, chain[i].key...)
+		copy(out[x.start:], x.key)
 	}
 	return out
 }

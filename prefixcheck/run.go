@@ -84,7 +84,8 @@ type Runner struct {
 	owners map[string]owner
 	intern map[internKey]int32
 	rep    *Report
-	oldest int // first request whose tokens are still retained
+	oldest int     // first request whose tokens are still retained
+	vals   []int64 // Insert's value buffer
 }
 
 // NewRunner starts a ground-truth run; flags carries the trace's HitsRecorded,
@@ -174,28 +175,36 @@ func (r *Runner) fold(tokens []int32, extra []string) []int32 {
 	return out
 }
 
-// chains returns the chain hash (FNV-1a 64) of every whole page of keys, with
-// and without the namespace.
+// chains returns the chain hash of every whole page of keys (an FNV-1a-style
+// multiply-xor over 32-bit keys, then a final mix per page), with and without
+// the namespace: equal hashes mean equal prefixes (up to 2^-64 collisions).
 func chains(ns string, keys []int32, P int) (withNS, without []uint64) {
 	const off, prime = 14695981039346656037, 1099511628211
 	h, g := uint64(off), uint64(off)
 	for i := 0; i < len(ns); i++ {
 		h = (h ^ uint64(ns[i])) * prime
 	}
-	h = (h ^ 0xff) * prime
+	h = (h ^ 0x1ff) * prime
 	n := len(keys) / P
 	withNS, without = make([]uint64, n), make([]uint64, n)
 	for p := 0; p < n; p++ {
 		for _, k := range keys[p*P : (p+1)*P] {
-			u := uint32(k)
-			for b := 0; b < 4; b++ {
-				h = (h ^ uint64(byte(u>>(8*b)))) * prime
-				g = (g ^ uint64(byte(u>>(8*b)))) * prime
-			}
+			h = (h ^ uint64(uint32(k))) * prime
+			g = (g ^ uint64(uint32(k))) * prime
 		}
-		withNS[p], without[p] = h, g
+		withNS[p], without[p] = mix64(h), mix64(g)
 	}
 	return withNS, without
+}
+
+// mix64 is a 64-bit finaliser (splitmix64's), so page hashes spread over all
+// bits.
+func mix64(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	return x ^ x>>31
 }
 
 func val(req, pos int) int64 { return int64(req)<<32 | int64(pos) }
@@ -311,14 +320,17 @@ func (r *Runner) Add(q *Request) (*Result, error) {
 			r.markEvicted(r.cache.Evict(over), stEvictedModel, idx)
 		}
 	}
-	vals := make([]int64, aligned)
+	if cap(r.vals) < aligned {
+		r.vals = make([]int64, aligned)
+	}
+	vals := r.vals[:aligned] // Insert copies what it keeps
 	for i := range vals {
 		vals[i] = val(idx, i)
 	}
 	var snaps []kvcache.Snapshot
 	for at := P; at <= aligned; at += P {
 		if !r.cfg.ResumeAtEndOnly || at == aligned {
-			snaps = append(snaps, kvcache.Snapshot{At: at, StateFrom: r.cfg.Schedule.Needs(at).StateFrom})
+			snaps = append(snaps, kvcache.Snapshot{At: at, StateFrom: r.cfg.Schedule.StateFrom(at)})
 		}
 	}
 	existing, _ := r.cache.InsertNS(q.Namespace, keys[:aligned], vals, snaps)

@@ -185,7 +185,7 @@ func (s *SynthRun) engine(n int, record bool) *kvcache.RadixCache {
 		var snaps []kvcache.Snapshot
 		for at := P; at <= aligned; at += P {
 			if !s.Options.ResumeAtEndOnly || at == aligned {
-				snaps = append(snaps, kvcache.Snapshot{At: at, StateFrom: s.Options.Schedule.Needs(at).StateFrom})
+				snaps = append(snaps, kvcache.Snapshot{At: at, StateFrom: s.Options.Schedule.StateFrom(at)})
 			}
 		}
 		c.InsertNS(q.Namespace, q.Tokens[:aligned], vals, snaps)
