@@ -60,8 +60,10 @@
 //     scales; indexer-mxfp4 P·64 packed codes then P·4 UE8M0 scales.
 //   - Pad bytes are never read: decoders warn on them, comparers mask them.
 //   - Radix cache: every locked node's ancestors are locked; only unlocked
-//     leaves are evicted; evictable + protected size = cached tokens; all
-//     accounting returns to zero when everything is unlocked and evicted.
+//     leaves are evicted; evictable + protected size = cached tokens; the
+//     eviction heaps hold exactly the unlocked leaves and the unlocked nodes
+//     with window rows; namespaces never share a node; all accounting returns
+//     to zero when everything is unlocked and evicted (CheckInvariants).
 //
 // # Precision
 //
