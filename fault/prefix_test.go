@@ -1,28 +1,29 @@
-package prefixcheck
+package fault
 
 import (
 	"path/filepath"
 	"testing"
 
 	"sparsemla/dump"
+	"sparsemla/prefixcheck"
 )
 
-// checkSynth writes the run in form, reads it back as the command would and
+// checkPrefixRun writes the run in form, reads it back as the command would and
 // runs the check.
-func checkSynth(t *testing.T, s *SynthRun, form string) *Report {
+func checkPrefixRun(t *testing.T, s *PrefixRun, form string) *prefixcheck.Report {
 	t.Helper()
-	var tr *Trace
+	var tr *prefixcheck.Trace
 	switch form {
 	case FormEvents:
-		data, err := EncodeEvents(s.Events(), EncodingMap)
+		data, err := prefixcheck.EncodeEvents(s.Events(), prefixcheck.EncodingMap)
 		if err != nil {
 			t.Fatal(err)
 		}
-		b, err := DecodeEvents(data, "synth.msgpack")
+		b, err := prefixcheck.DecodeEvents(data, "synth.msgpack")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if tr, err = EventsTrace(b, "synth.msgpack", EventsOptions{}); err != nil {
+		if tr, err = prefixcheck.EventsTrace(b, "synth.msgpack", prefixcheck.EventsOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	case FormNative:
@@ -35,27 +36,27 @@ func checkSynth(t *testing.T, s *SynthRun, form string) *Report {
 			t.Fatal(err)
 		}
 		defer d.Close()
-		if tr, err = FromDump(d); err != nil {
+		if tr, err = prefixcheck.FromDump(d); err != nil {
 			t.Fatal(err)
 		}
 	}
-	rep, err := Run(tr, s.Config())
+	rep, err := prefixcheck.Run(tr, s.Config())
 	if err != nil {
 		t.Fatal(err)
 	}
 	return rep
 }
 
-func TestSynthCleanRunsAgree(t *testing.T) {
-	for _, sc := range Scenarios {
+func TestPrefixSynthCleanRunsAgree(t *testing.T) {
+	for _, sc := range PrefixScenarios {
 		for _, form := range []string{FormEvents, FormNative} {
 			for seed := uint64(1); seed <= 4; seed++ {
 				// Seed 4: the engine resumes only at request ends.
-				s, err := Synth(SynthOptions{Scenario: sc, Seed: seed, Requests: 40, NoNamespaces: form == FormNative, ResumeAtEndOnly: seed == 4 && form == FormNative})
+				s, err := SynthPrefix(PrefixOptions{Scenario: sc, Seed: seed, Requests: 40, NoNamespaces: form == FormNative, ResumeAtEndOnly: seed == 4 && form == FormNative})
 				if err != nil {
 					t.Fatal(err)
 				}
-				rep := checkSynth(t, s, form)
+				rep := checkPrefixRun(t, s, form)
 				hits := 0
 				for _, q := range s.Requests {
 					P := s.Options.PageSize
@@ -85,22 +86,22 @@ func TestSynthCleanRunsAgree(t *testing.T) {
 }
 
 // Every fault kind replays to exactly its request and kind.
-func TestSynthFaultsReplayToTheirRequest(t *testing.T) {
-	for _, kind := range FaultKinds() {
-		form := FaultForms[kind]
-		for _, sc := range Scenarios {
+func TestPrefixFaultsReplayToTheirRequest(t *testing.T) {
+	for _, kind := range PrefixFaultKinds() {
+		form := PrefixFaultForms[kind]
+		for _, sc := range PrefixScenarios {
 			if form == FormNative && sc == ScenarioEviction {
 				continue
 			}
-			if kind == KindEvicted && sc != ScenarioEviction {
+			if kind == prefixcheck.KindEvicted && sc != ScenarioEviction {
 				continue
 			}
 			for seed := uint64(1); seed <= 3; seed++ {
-				s, err := Synth(SynthOptions{Scenario: sc, Seed: seed, Requests: 40, NoNamespaces: form == FormNative, ResumeAtEndOnly: kind == KindResumeBeyond})
+				s, err := SynthPrefix(PrefixOptions{Scenario: sc, Seed: seed, Requests: 40, NoNamespaces: form == FormNative, ResumeAtEndOnly: kind == prefixcheck.KindResumeBeyond})
 				if err != nil {
 					t.Fatal(err)
 				}
-				id, err := s.InjectFault(kind, 20)
+				id, err := s.Inject(kind, 20)
 				if err != nil {
 					t.Errorf("%s %s seed %d: %v", kind, sc, seed, err)
 					continue
@@ -108,11 +109,11 @@ func TestSynthFaultsReplayToTheirRequest(t *testing.T) {
 				if form == FormEvents {
 					id = s.EventID(id)
 				}
-				rep := checkSynth(t, s, form)
+				rep := checkPrefixRun(t, s, form)
 				if rep.Summary.Diverged != 1 || rep.Summary.Warn != 0 || rep.First == nil || rep.First.ID != id || rep.First.Kind != kind {
 					t.Errorf("%s %s seed %d: %+v\nfirst %+v", kind, sc, seed, rep.Summary, rep.First)
 					for _, r := range rep.Requests {
-						if r.Status != StatusAgree {
+						if r.Status != prefixcheck.StatusAgree {
 							t.Logf("  %s %s %s %s", r.ID, r.Status, r.Kind, r.Detail)
 						}
 					}
@@ -122,18 +123,18 @@ func TestSynthFaultsReplayToTheirRequest(t *testing.T) {
 	}
 }
 
-func TestSynthErrors(t *testing.T) {
-	if _, err := Synth(SynthOptions{Scenario: "nope"}); err == nil {
+func TestPrefixSynthErrors(t *testing.T) {
+	if _, err := SynthPrefix(PrefixOptions{Scenario: "nope"}); err == nil {
 		t.Fatal("unknown scenario accepted")
 	}
-	s, _ := Synth(SynthOptions{Scenario: ScenarioEviction, Seed: 1, Requests: 40})
+	s, _ := SynthPrefix(PrefixOptions{Scenario: ScenarioEviction, Seed: 1, Requests: 40})
 	if err := s.WriteNative(filepath.Join(t.TempDir(), "x.smd"), dump.Header{}); err == nil {
 		t.Fatal("a run with namespaces written as a native dump")
 	}
-	if _, err := s.InjectFault("nope", 3); err == nil {
+	if _, err := s.Inject("nope", 3); err == nil {
 		t.Fatal("unknown fault accepted")
 	}
-	if _, err := s.InjectFault(KindMissedHit, 0); err == nil {
+	if _, err := s.Inject(prefixcheck.KindMissedHit, 0); err == nil {
 		t.Fatal("position 0 accepted")
 	}
 }

@@ -1,4 +1,4 @@
-package prefixcheck
+package fault
 
 import (
 	"encoding/binary"
@@ -9,6 +9,7 @@ import (
 
 	"sparsemla/dump"
 	"sparsemla/kvcache"
+	"sparsemla/prefixcheck"
 )
 
 // Synthetic serving runs: requests whose prefix-cache decisions a correct
@@ -24,11 +25,11 @@ const (
 	ScenarioEviction      = "eviction"       // branching under a cache too small for the working set
 )
 
-// Scenarios lists the synthetic scenarios.
-var Scenarios = []string{ScenarioSystemPrompts, ScenarioBranching, ScenarioEviction}
+// PrefixScenarios lists the synthetic scenarios.
+var PrefixScenarios = []string{ScenarioSystemPrompts, ScenarioBranching, ScenarioEviction}
 
-// SynthOptions configures a synthetic run.
-type SynthOptions struct {
+// PrefixOptions configures a synthetic run.
+type PrefixOptions struct {
 	Scenario string
 	Requests int    // requests in the run (default 24)
 	Seed     uint64 // token and shape choices
@@ -41,12 +42,12 @@ type SynthOptions struct {
 	// dumps cannot say a request's namespace).
 	NoNamespaces bool
 	// ResumeAtEndOnly: the engine keeps the compressor state only at the end
-	// of each cached request, so it resumes only there (Config's field).
+	// of each cached request, so it resumes only there (prefixcheck.Config's field).
 	ResumeAtEndOnly bool
 }
 
-// SynthRequest is one request of a synthetic run and the engine's decision.
-type SynthRequest struct {
+// PrefixRequest is one request of a synthetic run and the engine's decision.
+type PrefixRequest struct {
 	ID        string
 	Namespace string
 	Tokens    []int32
@@ -58,18 +59,18 @@ type SynthRequest struct {
 	// Fault is the decision fault this request carries ("" for none), with
 	// what the stream writer needs to express it.
 	Fault    string
-	parentNS string      // namespace of the parent block (namespace-mix)
-	salt     string      // block hash salt (missed-hit: same content, other hashes)
-	hashOf   []BlockHash // block hashes to use (overwritten-page)
+	parentNS string                  // namespace of the parent block (namespace-mix)
+	salt     string                  // block hash salt (missed-hit: same content, other hashes)
+	hashOf   []prefixcheck.BlockHash // block hashes to use (overwritten-page)
 }
 
-// SynthRun is a synthetic serving run.
-type SynthRun struct {
-	Options  SynthOptions
-	Requests []SynthRequest
+// PrefixRun is a synthetic serving run.
+type PrefixRun struct {
+	Options  PrefixOptions
+	Requests []PrefixRequest
 }
 
-func (o *SynthOptions) defaults() error {
+func (o *PrefixOptions) defaults() error {
 	if o.Requests == 0 {
 		o.Requests = 24
 	}
@@ -90,21 +91,21 @@ func (o *SynthOptions) defaults() error {
 	case o.Capacity < 0:
 		return fmt.Errorf("prefixcheck: synth: capacity %d", o.Capacity)
 	}
-	for _, s := range Scenarios {
+	for _, s := range PrefixScenarios {
 		if s == o.Scenario {
 			return nil
 		}
 	}
-	return fmt.Errorf("prefixcheck: synth: unknown scenario %q (want %s)", o.Scenario, strings.Join(Scenarios, ", "))
+	return fmt.Errorf("prefixcheck: synth: unknown scenario %q (want %s)", o.Scenario, strings.Join(PrefixScenarios, ", "))
 }
 
-// Config is the correct cache's configuration for checking the run.
-func (s *SynthRun) Config() Config {
-	return Config{PageSize: s.Options.PageSize, Schedule: s.Options.Schedule, Capacity: s.Options.Capacity, ResumeAtEndOnly: s.Options.ResumeAtEndOnly}
+// prefixcheck.Config is the correct cache's configuration for checking the run.
+func (s *PrefixRun) Config() prefixcheck.Config {
+	return prefixcheck.Config{PageSize: s.Options.PageSize, Schedule: s.Options.Schedule, Capacity: s.Options.Capacity, ResumeAtEndOnly: s.Options.ResumeAtEndOnly}
 }
 
 // Synth generates a run with a correct engine's decisions.
-func Synth(opt SynthOptions) (*SynthRun, error) {
+func SynthPrefix(opt PrefixOptions) (*PrefixRun, error) {
 	if err := opt.defaults(); err != nil {
 		return nil, err
 	}
@@ -122,7 +123,7 @@ func Synth(opt SynthOptions) (*SynthRun, error) {
 	for i := 0; i < 4; i++ {
 		prompts = append(prompts, fresh((2+rng.IntN(3))*P+rng.IntN(P)))
 	}
-	run := &SynthRun{Options: opt}
+	run := &PrefixRun{Options: opt}
 	var tokens [][]int32
 	var nss []string
 	for i := 0; i < opt.Requests; i++ {
@@ -144,7 +145,7 @@ func Synth(opt SynthOptions) (*SynthRun, error) {
 			t = append(append(t, tokens[j][:cut]...), fresh(P/2+rng.IntN(2*P))...)
 		}
 		tokens, nss = append(tokens, t), append(nss, ns)
-		run.Requests = append(run.Requests, SynthRequest{ID: "req" + strconv.Itoa(i), Namespace: ns, Tokens: t})
+		run.Requests = append(run.Requests, PrefixRequest{ID: "req" + strconv.Itoa(i), Namespace: ns, Tokens: t})
 	}
 	run.decide()
 	return run, nil
@@ -152,11 +153,11 @@ func Synth(opt SynthOptions) (*SynthRun, error) {
 
 // decide runs the correct engine over the requests in order and records its
 // hits and evictions (injected requests take part like the others).
-func (s *SynthRun) decide() { s.engine(len(s.Requests), true) }
+func (s *PrefixRun) decide() { s.runEngine(len(s.Requests), true) }
 
 // engine runs the correct engine over the first n requests (skipping injected
 // ones) and returns its cache; record stores the decisions in the requests.
-func (s *SynthRun) engine(n int, record bool) *kvcache.RadixCache {
+func (s *PrefixRun) runEngine(n int, record bool) *kvcache.RadixCache {
 	P := s.Options.PageSize
 	c := kvcache.NewRadixCache(P, s.Options.Schedule, kvcache.Sizes{})
 	for i := 0; i < n; i++ {
@@ -165,12 +166,12 @@ func (s *SynthRun) engine(n int, record bool) *kvcache.RadixCache {
 			continue // its decision is the fault's
 		}
 		if !record {
-			q = &SynthRequest{ID: q.ID, Namespace: q.Namespace, Tokens: q.Tokens}
+			q = &PrefixRequest{ID: q.ID, Namespace: q.Namespace, Tokens: q.Tokens}
 		}
 		m := c.MatchPrefixNS(q.Namespace, q.Tokens, true)
 		q.Hit, q.Source, q.Evicted = m.Len, "", nil
 		if m.Len > 0 {
-			q.Source = s.Requests[valReq(m.Vals[m.Len-1])].ID
+			q.Source = s.Requests[prefixValReq(m.Vals[m.Len-1])].ID
 		}
 		aligned := len(q.Tokens) / P * P
 		if s.Options.Capacity > 0 {
@@ -180,7 +181,7 @@ func (s *SynthRun) engine(n int, record bool) *kvcache.RadixCache {
 		}
 		vals := make([]int64, aligned)
 		for j := range vals {
-			vals[j] = val(i, j)
+			vals[j] = prefixVal(i, j)
 		}
 		var snaps []kvcache.Snapshot
 		for at := P; at <= aligned; at += P {
@@ -196,7 +197,7 @@ func (s *SynthRun) engine(n int, record bool) *kvcache.RadixCache {
 
 // blockHash is the synthetic engine's content hash of the page ending at
 // end: namespace, salt and every token before end (an int hash below 2^63).
-func blockHash(ns, salt string, tokens []int32) BlockHash {
+func blockHash(ns, salt string, tokens []int32) prefixcheck.BlockHash {
 	const off, prime = 14695981039346656037, 1099511628211
 	h := uint64(off)
 	for _, s := range []string{ns, "\xff", salt, "\xff"} {
@@ -211,7 +212,7 @@ func blockHash(ns, salt string, tokens []int32) BlockHash {
 			h = (h ^ uint64(x)) * prime
 		}
 	}
-	return BlockHash(strconv.FormatUint(h>>1, 10))
+	return prefixcheck.BlockHash(strconv.FormatUint(h>>1, 10))
 }
 
 func loraName(ns string) string { return strings.TrimPrefix(ns, "lora:") }
@@ -220,25 +221,25 @@ func loraName(ns string) string { return strings.TrimPrefix(ns, "lora:") }
 // a BlockRemoved for every page the engine evicted before it (deepest pages
 // first) and a BlockStored of its new whole pages (parent: the last reused
 // page).
-func (s *SynthRun) Events() []EventBatch {
+func (s *PrefixRun) Events() []prefixcheck.EventBatch {
 	P := s.Options.PageSize
-	var out []EventBatch
+	var out []prefixcheck.EventBatch
 	for i := range s.Requests {
 		q := &s.Requests[i]
-		b := EventBatch{TS: float64(i)}
+		b := prefixcheck.EventBatch{TS: float64(i)}
 		for _, e := range q.Evicted {
-			var hs []BlockHash
+			var hs []prefixcheck.BlockHash
 			for end := len(e.Prefix); end > e.Start; end -= P {
 				hs = append(hs, blockHash(e.Namespace, "", e.Prefix[:end]))
 			}
-			b.Events = append(b.Events, Event{Type: "BlockRemoved", BlockHashes: hs, Medium: "GPU"})
+			b.Events = append(b.Events, prefixcheck.Event{Type: "BlockRemoved", BlockHashes: hs, Medium: "GPU"})
 		}
 		aligned := len(q.Tokens) / P * P
 		if q.Hit/P*P < aligned {
-			ev := Event{Type: "BlockStored", BlockSize: P, Medium: "GPU", TokenIDs: q.Tokens[q.Hit/P*P : aligned]}
+			ev := prefixcheck.Event{Type: "BlockStored", BlockSize: P, Medium: "GPU", TokenIDs: q.Tokens[q.Hit/P*P : aligned]}
 			if q.Hit >= P {
 				pns := q.Namespace
-				if q.parentNS != "" || q.Fault == KindNamespaceMix {
+				if q.parentNS != "" || q.Fault == prefixcheck.KindNamespaceMix {
 					pns = q.parentNS
 				}
 				ev.Parent = blockHash(pns, "", q.Tokens[:q.Hit/P*P])
@@ -262,7 +263,7 @@ func (s *SynthRun) Events() []EventBatch {
 // EventID is the id the checker gives request id in the run's event stream
 // (Events): "b<batch>.e<event>" of its BlockStored event ("" when it stores
 // no page).
-func (s *SynthRun) EventID(id string) string {
+func (s *PrefixRun) EventID(id string) string {
 	for i, b := range s.Events() {
 		if s.Requests[i].ID == id {
 			if n := len(b.Events); n > 0 && b.Events[n-1].Type == "BlockStored" {
@@ -277,8 +278,8 @@ func (s *SynthRun) EventID(id string) string {
 // WriteNative writes the run as a native dump: one tok record per position of
 // every request and a prefix frame for every hit. It fails when the run has
 // namespaces (a native dump cannot say them). Evictions are not recorded: a
-// check with the run's capacity (Config) replays the same LRU.
-func (s *SynthRun) WriteNative(path string, h dump.Header) error {
+// check with the run's capacity (prefixcheck.Config) replays the same LRU.
+func (s *PrefixRun) WriteNative(path string, h dump.Header) error {
 	for _, q := range s.Requests {
 		if q.Namespace != "" {
 			return fmt.Errorf("prefixcheck: synth: request %s is in namespace %q: a native dump cannot say so (use NoNamespaces or the event stream)", q.ID, q.Namespace)
@@ -307,3 +308,8 @@ func (s *SynthRun) WriteNative(path string, h dump.Header) error {
 	}
 	return w.Close()
 }
+
+// prefixVal is the value the correct engine stores per token: its request and
+// position, so a match names who cached what.
+func prefixVal(req, pos int) int64 { return int64(req)<<32 | int64(pos) }
+func prefixValReq(v int64) int     { return int(v >> 32) }
