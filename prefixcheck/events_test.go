@@ -339,3 +339,19 @@ func TestEventsGroupSelection(t *testing.T) {
 		t.Fatal("group_idx written in the array encoding")
 	}
 }
+
+// Data-parallel ranks have their own caches: a mixed stream needs a rank.
+func TestEventsDataParallelRanks(t *testing.T) {
+	r0, r1 := int64(0), int64(1)
+	st := func(h BlockHash) Event {
+		return Event{Type: "BlockStored", BlockHashes: []BlockHash{h}, TokenIDs: []int32{1, 2}, BlockSize: 2, Medium: "GPU"}
+	}
+	b := []EventBatch{{TS: 1, DPRank: &r0, Events: []Event{st("1")}}, {TS: 2, DPRank: &r1, Events: []Event{st("2"), st("3")}}}
+	if _, err := EventsTrace(b, "x", EventsOptions{}); err == nil || !strings.Contains(err.Error(), "data-parallel rank 1") {
+		t.Fatalf("error %v", err)
+	}
+	tr, err := EventsTrace(b, "x", EventsOptions{DPRank: &r1})
+	if err != nil || len(tr.Requests) != 2 {
+		t.Fatalf("%v %+v", err, tr)
+	}
+}

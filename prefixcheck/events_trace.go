@@ -15,6 +15,10 @@ type EventsOptions struct {
 	// groups). Nil: the first group whose kv_cache_spec_kind is
 	// full_attention or mla_attention, else the first group seen.
 	Group *int64
+	// DPRank keeps the batches of this data-parallel rank (each rank has its
+	// own cache). Nil: the stream must hold one rank only (batches without a
+	// rank count as rank 0).
+	DPRank *int64
 }
 
 type evBlock struct {
@@ -51,6 +55,19 @@ func EventsTrace(batches []EventBatch, input string, opt EventsOptions) (*Trace,
 		medium = "GPU"
 	}
 	t := &Trace{Input: input, Format: "kv-events", HitsRecorded: true, EvictionsRecorded: true, ContentPageIDs: true}
+	rankOf := func(b *EventBatch) int64 {
+		if b.DPRank == nil {
+			return 0
+		}
+		return *b.DPRank
+	}
+	if opt.DPRank == nil {
+		for i := range batches {
+			if r, r0 := rankOf(&batches[i]), rankOf(&batches[0]); r != r0 {
+				return nil, fmt.Errorf("prefixcheck: %s: batch %d (byte %d) is from data-parallel rank %d, batch 0 from rank %d: each rank has its own cache, choose one", input, i, batches[i].Offset, r, r0)
+			}
+		}
+	}
 	blocks := map[BlockHash]*evBlock{}
 	var evictions []Eviction
 	clear := false
@@ -78,6 +95,9 @@ func EventsTrace(batches []EventBatch, input string, opt EventsOptions) (*Trace,
 		return toks, extra, ids, true
 	}
 	for bi := range batches {
+		if opt.DPRank != nil && rankOf(&batches[bi]) != *opt.DPRank {
+			continue
+		}
 		for ei := range batches[bi].Events {
 			ev := &batches[bi].Events[ei]
 			where := fmt.Sprintf("batch %d event %d (byte %d)", bi, ei, ev.Offset)

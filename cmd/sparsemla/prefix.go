@@ -22,7 +22,7 @@ func init() {
 	})
 }
 
-const prefixUsage = "prefix INPUT [--page N] [--window N] [--ratios R,R,...] [--capacity TOKENS] [--resume-at-end-only] [--retain N] [--brief] [--json] [--all] [--events] [--medium NAME] [--group N] [--map FILE|NAME]"
+const prefixUsage = "prefix INPUT [--page N] [--window N] [--ratios R,R,...] [--capacity TOKENS] [--resume-at-end-only] [--retain N] [--brief] [--json] [--all] [--events] [--medium NAME] [--group N] [--dp-rank N] [--map FILE|NAME]"
 
 const prefixDoc = `Runs a radix prefix cache with the engine's page size, sliding window and
 compress ratios over the run's requests in arrival order and sets, for every
@@ -47,7 +47,9 @@ INPUT is either
 --page defaults to the input's (the events' block_size, a dump's page records);
 --window and --ratios to a dump's header (model args window_size,
 compress_ratios). --medium keeps events of one medium (default GPU), --group
-those of one KV-cache group (default: the first seen). --retain N keeps the
+those of one KV-cache group (default: the first full- or MLA-attention group,
+else the first seen), --dp-rank those of one data-parallel rank (each rank has
+its own cache; required when the stream mixes ranks). --retain N keeps the
 token streams of the last N requests only (older sources are compared page by
 page). --brief lists only the requests that are not plain agreements (JSON);
 the text lists at most 20 requests of each status unless --all.
@@ -69,7 +71,8 @@ func runPrefix(args []string, stdout, stderr io.Writer) int {
 	all := fs.Bool("all", false, "text: list every request that is not a plain agreement (default: 20 of each status)")
 	events := fs.Bool("events", false, "read INPUT as a KV-cache event stream")
 	medium := fs.String("medium", "", "event medium to keep (default GPU)")
-	group := fs.Int64("group", -1, "KV-cache group to keep (default: the first seen)")
+	group := fs.Int64("group", -1, "KV-cache group to keep (default: the first full-attention group, else the first seen)")
+	dpRank := fs.Int64("dp-rank", -1, "data-parallel rank to keep (required when the stream mixes ranks)")
 	mapFlag := fs.String("map", "", "name map for a foreign dump (file or built-in name)")
 	pos, code, ok := rpArgs(fs, args, 1, nil)
 	if !ok {
@@ -92,6 +95,9 @@ func runPrefix(args []string, stdout, stderr io.Writer) int {
 		opt := prefixcheck.EventsOptions{Medium: *medium}
 		if *group >= 0 {
 			opt.Group = group
+		}
+		if *dpRank >= 0 {
+			opt.DPRank = dpRank
 		}
 		if tr, err = prefixcheck.EventsTrace(b, in, opt); err != nil {
 			return fail(err)
