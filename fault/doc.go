@@ -34,4 +34,20 @@
 // writes it as a model directory (SynthConfigFile, SynthWeightsFile under the
 // official state_dict names, SynthDumpFile with KV pages in the v4-model1
 // layout). The output of both is deterministic for a seed.
+//
+// # Prefix-cache decision faults (prefix.go, prefix_fault.go)
+//
+// SynthPrefix builds a multi-request serving run (scenarios: shared system
+// prompts, branching conversations, eviction pressure) whose prefix-cache
+// decisions a correct engine made: a kvcache.RadixCache with the run's page
+// size, schedule and capacity (LRU), recording each request's hit, source and
+// the evictions before it. PrefixRun.Events writes it as a vLLM KV-cache event
+// stream (prefixcheck.EncodeEvents), PrefixRun.WriteNative as a native dump
+// (tok records, prefix frames). PrefixRun.Inject inserts one extra request
+// carrying a decision bug (prefixcheck's kinds: hit-too-long, beyond-cache,
+// resume-beyond-cache, namespace-mix, missed-hit, evicted-page,
+// overwritten-page; PrefixFaultForms says which written form can express
+// each), placed where no later request reuses what it touches, so that
+// prefixcheck reports exactly that request with that kind and a clean run
+// all-agree.
 package fault

@@ -102,3 +102,29 @@ func BenchmarkRadixInsert1M(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkRadixEvict1M keeps a 1M-token cache full: each iteration inserts a
+// 1024-token request (half shared) and evicts 1024 tokens, through the LRU
+// heaps (heap) and through the whole-tree walk Evict used before (walk).
+func BenchmarkRadixEvict1M(b *testing.B) {
+	for _, mode := range []string{"heap", "walk"} {
+		b.Run(mode, func(b *testing.B) {
+			c, reqs := radix1M(b)
+			rng := rand.New(rand.NewPCG(49, 50))
+			s := make([]int32, 1024)
+			vals := make([]int64, 1024)
+			for b.Loop() {
+				copy(s, reqs[rng.IntN(len(reqs))][:512])
+				for i := 512; i < 1024; i++ {
+					s[i] = int32(rng.IntN(1 << 17))
+				}
+				c.Insert(s, vals, []Snapshot{{At: 1024, StateFrom: 1020}})
+				if mode == "heap" {
+					c.Evict(1024)
+				} else {
+					c.evictWalk(1024)
+				}
+			}
+		})
+	}
+}

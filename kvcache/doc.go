@@ -22,10 +22,12 @@
 //     attention index list in the reference's index space (window slots, then
 //     128 + j, -1 empty), and rebuilds the reference's kv_cache / kv_state
 //     tensors from them.
-//   - Radix prefix cache (radix.go, resume.go): token-keyed, page-aligned, with
-//     lock references, LRU eviction of unlocked leaves, and explicit V4 resume
-//     points: a prefix is only resumable where the window rows and compressor
-//     state needed to continue are kept.
+//   - Radix prefix cache (radix.go, resume.go): token-keyed, page-aligned, in
+//     namespaces (LoRA adapter, cache salt), with lock references, LRU eviction
+//     of unlocked leaves (indexed heaps: O(log n) a node, no tree walk),
+//     removal of a page and its extensions (an engine's recorded eviction),
+//     and explicit V4 resume points: a prefix is only resumable where the
+//     window rows and compressor state needed to continue are kept.
 //   - Cache-hit verification (verify.go): [VerifyPrefixHit] compares the rows a
 //     GPU served from a prefix hit with the rows this request should have, and
 //     names the first stale or foreign row.
@@ -58,8 +60,10 @@
 //     scales; indexer-mxfp4 P·64 packed codes then P·4 UE8M0 scales.
 //   - Pad bytes are never read: decoders warn on them, comparers mask them.
 //   - Radix cache: every locked node's ancestors are locked; only unlocked
-//     leaves are evicted; evictable + protected size = cached tokens; all
-//     accounting returns to zero when everything is unlocked and evicted.
+//     leaves are evicted; evictable + protected size = cached tokens; the
+//     eviction heaps hold exactly the unlocked leaves and the unlocked nodes
+//     with window rows; namespaces never share a node; all accounting returns
+//     to zero when everything is unlocked and evicted (CheckInvariants).
 //
 // # Precision
 //

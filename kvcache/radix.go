@@ -15,8 +15,12 @@ import (
 //     unaligned tail is never cached, every node boundary is a page boundary;
 //   - each token carries an int64 value (its KV slot, as SGLang stores), handed
 //     back by MatchPrefix and by eviction so the caller can free it;
+//   - keys live in namespaces (a LoRA adapter, a cache salt: requests of
+//     different namespaces never share a prefix); the methods without a
+//     namespace argument use the namespace "";
 //   - Lock/Unlock count references on a node and all its ancestors; only
-//     unlocked leaves are evicted, least recently used first;
+//     unlocked leaves are evicted, least recently used first (an indexed heap
+//     over the unlocked leaves, so Evict costs O(log n) a node, never a walk);
 //   - a prefix of n tokens is resumable only where the state to continue is
 //     kept: a Snapshot of the compressor state at n (with the ratio-4 halo)
 //     and the window rows of tokens [n-Window, n) (see Schedule.Needs).
@@ -29,9 +33,14 @@ type RadixCache struct {
 	page  int
 	sched Schedule
 	sizes Sizes
-	root  *node
+	roots map[string]*node // by namespace
 	tick  uint64
-	seq   uint64
+
+	// leaves holds exactly the unlocked leaves (Evict's candidates), windows
+	// exactly the unlocked nodes whose window rows are kept (EvictWindows'),
+	// both ordered by (last, seq).
+	leaves, windows lruHeap
+	seq             uint64
 
 	evictable, protected int // tokens in nodes with lock 0 / lock > 0
 	windowTokens         int // tokens whose window rows are kept
@@ -59,6 +68,30 @@ type node struct {
 	window   bool             // window rows of these tokens still kept
 	snaps    map[int]Snapshot // by absolute position At ∈ (start, start+len(key)]
 	dead     bool
+	ns       string // namespace (roots only)
+	hidx     [2]int // index in c.leaves, c.windows; -1 when absent
+}
+
+const (
+	inLeaves  = 0
+	inWindows = 1
+)
+
+func (c *RadixCache) newNode(n *node) *node {
+	n.hidx = [2]int{-1, -1}
+	return n
+}
+
+// reindex puts n into, or takes it out of, the eviction heaps according to
+// its state, and restores the heap order after its access time changed.
+// Every change of a node's children, lock, window flag, access time or
+// liveness is followed by a reindex of that node.
+func (c *RadixCache) reindex(n *node) {
+	if n.parent == nil {
+		return // a root is never evicted
+	}
+	c.leaves.place(n, inLeaves, !n.dead && n.lock == 0 && len(n.children) == 0)
+	c.windows.place(n, inWindows, !n.dead && n.lock == 0 && n.window)
 }
 
 func (n *node) end() int { return n.endPos }
@@ -82,8 +115,19 @@ func NewRadixCache(pageSize int, sched Schedule, sizes Sizes) *RadixCache {
 	if pageSize <= 0 || sched.Window < 0 {
 		panic("kvcache: NewRadixCache page size must be positive")
 	}
-	return &RadixCache{page: pageSize, sched: sched, sizes: sizes,
-		root: &node{children: map[string]*node{}, window: true}}
+	return &RadixCache{page: pageSize, sched: sched, sizes: sizes, roots: map[string]*node{},
+		leaves: lruHeap{which: inLeaves}, windows: lruHeap{which: inWindows}}
+}
+
+// root returns the root of namespace ns, creating it when create is set (nil
+// otherwise when the namespace holds nothing yet).
+func (c *RadixCache) root(ns string, create bool) *node {
+	r := c.roots[ns]
+	if r == nil && create {
+		r = c.newNode(&node{children: map[string]*node{}, window: true, ns: ns})
+		c.roots[ns] = r
+	}
+	return r
 }
 
 // PageSize is the matching granularity in tokens.
@@ -111,8 +155,8 @@ func (c *RadixCache) commonPages(a, b []int32) int {
 // parent takes the prefix; n keeps the suffix (so handles on n stay valid).
 func (c *RadixCache) split(n *node, l int) *node {
 	c.seq++
-	p := &node{parent: n.parent, children: map[string]*node{}, key: n.key[:l:l], vals: n.vals[:l:l],
-		start: n.start, endPos: n.start + l, lock: n.lock, last: n.last, seq: c.seq, window: n.window}
+	p := c.newNode(&node{parent: n.parent, children: map[string]*node{}, key: n.key[:l:l], vals: n.vals[:l:l],
+		start: n.start, endPos: n.start + l, lock: n.lock, last: n.last, seq: c.seq, window: n.window})
 	for at, s := range n.snaps {
 		if at <= n.start+l {
 			if p.snaps == nil {
@@ -126,6 +170,7 @@ func (c *RadixCache) split(n *node, l int) *node {
 	n.key, n.vals, n.start, n.parent = n.key[l:], n.vals[l:], n.start+l, p
 	p.children[pageKey(n.key[:c.page])] = n
 	c.nodes++
+	c.reindex(p)
 	return p
 }
 
@@ -135,6 +180,11 @@ func (c *RadixCache) split(n *node, l int) *node {
 // existing ones). Snapshot positions must be page-aligned and within the
 // inserted length (it panics otherwise: programmer error).
 func (c *RadixCache) Insert(tokens []int32, vals []int64, snaps []Snapshot) (existing int, h Handle) {
+	return c.InsertNS("", tokens, vals, snaps)
+}
+
+// InsertNS is Insert in namespace ns.
+func (c *RadixCache) InsertNS(ns string, tokens []int32, vals []int64, snaps []Snapshot) (existing int, h Handle) {
 	n := len(tokens) / c.page * c.page
 	if len(vals) < n {
 		panic("kvcache: RadixCache.Insert needs one value per token")
@@ -147,13 +197,15 @@ func (c *RadixCache) Insert(tokens []int32, vals []int64, snaps []Snapshot) (exi
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.tick++
-	cur, pos := c.root, 0
+	root := c.root(ns, true)
+	cur, pos := root, 0
 	for pos < n {
 		child := cur.children[pageKey(tokens[pos:pos+c.page])]
 		if child == nil {
 			break
 		}
 		child.last = c.tick
+		c.reindex(child)
 		l := c.commonPages(child.key, tokens[pos:n])
 		if l < len(child.key) {
 			child = c.split(child, l)
@@ -164,9 +216,11 @@ func (c *RadixCache) Insert(tokens []int32, vals []int64, snaps []Snapshot) (exi
 	existing = pos
 	if pos < n {
 		c.seq++
-		leaf := &node{parent: cur, children: map[string]*node{}, key: append([]int32(nil), tokens[pos:n]...),
-			vals: append([]int64(nil), vals[pos:n]...), start: pos, endPos: n, last: c.tick, seq: c.seq, window: true}
+		leaf := c.newNode(&node{parent: cur, children: map[string]*node{}, key: append([]int32(nil), tokens[pos:n]...),
+			vals: append([]int64(nil), vals[pos:n]...), start: pos, endPos: n, last: c.tick, seq: c.seq, window: true})
 		cur.children[pageKey(leaf.key[:c.page])] = leaf
+		c.reindex(cur)
+		c.reindex(leaf)
 		c.nodes++
 		c.evictable += n - pos
 		c.windowTokens += n - pos
@@ -188,7 +242,7 @@ func (c *RadixCache) Insert(tokens []int32, vals []int64, snaps []Snapshot) (exi
 		}
 		x.snaps[s.At] = s
 	}
-	if cur == c.root {
+	if cur == root {
 		return existing, Handle{}
 	}
 	return existing, Handle{cur}
@@ -199,7 +253,10 @@ type Match struct {
 	Matched int     // longest page-aligned prefix of the query that is cached
 	Len     int     // longest resumable prefix (≤ Matched): what may be reused
 	Vals    []int64 // values (KV slots) of tokens [0, Len)
-	Node    Handle  // the node ending at Len (locked when MatchPrefix was asked to)
+	// LastMatched is the value of token Matched-1 (0 when Matched is 0): who
+	// cached the end of the match even when it is not resumable.
+	LastMatched int64
+	Node        Handle // the node ending at Len (locked when MatchPrefix was asked to)
 	// Refusal is non-nil when Len < Matched: why the cache cannot resume at
 	// Matched (missing snapshot, snapshot without the overlap halo, window rows
 	// evicted).
@@ -211,18 +268,27 @@ type Match struct {
 // path, and (when lock is true) locks the returned node atomically with the
 // match, so no concurrent eviction can take it.
 func (c *RadixCache) MatchPrefix(tokens []int32, lock bool) Match {
+	return c.MatchPrefixNS("", tokens, lock)
+}
+
+// MatchPrefixNS is MatchPrefix in namespace ns.
+func (c *RadixCache) MatchPrefixNS(ns string, tokens []int32, lock bool) Match {
 	n := len(tokens) / c.page * c.page
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.tick++
 	var path []*node
-	cur, pos := c.root, 0
+	cur, pos := c.root(ns, false), 0
+	if cur == nil {
+		n = 0
+	}
 	for pos < n {
 		child := cur.children[pageKey(tokens[pos:pos+c.page])]
 		if child == nil {
 			break
 		}
 		child.last = c.tick
+		c.reindex(child)
 		path = append(path, child)
 		l := c.commonPages(child.key, tokens[pos:n])
 		pos += l
@@ -232,6 +298,10 @@ func (c *RadixCache) MatchPrefix(tokens []int32, lock bool) Match {
 		cur = child
 	}
 	m := Match{Matched: pos}
+	if pos > 0 {
+		x := path[len(path)-1]
+		m.LastMatched = x.vals[pos-1-x.start]
+	}
 	// Candidate resume points: snapshot positions on the path within the match, and 0.
 	var cands []int
 	for _, x := range path {
@@ -279,7 +349,7 @@ func (c *RadixCache) MatchPrefix(tokens []int32, lock bool) Match {
 // collectVals appends the values of the path root → n in order.
 func (c *RadixCache) collectVals(n *node, dst []int64) []int64 {
 	var chain []*node
-	for x := n; x != nil && x != c.root; x = x.parent {
+	for x := n; x != nil && x.parent != nil; x = x.parent {
 		chain = append(chain, x)
 	}
 	for i := len(chain) - 1; i >= 0; i-- {
@@ -316,12 +386,15 @@ func (c *RadixCache) resumeProblem(path []*node, at int) string {
 }
 
 func (c *RadixCache) lockNode(n *node) {
-	for x := n; x != c.root; x = x.parent {
+	for x := n; x.parent != nil; x = x.parent {
 		if x.lock == 0 {
 			c.evictable -= len(x.key)
 			c.protected += len(x.key)
 		}
 		x.lock++
+		if x.lock == 1 {
+			c.reindex(x)
+		}
 	}
 }
 
@@ -351,53 +424,92 @@ func (c *RadixCache) Unlock(h Handle) {
 	if h.n.lock <= 0 {
 		panic("kvcache: RadixCache.Unlock of an unlocked node")
 	}
-	for x := h.n; x != c.root; x = x.parent {
+	for x := h.n; x.parent != nil; x = x.parent {
 		x.lock--
 		if x.lock == 0 {
 			c.protected -= len(x.key)
 			c.evictable += len(x.key)
+			c.reindex(x)
 		}
 	}
 }
 
-// Evicted describes one node removed (Evict) or whose window rows were dropped
-// (EvictWindows).
+// Evicted describes one node removed (Evict, Remove) or whose window rows
+// were dropped (EvictWindows).
 type Evicted struct {
-	Prefix []int32 // tokens from the root to the end of the node
-	Start  int     // first token of the node
-	Vals   []int64 // the node's values (to be freed by the caller)
+	Namespace string  // the node's namespace
+	Prefix    []int32 // tokens from the root to the end of the node
+	Start     int     // first token of the node
+	Vals      []int64 // the node's values (to be freed by the caller)
 }
 
-type lruHeap []*node
+// lruHeap is a binary min-heap of nodes ordered by (last, seq), each node
+// knowing its index (node.hidx[which]) so a change of access time or of
+// eligibility costs O(log n).
+type lruHeap struct {
+	which int
+	h     []*node
+}
 
-func (h lruHeap) Len() int { return len(h) }
-func (h lruHeap) Less(i, j int) bool {
-	if h[i].last != h[j].last {
-		return h[i].last < h[j].last
+func lruLess(a, b *node) bool {
+	if a.last != b.last {
+		return a.last < b.last
 	}
-	return h[i].seq < h[j].seq
+	return a.seq < b.seq
 }
-func (h lruHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
-func (h *lruHeap) Push(x any)   { *h = append(*h, x.(*node)) }
+
+func (h *lruHeap) Len() int           { return len(h.h) }
+func (h *lruHeap) Less(i, j int) bool { return lruLess(h.h[i], h.h[j]) }
+func (h *lruHeap) Swap(i, j int) {
+	h.h[i], h.h[j] = h.h[j], h.h[i]
+	h.h[i].hidx[h.which] = i
+	h.h[j].hidx[h.which] = j
+}
+func (h *lruHeap) Push(x any) {
+	n := x.(*node)
+	n.hidx[h.which] = len(h.h)
+	h.h = append(h.h, n)
+}
 func (h *lruHeap) Pop() any {
-	old := *h
-	x := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return x
+	n := h.h[len(h.h)-1]
+	h.h[len(h.h)-1] = nil
+	h.h = h.h[:len(h.h)-1]
+	n.hidx[h.which] = -1
+	return n
+}
+
+// place makes n a member of the heap when in is set (fixing its position
+// when it already is) and removes it otherwise.
+func (h *lruHeap) place(n *node, which int, in bool) {
+	i := n.hidx[which]
+	switch {
+	case in && i < 0:
+		heap.Push(h, n)
+	case in:
+		heap.Fix(h, i)
+	case i >= 0:
+		heap.Remove(h, i)
+	}
 }
 
 func (c *RadixCache) prefixOf(n *node) []int32 {
-	var chain []*node
-	for x := n; x != c.root; x = x.parent {
-		chain = append(chain, x)
-	}
-	var out []int32
-	for i := len(chain) - 1; i >= 0; i-- {
-		out = append(out, chain[i].key...)
+	out := make([]int32, n.endPos)
+	for x := n; x.parent != nil; x = x.parent {
+		copy(out[x.start:], x.key)
 	}
 	return out
 }
 
+func rootOf(n *node) *node {
+	for n.parent != nil {
+		n = n.parent
+	}
+	return n
+}
+
+// walk visits every node (roots excluded) in a deterministic order:
+// namespaces sorted, then depth first with children in key order. Only
+// CheckInvariants walks the tree.
 func (c *RadixCache) walk(f func(*node)) {
 	var rec func(*node)
 	rec = func(n *node) {
@@ -411,40 +523,51 @@ func (c *RadixCache) walk(f func(*node)) {
 			rec(n.children[k])
 		}
 	}
-	rec(c.root)
+	nss := make([]string, 0, len(c.roots))
+	for ns := range c.roots {
+		nss = append(nss, ns)
+	}
+	sort.Strings(nss)
+	for _, ns := range nss {
+		rec(c.roots[ns])
+	}
+}
+
+// drop unlinks node n (a leaf of its subtree being removed) and undoes its
+// accounting.
+func (c *RadixCache) drop(n *node) Evicted {
+	e := Evicted{Namespace: rootOf(n).ns, Prefix: c.prefixOf(n), Start: n.start, Vals: n.vals}
+	p := n.parent
+	delete(p.children, pageKey(n.key[:c.page]))
+	if n.lock > 0 {
+		c.protected -= len(n.key)
+	} else {
+		c.evictable -= len(n.key)
+	}
+	if n.window {
+		c.windowTokens -= len(n.key)
+	}
+	c.snapshots -= len(n.snaps)
+	c.nodes--
+	n.dead = true
+	c.reindex(n)
+	c.reindex(p)
+	return e
 }
 
 // Evict removes unlocked leaves, least recently used first, until at least
 // tokens tokens are freed or nothing evictable is left. A parent that becomes
 // an unlocked leaf joins the candidates. It returns what was removed.
+// Cost: O(log n) per node removed (the candidates are kept in a heap).
 func (c *RadixCache) Evict(tokens int) []Evicted {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	h := &lruHeap{}
-	c.walk(func(n *node) {
-		if len(n.children) == 0 && n.lock == 0 {
-			*h = append(*h, n)
-		}
-	})
-	heap.Init(h)
 	var out []Evicted
 	freed := 0
-	for freed < tokens && h.Len() > 0 {
-		n := heap.Pop(h).(*node)
-		out = append(out, Evicted{Prefix: c.prefixOf(n), Start: n.start, Vals: n.vals})
-		p := n.parent
-		delete(p.children, pageKey(n.key[:c.page]))
-		c.evictable -= len(n.key)
-		if n.window {
-			c.windowTokens -= len(n.key)
-		}
-		c.snapshots -= len(n.snaps)
-		c.nodes--
-		n.dead = true
+	for freed < tokens && c.leaves.Len() > 0 {
+		n := c.leaves.h[0]
 		freed += len(n.key)
-		if p != c.root && len(p.children) == 0 && p.lock == 0 {
-			heap.Push(h, p)
-		}
+		out = append(out, c.drop(n))
 	}
 	return out
 }
@@ -456,23 +579,93 @@ func (c *RadixCache) Evict(tokens int) []Evicted {
 func (c *RadixCache) EvictWindows(tokens int) []Evicted {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	h := &lruHeap{}
-	c.walk(func(n *node) {
-		if n.window && n.lock == 0 {
-			*h = append(*h, n)
-		}
-	})
-	heap.Init(h)
 	var out []Evicted
 	freed := 0
-	for freed < tokens && h.Len() > 0 {
-		n := heap.Pop(h).(*node)
+	for freed < tokens && c.windows.Len() > 0 {
+		n := c.windows.h[0]
 		n.window = false
 		c.windowTokens -= len(n.key)
 		freed += len(n.key)
-		out = append(out, Evicted{Prefix: c.prefixOf(n), Start: n.start, Vals: n.vals})
+		c.reindex(n)
+		out = append(out, Evicted{Namespace: rootOf(n).ns, Prefix: c.prefixOf(n), Start: n.start, Vals: n.vals})
 	}
 	return out
+}
+
+// ErrLocked is returned by Remove when the prefix to remove, or a longer one
+// below it, is locked.
+var ErrLocked = fmt.Errorf("kvcache: prefix is locked")
+
+// Remove drops the cached page that ends at len(prefix) (page aligned, > 0)
+// in namespace ns and every cached prefix that extends it, as an engine does
+// that evicts a page whose descendants can then no longer be matched (vLLM's
+// BlockRemoved). Nothing is removed when the page is not cached (nil, nil).
+// It fails with ErrLocked, removing nothing, when any of those nodes is
+// locked. Removed nodes are returned parents first, children in key order.
+func (c *RadixCache) Remove(ns string, prefix []int32) ([]Evicted, error) {
+	end := len(prefix)
+	if end == 0 || end%c.page != 0 {
+		return nil, fmt.Errorf("kvcache: Remove of a %d-token prefix: not a positive multiple of the page %d", end, c.page)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	cur, pos := c.root(ns, false), 0
+	if cur == nil {
+		return nil, nil
+	}
+	from := end - c.page // the removed page starts here
+	var target *node
+	for pos < end {
+		child := cur.children[pageKey(prefix[pos:pos+c.page])]
+		if child == nil {
+			return nil, nil
+		}
+		l := c.commonPages(child.key, prefix[pos:end])
+		if child.start <= from && from < child.start+l {
+			target = child
+			break
+		}
+		if l < len(child.key) {
+			return nil, nil
+		}
+		pos += l
+		cur = child
+	}
+	if target == nil {
+		return nil, nil
+	}
+	// Refuse before changing anything.
+	var sub []*node
+	var collect func(*node)
+	collect = func(n *node) {
+		sub = append(sub, n)
+		keys := make([]string, 0, len(n.children))
+		for k := range n.children {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			collect(n.children[k])
+		}
+	}
+	collect(target)
+	for _, n := range sub {
+		if n.lock > 0 {
+			return nil, fmt.Errorf("%w: tokens [%d, %d) of namespace %q", ErrLocked, n.start, n.end(), ns)
+		}
+	}
+	if target.start < from {
+		c.split(target, from-target.start) // target keeps [from, ...)
+		sub[0] = target
+	}
+	out := make([]Evicted, 0, len(sub))
+	for _, n := range sub {
+		out = append(out, Evicted{Namespace: ns, Prefix: c.prefixOf(n), Start: n.start, Vals: n.vals})
+	}
+	for i := len(sub) - 1; i >= 0; i-- { // children first, so each is a leaf when dropped
+		c.drop(sub[i])
+	}
+	return out, nil
 }
 
 // Usage is the cache's accounting.
@@ -511,7 +704,13 @@ func (c *RadixCache) CheckInvariants() error {
 	defer c.mu.Unlock()
 	var got Usage
 	var err error
+	var inHeap [2]int
 	c.walk(func(n *node) {
+		for w := range inHeap {
+			if n.hidx[w] >= 0 {
+				inHeap[w]++
+			}
+		}
 		if err != nil {
 			return
 		}
@@ -528,8 +727,12 @@ func (c *RadixCache) CheckInvariants() error {
 			err = fmt.Errorf("node [%d, %d) records end %d", n.start, n.start+len(n.key), n.endPos)
 		case n.start != n.parent.end():
 			err = fmt.Errorf("node starts at %d, parent ends at %d", n.start, n.parent.end())
-		case n.lock < 0 || (n.parent != c.root && n.parent.lock < n.lock):
+		case n.lock < 0 || (n.parent.parent != nil && n.parent.lock < n.lock):
 			err = fmt.Errorf("node at %d has lock %d, parent lock %d", n.start, n.lock, n.parent.lock)
+		case (n.hidx[inLeaves] >= 0) != (n.lock == 0 && len(n.children) == 0):
+			err = fmt.Errorf("node [%d, %d) (lock %d, %d children): eviction-heap membership %v", n.start, n.end(), n.lock, len(n.children), n.hidx[inLeaves] >= 0)
+		case (n.hidx[inWindows] >= 0) != (n.lock == 0 && n.window):
+			err = fmt.Errorf("node [%d, %d) (lock %d, window %v): window-heap membership %v", n.start, n.end(), n.lock, n.window, n.hidx[inWindows] >= 0)
 		}
 		for at := range n.snaps {
 			if at <= n.start || at > n.end() {
@@ -549,6 +752,19 @@ func (c *RadixCache) CheckInvariants() error {
 	})
 	if err != nil {
 		return err
+	}
+	for _, h := range []*lruHeap{&c.leaves, &c.windows} {
+		for i, n := range h.h {
+			if n.dead || n.hidx[h.which] != i {
+				return fmt.Errorf("heap %d: node [%d, %d) at %d records index %d (dead %v)", h.which, n.start, n.end(), i, n.hidx[h.which], n.dead)
+			}
+			if i > 0 && lruLess(n, h.h[(i-1)/2]) {
+				return fmt.Errorf("heap %d: order broken at %d", h.which, i)
+			}
+		}
+	}
+	if c.leaves.Len() != inHeap[inLeaves] || c.windows.Len() != inHeap[inWindows] {
+		return fmt.Errorf("heaps hold %d and %d nodes, the tree %d and %d candidates", c.leaves.Len(), c.windows.Len(), inHeap[inLeaves], inHeap[inWindows])
 	}
 	want := c.usage()
 	got.Tokens = got.Evictable + got.Protected

@@ -38,20 +38,36 @@ type Needs struct {
 
 // Needs returns what resuming at n requires.
 func (s Schedule) Needs(n int) Needs {
-	nd := Needs{N: n, WindowFrom: max(0, n-s.Window), Compressed: map[int]int{}, StateFrom: n}
+	nd := Needs{N: n, WindowFrom: max(0, n-s.Window), Compressed: map[int]int{}, StateFrom: s.StateFrom(n)}
 	for _, r := range s.Ratios {
 		switch r {
 		case 0:
 		case 4:
 			nd.Compressed[4] = n / 4
 			nd.IndexKeys = n / 4
-			nd.StateFrom = min(nd.StateFrom, max(0, n-n%4-4))
 		default:
 			nd.Compressed[r] = n / r
-			nd.StateFrom = min(nd.StateFrom, n-n%r)
 		}
 	}
 	return nd
+}
+
+// StateFrom is Needs(n).StateFrom without the rest: the first token whose
+// compressor state a resume at n needs, min over the compressed layers of
+// n − n mod r (r = 128) and max(0, n − n mod 4 − 4) (r = 4, the halo); n when
+// no layer compresses.
+func (s Schedule) StateFrom(n int) int {
+	from := n
+	for _, r := range s.Ratios {
+		switch r {
+		case 0:
+		case 4:
+			from = min(from, max(0, n-n%4-4))
+		default:
+			from = min(from, n-n%r)
+		}
+	}
+	return from
 }
 
 // Snapshot records that the state needed to resume at At was kept when the

@@ -28,9 +28,14 @@ computed from the faulty value). Fault kinds:
   topk-off-by-one  the indexer's last top-k row is off by one (CSA layers, step >= 7)
   stale-prefix     the last four window rows come from another request's page
   compressor-late  the compressed row is written one step late (CSA or HCA layers, emission steps)
-  window-order     the window index list puts its -1 padding first (the V4.1 layout; steps < 127)`
+  window-order     the window index list puts its -1 padding first (the V4.1 layout; steps < 127)
+With --prefix SCENARIO it writes a multi-request prefix-cache run instead
+('sparsemla synth --prefix x --help').`
 
 func runSynth(args []string, stdout, stderr io.Writer) int {
+	if prefixSynthRequested(args) {
+		return runPrefixSynth(args, stdout, stderr)
+	}
 	fs := rpFlagSet("synth", "synth --out DIR [--config tiny] [--steps N] [--prefill N] [--seed S] [--fault KIND@step,layer]", synthDoc, stderr)
 	out := fs.String("out", "", "output directory (required)")
 	cfg := fs.String("config", "tiny", "model preset")

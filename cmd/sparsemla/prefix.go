@@ -1,0 +1,184 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"sparsemla/dump"
+	"sparsemla/kvcache"
+	"sparsemla/prefixcheck"
+)
+
+func init() {
+	register(&command{
+		name:    "prefix",
+		summary: "check a run's prefix-cache decisions against a correct radix cache (dump or vLLM/SGLang KV events)",
+		run:     runPrefix,
+	})
+}
+
+const prefixUsage = "prefix INPUT [--page N] [--window N] [--ratios R,R,...] [--capacity TOKENS] [--resume-at-end-only] [--retain N] [--brief] [--json] [--all] [--events] [--medium NAME] [--group N] [--dp-rank N] [--map FILE|NAME]"
+
+const prefixDoc = `Runs a radix prefix cache with the engine's page size, sliding window and
+compress ratios over the run's requests in arrival order and sets, for every
+request, the hit the correct cache would have served (tokens, source request,
+pages, the V4 resume point with the ratio-4 halo and the window) next to the
+hit the engine recorded. Verdicts: hit-too-long (names the first differing
+token), namespace-mix, overwritten-page, evicted-page, beyond-cache,
+resume-beyond-cache, missed-hit (with its cause: none, alignment, eviction,
+namespace, resume).
+
+INPUT is either
+  - a dump (native .smd file or directory, safetensors, npz, ...): token streams
+    from the tok records, hits from prefix frames (or the sparsemla.prefix
+    metadata of foreign dumps); dumps record no evictions: give --capacity to
+    let the correct cache evict by LRU, or leave it unbounded;
+  - a KV-cache event stream (EventBatch msgpack payloads one after another, as
+    vLLM's or SGLang's ZMQ publisher sends them; --events forces this reading):
+    every BlockStored is a request whose hit is its parent chain; BlockRemoved
+    and AllBlocksCleared are the engine's evictions, which the correct cache
+    follows.
+
+--page defaults to the input's (the events' block_size, a dump's page records);
+--window and --ratios to a dump's header (model args window_size,
+compress_ratios). --medium keeps events of one medium (default GPU), --group
+those of one KV-cache group (default: the first full- or MLA-attention group,
+else the first seen), --dp-rank those of one data-parallel rank (each rank has
+its own cache; required when the stream mixes ranks). --retain N keeps the
+token streams of the last N requests only (older sources are compared page by
+page). --brief lists only the requests that are not plain agreements (JSON);
+the text lists at most 20 requests of each status unless --all.
+
+Exit status: 0 agree, 1 diverged (a decision is wrong), 2 error (bad input).`
+
+const maxEventStream = 4 << 30
+
+func runPrefix(args []string, stdout, stderr io.Writer) int {
+	fs := rpFlagSet("prefix", prefixUsage, prefixDoc, stderr)
+	page := fs.Int("page", 0, "page size in tokens (default: the input's)")
+	window := fs.Int("window", -1, "sliding window (default: the dump header's, else 0)")
+	ratios := fs.String("ratios", "", "per-layer compress ratios, comma separated (default: the dump header's)")
+	capacity := fs.Int("capacity", 0, "correct cache capacity in tokens when the input records no evictions (0: unbounded)")
+	atEnd := fs.Bool("resume-at-end-only", false, "the cache keeps compressor state only at request ends")
+	retain := fs.Int("retain", 0, "keep the token streams of the last N requests (0: all)")
+	brief := fs.Bool("brief", false, "list only requests that are not plain agreements")
+	asJSON := fs.Bool("json", false, "write the JSON report (docs/prefix-json.md)")
+	all := fs.Bool("all", false, "text: list every request that is not a plain agreement (default: 20 of each status)")
+	events := fs.Bool("events", false, "read INPUT as a KV-cache event stream")
+	medium := fs.String("medium", "", "event medium to keep (default GPU)")
+	group := fs.Int64("group", -1, "KV-cache group to keep (default: the first full-attention group, else the first seen)")
+	dpRank := fs.Int64("dp-rank", -1, "data-parallel rank to keep (required when the stream mixes ranks)")
+	mapFlag := fs.String("map", "", "name map for a foreign dump (file or built-in name)")
+	pos, code, ok := rpArgs(fs, args, 1, nil)
+	if !ok {
+		return code
+	}
+	fail := func(err error) int { return rpFail(stderr, "prefix", err) }
+	in := pos[0]
+	var tr *prefixcheck.Trace
+	var cfg prefixcheck.Config
+	if *events || isEventStream(in) {
+		f, err := os.Open(in)
+		if err != nil {
+			return fail(err)
+		}
+		b, err := prefixcheck.ReadEvents(f, in, maxEventStream)
+		f.Close()
+		if err != nil {
+			return fail(err)
+		}
+		opt := prefixcheck.EventsOptions{Medium: *medium}
+		if *group >= 0 {
+			opt.Group = group
+		}
+		if *dpRank >= 0 {
+			opt.DPRank = dpRank
+		}
+		if tr, err = prefixcheck.EventsTrace(b, in, opt); err != nil {
+			return fail(err)
+		}
+		cfg.PageSize = tr.PageSize
+	} else {
+		var m *dump.NameMap
+		if *mapFlag != "" {
+			var err error
+			if m, err = dump.LoadNameMap(*mapFlag); err != nil {
+				return fail(err)
+			}
+		}
+		d, err := dump.OpenMapped(in, m)
+		if err != nil {
+			return fail(err)
+		}
+		defer d.Close()
+		if tr, err = prefixcheck.FromDump(d); err != nil {
+			return fail(err)
+		}
+		if cfg, err = prefixcheck.ConfigFromDump(d); err != nil {
+			return fail(err)
+		}
+	}
+	if *page > 0 {
+		cfg.PageSize = *page
+		if tr.PageSize != 0 && tr.PageSize != *page {
+			return fail(fmt.Errorf("--page %d, but %s records block size %d", *page, in, tr.PageSize))
+		}
+	}
+	if cfg.PageSize == 0 {
+		return fail(fmt.Errorf("%s does not say its page size: give --page", in))
+	}
+	if *window >= 0 {
+		cfg.Schedule.Window = *window
+	}
+	if *ratios != "" {
+		var rs []int
+		for _, f := range strings.Split(*ratios, ",") {
+			r, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || (r != 0 && r != 4 && r != 128) {
+				return fail(fmt.Errorf("--ratios %q: each ratio is 0, 4 or 128", *ratios))
+			}
+			rs = append(rs, r)
+		}
+		cfg.Schedule = kvcache.Schedule{Window: cfg.Schedule.Window, Ratios: rs}
+	}
+	cfg.Capacity, cfg.ResumeAtEndOnly, cfg.Retain, cfg.Brief = *capacity, *atEnd, *retain, *brief
+	rep, err := prefixcheck.Run(tr, cfg)
+	if err != nil {
+		return fail(err)
+	}
+	if *asJSON {
+		if err := rep.WriteJSON(stdout); err != nil {
+			return fail(err)
+		}
+	} else {
+		rep.TextAll = *all
+		rep.WriteText(stdout)
+	}
+	return rep.ExitCode()
+}
+
+// isEventStream tells an event stream from a dump: a dump is a directory, a
+// native file (magic SPMLDUMP) or a file with a dump extension.
+func isEventStream(path string) bool {
+	fi, err := os.Stat(path)
+	if err != nil || fi.IsDir() {
+		return false
+	}
+	switch strings.ToLower(filepath.Ext(path)) {
+	case ".smd", ".safetensors", ".npy", ".npz", ".pt", ".pth", ".bin":
+		return false
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	head := make([]byte, len(dump.Magic))
+	n, _ := io.ReadFull(f, head)
+	return !bytes.Equal(head[:n], []byte(dump.Magic))
+}

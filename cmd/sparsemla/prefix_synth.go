@@ -1,0 +1,131 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+
+	"sparsemla/dump"
+	"sparsemla/fault"
+	"sparsemla/prefixcheck"
+)
+
+const prefixSynthUsage = "synth --prefix SCENARIO --out FILE [--form events|native] [--requests N] [--seed S] [--page N] [--capacity TOKENS] [--resume-at-end-only] [--fault KIND@N]"
+
+const prefixSynthDoc = `Writes a synthetic multi-request serving run whose prefix-cache decisions a
+correct engine made (a radix cache with page size --page, window 8, compress
+ratios 0,4,128 and --capacity tokens, LRU), for 'sparsemla prefix' to check.
+Scenarios:
+  system-prompts  four shared system prompts (one also under a LoRA adapter), unique user turns
+  branching       conversations that continue or branch from earlier requests
+  eviction        branching under a cache too small for the working set
+--form events (default) writes a vLLM KV-cache event stream (BlockStored per
+request, BlockRemoved for every eviction); --form native writes a native dump
+(tok records of every request, a prefix frame per hit; no namespaces, and no
+eviction record: its check runs the same LRU with --capacity). --fault KIND@N inserts one extra request at arrival position N
+carrying a decision bug; 'sparsemla prefix' then reports exactly that request:
+  hit-too-long         reuses one page more than it shares with its source (native)
+  beyond-cache         reuses one token past the last cached page (native)
+  resume-beyond-cache  resumes at a page boundary where no state was kept (native, --resume-at-end-only)
+  namespace-mix        builds under another LoRA adapter on a default-namespace page (events)
+  missed-hit           recomputes cached pages under other hashes (events)
+  evicted-page         builds on a page the engine evicted (events, eviction scenario)
+  overwritten-page     stores other tokens under a cached page's hash (events)`
+
+func prefixSynthRequested(args []string) bool {
+	for _, a := range args {
+		if a == "--prefix" || a == "-prefix" || strings.HasPrefix(a, "--prefix=") || strings.HasPrefix(a, "-prefix=") {
+			return true
+		}
+	}
+	return false
+}
+
+func runPrefixSynth(args []string, stdout, stderr io.Writer) int {
+	fs := rpFlagSet("synth", prefixSynthUsage, prefixSynthDoc, stderr)
+	scenario := fs.String("prefix", "", "scenario: "+strings.Join(fault.PrefixScenarios, ", "))
+	out := fs.String("out", "", "output file (required; not overwritten)")
+	form := fs.String("form", fault.FormEvents, "events or native")
+	requests := fs.Int("requests", 24, "requests in the run")
+	seed := fs.Uint64("seed", 1, "random seed")
+	page := fs.Int("page", 16, "page size in tokens")
+	capacity := fs.Int("capacity", 0, "engine cache capacity in tokens (0: unbounded; eviction scenario: 6 requests' worth)")
+	atEnd := fs.Bool("resume-at-end-only", false, "the engine keeps compressor state only at request ends")
+	faultFlag := fs.String("fault", "", "inject a decision fault, KIND@N (see above)")
+	if _, code, ok := rpArgs(fs, args, 0, func() bool { return *out != "" }); !ok {
+		return code
+	}
+	fail := func(err error) int { return rpFail(stderr, "synth", err) }
+	if *form != fault.FormEvents && *form != fault.FormNative {
+		return fail(fmt.Errorf("--form %q: want events or native", *form))
+	}
+	s, err := fault.SynthPrefix(fault.PrefixOptions{Scenario: *scenario, Requests: *requests, Seed: *seed, PageSize: *page,
+		Capacity: *capacity, NoNamespaces: *form == fault.FormNative, ResumeAtEndOnly: *atEnd})
+	if err != nil {
+		return fail(err)
+	}
+	faultID := ""
+	if *faultFlag != "" {
+		kind, at, ok := strings.Cut(*faultFlag, "@")
+		n, err := strconv.Atoi(at)
+		if !ok || err != nil {
+			return fail(fmt.Errorf("--fault %q: want KIND@N (N an arrival position)", *faultFlag))
+		}
+		if f, known := fault.PrefixFaultForms[kind]; known && f != *form {
+			return fail(fmt.Errorf("--fault %s: expressible in --form %s only", kind, f))
+		}
+		if faultID, err = s.Inject(kind, n); err != nil {
+			return fail(err)
+		}
+	}
+	if _, err := os.Stat(*out); err == nil {
+		return fail(fmt.Errorf("%s exists: not overwritten", *out))
+	}
+	cfg := s.Config()
+	check := fmt.Sprintf("sparsemla prefix %s --window %d --ratios %s", *out, cfg.Schedule.Window, joinInts(cfg.Schedule.Ratios))
+	if *form == fault.FormEvents {
+		data, err := prefixcheck.EncodeEvents(s.Events(), prefixcheck.EncodingMap)
+		if err != nil {
+			return fail(err)
+		}
+		if err := os.WriteFile(*out, data, 0o644); err != nil {
+			return fail(err)
+		}
+		if faultID != "" {
+			faultID = s.EventID(faultID)
+		}
+	} else {
+		h := dump.Header{ModelArgs: fmt.Sprintf(`{"window_size": %d}`, cfg.Schedule.Window), CompressRatios: cfg.Schedule.Ratios,
+			Producer: map[string]string{"engine": "sparsemla synth --prefix " + *scenario}}
+		if err := s.WriteNative(*out, h); err != nil {
+			return fail(err)
+		}
+		check += fmt.Sprintf(" --page %d", cfg.PageSize)
+		if cfg.Capacity > 0 {
+			check += fmt.Sprintf(" --capacity %d", cfg.Capacity)
+		}
+	}
+	if cfg.ResumeAtEndOnly {
+		check += " --resume-at-end-only"
+	}
+	fmt.Fprintf(stdout, "wrote %s: %s, %d requests, page %d", *out, *scenario, len(s.Requests), cfg.PageSize)
+	if cfg.Capacity > 0 {
+		fmt.Fprintf(stdout, ", capacity %d tokens", cfg.Capacity)
+	}
+	if faultID != "" {
+		kind, _, _ := strings.Cut(*faultFlag, "@")
+		fmt.Fprintf(stdout, "; fault %s in request %s", kind, faultID)
+	}
+	fmt.Fprintf(stdout, "\ncheck: %s\n", check)
+	return exitOK
+}
+
+func joinInts(v []int) string {
+	s := make([]string, len(v))
+	for i, x := range v {
+		s[i] = strconv.Itoa(x)
+	}
+	return strings.Join(s, ",")
+}

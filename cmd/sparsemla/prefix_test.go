@@ -1,0 +1,97 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestPrefixCommandFixtures(t *testing.T) {
+	code, out, e := rpRun("prefix", "../../testdata/prefixcheck/vllm-kv-events.msgpack", "--window", "4", "--ratios", "0,4,128")
+	if code != exitDiverged || !strings.Contains(out, `first divergence: request "b2.e1" (#3): evicted-page`) {
+		t.Fatalf("vLLM fixture: exit %d\n%s%s", code, out, e)
+	}
+	code, out, e = rpRun("prefix", "--json", "../../testdata/prefixcheck/sglang-kv-events.msgpack")
+	var rep struct {
+		Schema, Verdict string
+		Summary         struct{ Diverged, Warn int }
+	}
+	if code != exitDiverged || json.Unmarshal([]byte(out), &rep) != nil || rep.Schema != "sparsemla.prefix/v1" || rep.Summary.Diverged != 1 || rep.Summary.Warn != 1 {
+		t.Fatalf("SGLang fixture: exit %d %+v\n%s%s", code, rep, out, e)
+	}
+}
+
+// synth --prefix writes runs that prefix checks: clean ones agree, each fault
+// diverges at exactly its request with its kind.
+func TestPrefixSynthRoundTrip(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []struct {
+		scenario, form, fault string
+		extra                 []string
+	}{
+		{"branching", "events", "", nil},
+		{"eviction", "events", "", nil},
+		{"system-prompts", "native", "", nil},
+		{"eviction", "native", "", []string{"--requests", "40"}},
+		{"eviction", "events", "evicted-page@10", nil},
+		{"branching", "events", "namespace-mix@10", nil},
+		{"branching", "events", "missed-hit@10", nil},
+		{"system-prompts", "events", "overwritten-page@10", nil},
+		{"branching", "native", "hit-too-long@10", nil},
+		{"branching", "native", "beyond-cache@10", nil},
+		{"branching", "native", "resume-beyond-cache@10", []string{"--resume-at-end-only"}},
+	} {
+		out := filepath.Join(dir, c.scenario+"-"+c.form+"-"+strings.Split(c.fault, "@")[0])
+		args := append([]string{"synth", "--prefix", c.scenario, "--form", c.form, "--out", out, "--requests", "30"}, c.extra...)
+		if c.fault != "" {
+			args = append(args, "--fault", c.fault)
+		}
+		code, so, e := rpRun(args...)
+		if code != exitOK {
+			t.Fatalf("%v: exit %d\n%s%s", args, code, so, e)
+		}
+		_, check, ok := strings.Cut(so, "check: sparsemla ")
+		if !ok {
+			t.Fatalf("%v: no check command in %q", args, so)
+		}
+		code, ro, e := rpRun(strings.Fields(check)...)
+		if c.fault == "" {
+			if code != exitOK {
+				t.Errorf("%s: clean run: exit %d\n%s%s", check, code, ro, e)
+			}
+			continue
+		}
+		kind := strings.Split(c.fault, "@")[0]
+		_, id, _ := strings.Cut(so, "; fault "+kind+" in request ")
+		id = strings.TrimSpace(strings.Split(id, "\n")[0])
+		if code != exitDiverged || !strings.Contains(ro, "first divergence: request \""+id+"\"") || !strings.Contains(ro, "): "+kind+": ") || !strings.Contains(ro, " 1 diverged") {
+			t.Errorf("%s: exit %d, want request %s %s\n%s%s", check, code, id, kind, ro, e)
+		}
+	}
+}
+
+func TestPrefixCommandErrors(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.msgpack")
+	os.WriteFile(bad, []byte{0xdd, 0xff, 0xff, 0xff, 0xff}, 0o644)
+	exists := filepath.Join(dir, "exists")
+	os.WriteFile(exists, nil, 0o644)
+	for _, c := range [][]string{
+		{"prefix"},
+		{"prefix", bad},
+		{"prefix", filepath.Join(dir, "missing")},
+		{"prefix", "--ratios", "0,5", "../../testdata/prefixcheck/sglang-kv-events.msgpack"},
+		{"prefix", "--page", "3", "../../testdata/prefixcheck/sglang-kv-events.msgpack"},
+		{"synth", "--prefix", "nope", "--out", filepath.Join(dir, "x")},
+		{"synth", "--prefix", "branching", "--out", exists},
+		{"synth", "--prefix", "branching", "--form", "native", "--out", filepath.Join(dir, "y"), "--fault", "missed-hit@3"},
+		{"synth", "--prefix", "branching", "--out", filepath.Join(dir, "w"), "--fault", "gremlins"},
+	} {
+		code, out, e := rpRun(c...)
+		if code != exitError || strings.Contains(e, "panic") {
+			t.Errorf("%v: exit %d\n%s%s", c, code, out, e)
+		}
+	}
+}

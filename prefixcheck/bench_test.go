@@ -1,0 +1,151 @@
+package prefixcheck
+
+import (
+	"math/rand/v2"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"sparsemla/kvcache"
+)
+
+// v4FlashSchedule is DeepSeek-V4-Flash's cache schedule: window 128, ratios
+// [0, 0, 4, 128, 4, 128, …] over 43 layers.
+func v4FlashSchedule() kvcache.Schedule {
+	r := []int{0, 0}
+	for len(r) < 43 {
+		if len(r)%2 == 0 {
+			r = append(r, 4)
+		} else {
+			r = append(r, 128)
+		}
+	}
+	return kvcache.Schedule{Window: 128, Ratios: r}
+}
+
+// benchWorkload yields n requests of 4096 tokens: 32 system prompts of 1024
+// tokens; half the requests branch from one of the last 512 (sharing 1024 to
+// 3071 tokens, any alignment), the rest only share a system prompt. The
+// recorded hit is what a correct engine with an unbounded cache would reuse
+// (the shared length rounded down to the page), so the 1M-token cache's
+// evictions show up as evicted-page warnings.
+type benchWorkload struct {
+	rng     *rand.Rand
+	prompts [][]int32
+	recent  [][]int32
+	ids     []string
+	n       int
+	page    int
+}
+
+func newBenchWorkload(page int) *benchWorkload {
+	w := &benchWorkload{rng: rand.New(rand.NewPCG(19, 1)), page: page}
+	for i := 0; i < 32; i++ {
+		p := make([]int32, 1024)
+		for j := range p {
+			p[j] = int32(w.rng.IntN(1 << 17))
+		}
+		w.prompts = append(w.prompts, p)
+	}
+	return w
+}
+
+func (w *benchWorkload) next() Request {
+	const L, ring = 4096, 512
+	s := make([]int32, L)
+	shared, src := 1024, ""
+	if len(w.recent) > 0 && w.rng.IntN(2) == 0 {
+		k := w.rng.IntN(len(w.recent))
+		shared = 1024 + w.rng.IntN(2048)
+		copy(s, w.recent[k][:shared])
+		src = w.ids[k]
+	} else {
+		copy(s, w.prompts[w.rng.IntN(len(w.prompts))])
+	}
+	for i := shared; i < L; i++ {
+		s[i] = int32(w.rng.IntN(1 << 17))
+	}
+	id := "r" + strconv.Itoa(w.n)
+	w.n++
+	q := Request{ID: id, Tokens: s}
+	if src != "" {
+		q.Hit = &Hit{Tokens: shared / w.page * w.page, Source: src}
+	}
+	if len(w.recent) < ring {
+		w.recent, w.ids = append(w.recent, s), append(w.ids, id)
+	} else {
+		k := w.rng.IntN(ring)
+		w.recent[k], w.ids[k] = s, id
+	}
+	return q
+}
+
+func vmHWM() float64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmHWM:" {
+			kb, _ := strconv.ParseFloat(f[1], 64)
+			return kb / 1024
+		}
+	}
+	return 0
+}
+
+// BenchmarkGroundTruth100k runs the correct cache (page 256, V4-Flash
+// schedule, 1M-token capacity, LRU) over 100k requests of 4096 tokens and
+// reports the time per request and the peak heap (sampled every 1000
+// requests) and peak RSS. Retain 1024: the token streams of the last 1024
+// requests are kept (all of them would be 1.6 GB of int32). Run it alone:
+//
+//	go test -run X -bench GroundTruth100k -benchtime 1x ./prefixcheck
+func BenchmarkGroundTruth100k(b *testing.B) {
+	benchGroundTruth(b, 100_000)
+}
+
+// BenchmarkGroundTruth10k is the same with 10k requests (a quicker look).
+func BenchmarkGroundTruth10k(b *testing.B) {
+	benchGroundTruth(b, 10_000)
+}
+
+func benchGroundTruth(b *testing.B, n int) {
+	const page = 256
+	cfg := Config{PageSize: page, Schedule: v4FlashSchedule(), Capacity: 1 << 20, Retain: 1024, Brief: true}
+	for b.Loop() {
+		runtime.GC()
+		w := newBenchWorkload(page)
+		r, err := NewRunner(cfg, Trace{Input: "bench", HitsRecorded: true})
+		if err != nil {
+			b.Fatal(err)
+		}
+		var peak uint64
+		var ms runtime.MemStats
+		start := time.Now()
+		for i := 0; i < n; i++ {
+			q := w.next()
+			if _, err := r.Add(&q); err != nil {
+				b.Fatal(err)
+			}
+			if i%1000 == 999 {
+				runtime.ReadMemStats(&ms)
+				peak = max(peak, ms.HeapAlloc)
+			}
+		}
+		el := time.Since(start)
+		rep := r.Report()
+		b.ReportMetric(float64(el.Nanoseconds())/float64(n), "ns/request")
+		b.ReportMetric(float64(peak)/(1<<20), "peak-heap-MiB")
+		b.ReportMetric(vmHWM(), "peak-RSS-MiB")
+		b.ReportMetric(float64(rep.Summary.Agree), "agree")
+		b.ReportMetric(float64(rep.Summary.Warn), "warn")
+		b.ReportMetric(float64(rep.Summary.Diverged), "diverged")
+		if u := r.cache.Usage(); u.Tokens > cfg.Capacity {
+			b.Fatalf("cache holds %d tokens, capacity %d", u.Tokens, cfg.Capacity)
+		}
+	}
+}

@@ -1,0 +1,65 @@
+// Package prefixcheck runs a radix prefix cache as ground truth over a serving
+// run's requests and judges the prefix-cache decisions the engine recorded.
+//
+// A replay (package engine) checks the rows a GPU served for a prefix hit; this
+// package checks the decision itself: which prefix a request may reuse, from
+// whom, and where a DeepSeek-V4 request can resume. For every request, in
+// arrival order, it looks the request's token stream up in a
+// [kvcache.RadixCache] configured with the engine's page size, sliding window
+// and compress ratios (the correct cache), then inserts it, and sets the hit
+// the correct cache would have served next to the hit the engine recorded:
+//
+//	truth:    tokens [0, T) from request A, pages [0, T/P) (A's), resume at T:
+//	          window rows [T-W, T), compressor state from T - T mod 4 - 4
+//	          (the ratio-4 halo), compressed rows T div r
+//	recorded: tokens [0, M) from request C
+//
+// # Verdicts
+//
+// Every request gets a status (agree, warn, diverged, unchecked) and, unless it
+// plainly agrees, a kind:
+//
+//   - hit-too-long: the engine reused M tokens of C but the two streams share
+//     only L < M (names position L and both tokens);
+//   - namespace-mix: C is in another namespace (LoRA adapter, cache salt):
+//     prefixes of different namespaces never match;
+//   - overwritten-page: a page id of the hit holds other content now (a page
+//     reused for another prefix, or a content hash stored twice with different
+//     tokens);
+//   - evicted-page: the hit covers pages that were evicted before the request
+//     (the engine's own recorded eviction: diverged; the model's LRU when the
+//     input records no evictions: warn);
+//   - beyond-cache: the hit is longer than anything cached: not page aligned
+//     (only whole pages are cached), longer than the source's cached length,
+//     or from a request that had not arrived;
+//   - resume-beyond-cache: the tokens are cached but the state to resume at M
+//     is not (compressor-state snapshot or its ratio-4 halo, or window rows);
+//   - missed-hit: the engine reused less than the correct cache could serve.
+//     With a cause: none (the correct cache held it: diverged when the input
+//     records every eviction, warn otherwise), or, when the correct cache
+//     misses too (status agree), alignment (the shared tokens end inside a
+//     page), eviction (the shared pages were evicted), namespace (shared with
+//     a request of another namespace) or resume (cached but not resumable).
+//
+// The run's verdict is "diverged" when any request diverged; exit statuses as
+// replay's: 0 agree, 1 diverged, 2 error (bad input).
+//
+// # Inputs
+//
+// A [Trace] is input-agnostic: requests in arrival order with their token
+// streams, namespaces, per-page extra keys (multimodal hashes), engine page
+// ids, and the engine's recorded hits, evictions and cache clears.
+// [FromDump] builds one from a multi-request native dump (tok records, prefix
+// frames); [ReadEvents] decodes a vLLM or SGLang KV-cache event stream
+// (msgpack EventBatch: BlockStored, BlockRemoved, AllBlocksCleared), with every
+// length checked against the bytes left, and [EventsTrace] turns it into a
+// trace (each BlockStored is a request whose recorded hit is its parent
+// chain).
+//
+// # Memory
+//
+// The correct cache holds at most Config.Capacity tokens (when the input
+// records no evictions); per request the run keeps its page chain hashes
+// (8 bytes a page) and, for the last Config.Retain requests (0: all), its
+// token stream, which the hit-too-long check reads.
+package prefixcheck

@@ -1,0 +1,357 @@
+package prefixcheck
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+)
+
+// bad builds a stream by hand: raw bytes written after a msgpack prefix.
+func rawBatch(f func(x *evEnc)) []byte {
+	x := newEvEnc()
+	f(x)
+	return x.buf.Bytes()
+}
+
+func mapBatchWith(ev func(x *evEnc)) []byte {
+	return rawBatch(func(x *evEnc) {
+		x.must(x.e.EncodeArrayLen(2))
+		x.must(x.e.EncodeFloat64(1))
+		x.must(x.e.EncodeArrayLen(1))
+		ev(x)
+	})
+}
+
+func storedMap(x *evEnc, fields ...func()) {
+	x.must(x.e.EncodeMapLen(1 + len(fields)))
+	x.must(x.e.EncodeString("type"))
+	x.must(x.e.EncodeString("BlockStored"))
+	for _, f := range fields {
+		f()
+	}
+}
+
+func TestBadEventStreams(t *testing.T) {
+	kv := func(x *evEnc, k string, v func()) func() {
+		return func() { x.must(x.e.EncodeString(k)); v() }
+	}
+	cases := []struct {
+		name string
+		data []byte
+		want string
+	}{
+		{"empty", nil, "no event batches"},
+		{"not msgpack batch", []byte{0x05}, "want an array"},
+		{"array claims 4G elements", []byte{0xdd, 0xff, 0xff, 0xff, 0xff}, "array of 4294967295 elements claimed, 0 bytes left"},
+		{"map claims 4G entries", []byte{0xdf, 0xff, 0xff, 0xff, 0xff, 0}, "map of 4294967295 entries claimed"},
+		{"string claims 4G bytes", []byte{0x81, 0xdb, 0xff, 0xff, 0xff, 0xff, 'a'}, "4294967295 bytes claimed"},
+		{"truncated float", []byte{0x92, 0xcb, 0x40}, "ts"},
+		{"batch without events", rawBatch(func(x *evEnc) { x.must(x.e.EncodeArrayLen(1)); x.must(x.e.EncodeFloat64(1)) }), "without ts or events"},
+		{"duplicate batch key", rawBatch(func(x *evEnc) {
+			x.must(x.e.EncodeMapLen(2))
+			x.must(x.e.EncodeString("ts"))
+			x.must(x.e.EncodeFloat64(1))
+			x.must(x.e.EncodeString("ts"))
+			x.must(x.e.EncodeFloat64(2))
+		}), `key "ts" twice`},
+		{"unknown event type", mapBatchWith(func(x *evEnc) {
+			x.must(x.e.EncodeArrayLen(1))
+			x.must(x.e.EncodeString("BlockMoved"))
+		}), `unknown event type "BlockMoved"`},
+		{"event without tag", mapBatchWith(func(x *evEnc) { x.must(x.e.EncodeArrayLen(0)) }), "no tag"},
+		{"field before the tag", mapBatchWith(func(x *evEnc) {
+			x.must(x.e.EncodeMapLen(2))
+			x.must(x.e.EncodeString("block_size"))
+			x.must(x.e.EncodeInt(4))
+		}), `field "block_size" before the "type" tag`},
+		{"stored without tokens", mapBatchWith(func(x *evEnc) {
+			storedMap(x, kv(x, "block_hashes", func() { x.ints([]int64{1}) }), kv(x, "block_size", func() { x.must(x.e.EncodeInt(4)) }))
+		}), "BlockStored without token_ids"},
+		{"tokens do not fill the blocks", mapBatchWith(func(x *evEnc) {
+			storedMap(x, kv(x, "block_hashes", func() { x.ints([]int64{1}) }), kv(x, "token_ids", func() { x.ints([]int64{1, 2, 3}) }),
+				kv(x, "block_size", func() { x.must(x.e.EncodeInt(4)) }))
+		}), "3 token ids for 1 blocks of 4 tokens"},
+		{"negative token", mapBatchWith(func(x *evEnc) {
+			storedMap(x, kv(x, "token_ids", func() { x.ints([]int64{-1}) }))
+		}), "token id -1 outside"},
+		{"token above int32", mapBatchWith(func(x *evEnc) {
+			storedMap(x, kv(x, "token_ids", func() { x.ints([]int64{1 << 40}) }))
+		}), "outside [0, 2^31)"},
+		{"zero block size", mapBatchWith(func(x *evEnc) {
+			storedMap(x, kv(x, "block_size", func() { x.must(x.e.EncodeInt(0)) }))
+		}), "block_size: 0"},
+		{"hash of 100 bytes", mapBatchWith(func(x *evEnc) {
+			storedMap(x, kv(x, "block_hashes", func() { x.must(x.e.EncodeArrayLen(1)); x.must(x.e.EncodeBytes(make([]byte, 100))) }))
+		}), "a 100-byte hash"},
+		{"hash as a string", mapBatchWith(func(x *evEnc) {
+			storedMap(x, kv(x, "block_hashes", func() { x.must(x.e.EncodeArrayLen(1)); x.must(x.e.EncodeString("h")) }))
+		}), "want an int or bytes block hash"},
+		{"extra keys nested too deep", mapBatchWith(func(x *evEnc) {
+			storedMap(x, kv(x, "extra_keys", func() {
+				x.must(x.e.EncodeArrayLen(1))
+				for i := 0; i < 40; i++ {
+					x.must(x.e.EncodeArrayLen(1))
+				}
+				x.must(x.e.EncodeNil())
+			}))
+		}), "nested deeper than 32"},
+		{"extension type in an unknown field", mapBatchWith(func(x *evEnc) {
+			storedMap(x, kv(x, "session", func() { x.buf.Write([]byte{0xd4, 0x01, 0x00}) }))
+		}), "extension type"},
+		{"extra keys for the wrong number of blocks", mapBatchWith(func(x *evEnc) {
+			storedMap(x, kv(x, "block_hashes", func() { x.ints([]int64{1}) }), kv(x, "token_ids", func() { x.ints([]int64{1}) }),
+				kv(x, "block_size", func() { x.must(x.e.EncodeInt(1)) }), kv(x, "extra_keys", func() { x.must(x.e.EncodeArrayLen(0)) }))
+		}), "0 extra keys for 1 blocks"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := DecodeEvents(c.data, "bad.msgpack")
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("error %v, want %q", err, c.want)
+			}
+			if !strings.Contains(err.Error(), "bad.msgpack") {
+				t.Fatalf("error %v does not name the input", err)
+			}
+		})
+	}
+}
+
+func TestReadEventsLimit(t *testing.T) {
+	data, _ := vllmFixture()
+	if _, err := ReadEvents(bytes.NewReader(data), "x", int64(len(data)-1)); err == nil || !strings.Contains(err.Error(), "longer than") {
+		t.Fatalf("error %v", err)
+	}
+	if b, err := ReadEvents(bytes.NewReader(data), "x", int64(len(data))); err != nil || len(b) != 5 {
+		t.Fatalf("%d batches, %v", len(b), err)
+	}
+}
+
+// Every cut of a valid stream decodes to whole batches or fails; never panics.
+func TestTruncatedEventStreams(t *testing.T) {
+	data, _ := vllmFixture()
+	full, err := DecodeEvents(data, "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for n := 0; n < len(data); n++ {
+		b, err := DecodeEvents(data[:n], "x")
+		if err == nil && len(b) >= len(full) {
+			t.Fatalf("cut at %d decodes %d batches", n, len(b))
+		}
+	}
+}
+
+func TestEventsTraceErrors(t *testing.T) {
+	x := newEvEnc()
+	x.vllmBatch(1, stored{hashes: []int64{1}, tokens: seqTok(0, 4), bs: 4, medium: "GPU"},
+		stored{hashes: []int64{2}, parent: p64(1), tokens: seqTok(0, 2), bs: 2, medium: "GPU"})
+	b, err := DecodeEvents(x.buf.Bytes(), "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := EventsTrace(b, "x", EventsOptions{}); err == nil || !strings.Contains(err.Error(), "block size 2, earlier events 4") {
+		t.Fatalf("error %v", err)
+	}
+	x = newEvEnc()
+	x.vllmBatch(1, stored{hashes: []int64{1}, tokens: seqTok(0, 4), bs: 4, medium: "CPU"})
+	b, _ = DecodeEvents(x.buf.Bytes(), "x")
+	if _, err := EventsTrace(b, "x", EventsOptions{}); err == nil || !strings.Contains(err.Error(), "no BlockStored events") {
+		t.Fatalf("error %v", err)
+	}
+	// A stream that starts mid-run: the parent is unknown, the request unchecked.
+	x = newEvEnc()
+	x.vllmBatch(1, stored{hashes: []int64{2}, parent: p64(1), tokens: seqTok(0, 4), bs: 4, medium: "GPU"},
+		removed{hashes: []int64{9}, medium: "GPU"})
+	b, _ = DecodeEvents(x.buf.Bytes(), "x")
+	tr, err := EventsTrace(b, "x", EventsOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := Run(tr, Config{PageSize: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Requests[0].Status != StatusUnchecked || rep.Diverged() || len(rep.Notes) != 1 {
+		t.Fatalf("%+v notes %v", rep.Requests[0], rep.Notes)
+	}
+}
+
+func FuzzEvents(f *testing.F) {
+	for _, name := range []string{"vllm-kv-events.msgpack", "sglang-kv-events.msgpack"} {
+		data, err := os.ReadFile(filepath.Join(fixtureDir, name))
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(data)
+	}
+	f.Add([]byte{0xdd, 0xff, 0xff, 0xff, 0xff})
+	f.Add(mapBatchWith(func(x *evEnc) { x.sglangEvent(cleared{}) }))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		b, err := DecodeEvents(data, "fuzz")
+		if err != nil {
+			return
+		}
+		tr, err := EventsTrace(b, "fuzz", EventsOptions{})
+		if err != nil {
+			return
+		}
+		if tr.PageSize > 64 {
+			return
+		}
+		rep, err := Run(tr, Config{PageSize: tr.PageSize, Schedule: testCfg.Schedule})
+		if err != nil {
+			return
+		}
+		var buf bytes.Buffer
+		rep.WriteText(&buf)
+		if err := rep.WriteJSON(&buf); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// EncodeEvents writes back exactly the bytes of both fixtures it decoded.
+func TestEncodeEventsRoundTrip(t *testing.T) {
+	for _, c := range []struct{ file, enc string }{{"vllm-kv-events.msgpack", EncodingMap}, {"sglang-kv-events.msgpack", EncodingArray}} {
+		data, err := os.ReadFile(filepath.Join(fixtureDir, c.file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := DecodeEvents(data, c.file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := EncodeEvents(b, c.enc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(out, data) {
+			t.Fatalf("%s: re-encoded %d bytes differ from the %d read", c.file, len(out), len(data))
+		}
+	}
+}
+
+// keyPaths lists every key path of a JSON value ("a.b[].c").
+func keyPaths(v any, prefix string, out map[string]bool) {
+	switch x := v.(type) {
+	case map[string]any:
+		for k, e := range x {
+			p := prefix + "." + k
+			if prefix == "" {
+				p = k
+			}
+			if prefix == "summary.kinds" {
+				p = prefix + ".<status:kind>"
+			}
+			out[p] = true
+			keyPaths(e, p, out)
+		}
+	case []any:
+		for _, e := range x {
+			keyPaths(e, prefix+"[]", out)
+		}
+	}
+}
+
+// The JSON report's key paths (docs/prefix-json.md) for the vLLM fixture's
+// report; go test -run JSONSchema -update rewrites the golden list.
+func TestJSONSchema(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join(fixtureDir, "vllm-kv-events.msgpack"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := DecodeEvents(data, "vllm-kv-events.msgpack")
+	tr, _ := EventsTrace(b, "vllm-kv-events.msgpack", EventsOptions{})
+	rep, err := Run(tr, Config{PageSize: 4, Schedule: testCfg.Schedule})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if err := rep.WriteJSON(&buf); err != nil {
+		t.Fatal(err)
+	}
+	var v any
+	if err := json.Unmarshal(buf.Bytes(), &v); err != nil {
+		t.Fatal(err)
+	}
+	paths := map[string]bool{}
+	keyPaths(v, "", paths)
+	var list []string
+	for p := range paths {
+		list = append(list, p)
+	}
+	sort.Strings(list)
+	got := strings.Join(list, "\n") + "\n"
+	golden := "testdata/prefix-schema.golden"
+	if *update {
+		if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != string(want) {
+		t.Fatalf("JSON key paths changed (update docs/prefix-json.md and rerun with -update):\n%s", got)
+	}
+}
+
+// A hybrid model's sliding-window group is skipped: the full-attention group
+// is checked (vLLM's group_idx and kv_cache_spec_kind).
+func TestEventsGroupSelection(t *testing.T) {
+	g0, g1 := int64(0), int64(1)
+	toks := []int32{1, 2, 3, 4}
+	b := []EventBatch{{TS: 1, Events: []Event{
+		{Type: "BlockStored", BlockHashes: []BlockHash{"7"}, TokenIDs: toks, BlockSize: 4, Medium: "GPU", GroupIdx: &g1, SpecKind: "sliding_window"},
+		{Type: "BlockStored", BlockHashes: []BlockHash{"8"}, TokenIDs: toks, BlockSize: 4, Medium: "GPU", GroupIdx: &g0, SpecKind: "full_attention"},
+		{Type: "BlockRemoved", BlockHashes: []BlockHash{"7"}, Medium: "GPU", GroupIdx: &g1},
+		{Type: "BlockStored", BlockHashes: []BlockHash{"9"}, Parent: "8", TokenIDs: toks, BlockSize: 4, Medium: "GPU", GroupIdx: &g0, SpecKind: "full_attention"},
+		{Type: "BlockStored", BlockHashes: []BlockHash{"10"}, BlockSize: 4, Medium: "GPU", GroupIdx: &g0},
+	}}}
+	data, err := EncodeEvents(b, EncodingMap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := DecodeEvents(data, "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if back[0].Events[0].SpecKind != "sliding_window" || *back[0].Events[1].GroupIdx != 0 {
+		t.Fatalf("decoded %+v", back[0].Events[:2])
+	}
+	tr, err := EventsTrace(back, "x", EventsOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tr.Requests) != 2 || tr.Requests[1].Hit.Tokens != 4 {
+		t.Fatalf("requests %+v", tr.Requests)
+	}
+	notes := strings.Join(tr.Notes, "; ")
+	if !strings.Contains(notes, "2 events of other KV-cache groups than 0 skipped") || !strings.Contains(notes, "1 BlockStored event without token ids") {
+		t.Fatalf("notes %q", notes)
+	}
+	if _, err := EncodeEvents(b, EncodingArray); err == nil {
+		t.Fatal("group_idx written in the array encoding")
+	}
+}
+
+// Data-parallel ranks have their own caches: a mixed stream needs a rank.
+func TestEventsDataParallelRanks(t *testing.T) {
+	r0, r1 := int64(0), int64(1)
+	st := func(h BlockHash) Event {
+		return Event{Type: "BlockStored", BlockHashes: []BlockHash{h}, TokenIDs: []int32{1, 2}, BlockSize: 2, Medium: "GPU"}
+	}
+	b := []EventBatch{{TS: 1, DPRank: &r0, Events: []Event{st("1")}}, {TS: 2, DPRank: &r1, Events: []Event{st("2"), st("3")}}}
+	if _, err := EventsTrace(b, "x", EventsOptions{}); err == nil || !strings.Contains(err.Error(), "data-parallel rank 1") {
+		t.Fatalf("error %v", err)
+	}
+	tr, err := EventsTrace(b, "x", EventsOptions{DPRank: &r1})
+	if err != nil || len(tr.Requests) != 2 {
+		t.Fatalf("%v %+v", err, tr)
+	}
+}
