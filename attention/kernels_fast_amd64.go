@@ -2,7 +2,8 @@
 
 package attention
 
-// Assembly kernels (kernels_fast_amd64.s). Their contracts are in kernels_fast.go.
+// Assembly kernels (kernels_fast_amd64.s). Their contracts are in the .s file and
+// linear_fast.go / sparse_fast.go.
 
 func cpuid(eaxArg, ecxArg uint32) (eax, ebx, ecx, edx uint32)
 func xgetbv0() (eax, edx uint32)
@@ -45,3 +46,12 @@ var hasAVX2 = detectAVX2()
 
 //go:noescape
 func fp8PlainPanel64AVX2(y *float32, codes *uint8, x *float32, scl *float32, nkb int)
+
+//go:noescape
+func fp8Terms64AVX2(t *float32, codes *uint8, x *float32, scl *float32, nkb, kb int)
+
+//go:noescape
+func sumTerms64AVX2(y *float32, t *float32, n int)
+
+//go:noescape
+func fp8Widen64AVX2(v *float32, codes *uint8)

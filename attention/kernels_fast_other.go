@@ -30,3 +30,15 @@ func pvChunkAVX2(acc *float32, rows **float32, p *float32, n int, alpha float32,
 func fp8PlainPanel64AVX2(y *float32, codes *uint8, x *float32, scl *float32, nkb int) {
 	panic("attention: no assembly kernels in this build")
 }
+
+func fp8Terms64AVX2(t *float32, codes *uint8, x *float32, scl *float32, nkb, kb int) {
+	panic("attention: no assembly kernels in this build")
+}
+
+func sumTerms64AVX2(y *float32, t *float32, n int) {
+	panic("attention: no assembly kernels in this build")
+}
+
+func fp8Widen64AVX2(v *float32, codes *uint8) {
+	panic("attention: no assembly kernels in this build")
+}
