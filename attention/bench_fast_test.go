@@ -274,6 +274,27 @@ func BenchmarkFP8PanelsLinear(b *testing.B) {
 	}
 }
 
+// BenchmarkFP8PanelsInCache: the FP8 kernel's own speed, without the memory:
+// FP8Linear on one [256, 2048] weight (512 KiB, cache-resident) per code
+// distribution, on one goroutine (-cpu 1) — what one core can widen and
+// multiply, to compare with its share of the streaming read.
+func BenchmarkFP8PanelsInCache(b *testing.B) {
+	for _, dist := range fp8Dists {
+		b.Run(dist, func(b *testing.B) {
+			rng := rand.New(rand.NewPCG(5, 6))
+			codes, scale := distCodes(rng, dist, 256, 2048)
+			p := PackFP8(codes, scale, 256, 2048)
+			x := bf16Vec(rng, 2048, 1)
+			y := make([]float32, 256)
+			for b.Loop() {
+				p.Linear(y, x)
+			}
+			s := b.Elapsed().Seconds() / float64(b.N)
+			b.ReportMetric(256*2048/s/1e9, "GB/s")
+		})
+	}
+}
+
 // BenchmarkFP8PanelsWoA: wo_a in its prepared form (8 groups of [1024, 4096]
 // FP8 codes, the bf16 GEMM run by LinearPlain), as PackWoA makes it from the
 // checkpoint's weights, for each code distribution.

@@ -296,9 +296,10 @@ func (p *FP8Panels) job(y, x, sx []float32, workers int) *fp8Job {
 		for k, v := range x {
 			j.xs[k] = v * 0x1p84 // exact: qx is an E4M3 value
 		}
-		// split the blocks of a weight with fewer than 4 panels per goroutine
-		if workers > 1 && p.Rows*p.Cols >= 1<<16 && j.np < 4*workers {
-			j.ng = min(cb, (4*workers+j.np-1)/j.np)
+		// a weight with fewer than 8 panels per goroutine has its blocks
+		// split too, in groups of at least 4 blocks (32 KiB of codes)
+		if workers > 1 && p.Rows*p.Cols >= 1<<16 && j.np < 8*workers {
+			j.ng = max(1, min(cb/4, (8*workers+j.np-1)/j.np))
 		}
 		if j.ng > 1 {
 			n := j.np * cb * PanelRows
