@@ -33,15 +33,25 @@ func HasAssembly() bool { return hasAVX2 }
 
 func useAsm() bool { return UseAssembly && hasAVX2 }
 
-// parallelFor runs f over [0, n) in contiguous chunks that GOMAXPROCS
-// goroutines (the caller and GOMAXPROCS−1 others) take from a shared counter
-// (so a goroutine the OS delays does not hold the others up), none when work
-// is small. Callers only write disjoint outputs per index and compute each
-// index the same way whoever runs it, so results do not depend on the split
-// or the number of goroutines.
+// parallelFor runs f over [0, n) in contiguous chunks that the caller and
+// up to GOMAXPROCS−1 helper goroutines take from a shared counter (so a
+// goroutine the OS delays does not hold the others up), no helper when work
+// is small. Helpers are drawn from one process-wide budget of GOMAXPROCS−1
+// (helpers): calls made concurrently (the branches of a layer step, the
+// layers of a model step) share the cores instead of each starting
+// GOMAXPROCS goroutines, and a call that finds the budget spent runs on its
+// caller alone. Callers only write disjoint outputs per index and compute
+// each index the same way whoever runs it, so results do not depend on the
+// split or the number of goroutines.
 func parallelFor(n int, work int, f func(lo, hi int)) {
-	workers := min(runtime.GOMAXPROCS(0), n)
+	procs := runtime.GOMAXPROCS(0)
+	workers := min(procs, n)
 	if workers <= 1 || work < 1<<16 {
+		f(0, n)
+		return
+	}
+	extra := helpers.take(workers-1, procs-1)
+	if extra == 0 {
 		f(0, n)
 		return
 	}
@@ -57,12 +67,37 @@ func parallelFor(n int, work int, f func(lo, hi int)) {
 		}
 	}
 	var wg sync.WaitGroup
-	for w := 1; w < workers; w++ {
-		wg.Go(loop)
+	for range extra {
+		wg.Go(func() {
+			defer helpers.give(1)
+			loop()
+		})
 	}
 	loop()
 	wg.Wait()
 }
+
+// helperBudget counts the helper goroutines parallelFor has running.
+type helperBudget struct{ busy atomic.Int64 }
+
+var helpers helperBudget
+
+// take reserves up to want helpers while fewer than limit are busy and
+// returns how many it got.
+func (h *helperBudget) take(want, limit int) int {
+	for {
+		busy := h.busy.Load()
+		n := min(int64(want), int64(limit)-busy)
+		if n <= 0 {
+			return 0
+		}
+		if h.busy.CompareAndSwap(busy, busy+n) {
+			return int(n)
+		}
+	}
+}
+
+func (h *helperBudget) give(n int) { h.busy.Add(-int64(n)) }
 
 // FP8Panels is an FP8 weight [Rows, Cols] (E4M3 codes, UE8M0 128×128 block
 // scales) repacked for the fast FP8Linear: Codes is [ceil(Rows/64)][Cols][64]

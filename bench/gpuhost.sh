@@ -26,6 +26,8 @@
 #     the same process, at 2, 8 and 16 threads (%stream: target ≥ 80);
 #  4. the KV page decode on one core (target ≥ 2 GB/s).
 # and writes OUTDIR/summary.md (the tables), with every raw output beside it.
+# GPUHOST_QUICK=1 shrinks every part (threads 1,2; one round; no 43-layer
+# step) to check the script itself on a small machine.
 set -u
 cmd=${1:-}
 case "$cmd" in
@@ -54,34 +56,39 @@ run)
 		echo "bench/bin/gpuhost.tgz missing: run 'bash bench/gpuhost.sh build' on the development machine and carry bench/bin" >&2
 		exit 2
 	fi
-	export PYTHONUNBUFFERED=1 GOGC=200
+	export PYTHONUNBUFFERED=1
+	PY=${PY:-python3} # the GPU host's python3 holds PyTorch
+	threads=1,2,4,8,16 reps=3 runs=10 cpus=2,8,16 big=1 count=3
+	if [ "${GPUHOST_QUICK:-}" = 1 ]; then
+		threads=1,2 reps=1 runs=2 cpus=1,2 big=0 count=1
+	fi
 	{
 		date -u
 		echo "nproc $(nproc)"
 		lscpu 2>/dev/null | grep -E 'Model name|Socket|Core|Thread|NUMA|MHz|L3|Flags' | cut -c1-400
-		python3 -c 'import torch; print("torch", torch.__version__); print(torch.__config__.parallel_info())'
+		$PY -c 'import torch; print("torch", torch.__version__); print(torch.__config__.parallel_info())'
 		free -g
 	} >"$out/env.txt" 2>&1
 	t0=$(date +%s)
 	echo "=== 1. CSA-layer step side by side ($(date -u +%T))"
-	timeout 330 python3 bench/torch_step.py /tmp/csastep \
+	timeout 330 $PY bench/torch_step.py /tmp/csastep \
 		--go-server "$B/csastep -serve -out /tmp/csastep -runs 5" \
-		--threads-list 1,2,4,8,16 --reps 3 --runs 10 --compile bf16 --compile-budget 150 \
+		--threads-list $threads --reps $reps --runs $runs --compile bf16 --compile-budget 150 \
 		--out "$out/csastep" >"$out/csastep.log" 2>&1
 	echo "exit $? after $(( $(date +%s) - t0 )) s"; tail -15 "$out/csastep.log"
 	echo "=== 2. 43-layer step at 64K ($(date -u +%T))"
-	SPARSEMLA_BENCH_BIG=1 timeout 150 $B/engine.test -test.run '^$' -test.bench 'PreparedModelStep/ctx=65536' \
+	SPARSEMLA_BENCH_BIG=$big timeout 150 $B/engine.test -test.run '^$' -test.bench 'PreparedModelStep/ctx=65536' \
 		-test.cpu 16,2 -test.benchtime 5x -test.count 1 -test.timeout 0 >"$out/model_step.txt" 2>&1
 	echo "exit $? after $(( $(date +%s) - t0 )) s"; grep Benchmark "$out/model_step.txt"
 	echo "=== 3. FP8 GEMVs and the streaming read ($(date -u +%T))"
 	timeout 100 $B/attention.test -test.run '^$' -test.bench 'StreamRead/scan/allcores|FP8PanelsLinear|FP8PanelsWoA' \
-		-test.cpu 2,8,16 -test.benchtime 20x -test.count 3 -test.timeout 0 >"$out/kernels.txt" 2>&1
+		-test.cpu $cpus -test.benchtime 20x -test.count $count -test.timeout 0 >"$out/kernels.txt" 2>&1
 	echo "exit $? after $(( $(date +%s) - t0 )) s"
 	echo "=== 4. KV page decode ($(date -u +%T))"
 	timeout 30 $B/kvcache.test -test.run '^$' -test.bench 'DecodePage' -test.cpu 1 -test.count 3 \
 		-test.benchtime 200ms >"$out/kvcache.txt" 2>&1
 	echo "exit $? after $(( $(date +%s) - t0 )) s"
-	python3 bench/benchmed.py "$out" >"$out/summary.md"
+	$PY bench/benchmed.py "$out" >"$out/summary.md"
 	cat "$out/summary.md"
 	;;
 *)
