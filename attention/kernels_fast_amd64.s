@@ -167,35 +167,99 @@ GLOBL fp8c08<>(SB), RODATA|NOPTR, $32
 	VMOVUPS Y6, 192(DI); \
 	VMOVUPS Y7, 224(DI)
 
-// func fp8Panel64AVX2(y *float32, codes *uint8, x *float32, scl *float32, nkb, kb int)
+// The kernels below take a row flag bitmap sub (FP8Panels.Sub: one bit per
+// panel row k, set when one of its 64 codes is a nonzero E4M3 subnormal) and
+// widen each panel row one of two ways, both without fp32 subnormals:
+//  - a row without subnormal codes (every code normal or ±0) through OLD8,
+//    the plain shift sign<<31 | (code&0x7F)<<20 = E4M3·2^-120, with x scaled
+//    by a further 2^16 (the same products x·v);
+//  - a row with one through DEC64/WORDS8 (E4M3·2^-104, above).
+// The two give the same products, so a row's path changes no bit; it only
+// costs: DEC64 is about 1.6 times OLD8's work, so a weight whose every row
+// holds a subnormal code (the worst case) runs at most that much slower than
+// a checkpoint's, where almost no row does.
+
+DATA fp8oldmask<>+0(SB)/8, $0x87f0000087f00000
+DATA fp8oldmask<>+8(SB)/8, $0x87f0000087f00000
+DATA fp8oldmask<>+16(SB)/8, $0x87f0000087f00000
+DATA fp8oldmask<>+24(SB)/8, $0x87f0000087f00000
+GLOBL fp8oldmask<>(SB), RODATA|NOPTR, $32
+
+DATA fp8two16<>+0(SB)/8, $0x4780000047800000
+DATA fp8two16<>+8(SB)/8, $0x4780000047800000
+DATA fp8two16<>+16(SB)/8, $0x4780000047800000
+DATA fp8two16<>+24(SB)/8, $0x4780000047800000
+GLOBL fp8two16<>(SB), RODATA|NOPTR, $32
+
+// OLD8 widens 8 codes of a row without subnormal codes at off(SI) to
+// E4M3·2^-120 (normal or ±0) and accumulates x·v into acc (x in Y8, the
+// mask 0x87F00000 in Y11).
+#define OLD8(off, acc) \
+	VPMOVSXBD off(SI), Y9; \
+	VPSLLD $20, Y9, Y9; \
+	VPAND Y11, Y9, Y9; \
+	VFMADD231PS Y8, Y9, acc
+
+#define OLD64 \
+	OLD8(0, Y0); \
+	OLD8(8, Y1); \
+	OLD8(16, Y2); \
+	OLD8(24, Y3); \
+	OLD8(32, Y4); \
+	OLD8(40, Y5); \
+	OLD8(48, Y6); \
+	OLD8(56, Y7)
+
+// func fp8Panel64AVX2(y *float32, codes *uint8, x *float32, scl *float32, sub *uint64, nkb int)
 //
 // y[0:64] = Σ_b scl[b] · Σ_{k in block b} x[k]·v[k][lane]   (v = E4M3·2^-104)
-// in fp32, blocks of kb columns, the block terms added in b order onto
-// +0; codes is [nkb·kb][64] bytes, x [nkb·kb] (the caller's qx·2^84), scl
-// [nkb].
+// in fp32, blocks of 128 columns, the block terms added in b order onto
+// +0; codes is [nkb·128][64] bytes, x [nkb·128] (the caller's qx·2^84),
+// scl [nkb], sub [2·nkb] (the rows' subnormal flags).
 TEXT ·fp8Panel64AVX2(SB), NOSPLIT, $128-48
 	MOVQ y+0(FP), DI
 	MOVQ codes+8(FP), SI
 	MOVQ x+16(FP), DX
 	MOVQ scl+24(FP), R8
-	MOVQ nkb+32(FP), CX
-	MOVQ kb+40(FP), R9
+	MOVQ sub+32(FP), R11
+	MOVQ nkb+40(FP), CX
 	FP8CONSTS
+	VMOVDQU fp8oldmask<>(SB), Y11
 	ZERO8
 	STORE8
 
 fp8block:
 	ZERO8
-	MOVQ R9, BX
+	MOVQ $2, R10
+
+fp8word:
+	MOVQ (R11), R12
+	ADDQ $8, R11
+	MOVQ $64, BX
 
 fp8k:
-	DEC64
+	SHRQ $1, R12
+	JCS  fp8slow
 	VBROADCASTSS (DX), Y8
-	CODES64
+	VMULPS fp8two16<>(SB), Y8, Y8
+	OLD64
+
+fp8next:
 	ADDQ $64, SI
 	ADDQ $4, DX
 	DECQ BX
 	JNZ  fp8k
+	DECQ R10
+	JNZ  fp8word
+	JMP  fp8blockend
+
+fp8slow:
+	DEC64
+	VBROADCASTSS (DX), Y8
+	CODES64
+	JMP  fp8next
+
+fp8blockend:
 
 	VBROADCASTSS (R8), Y12
 	ACCBLK(0, Y0)
@@ -212,7 +276,7 @@ fp8k:
 	VZEROUPPER
 	RET
 
-// func fp8Terms64AVX2(t *float32, codes *uint8, x *float32, scl *float32, nkb, kb int)
+// func fp8Terms64AVX2(t *float32, codes *uint8, x *float32, scl *float32, sub *uint64, nkb int)
 //
 // t[b][0:64] = scl[b] · Σ_{k in block b} x[k]·v[k][lane] for each of the nkb
 // blocks (the block terms of fp8Panel64AVX2, not yet added): t is [nkb][64].
@@ -221,22 +285,43 @@ TEXT ·fp8Terms64AVX2(SB), NOSPLIT, $128-48
 	MOVQ codes+8(FP), SI
 	MOVQ x+16(FP), DX
 	MOVQ scl+24(FP), R8
-	MOVQ nkb+32(FP), CX
-	MOVQ kb+40(FP), R9
+	MOVQ sub+32(FP), R11
+	MOVQ nkb+40(FP), CX
 	FP8CONSTS
+	VMOVDQU fp8oldmask<>(SB), Y11
 
 termblock:
 	ZERO8
-	MOVQ R9, BX
+	MOVQ $2, R10
+
+termword:
+	MOVQ (R11), R12
+	ADDQ $8, R11
+	MOVQ $64, BX
 
 termk:
-	DEC64
+	SHRQ $1, R12
+	JCS  termslow
 	VBROADCASTSS (DX), Y8
-	CODES64
+	VMULPS fp8two16<>(SB), Y8, Y8
+	OLD64
+
+termnext:
 	ADDQ $64, SI
 	ADDQ $4, DX
 	DECQ BX
 	JNZ  termk
+	DECQ R10
+	JNZ  termword
+	JMP  termblockend
+
+termslow:
+	DEC64
+	VBROADCASTSS (DX), Y8
+	CODES64
+	JMP  termnext
+
+termblockend:
 
 	VBROADCASTSS (R8), Y12
 	STBLK(0, Y0)
@@ -280,39 +365,60 @@ sumb:
 	VZEROUPPER
 	RET
 
-// func fp8PlainPanel64AVX2(y *float32, codes *uint8, x *float32, scl *float32, nkb int)
+// func fp8PlainPanel64AVX2(y *float32, codes *uint8, x *float32, scl *float32, sub *uint64, nkb int)
 //
 // y[0:64] = Σ_k (x[k]·scl[k/128])·v[k][lane]   one fp32 sum over all k
 // (v = E4M3·2^-104, so (x[k]·scl[b])·v = x[k]·W[n,k] when scl[b] = 2^(e_b+104));
-// codes is [nkb·128][64] bytes, x [nkb·128], scl [nkb].
-TEXT ·fp8PlainPanel64AVX2(SB), NOSPLIT, $128-40
+// codes is [nkb·128][64] bytes, x [nkb·128], scl [nkb], sub [2·nkb].
+TEXT ·fp8PlainPanel64AVX2(SB), NOSPLIT, $160-48
 	MOVQ y+0(FP), DI
 	MOVQ codes+8(FP), SI
 	MOVQ x+16(FP), DX
 	MOVQ scl+24(FP), R8
-	MOVQ nkb+32(FP), CX
+	MOVQ sub+32(FP), R11
+	MOVQ nkb+40(FP), CX
 	FP8CONSTS
+	VMOVDQU fp8oldmask<>(SB), Y11
 	ZERO8
 
 plainblock:
 	VBROADCASTSS (R8), Y12
-	MOVQ $128, BX
+	VMULPS fp8two16<>(SB), Y12, Y9
+	VMOVDQU Y9, 128(SP) // the block's scale times 2^16, for the rows without subnormal codes
+	MOVQ $2, R10
+
+plainword:
+	MOVQ (R11), R12
+	ADDQ $8, R11
+	MOVQ $64, BX
 
 plaink:
-	DEC64
+	SHRQ $1, R12
+	JCS  plainslow
 	VBROADCASTSS (DX), Y8
-	VMULPS Y12, Y8, Y8
-	CODES64
+	VMULPS 128(SP), Y8, Y8
+	OLD64
+
+plainnext:
 	ADDQ $64, SI
 	ADDQ $4, DX
 	DECQ BX
 	JNZ  plaink
+	DECQ R10
+	JNZ  plainword
 	ADDQ $4, R8
 	DECQ CX
 	JNZ  plainblock
 	STORE8
 	VZEROUPPER
 	RET
+
+plainslow:
+	DEC64
+	VBROADCASTSS (DX), Y8
+	VMULPS Y12, Y8, Y8
+	CODES64
+	JMP  plainnext
 
 // func fp8Widen64AVX2(v *float32, codes *uint8)
 //
@@ -600,4 +706,14 @@ pvstore:
 	SUBQ $64, R11
 	JNZ  pvblock
 	VZEROUPPER
+	RET
+
+// func getMXCSR() uint32
+TEXT ·getMXCSR(SB), NOSPLIT, $0-4
+	STMXCSR ret+0(FP)
+	RET
+
+// func setMXCSR(v uint32)
+TEXT ·setMXCSR(SB), NOSPLIT, $0-4
+	LDMXCSR v+0(FP)
 	RET

@@ -3,6 +3,7 @@ package attention
 import (
 	"fmt"
 	"math"
+	"math/bits"
 	"math/rand/v2"
 	"runtime"
 	"testing"
@@ -173,10 +174,12 @@ func codesWeight(rng *rand.Rand, rows, cols int, code func(n, k int) uint8) *FP8
 }
 
 // TestFP8PanelsAllCodes: weights that use all 254 finite codes (in every
-// lane, in every position), uniform random codes, and the worst case — every
-// code an E4M3 subnormal (±m·2^-9) — give the reference's bits in both
-// forms (Linear and LinearPlain), with the block split of small weights
-// (GOMAXPROCS 16) and without.
+// lane, in every position), uniform random codes, the worst case — every
+// code an E4M3 subnormal (±m·2^-9) — blocks with an outlier and a
+// checkpoint-like weight give the reference's bits in both forms (Linear
+// and LinearPlain), through both widenings (rows with and without
+// subnormal codes), with the block split of small weights (GOMAXPROCS 16)
+// and without.
 func TestFP8PanelsAllCodes(t *testing.T) {
 	rng := rand.New(rand.NewPCG(22, 23))
 	finite := func(c uint8) uint8 {
@@ -206,6 +209,19 @@ func TestFP8PanelsAllCodes(t *testing.T) {
 		}
 	}
 	cases = append(cases, wcase{"outlier blocks", QuantizeFP8Weight(ow, 256, 512)})
+	// a checkpoint-like weight (normal samples, block scales): most panel
+	// rows hold no subnormal code and take the plain widening
+	cases = append(cases, wcase{"checkpoint", randFP8(rng, 256, 1024)})
+	var flagged, rows int
+	for _, c := range cases {
+		for _, w := range PackFP8Weight(c.w).Sub {
+			flagged += bits.OnesCount64(w)
+		}
+		rows += (c.w.Rows + PanelRows - 1) / PanelRows * c.w.Cols
+	}
+	if flagged == 0 || flagged == rows {
+		t.Fatalf("%d of %d panel rows flagged: both widenings must be exercised", flagged, rows)
+	}
 	xs := map[int][]float32{}
 	for _, c := range cases {
 		if xs[c.w.Cols] == nil {
@@ -228,6 +244,62 @@ func TestFP8PanelsAllCodes(t *testing.T) {
 			sameBits(t, c.name+": LinearPlain", got, want)
 		}
 	})
+}
+
+// TestFP8PanelsNoSubnormals runs the FP8 kernels with the thread's MXCSR set
+// to denormals-are-zero and flush-to-zero: any fp32 subnormal a kernel read
+// (a subnormal code widened to a subnormal fp32, in a row routed to the wrong
+// widening) or produced (a product or partial sum) would then change the
+// result. Every output must still be the reference's, computed normally.
+// Both forms, the block split (job with 16 workers, run on this thread) and
+// every weight of TestFP8PanelsAllCodes' kind are covered.
+func TestFP8PanelsNoSubnormals(t *testing.T) {
+	if !HasAssembly() {
+		t.Skip("no AVX2 kernels on this machine/build")
+	}
+	rng := rand.New(rand.NewPCG(24, 25))
+	ws := []*FP8Weight{
+		codesWeight(rng, 256, 1024, func(n, k int) uint8 { return uint8(rng.IntN(8)) | uint8(rng.IntN(2))<<7 }),
+		codesWeight(rng, 128, 4096, func(n, k int) uint8 {
+			if c := uint8(rng.Uint32()); c&0x7f != 0x7f {
+				return c
+			}
+			return 1
+		}),
+		randFP8(rng, 256, 1024),
+	}
+	x := bf16Vec(rng, 4096, 2)
+	old := UseAssembly
+	defer func() { UseAssembly = old }()
+	UseAssembly = true
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	for i, w := range ws {
+		xw := x[:w.Cols]
+		want, wantPlain := make([]float32, w.Rows), make([]float32, w.Rows)
+		FP8Linear(want, xw, w)
+		BF16Linear(wantPlain, xw, w.W, w.Rows, w.Cols)
+		qx, sx := make([]float32, w.Cols), make([]float32, w.Cols/ActBlock)
+		quant.QuantizeActFP8(qx, sx, xw, ActBlock)
+		p := PackFP8Weight(w)
+		got, split, plain := make([]float32, w.Rows), make([]float32, w.Rows), make([]float32, w.Rows)
+		csr := getMXCSR()
+		setMXCSR(csr | 0x8040) // FTZ | DAZ
+		j := p.job(got, qx, sx, 1)
+		j.run(0, j.items())
+		js := p.job(split, qx, sx, 16)
+		js.run(0, js.items())
+		jp := p.job(plain, xw, nil, 1)
+		jp.run(0, jp.items())
+		setMXCSR(csr)
+		if !j.asm || !jp.asm || js.ng < 2 {
+			t.Fatalf("weight %d: the kernels did not run (asm %v %v, groups %d)", i, j.asm, jp.asm, js.ng)
+		}
+		js.release()
+		sameBits(t, fmt.Sprintf("weight %d Linear", i), got, want)
+		sameBits(t, fmt.Sprintf("weight %d Linear, blocks split", i), split, want)
+		sameBits(t, fmt.Sprintf("weight %d LinearPlain", i), plain, wantPlain)
+	}
 }
 
 // TestFP8PanelsSpecial: NaN codes, extreme scales and non-finite activations
@@ -306,7 +378,7 @@ func TestWoAPanelsEqualWoA(t *testing.T) {
 	if w := PackWoA(bf, G, R, gd); w.FP8 != nil {
 		t.Fatal("random bf16 wo_a packed as FP8")
 	}
-	if w := PackWoA(fp8, G, R, gd); w.FP8 == nil || w.Bytes() != int64(G*R*gd+G*((R+127)/128)*(gd/128)) {
+	if w := PackWoA(fp8, G, R, gd); w.FP8 == nil || w.Bytes() != int64(G*R*gd+G*((R+127)/128)*(gd/128)+G*8*((R+63)/64)*(gd/64)) {
 		t.Fatal("FP8-derived wo_a not packed as FP8 codes")
 	}
 	eachPath(t, func(t *testing.T) {

@@ -107,6 +107,12 @@ type FP8Panels struct {
 	Rows, Cols int
 	Codes      []uint8
 	Scale      []uint8
+	// Sub flags the panel rows that hold a nonzero E4M3 subnormal code
+	// (low 7 bits 0x01-0x07): bit k%64 of Sub[pi·Cols/64 + k/64] for row k
+	// of panel pi. The kernels widen flagged rows through the subnormal-safe
+	// decode and the others through the plain shift (0.2 % of the codes'
+	// bytes).
+	Sub []uint64
 	// exact reports that the kernel's factoring (block sums of
 	// (qx·2^84)·(E4M3·2^-104), scaled by 2^(e+20)·s_b at the block end)
 	// provably equals the reference: no NaN code, every scale exponent e in
@@ -139,10 +145,16 @@ func PackFP8(codes, scale []uint8, rows, cols int) *FP8Panels {
 			}
 		}
 	})
-	for _, c := range p.Codes {
-		if c&0x7f == 0x7f { // E4M3 NaN: the kernels' bit trick would read it as a number
-			p.exact = false
-			break
+	p.Sub = make([]uint64, np*cols/64)
+	for i := 0; i < len(p.Codes); i += PanelRows {
+		for _, c := range p.Codes[i : i+PanelRows] {
+			if c&0x7f == 0x7f { // E4M3 NaN: the kernels' bit trick would read it as a number
+				p.exact = false
+			}
+			if c&0x78 == 0 && c&0x07 != 0 {
+				r := i / PanelRows // panel row index pi·cols + k
+				p.Sub[r/64] |= 1 << (r % 64)
+			}
 		}
 	}
 	return p
@@ -167,7 +179,7 @@ func (p *FP8Panels) rowCodes(dst []uint8, n int) {
 }
 
 // Bytes is the memory the packed weight holds.
-func (p *FP8Panels) Bytes() int64 { return int64(len(p.Codes) + len(p.Scale)) }
+func (p *FP8Panels) Bytes() int64 { return int64(len(p.Codes) + len(p.Scale) + 8*len(p.Sub)) }
 
 // The FP8 kernels widen a code c to v(c) = E4M3(c)·2^-104 (fp8WidenBits), a
 // normal fp32 value for every finite code (or ±0): no fp32 subnormal is ever
@@ -278,6 +290,7 @@ func (p *FP8Panels) job(y, x, sx []float32, workers int) *fp8Job {
 	cb := p.Cols / ActBlock
 	nrb := (p.Rows + 127) / 128
 	j := &fp8Job{p: p, y: y, x: x, sx: sx, np: (p.Rows + PanelRows - 1) / PanelRows, cb: cb, asm: useAsm() && p.exact, ng: 1}
+	j.asm = j.asm && len(p.Sub) == j.np*p.Cols/64
 	var lo, hi []float64
 	if sx != nil {
 		j.asm = j.asm && normalPow2s(sx)
@@ -313,14 +326,15 @@ func (p *FP8Panels) job(y, x, sx []float32, workers int) *fp8Job {
 				a := math.Abs(float64(scl[b]))
 				ok = isNormal(scl[b]) && a >= 0x1p-80 && a <= 0x1p80
 			} else {
-				// x[k]·2^(e+104) must be normal, and its product with the
-				// smallest nonzero v (2^-113) at least 2^-115:
-				// |x·2^(e+104)| in [2^-2, 2^126]
-				ok = e+104 <= 127
+				// x[k]·2^(e+104) and, for the rows without subnormal codes
+				// (v = E4M3·2^-120), x[k]·2^(e+120) must be normal, and every
+				// product x·W at least 2^-115 (x·2^(e+104) times the smallest
+				// nonzero v, 2^-113): |x·2^(e+104)| in [2^-2, 2^110]
+				ok = e+120 <= 127
 				if ok {
 					scl[b] = quant.Pow2(e - fp8WidenExp)
 					f := float64(scl[b])
-					ok = hi[b] == 0 || (lo[b]*f >= 0x1p-2 && hi[b]*f <= 0x1p126)
+					ok = hi[b] == 0 || (lo[b]*f >= 0x1p-2 && hi[b]*f <= 0x1p110)
 				}
 			}
 		}
@@ -380,15 +394,16 @@ func (j *fp8Job) run(ilo, ihi int) {
 			continue
 		}
 		scl := j.scl[rb*cb : (rb+1)*cb]
+		sub := p.Sub[pi*p.Cols/64 : (pi+1)*p.Cols/64]
 		switch {
 		case j.sx == nil:
-			fp8PlainPanel64AVX2(&tmp[0], &panel[0], &j.x[0], &scl[0], cb)
+			fp8PlainPanel64AVX2(&tmp[0], &panel[0], &j.x[0], &scl[0], &sub[0], cb)
 		case j.ng == 1:
-			fp8Panel64AVX2(&tmp[0], &panel[0], &j.xs[0], &scl[0], cb, ActBlock)
+			fp8Panel64AVX2(&tmp[0], &panel[0], &j.xs[0], &scl[0], &sub[0], cb)
 		default:
 			b0, b1 := g*cb/j.ng, (g+1)*cb/j.ng
 			if b1 > b0 {
-				fp8Terms64AVX2(&j.terms[(pi*cb+b0)*PanelRows], &panel[b0*ActBlock*PanelRows], &j.xs[b0*ActBlock], &scl[b0], b1-b0, ActBlock)
+				fp8Terms64AVX2(&j.terms[(pi*cb+b0)*PanelRows], &panel[b0*ActBlock*PanelRows], &j.xs[b0*ActBlock], &scl[b0], &sub[b0*ActBlock/64], b1-b0)
 			}
 			if j.left[pi].Add(-1) != 0 {
 				continue // another group of this panel adds the terms
