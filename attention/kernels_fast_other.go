@@ -43,5 +43,5 @@ func fp8Widen64AVX2(v *float32, codes *uint8) {
 	panic("attention: no assembly kernels in this build")
 }
 
-func getMXCSR() uint32 { panic("attention: no assembly kernels in this build") }
+func getMXCSR() uint32  { panic("attention: no assembly kernels in this build") }
 func setMXCSR(v uint32) { panic("attention: no assembly kernels in this build") }
