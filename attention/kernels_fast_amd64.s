@@ -49,9 +49,9 @@ TEXT ·xgetbv0(SB), NOSPLIT, $0-8
 //
 // and stores the 16-bit words h<<8|f; a lane then reads its word with
 // VPMOVZXWD and shifts it left by 20: sign → bit 31, f → bits 20..27, which
-// is the fp32 bit pattern of v(c). (The previous kernels widened to
-// E4M3·2^-120, which made the 5.5 % subnormal codes fp32 subnormals: Intel
-// cores take microcode assists on those.)
+// is the fp32 bit pattern of v(c). (The plain shift of OLD8 below, E4M3·2^-120,
+// makes the subnormal codes fp32 subnormals, on which Intel cores take
+// microcode assists: it is used only for rows without subnormal codes.)
 //
 // AVX2's byte unpacks work per 128-bit half, so the 32 words land in the
 // scratch as codes 0-7, 16-23 (first 32 bytes) and 8-15, 24-31 (next 32);

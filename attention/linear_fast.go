@@ -181,11 +181,17 @@ func (p *FP8Panels) rowCodes(dst []uint8, n int) {
 // Bytes is the memory the packed weight holds.
 func (p *FP8Panels) Bytes() int64 { return int64(len(p.Codes) + len(p.Scale) + 8*len(p.Sub)) }
 
-// The FP8 kernels widen a code c to v(c) = E4M3(c)·2^-104 (fp8WidenBits), a
-// normal fp32 value for every finite code (or ±0): no fp32 subnormal is ever
-// formed, so the speed does not depend on the code values (Intel cores slow
-// down 7-14× on subnormal operands). The activation side is scaled so that
-// the products are the reference's, times a power of two:
+// The FP8 kernels never form an fp32 subnormal, whatever the codes (Intel
+// cores slow down 7-14× on subnormal operands): a panel row (64 codes, one k)
+// that holds a nonzero E4M3 subnormal code (FP8Panels.Sub) widens every code
+// c to v(c) = E4M3(c)·2^-104 (fp8WidenBits), normal for every finite code (or
+// ±0); any other row, whose codes are all normal or zero, widens by the plain
+// shift to E4M3(c)·2^-120 (normal or ±0) with x scaled by a further 2^16.
+// Both give the same products, so the path of a row changes no bit; the
+// subnormal-safe decode costs about 1.6× the plain one, so a weight made of
+// subnormal codes (the worst case) runs at most that much slower than a
+// checkpoint's, where almost no row holds one. The activation side is
+// scaled so that the products are the reference's, times a power of two:
 const (
 	fp8WidenExp = -104 // v(c) = E4M3(c)·2^fp8WidenExp
 	fp8ActExp   = 84   // FP8Linear: x = qx·2^84, so x·v = qx·E4M3·2^-20
@@ -216,9 +222,10 @@ func fp8WidenBits(c uint8) uint32 {
 //
 //	y[n] = bf16( Σ_b ( Σ_{k∈b} qx[k]·W[n,k] ) · s_b ).
 //
-// The assembly computes each block sum of (qx·2^84)·v(code), v = E4M3·2^-104
-// (fp8WidenBits, always normal), and multiplies it by the power of two
-// 2^(e+20)·s_b at the block end: every product is qx·E4M3·2^-20 exactly (a
+// The assembly computes each block sum of (qx·2^84)·(E4M3·2^-104) (or, for
+// a row without subnormal codes, (qx·2^100)·(E4M3·2^-120): the same
+// products) and multiplies it by the power of two 2^(e+20)·s_b at the block
+// end: every product is qx·E4M3·2^-20 exactly (a
 // normal multiple of 2^-38), every partial block sum a multiple of 2^-38
 // below 2^5 (normal), every block term in [2^-118, 2^85], so the block sums are the reference's times a
 // power of two and the block terms are the reference's exactly. The terms
@@ -244,7 +251,8 @@ func (p *FP8Panels) Linear(y, x []float32) {
 //	y[n] = bf16( Σ_k x[k]·W[n,k] )     fp32, k ascending
 //
 // The assembly runs the whole row as one sum of x[k]·2^(e_b+104) (the block's
-// scale moved onto x, exactly) times v(code) = E4M3·2^-104: each product is
+// scale moved onto x, exactly) times v(code) = E4M3·2^-104 (rows without
+// subnormal codes: x[k]·2^(e_b+120) times E4M3·2^-120): each product is
 // the reference's x[k]·W[n,k] exactly (x bf16, W E4M3-valued: ≤ 12
 // significant bits). The per-call checks keep every product ≥ 2^-115 in
 // magnitude, so the products and all partial sums are multiples of 2^-126
