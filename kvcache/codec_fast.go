@@ -128,23 +128,24 @@ func model1EntryFast(dst []float32, data, scl []byte) bool {
 	return !bf16Fast(dst[Model1Nope:Model1Nope+Model1Rope], data[Model1Nope:Model1DataBytes])
 }
 
-// fp8Tile64 is fp8Fast on one 64-code tile (fixed sizes: no bounds checks).
+// fp8Tile64 is fp8Fast on one 64-code tile (fixed sizes: no bounds checks;
+// the codes are read as words for the checks and as bytes for the table).
 func fp8Tile64(dst *[Model1Tile]float32, codes *[Model1Tile]byte, s float32) (nan, half bool) {
 	var nanAcc, halfAcc uint64
 	for i := 0; i < Model1Tile; i += 8 {
-		w := binary.LittleEndian.Uint64(codes[i : i+8])
-		m := w &^ highs8
+		c := (*[8]byte)(codes[i : i+8])
+		m := binary.LittleEndian.Uint64(c[:]) &^ highs8
 		nanAcc |= m + lanes8
 		halfAcc |= m + (0x80-e4m3Hi)*lanes8
 		d := (*[8]float32)(dst[i : i+8])
-		d[0] = e4m3Value[uint8(w)] * s
-		d[1] = e4m3Value[uint8(w>>8)] * s
-		d[2] = e4m3Value[uint8(w>>16)] * s
-		d[3] = e4m3Value[uint8(w>>24)] * s
-		d[4] = e4m3Value[uint8(w>>32)] * s
-		d[5] = e4m3Value[uint8(w>>40)] * s
-		d[6] = e4m3Value[uint8(w>>48)] * s
-		d[7] = e4m3Value[uint8(w>>56)] * s
+		d[0] = e4m3Value[c[0]] * s
+		d[1] = e4m3Value[c[1]] * s
+		d[2] = e4m3Value[c[2]] * s
+		d[3] = e4m3Value[c[3]] * s
+		d[4] = e4m3Value[c[4]] * s
+		d[5] = e4m3Value[c[5]] * s
+		d[6] = e4m3Value[c[6]] * s
+		d[7] = e4m3Value[c[7]] * s
 	}
 	return nanAcc&highs8 != 0, halfAcc&highs8 != 0
 }
