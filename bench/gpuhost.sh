@@ -84,6 +84,9 @@ run)
 	timeout 100 $B/attention.test -test.run '^$' -test.bench 'StreamRead/scan/allcores|FP8PanelsLinear|FP8PanelsWoA' \
 		-test.cpu $cpus -test.benchtime 20x -test.count $count -test.timeout 0 >"$out/kernels.txt" 2>&1
 	echo "exit $? after $(( $(date +%s) - t0 )) s"
+	# the kernel's own speed, one core, cache-resident weight
+	timeout 30 $B/attention.test -test.run '^$' -test.bench 'FP8PanelsInCache' -test.cpu 1 -test.count 3 \
+		-test.benchtime 200ms >>"$out/kernels.txt" 2>&1
 	echo "=== 4. KV page decode ($(date -u +%T))"
 	timeout 30 $B/kvcache.test -test.run '^$' -test.bench 'DecodePage' -test.cpu 1 -test.count 3 \
 		-test.benchtime 200ms >"$out/kvcache.txt" 2>&1
