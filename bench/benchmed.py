@@ -96,9 +96,10 @@ def main(out):
     if not kv:
         print("not run\n")
     else:
-        print("| layout | MB/s |\n|---|---|")
+        print("| benchmark | MB/s | MB/s per CPU-second |\n|---|---|---|")
         for (n, _), d in sorted(kv.items()):
-            print(f"| {n.removeprefix('BenchmarkDecodePage/')} | {med(d, 'MB/s'):.0f} |")
+            c = med(d, "MB/s-cpu")
+            print(f"| {n.removeprefix('Benchmark')} | {med(d, 'MB/s'):.0f} | {'' if c is None else f'{c:.0f}'} |")
         print("\nTarget: v4-model1 ≥ 2000 MB/s (fast).\n")
 
 
