@@ -2,13 +2,14 @@
 
 package attention
 
-// Assembly kernels (kernels_fast_amd64.s). Their contracts are in kernels_fast.go.
+// Assembly kernels (kernels_fast_amd64.s). Their contracts are in the .s file and
+// linear_fast.go / sparse_fast.go.
 
 func cpuid(eaxArg, ecxArg uint32) (eax, ebx, ecx, edx uint32)
 func xgetbv0() (eax, edx uint32)
 
 //go:noescape
-func fp8Panel64AVX2(y *float32, codes *uint8, x *float32, scl *float32, nkb, kb int)
+func fp8Panel64AVX2(y *float32, codes *uint8, x *float32, scl *float32, sub *uint64, nkb int)
 
 //go:noescape
 func bf16Panel64AVX2(y *float32, w *uint16, x *float32, k int)
@@ -44,4 +45,20 @@ func detectAVX2() bool {
 var hasAVX2 = detectAVX2()
 
 //go:noescape
-func fp8PlainPanel64AVX2(y *float32, codes *uint8, x *float32, scl *float32, nkb int)
+func fp8PlainPanel64AVX2(y *float32, codes *uint8, x *float32, scl *float32, sub *uint64, nkb int)
+
+//go:noescape
+func fp8Terms64AVX2(t *float32, codes *uint8, x *float32, scl *float32, sub *uint64, nkb int)
+
+//go:noescape
+func sumTerms64AVX2(y *float32, t *float32, n int)
+
+//go:noescape
+func fp8Widen64AVX2(v *float32, codes *uint8)
+
+// getMXCSR and setMXCSR read and write the SSE control register of the
+// calling thread (the tests run the kernels with denormals-are-zero and
+// flush-to-zero set, which changes the result of any subnormal operand or
+// result).
+func getMXCSR() uint32
+func setMXCSR(v uint32)

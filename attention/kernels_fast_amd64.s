@@ -7,7 +7,7 @@
 // each lane does the reference's fp32 operations in the reference's order: a
 // rounded product then a rounded sum (VMULPS, VADDPS), k ascending. The FP8
 // kernels fuse the two (VFMADD231PS) because their products are exact (see
-// CODES8), which makes the fused result the same bits. So a lane's result is
+// WORDS8), which makes the fused result the same bits. So a lane's result is
 // bit-identical to the scalar reference loop.
 
 // func cpuid(eaxArg, ecxArg uint32) (eax, ebx, ecx, edx uint32)
@@ -29,86 +29,239 @@ TEXT ·xgetbv0(SB), NOSPLIT, $0-8
 	MOVL DX, edx+4(FP)
 	RET
 
-// CODES8 widens 8 E4M3 codes at off(SI) straight to fp32 bits
-// sign<<31 | (code&0x7f)<<20 — the sign-extended code shifted left by 20,
-// masked with 0x87F00000 (Y15) — which is E4M3(code)·2^-120 exactly: normal
-// codes become normal fp32 values with exponent field eeee, subnormal codes
-// fp32 subnormals. It accumulates x·v into acc, x broadcast in Y8. The
-// callers scale x so that every product x·v is a normal fp32 value; with at
-// most 12 significant bits (x an E4M3 or bf16 value times a power of two, v
-// E4M3) it is then exact, and the fused multiply-add rounds once, exactly like
-// the reference's product-then-sum.
-#define CODES8(off, acc) \
-	VPMOVSXBD off(SI), Y9; \
+// The FP8 kernels widen E4M3 codes to fp32 without ever producing an fp32
+// subnormal: every finite code c becomes the normal fp32 value (or ±0)
+//
+//	v(c) = E4M3(c)·2^-104
+//
+// (fp8WidenBits in kernels_fast.go is the same computation in Go, and
+// TestFP8WidenAllCodes checks all 256 codes against it and against
+// quant.DecodeE4M3). For a normal code (c7 = c&0x7F ≥ 8) the fp32 field
+// exponent·8+mantissa is c7+128 (exponent e+16, the code's 3 mantissa bits);
+// the 8 subnormal codes c7 = m < 8 need c7+128−K[m] with
+// K = {128, 17, 10, 7, 4, 3, 2, 1} (m·2^-113 normalised; m = 0 gives +0/−0).
+// DEC32 does this on 32 code bytes at once:
+//
+//	idx = satadd(c&0x7F, 0x78)     < 0x80 exactly for the subnormal codes
+//	K   = pshufb(KTAB, idx)        (0 when idx ≥ 0x80)
+//	f   = (c|0x80) − K             the field, 0..254
+//	h   = sign(c)·0x08
+//
+// and stores the 16-bit words h<<8|f; a lane then reads its word with
+// VPMOVZXWD and shifts it left by 20: sign → bit 31, f → bits 20..27, which
+// is the fp32 bit pattern of v(c). (The plain shift of OLD8 below, E4M3·2^-120,
+// makes the subnormal codes fp32 subnormals, on which Intel cores take
+// microcode assists: it is used only for rows without subnormal codes.)
+//
+// AVX2's byte unpacks work per 128-bit half, so the 32 words land in the
+// scratch as codes 0-7, 16-23 (first 32 bytes) and 8-15, 24-31 (next 32);
+// the CODES64 lane order follows that.
+
+DATA fp8ktab<>+0(SB)/8, $0
+DATA fp8ktab<>+8(SB)/8, $0x01020304070a1180
+DATA fp8ktab<>+16(SB)/8, $0
+DATA fp8ktab<>+24(SB)/8, $0x01020304070a1180
+GLOBL fp8ktab<>(SB), RODATA|NOPTR, $32
+
+DATA fp8c7f<>+0(SB)/8, $0x7f7f7f7f7f7f7f7f
+DATA fp8c7f<>+8(SB)/8, $0x7f7f7f7f7f7f7f7f
+DATA fp8c7f<>+16(SB)/8, $0x7f7f7f7f7f7f7f7f
+DATA fp8c7f<>+24(SB)/8, $0x7f7f7f7f7f7f7f7f
+GLOBL fp8c7f<>(SB), RODATA|NOPTR, $32
+
+DATA fp8c78<>+0(SB)/8, $0x7878787878787878
+DATA fp8c78<>+8(SB)/8, $0x7878787878787878
+DATA fp8c78<>+16(SB)/8, $0x7878787878787878
+DATA fp8c78<>+24(SB)/8, $0x7878787878787878
+GLOBL fp8c78<>(SB), RODATA|NOPTR, $32
+
+DATA fp8c80<>+0(SB)/8, $0x8080808080808080
+DATA fp8c80<>+8(SB)/8, $0x8080808080808080
+DATA fp8c80<>+16(SB)/8, $0x8080808080808080
+DATA fp8c80<>+24(SB)/8, $0x8080808080808080
+GLOBL fp8c80<>(SB), RODATA|NOPTR, $32
+
+DATA fp8c08<>+0(SB)/8, $0x0808080808080808
+DATA fp8c08<>+8(SB)/8, $0x0808080808080808
+DATA fp8c08<>+16(SB)/8, $0x0808080808080808
+DATA fp8c08<>+24(SB)/8, $0x0808080808080808
+GLOBL fp8c08<>(SB), RODATA|NOPTR, $32
+
+// FP8CONSTS loads the DEC32 constants: Y15 = 0x7F, Y14 = 0x78, Y13 = KTAB.
+#define FP8CONSTS \
+	VMOVDQU fp8c7f<>(SB), Y15; \
+	VMOVDQU fp8c78<>(SB), Y14; \
+	VMOVDQU fp8ktab<>(SB), Y13
+
+// DEC32 turns the 32 codes at src into 32 words h<<8|f at lo(SP), hi(SP)
+// (32 bytes each). Uses Y8, Y9, Y10.
+#define DEC32(src, lo, hi) \
+	VMOVDQU src, Y8; \
+	VPAND Y15, Y8, Y9; \
+	VPADDUSB Y14, Y9, Y9; \
+	VPSHUFB Y9, Y13, Y9; \
+	VPOR fp8c80<>(SB), Y8, Y10; \
+	VPSUBB Y9, Y10, Y10; \
+	VPSRLW $4, Y8, Y8; \
+	VPAND fp8c08<>(SB), Y8, Y8; \
+	VPUNPCKLBW Y8, Y10, Y9; \
+	VPUNPCKHBW Y8, Y10, Y10; \
+	VMOVDQU Y9, lo(SP); \
+	VMOVDQU Y10, hi(SP)
+
+// WORDS8 widens 8 words at off(SP) to v(c) and accumulates x·v into acc (x
+// broadcast in Y8). The callers scale x so that every product x·v is a
+// normal fp32 value; with at most 12 significant bits (x an E4M3 or bf16
+// value times a power of two, v E4M3 times one) it is then exact, and the
+// fused multiply-add rounds once, exactly like the reference's
+// product-then-sum.
+#define WORDS8(off, acc) \
+	VPMOVZXWD off(SP), Y9; \
 	VPSLLD $20, Y9, Y9; \
-	VPAND Y15, Y9, Y9; \
 	VFMADD231PS Y8, Y9, acc
 
-#define CODES64 \
-	CODES8(0, Y0); \
-	CODES8(8, Y1); \
-	CODES8(16, Y2); \
-	CODES8(24, Y3); \
-	CODES8(32, Y4); \
-	CODES8(40, Y5); \
-	CODES8(48, Y6); \
-	CODES8(56, Y7)
+// DEC64 decodes the 64 codes of one panel row at SI into the scratch.
+#define DEC64 \
+	DEC32(0(SI), 0, 32); \
+	DEC32(32(SI), 64, 96)
 
-// ACCBLK folds one 128-column block: acc[off] += blk·s.
+// CODES64 accumulates the 64 lanes of one panel row (decoded by DEC64).
+#define CODES64 \
+	WORDS8(0, Y0); \
+	WORDS8(32, Y1); \
+	WORDS8(16, Y2); \
+	WORDS8(48, Y3); \
+	WORDS8(64, Y4); \
+	WORDS8(96, Y5); \
+	WORDS8(80, Y6); \
+	WORDS8(112, Y7)
+
+// ACCBLK folds one 128-column block: acc[off] += blk·s (s in Y12).
 #define ACCBLK(off, blk) \
-	VMULPS Y8, blk, blk; \
+	VMULPS Y12, blk, blk; \
 	VADDPS off(DI), blk, blk; \
 	VMOVUPS blk, off(DI)
 
-// func fp8Panel64AVX2(y *float32, codes *uint8, x *float32, scl *float32, nkb, kb int)
+// STBLK stores one block's term: t[off] = blk·s (s in Y12).
+#define STBLK(off, blk) \
+	VMULPS Y12, blk, blk; \
+	VMOVUPS blk, off(DI)
+
+#define ZERO8 \
+	VXORPS Y0, Y0, Y0; \
+	VXORPS Y1, Y1, Y1; \
+	VXORPS Y2, Y2, Y2; \
+	VXORPS Y3, Y3, Y3; \
+	VXORPS Y4, Y4, Y4; \
+	VXORPS Y5, Y5, Y5; \
+	VXORPS Y6, Y6, Y6; \
+	VXORPS Y7, Y7, Y7
+
+#define STORE8 \
+	VMOVUPS Y0, 0(DI); \
+	VMOVUPS Y1, 32(DI); \
+	VMOVUPS Y2, 64(DI); \
+	VMOVUPS Y3, 96(DI); \
+	VMOVUPS Y4, 128(DI); \
+	VMOVUPS Y5, 160(DI); \
+	VMOVUPS Y6, 192(DI); \
+	VMOVUPS Y7, 224(DI)
+
+// The kernels below take a row flag bitmap sub (FP8Panels.Sub: one bit per
+// panel row k, set when one of its 64 codes is a nonzero E4M3 subnormal) and
+// widen each panel row one of two ways, both without fp32 subnormals:
+//  - a row without subnormal codes (every code normal or ±0) through OLD8,
+//    the plain shift sign<<31 | (code&0x7F)<<20 = E4M3·2^-120, with x scaled
+//    by a further 2^16 (the same products x·v);
+//  - a row with one through DEC64/WORDS8 (E4M3·2^-104, above).
+// The two give the same products, so a row's path changes no bit; it only
+// costs: DEC64 is about 1.6 times OLD8's work, so a weight whose every row
+// holds a subnormal code (the worst case) runs at most that much slower than
+// a checkpoint's, where almost no row does.
+
+DATA fp8oldmask<>+0(SB)/8, $0x87f0000087f00000
+DATA fp8oldmask<>+8(SB)/8, $0x87f0000087f00000
+DATA fp8oldmask<>+16(SB)/8, $0x87f0000087f00000
+DATA fp8oldmask<>+24(SB)/8, $0x87f0000087f00000
+GLOBL fp8oldmask<>(SB), RODATA|NOPTR, $32
+
+DATA fp8two16<>+0(SB)/8, $0x4780000047800000
+DATA fp8two16<>+8(SB)/8, $0x4780000047800000
+DATA fp8two16<>+16(SB)/8, $0x4780000047800000
+DATA fp8two16<>+24(SB)/8, $0x4780000047800000
+GLOBL fp8two16<>(SB), RODATA|NOPTR, $32
+
+// OLD8 widens 8 codes of a row without subnormal codes at off(SI) to
+// E4M3·2^-120 (normal or ±0) and accumulates x·v into acc (x in Y8, the
+// mask 0x87F00000 in Y11).
+#define OLD8(off, acc) \
+	VPMOVSXBD off(SI), Y9; \
+	VPSLLD $20, Y9, Y9; \
+	VPAND Y11, Y9, Y9; \
+	VFMADD231PS Y8, Y9, acc
+
+#define OLD64 \
+	OLD8(0, Y0); \
+	OLD8(8, Y1); \
+	OLD8(16, Y2); \
+	OLD8(24, Y3); \
+	OLD8(32, Y4); \
+	OLD8(40, Y5); \
+	OLD8(48, Y6); \
+	OLD8(56, Y7)
+
+// func fp8Panel64AVX2(y *float32, codes *uint8, x *float32, scl *float32, sub *uint64, nkb int)
 //
-// y[0:64] = Σ_b scl[b] · Σ_{k in block b} (x[k]·2^100)·v[k][lane]   (v = E4M3·2^-120)
-// in fp32, blocks of kb columns; codes is [nkb·kb][64] bytes, x [nkb·kb],
-// scl [nkb].
-TEXT ·fp8Panel64AVX2(SB), NOSPLIT, $0-48
+// y[0:64] = Σ_b scl[b] · Σ_{k in block b} x[k]·v[k][lane]   (v = E4M3·2^-104)
+// in fp32, blocks of 128 columns, the block terms added in b order onto
+// +0; codes is [nkb·128][64] bytes, x [nkb·128] (the caller's qx·2^84),
+// scl [nkb], sub [2·nkb] (the rows' subnormal flags).
+TEXT ·fp8Panel64AVX2(SB), NOSPLIT, $128-48
 	MOVQ y+0(FP), DI
 	MOVQ codes+8(FP), SI
 	MOVQ x+16(FP), DX
 	MOVQ scl+24(FP), R8
-	MOVQ nkb+32(FP), CX
-	MOVQ kb+40(FP), R9
-	MOVL $0x87F00000, AX
-	MOVD AX, X15
-	VPBROADCASTD X15, Y15
-	MOVL $0x71800000, AX // 2^100
-	MOVD AX, X14
-	VPBROADCASTD X14, Y14
-	VXORPS Y0, Y0, Y0
-	VMOVUPS Y0, 0(DI)
-	VMOVUPS Y0, 32(DI)
-	VMOVUPS Y0, 64(DI)
-	VMOVUPS Y0, 96(DI)
-	VMOVUPS Y0, 128(DI)
-	VMOVUPS Y0, 160(DI)
-	VMOVUPS Y0, 192(DI)
-	VMOVUPS Y0, 224(DI)
+	MOVQ sub+32(FP), R11
+	MOVQ nkb+40(FP), CX
+	FP8CONSTS
+	VMOVDQU fp8oldmask<>(SB), Y11
+	ZERO8
+	STORE8
 
 fp8block:
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	VXORPS Y4, Y4, Y4
-	VXORPS Y5, Y5, Y5
-	VXORPS Y6, Y6, Y6
-	VXORPS Y7, Y7, Y7
-	MOVQ R9, BX
+	ZERO8
+	MOVQ $2, R10
+
+fp8word:
+	MOVQ (R11), R12
+	ADDQ $8, R11
+	MOVQ $64, BX
 
 fp8k:
+	SHRQ $1, R12
+	JCS  fp8slow
 	VBROADCASTSS (DX), Y8
-	VMULPS Y14, Y8, Y8
-	CODES64
+	VMULPS fp8two16<>(SB), Y8, Y8
+	OLD64
+
+fp8next:
 	ADDQ $64, SI
 	ADDQ $4, DX
 	DECQ BX
 	JNZ  fp8k
+	DECQ R10
+	JNZ  fp8word
+	JMP  fp8blockend
 
-	VBROADCASTSS (R8), Y8
+fp8slow:
+	DEC64
+	VBROADCASTSS (DX), Y8
+	CODES64
+	JMP  fp8next
+
+fp8blockend:
+
+	VBROADCASTSS (R8), Y12
 	ACCBLK(0, Y0)
 	ACCBLK(32, Y1)
 	ACCBLK(64, Y2)
@@ -123,53 +276,176 @@ fp8k:
 	VZEROUPPER
 	RET
 
-// func fp8PlainPanel64AVX2(y *float32, codes *uint8, x *float32, scl *float32, nkb int)
+// func fp8Terms64AVX2(t *float32, codes *uint8, x *float32, scl *float32, sub *uint64, nkb int)
+//
+// t[b][0:64] = scl[b] · Σ_{k in block b} x[k]·v[k][lane] for each of the nkb
+// blocks (the block terms of fp8Panel64AVX2, not yet added): t is [nkb][64].
+TEXT ·fp8Terms64AVX2(SB), NOSPLIT, $128-48
+	MOVQ t+0(FP), DI
+	MOVQ codes+8(FP), SI
+	MOVQ x+16(FP), DX
+	MOVQ scl+24(FP), R8
+	MOVQ sub+32(FP), R11
+	MOVQ nkb+40(FP), CX
+	FP8CONSTS
+	VMOVDQU fp8oldmask<>(SB), Y11
+
+termblock:
+	ZERO8
+	MOVQ $2, R10
+
+termword:
+	MOVQ (R11), R12
+	ADDQ $8, R11
+	MOVQ $64, BX
+
+termk:
+	SHRQ $1, R12
+	JCS  termslow
+	VBROADCASTSS (DX), Y8
+	VMULPS fp8two16<>(SB), Y8, Y8
+	OLD64
+
+termnext:
+	ADDQ $64, SI
+	ADDQ $4, DX
+	DECQ BX
+	JNZ  termk
+	DECQ R10
+	JNZ  termword
+	JMP  termblockend
+
+termslow:
+	DEC64
+	VBROADCASTSS (DX), Y8
+	CODES64
+	JMP  termnext
+
+termblockend:
+
+	VBROADCASTSS (R8), Y12
+	STBLK(0, Y0)
+	STBLK(32, Y1)
+	STBLK(64, Y2)
+	STBLK(96, Y3)
+	STBLK(128, Y4)
+	STBLK(160, Y5)
+	STBLK(192, Y6)
+	STBLK(224, Y7)
+	ADDQ $256, DI
+	ADDQ $4, R8
+	DECQ CX
+	JNZ  termblock
+	VZEROUPPER
+	RET
+
+// func sumTerms64AVX2(y *float32, t *float32, n int)
+//
+// y[lane] = Σ_{b<n} t[b][lane] in fp32, b ascending, from +0 (the order of
+// the reference's acc += blk·s); t is [n][64], n ≥ 1.
+TEXT ·sumTerms64AVX2(SB), NOSPLIT, $0-24
+	MOVQ y+0(FP), DI
+	MOVQ t+8(FP), SI
+	MOVQ n+16(FP), CX
+	ZERO8
+
+sumb:
+	VADDPS 0(SI), Y0, Y0
+	VADDPS 32(SI), Y1, Y1
+	VADDPS 64(SI), Y2, Y2
+	VADDPS 96(SI), Y3, Y3
+	VADDPS 128(SI), Y4, Y4
+	VADDPS 160(SI), Y5, Y5
+	VADDPS 192(SI), Y6, Y6
+	VADDPS 224(SI), Y7, Y7
+	ADDQ $256, SI
+	DECQ CX
+	JNZ  sumb
+	STORE8
+	VZEROUPPER
+	RET
+
+// func fp8PlainPanel64AVX2(y *float32, codes *uint8, x *float32, scl *float32, sub *uint64, nkb int)
 //
 // y[0:64] = Σ_k (x[k]·scl[k/128])·v[k][lane]   one fp32 sum over all k
-// (v = E4M3·2^-120, so (x[k]·scl[b])·v = x[k]·W[n,k] when scl[b] = 2^(e_b+120));
-// codes is [nkb·128][64] bytes, x [nkb·128], scl [nkb].
-TEXT ·fp8PlainPanel64AVX2(SB), NOSPLIT, $0-40
+// (v = E4M3·2^-104, so (x[k]·scl[b])·v = x[k]·W[n,k] when scl[b] = 2^(e_b+104));
+// codes is [nkb·128][64] bytes, x [nkb·128], scl [nkb], sub [2·nkb].
+TEXT ·fp8PlainPanel64AVX2(SB), NOSPLIT, $160-48
 	MOVQ y+0(FP), DI
 	MOVQ codes+8(FP), SI
 	MOVQ x+16(FP), DX
 	MOVQ scl+24(FP), R8
-	MOVQ nkb+32(FP), CX
-	MOVL $0x87F00000, AX
-	MOVD AX, X15
-	VPBROADCASTD X15, Y15
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	VXORPS Y4, Y4, Y4
-	VXORPS Y5, Y5, Y5
-	VXORPS Y6, Y6, Y6
-	VXORPS Y7, Y7, Y7
+	MOVQ sub+32(FP), R11
+	MOVQ nkb+40(FP), CX
+	FP8CONSTS
+	VMOVDQU fp8oldmask<>(SB), Y11
+	ZERO8
 
 plainblock:
-	VBROADCASTSS (R8), Y14
-	MOVQ $128, BX
+	VBROADCASTSS (R8), Y12
+	VMULPS fp8two16<>(SB), Y12, Y9
+	VMOVDQU Y9, 128(SP) // the block's scale times 2^16, for the rows without subnormal codes
+	MOVQ $2, R10
+
+plainword:
+	MOVQ (R11), R12
+	ADDQ $8, R11
+	MOVQ $64, BX
 
 plaink:
+	SHRQ $1, R12
+	JCS  plainslow
 	VBROADCASTSS (DX), Y8
-	VMULPS Y14, Y8, Y8
-	CODES64
+	VMULPS 128(SP), Y8, Y8
+	OLD64
+
+plainnext:
 	ADDQ $64, SI
 	ADDQ $4, DX
 	DECQ BX
 	JNZ  plaink
+	DECQ R10
+	JNZ  plainword
 	ADDQ $4, R8
 	DECQ CX
 	JNZ  plainblock
+	STORE8
+	VZEROUPPER
+	RET
 
-	VMOVUPS Y0, 0(DI)
-	VMOVUPS Y1, 32(DI)
-	VMOVUPS Y2, 64(DI)
-	VMOVUPS Y3, 96(DI)
-	VMOVUPS Y4, 128(DI)
-	VMOVUPS Y5, 160(DI)
-	VMOVUPS Y6, 192(DI)
-	VMOVUPS Y7, 224(DI)
+plainslow:
+	DEC64
+	VBROADCASTSS (DX), Y8
+	VMULPS Y12, Y8, Y8
+	CODES64
+	JMP  plainnext
+
+// func fp8Widen64AVX2(v *float32, codes *uint8)
+//
+// v[lane] = the fp32 value the FP8 kernels use for codes[lane], 64 lanes
+// (DEC64 then WORDS8 without the multiply-add): for the tests.
+TEXT ·fp8Widen64AVX2(SB), NOSPLIT, $128-16
+	MOVQ v+0(FP), DI
+	MOVQ codes+8(FP), SI
+	FP8CONSTS
+	DEC64
+	VPMOVZXWD 0(SP), Y0
+	VPMOVZXWD 32(SP), Y1
+	VPMOVZXWD 16(SP), Y2
+	VPMOVZXWD 48(SP), Y3
+	VPMOVZXWD 64(SP), Y4
+	VPMOVZXWD 96(SP), Y5
+	VPMOVZXWD 80(SP), Y6
+	VPMOVZXWD 112(SP), Y7
+	VPSLLD $20, Y0, Y0
+	VPSLLD $20, Y1, Y1
+	VPSLLD $20, Y2, Y2
+	VPSLLD $20, Y3, Y3
+	VPSLLD $20, Y4, Y4
+	VPSLLD $20, Y5, Y5
+	VPSLLD $20, Y6, Y6
+	VPSLLD $20, Y7, Y7
+	STORE8
 	VZEROUPPER
 	RET
 
@@ -430,4 +706,14 @@ pvstore:
 	SUBQ $64, R11
 	JNZ  pvblock
 	VZEROUPPER
+	RET
+
+// func getMXCSR() uint32
+TEXT ·getMXCSR(SB), NOSPLIT, $0-4
+	STMXCSR ret+0(FP)
+	RET
+
+// func setMXCSR(v uint32)
+TEXT ·setMXCSR(SB), NOSPLIT, $0-4
+	LDMXCSR v+0(FP)
 	RET

@@ -7,7 +7,7 @@ package attention
 
 const hasAVX2 = false
 
-func fp8Panel64AVX2(y *float32, codes *uint8, x *float32, scl *float32, nkb, kb int) {
+func fp8Panel64AVX2(y *float32, codes *uint8, x *float32, scl *float32, sub *uint64, nkb int) {
 	panic("attention: no assembly kernels in this build")
 }
 
@@ -27,6 +27,21 @@ func pvChunkAVX2(acc *float32, rows **float32, p *float32, n int, alpha float32,
 	panic("attention: no assembly kernels in this build")
 }
 
-func fp8PlainPanel64AVX2(y *float32, codes *uint8, x *float32, scl *float32, nkb int) {
+func fp8PlainPanel64AVX2(y *float32, codes *uint8, x *float32, scl *float32, sub *uint64, nkb int) {
 	panic("attention: no assembly kernels in this build")
 }
+
+func fp8Terms64AVX2(t *float32, codes *uint8, x *float32, scl *float32, sub *uint64, nkb int) {
+	panic("attention: no assembly kernels in this build")
+}
+
+func sumTerms64AVX2(y *float32, t *float32, n int) {
+	panic("attention: no assembly kernels in this build")
+}
+
+func fp8Widen64AVX2(v *float32, codes *uint8) {
+	panic("attention: no assembly kernels in this build")
+}
+
+func getMXCSR() uint32  { panic("attention: no assembly kernels in this build") }
+func setMXCSR(v uint32) { panic("attention: no assembly kernels in this build") }

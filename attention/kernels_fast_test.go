@@ -1,7 +1,9 @@
 package attention
 
 import (
+	"fmt"
 	"math"
+	"math/bits"
 	"math/rand/v2"
 	"runtime"
 	"testing"
@@ -10,7 +12,8 @@ import (
 )
 
 // eachPath runs f with the assembly kernels (when this machine has them) and
-// with the pure-Go lane loops, at GOMAXPROCS 1 and 2.
+// with the pure-Go lane loops, at GOMAXPROCS 1, 2 and 16 (the work split of
+// the fast paths depends on it; the results must not).
 func eachPath(t *testing.T, f func(t *testing.T)) {
 	t.Helper()
 	old, oldProcs := UseAssembly, runtime.GOMAXPROCS(0)
@@ -20,14 +23,14 @@ func eachPath(t *testing.T, f func(t *testing.T)) {
 			t.Log("no AVX2 kernels on this machine/build: testing the pure-Go path only")
 			continue
 		}
-		for _, procs := range []int{1, 2} {
+		for _, procs := range []int{1, 2, 16} {
 			UseAssembly = asm
 			runtime.GOMAXPROCS(procs)
 			name := "go"
 			if asm {
 				name = "asm"
 			}
-			t.Run(name+map[int]string{1: "/P1", 2: "/P2"}[procs], f)
+			t.Run(fmt.Sprintf("%s/P%d", name, procs), f)
 		}
 	}
 }
@@ -102,6 +105,201 @@ func TestFP8PanelsEqualFP8Linear(t *testing.T) {
 			sameBits(t, "y", got, want)
 		}
 	})
+}
+
+// TestFP8WidenAllCodes: the kernels' widening of every finite E4M3 code is
+// E4M3·2^-104 exactly and a normal fp32 value (or ±0) — never an fp32
+// subnormal — in Go (fp8WidenBits) and in the assembly (fp8Widen64AVX2).
+func TestFP8WidenAllCodes(t *testing.T) {
+	normal, zero := 0, 0
+	for c := 0; c < 256; c++ {
+		if c&0x7f == 0x7f {
+			continue // NaN codes never reach the kernels (FP8Panels.exact)
+		}
+		got := fp8WidenBits(uint8(c))
+		want := math.Float32bits(quant.DecodeE4M3(uint8(c)) * 0x1p-104)
+		if got != want {
+			t.Errorf("code %#02x: widened to %08x, want %08x (E4M3·2^-104)", c, got, want)
+		}
+		switch e := got >> 23 & 0xff; {
+		case got&0x7fffffff == 0:
+			zero++
+		case e == 0 || e == 0xff:
+			t.Errorf("code %#02x: widened to %08x, not a normal fp32 value", c, got)
+		default:
+			normal++
+		}
+	}
+	if normal != 252 || zero != 2 {
+		t.Errorf("%d normal and %d zero widenings, want 252 and 2", normal, zero)
+	}
+	if !HasAssembly() {
+		t.Skip("no AVX2 kernels on this machine/build")
+	}
+	codes := make([]uint8, 256)
+	for c := range codes {
+		codes[c] = uint8(c)
+	}
+	// also in a scrambled order: every lane position sees every code
+	rng := rand.New(rand.NewPCG(20, 21))
+	perm := append([]uint8(nil), codes...)
+	rng.Shuffle(len(perm), func(i, j int) { perm[i], perm[j] = perm[j], perm[i] })
+	for _, cs := range [][]uint8{codes, perm} {
+		v := make([]float32, 256)
+		for i := 0; i < 256; i += 64 {
+			fp8Widen64AVX2(&v[i], &cs[i])
+		}
+		for i, c := range cs {
+			if c&0x7f != 0x7f && math.Float32bits(v[i]) != fp8WidenBits(c) {
+				t.Errorf("lane %d, code %#02x: assembly widened to %08x, want %08x", i%64, c, math.Float32bits(v[i]), fp8WidenBits(c))
+			}
+		}
+	}
+}
+
+// codesWeight makes an FP8 weight from codes drawn by code(n, k) and random
+// scales 2^[-12, -7] (a checkpoint's range).
+func codesWeight(rng *rand.Rand, rows, cols int, code func(n, k int) uint8) *FP8Weight {
+	codes := make([]uint8, rows*cols)
+	for n := 0; n < rows; n++ {
+		for k := 0; k < cols; k++ {
+			codes[n*cols+k] = code(n, k)
+		}
+	}
+	scale := make([]uint8, ((rows+127)/128)*((cols+127)/128))
+	for i := range scale {
+		scale[i] = uint8(127 - 12 + rng.IntN(6))
+	}
+	return NewFP8Weight(codes, scale, rows, cols)
+}
+
+// TestFP8PanelsAllCodes: weights that use all 254 finite codes (in every
+// lane, in every position), uniform random codes, the worst case — every
+// code an E4M3 subnormal (±m·2^-9) — blocks with an outlier and a
+// checkpoint-like weight give the reference's bits in both forms (Linear
+// and LinearPlain), through both widenings (rows with and without
+// subnormal codes), with the block split of small weights (GOMAXPROCS 16)
+// and without.
+func TestFP8PanelsAllCodes(t *testing.T) {
+	rng := rand.New(rand.NewPCG(22, 23))
+	finite := func(c uint8) uint8 {
+		if c&0x7f == 0x7f {
+			return c ^ 1
+		}
+		return c
+	}
+	type wcase struct {
+		name string
+		w    *FP8Weight
+	}
+	var cases []wcase
+	for _, sh := range []struct{ rows, cols int }{{256, 1024}, {200, 384}, {64, 4096}, {1, 256}} {
+		cases = append(cases,
+			wcase{fmt.Sprintf("all codes %dx%d", sh.rows, sh.cols), codesWeight(rng, sh.rows, sh.cols, func(n, k int) uint8 { return finite(uint8(n*37 + k)) })},
+			wcase{fmt.Sprintf("uniform %dx%d", sh.rows, sh.cols), codesWeight(rng, sh.rows, sh.cols, func(n, k int) uint8 { return finite(uint8(rng.Uint32())) })},
+			wcase{fmt.Sprintf("subnormal %dx%d", sh.rows, sh.cols), codesWeight(rng, sh.rows, sh.cols, func(n, k int) uint8 { return uint8(rng.IntN(8)) | uint8(rng.IntN(2))<<7 })})
+	}
+	// a realistic weight with one outlier per 128×128 block: most codes of
+	// the block are then subnormal
+	ow := make([]float32, 256*512)
+	for i := range ow {
+		ow[i] = quant.BF16Round(float32(rng.NormFloat64() * 0.01))
+		if i%(128*128+3) == 7 {
+			ow[i] = 40
+		}
+	}
+	cases = append(cases, wcase{"outlier blocks", QuantizeFP8Weight(ow, 256, 512)})
+	// a checkpoint-like weight (normal samples, block scales): most panel
+	// rows hold no subnormal code and take the plain widening
+	cases = append(cases, wcase{"checkpoint", randFP8(rng, 256, 1024)})
+	var flagged, rows int
+	for _, c := range cases {
+		for _, w := range PackFP8Weight(c.w).Sub {
+			flagged += bits.OnesCount64(w)
+		}
+		rows += (c.w.Rows + PanelRows - 1) / PanelRows * c.w.Cols
+	}
+	if flagged == 0 || flagged == rows {
+		t.Fatalf("%d of %d panel rows flagged: both widenings must be exercised", flagged, rows)
+	}
+	xs := map[int][]float32{}
+	for _, c := range cases {
+		if xs[c.w.Cols] == nil {
+			xs[c.w.Cols] = bf16Vec(rng, c.w.Cols, 2)
+		}
+	}
+	eachPath(t, func(t *testing.T) {
+		for _, c := range cases {
+			p := PackFP8Weight(c.w)
+			if !p.exact {
+				t.Fatalf("%s: not marked exact", c.name)
+			}
+			x := xs[c.w.Cols]
+			want, got := make([]float32, c.w.Rows), make([]float32, c.w.Rows)
+			FP8Linear(want, x, c.w)
+			p.Linear(got, x)
+			sameBits(t, c.name+": Linear", got, want)
+			BF16Linear(want, x, c.w.W, c.w.Rows, c.w.Cols)
+			p.LinearPlain(got, x)
+			sameBits(t, c.name+": LinearPlain", got, want)
+		}
+	})
+}
+
+// TestFP8PanelsNoSubnormals runs the FP8 kernels with the thread's MXCSR set
+// to denormals-are-zero and flush-to-zero: any fp32 subnormal a kernel read
+// (a subnormal code widened to a subnormal fp32, in a row routed to the wrong
+// widening) or produced (a product or partial sum) would then change the
+// result. Every output must still be the reference's, computed normally.
+// Both forms, the block split (job with 16 workers, run on this thread) and
+// every weight of TestFP8PanelsAllCodes' kind are covered.
+func TestFP8PanelsNoSubnormals(t *testing.T) {
+	if !HasAssembly() {
+		t.Skip("no AVX2 kernels on this machine/build")
+	}
+	rng := rand.New(rand.NewPCG(24, 25))
+	ws := []*FP8Weight{
+		codesWeight(rng, 256, 1024, func(n, k int) uint8 { return uint8(rng.IntN(8)) | uint8(rng.IntN(2))<<7 }),
+		codesWeight(rng, 128, 4096, func(n, k int) uint8 {
+			if c := uint8(rng.Uint32()); c&0x7f != 0x7f {
+				return c
+			}
+			return 1
+		}),
+		randFP8(rng, 256, 1024),
+	}
+	x := bf16Vec(rng, 4096, 2)
+	old := UseAssembly
+	defer func() { UseAssembly = old }()
+	UseAssembly = true
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	for i, w := range ws {
+		xw := x[:w.Cols]
+		want, wantPlain := make([]float32, w.Rows), make([]float32, w.Rows)
+		FP8Linear(want, xw, w)
+		BF16Linear(wantPlain, xw, w.W, w.Rows, w.Cols)
+		qx, sx := make([]float32, w.Cols), make([]float32, w.Cols/ActBlock)
+		quant.QuantizeActFP8(qx, sx, xw, ActBlock)
+		p := PackFP8Weight(w)
+		got, split, plain := make([]float32, w.Rows), make([]float32, w.Rows), make([]float32, w.Rows)
+		csr := getMXCSR()
+		setMXCSR(csr | 0x8040) // FTZ | DAZ
+		j := p.job(got, qx, sx, 1)
+		j.run(0, j.items())
+		js := p.job(split, qx, sx, 16)
+		js.run(0, js.items())
+		jp := p.job(plain, xw, nil, 1)
+		jp.run(0, jp.items())
+		setMXCSR(csr)
+		if !j.asm || !jp.asm || js.ng < 2 {
+			t.Fatalf("weight %d: the kernels did not run (asm %v %v, groups %d)", i, j.asm, jp.asm, js.ng)
+		}
+		js.release()
+		sameBits(t, fmt.Sprintf("weight %d Linear", i), got, want)
+		sameBits(t, fmt.Sprintf("weight %d Linear, blocks split", i), split, want)
+		sameBits(t, fmt.Sprintf("weight %d LinearPlain", i), plain, wantPlain)
+	}
 }
 
 // TestFP8PanelsSpecial: NaN codes, extreme scales and non-finite activations
@@ -180,7 +378,7 @@ func TestWoAPanelsEqualWoA(t *testing.T) {
 	if w := PackWoA(bf, G, R, gd); w.FP8 != nil {
 		t.Fatal("random bf16 wo_a packed as FP8")
 	}
-	if w := PackWoA(fp8, G, R, gd); w.FP8 == nil || w.Bytes() != int64(G*R*gd+G*((R+127)/128)*(gd/128)) {
+	if w := PackWoA(fp8, G, R, gd); w.FP8 == nil || w.Bytes() != int64(G*R*gd+G*((R+127)/128)*(gd/128)+G*8*((R+63)/64)*(gd/64)) {
 		t.Fatal("FP8-derived wo_a not packed as FP8 codes")
 	}
 	eachPath(t, func(t *testing.T) {

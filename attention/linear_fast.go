@@ -3,9 +3,8 @@ package attention
 import (
 	"math"
 	"runtime"
+	"sync"
 	"sync/atomic"
-
-	"golang.org/x/sync/errgroup"
 
 	"sparsemla/quant"
 )
@@ -34,33 +33,71 @@ func HasAssembly() bool { return hasAVX2 }
 
 func useAsm() bool { return UseAssembly && hasAVX2 }
 
-// parallelFor runs f over [0, n) in contiguous chunks that GOMAXPROCS
-// goroutines take from a shared counter (so a goroutine the OS delays does not
-// hold the others up), none when work is small. Callers only write disjoint
-// outputs per index and compute each index the same way whoever runs it, so
-// results do not depend on the split or the number of goroutines.
+// parallelFor runs f over [0, n) in contiguous chunks that the caller and
+// up to GOMAXPROCS−1 helper goroutines take from a shared counter (so a
+// goroutine the OS delays does not hold the others up), no helper when work
+// is small. Helpers are drawn from one process-wide budget of GOMAXPROCS−1
+// (helpers): calls made concurrently (the branches of a layer step, the
+// layers of a model step) share the cores instead of each starting
+// GOMAXPROCS goroutines, and a call that finds the budget spent runs on its
+// caller alone. Callers only write disjoint outputs per index and compute
+// each index the same way whoever runs it, so results do not depend on the
+// split or the number of goroutines.
 func parallelFor(n int, work int, f func(lo, hi int)) {
-	workers := min(runtime.GOMAXPROCS(0), n)
+	procs := runtime.GOMAXPROCS(0)
+	workers := min(procs, n)
 	if workers <= 1 || work < 1<<16 {
+		f(0, n)
+		return
+	}
+	extra := helpers.take(workers-1, procs-1)
+	if extra == 0 {
 		f(0, n)
 		return
 	}
 	chunk := max(1, n/(8*workers))
 	var next atomic.Int64
-	var g errgroup.Group
-	for w := 0; w < workers; w++ {
-		g.Go(func() error {
-			for {
-				lo := int(next.Add(int64(chunk))) - chunk
-				if lo >= n {
-					return nil
-				}
-				f(lo, min(n, lo+chunk))
+	loop := func() {
+		for {
+			lo := int(next.Add(int64(chunk))) - chunk
+			if lo >= n {
+				return
 			}
+			f(lo, min(n, lo+chunk))
+		}
+	}
+	var wg sync.WaitGroup
+	for range extra {
+		wg.Go(func() {
+			defer helpers.give(1)
+			loop()
 		})
 	}
-	g.Wait()
+	loop()
+	wg.Wait()
 }
+
+// helperBudget counts the helper goroutines parallelFor has running.
+type helperBudget struct{ busy atomic.Int64 }
+
+var helpers helperBudget
+
+// take reserves up to want helpers while fewer than limit are busy and
+// returns how many it got.
+func (h *helperBudget) take(want, limit int) int {
+	for {
+		busy := h.busy.Load()
+		n := min(int64(want), int64(limit)-busy)
+		if n <= 0 {
+			return 0
+		}
+		if h.busy.CompareAndSwap(busy, busy+n) {
+			return int(n)
+		}
+	}
+}
+
+func (h *helperBudget) give(n int) { h.busy.Add(-int64(n)) }
 
 // FP8Panels is an FP8 weight [Rows, Cols] (E4M3 codes, UE8M0 128×128 block
 // scales) repacked for the fast FP8Linear: Codes is [ceil(Rows/64)][Cols][64]
@@ -70,8 +107,14 @@ type FP8Panels struct {
 	Rows, Cols int
 	Codes      []uint8
 	Scale      []uint8
+	// Sub flags the panel rows that hold a nonzero E4M3 subnormal code
+	// (low 7 bits 0x01-0x07): bit k%64 of Sub[pi·Cols/64 + k/64] for row k
+	// of panel pi. The kernels widen flagged rows through the subnormal-safe
+	// decode and the others through the plain shift (0.2 % of the codes'
+	// bytes).
+	Sub []uint64
 	// exact reports that the kernel's factoring (block sums of
-	// (qx·2^100)·(E4M3·2^-120), scaled by 2^(e+20)·s_b at the block end)
+	// (qx·2^84)·(E4M3·2^-104), scaled by 2^(e+20)·s_b at the block end)
 	// provably equals the reference: no NaN code, every scale exponent e in
 	// [-90, 100] (the per-call checks then bound the factors).
 	exact bool
@@ -102,10 +145,16 @@ func PackFP8(codes, scale []uint8, rows, cols int) *FP8Panels {
 			}
 		}
 	})
-	for _, c := range p.Codes {
-		if c&0x7f == 0x7f { // E4M3 NaN: the kernels' bit trick would read it as a number
-			p.exact = false
-			break
+	p.Sub = make([]uint64, np*cols/64)
+	for i := 0; i < len(p.Codes); i += PanelRows {
+		for _, c := range p.Codes[i : i+PanelRows] {
+			if c&0x7f == 0x7f { // E4M3 NaN: the kernels' bit trick would read it as a number
+				p.exact = false
+			}
+			if c&0x78 == 0 && c&0x07 != 0 {
+				r := i / PanelRows // panel row index pi·cols + k
+				p.Sub[r/64] |= 1 << (r % 64)
+			}
 		}
 	}
 	return p
@@ -130,19 +179,61 @@ func (p *FP8Panels) rowCodes(dst []uint8, n int) {
 }
 
 // Bytes is the memory the packed weight holds.
-func (p *FP8Panels) Bytes() int64 { return int64(len(p.Codes) + len(p.Scale)) }
+func (p *FP8Panels) Bytes() int64 { return int64(len(p.Codes) + len(p.Scale) + 8*len(p.Sub)) }
+
+// The FP8 kernels never form an fp32 subnormal, whatever the codes (Intel
+// cores slow down 7-14× on subnormal operands): a panel row (64 codes, one k)
+// that holds a nonzero E4M3 subnormal code (FP8Panels.Sub) widens every code
+// c to v(c) = E4M3(c)·2^-104 (fp8WidenBits), normal for every finite code (or
+// ±0); any other row, whose codes are all normal or zero, widens by the plain
+// shift to E4M3(c)·2^-120 (normal or ±0) with x scaled by a further 2^16.
+// Both give the same products, so the path of a row changes no bit; the
+// subnormal-safe decode costs about 1.6× the plain one, so a weight made of
+// subnormal codes (the worst case) runs at most that much slower than a
+// checkpoint's, where almost no row holds one. The activation side is
+// scaled so that the products are the reference's, times a power of two:
+const (
+	fp8WidenExp = -104 // v(c) = E4M3(c)·2^fp8WidenExp
+	fp8ActExp   = 84   // FP8Linear: x = qx·2^84, so x·v = qx·E4M3·2^-20
+)
+
+// fp8KTab is the subnormal correction of fp8WidenBits: the field of m·2^-113
+// (code m < 8) is m+128−fp8KTab[8+m].
+var fp8KTab = [16]uint8{8: 128, 17, 10, 7, 4, 3, 2, 1}
+
+// fp8WidenBits is the fp32 bit pattern the assembly (DEC32, WORDS8) gives
+// code c, computed the same way: the field exponent·8+mantissa is
+// (c|0x80) − K (K ≠ 0 only for the subnormal codes, found through a
+// saturating add and a 16-entry table), the sign goes to bit 31. For every
+// code but the NaN codes it is E4M3(c)·2^-104 exactly (TestFP8WidenAllCodes).
+func fp8WidenBits(c uint8) uint32 {
+	idx := min(uint32(c&0x7f)+0x78, 0xff) // VPADDUSB
+	var k uint32
+	if idx < 0x80 { // VPSHUFB: an index with its top bit set gives 0
+		k = uint32(fp8KTab[idx&15])
+	}
+	f := uint32(c|0x80) - k
+	h := uint32(c>>7) << 3
+	return (h<<8 | f) << 20
+}
 
 // Linear is FP8Linear on the packed weight, bit-identical to it at any
 // GOMAXPROCS: x [Cols] bf16 values, y [Rows] bf16 results,
 //
 //	y[n] = bf16( Σ_b ( Σ_{k∈b} qx[k]·W[n,k] ) · s_b ).
 //
-// The assembly widens each code to E4M3·2^-120 (an exact fp32 bit pattern),
-// computes each block sum of (qx·2^100)·that and multiplies it by the power of
-// two 2^(e+20)·s_b at the block end: all products are exact and no partial sum
-// leaves the normal range, so the sums are the reference's scaled by a power
-// of two. Weights or activations outside that range (NaN codes, extreme
-// scales, non-finite x) take the reference loop.
+// The assembly computes each block sum of (qx·2^84)·(E4M3·2^-104) (or, for
+// a row without subnormal codes, (qx·2^100)·(E4M3·2^-120): the same
+// products) and multiplies it by the power of two 2^(e+20)·s_b at the block
+// end: every product is qx·E4M3·2^-20 exactly (a
+// normal multiple of 2^-38), every partial block sum a multiple of 2^-38
+// below 2^5 (normal), every block term in [2^-118, 2^85], so the block sums are the reference's times a
+// power of two and the block terms are the reference's exactly. The terms
+// are added in block order onto +0, as the reference does; a small weight
+// has its blocks split among goroutines (fp8Terms64AVX2) and the terms added
+// in order afterwards (sumTerms64AVX2), the same sums. Weights or
+// activations outside that range (NaN codes, extreme scales, non-finite x)
+// take the reference loop.
 func (p *FP8Panels) Linear(y, x []float32) {
 	if len(x) != p.Cols || len(y) != p.Rows {
 		panic("attention: FP8Panels.Linear shape mismatch")
@@ -159,11 +250,14 @@ func (p *FP8Panels) Linear(y, x []float32) {
 //
 //	y[n] = bf16( Σ_k x[k]·W[n,k] )     fp32, k ascending
 //
-// The assembly runs the whole row as one sum of x[k]·2^(e_b+120) (the block's
-// scale moved onto x, exactly) times the codes widened to E4M3·2^-120: each
-// product is the
-// reference's x[k]·W[n,k] exactly (x bf16, W E4M3-valued: ≤ 12 significant
-// bits). Inputs where that cannot be proven take the reference loop.
+// The assembly runs the whole row as one sum of x[k]·2^(e_b+104) (the block's
+// scale moved onto x, exactly) times v(code) = E4M3·2^-104 (rows without
+// subnormal codes: x[k]·2^(e_b+120) times E4M3·2^-120): each product is
+// the reference's x[k]·W[n,k] exactly (x bf16, W E4M3-valued: ≤ 12
+// significant bits). The per-call checks keep every product ≥ 2^-115 in
+// magnitude, so the products and all partial sums are multiples of 2^-126
+// (never subnormal). Inputs where that cannot be proven take the reference
+// loop.
 func (p *FP8Panels) LinearPlain(y, x []float32) {
 	if len(x) != p.Cols || len(y) != p.Rows {
 		panic("attention: FP8Panels.LinearPlain shape mismatch")
@@ -175,115 +269,188 @@ func (p *FP8Panels) LinearPlain(y, x []float32) {
 // (x = qx, the quantised activation, s_b = sx[b]); with sx == nil,
 // LinearPlain's single sum.
 func (p *FP8Panels) apply(y, x, sx []float32) {
-	j := p.job(y, x, sx)
-	parallelFor(j.np, p.Rows*p.Cols, j.run)
+	j := p.job(y, x, sx, runtime.GOMAXPROCS(0))
+	parallelFor(j.items(), p.Rows*p.Cols, j.run)
+	j.release()
 }
 
-// fp8Job is one product of an FP8Panels weight, checked once, computed panel
-// by panel (run), so that several products can share one parallelFor.
+// fp8Job is one product of an FP8Panels weight, checked once, computed item
+// by item (run), so that several products can share one parallelFor. An
+// item is a panel, or, when the weight has too few panels for the
+// goroutines (ng > 1, blockwise form only), a group of its 128-column blocks.
 type fp8Job struct {
 	p        *FP8Panels
 	y, x, sx []float32
+	xs       []float32 // blockwise, assembly: x·2^fp8ActExp
 	np, cb   int
 	asm      bool
-	lo, hi   []float64
+	scl      []float32 // [row block][cb] the kernel's per-block factors
+	ok       []bool    // [row block] the kernel's factoring is proven there
+	ng       int       // block groups per panel
+	terms    []float32 // [np][cb][64] block terms when ng > 1
+	left     []atomic.Int32
 }
 
-func (p *FP8Panels) job(y, x, sx []float32) *fp8Job {
+// termsPool holds the block-term buffers of split products.
+var termsPool sync.Pool
+
+func (p *FP8Panels) job(y, x, sx []float32, workers int) *fp8Job {
 	cb := p.Cols / ActBlock
-	j := &fp8Job{p: p, y: y, x: x, sx: sx, np: (p.Rows + PanelRows - 1) / PanelRows, cb: cb, asm: useAsm() && p.exact}
-	// plain: the smallest nonzero and the largest |x| of each 128-block, so
-	// that x[k]·2^(e_b+120) is checked per block, not per element
+	nrb := (p.Rows + 127) / 128
+	j := &fp8Job{p: p, y: y, x: x, sx: sx, np: (p.Rows + PanelRows - 1) / PanelRows, cb: cb, asm: useAsm() && p.exact, ng: 1}
+	j.asm = j.asm && len(p.Sub) == j.np*p.Cols/64
+	var lo, hi []float64
 	if sx != nil {
 		j.asm = j.asm && normalPow2s(sx)
 	} else if j.asm {
-		j.lo, j.hi = make([]float64, cb), make([]float64, cb)
+		// plain: the smallest nonzero and the largest |x| of each 128-block,
+		// so that x[k]·2^(e_b+104) is checked per block, not per element
+		lo, hi = make([]float64, cb), make([]float64, cb)
 		for b := range cb {
-			j.lo[b] = math.Inf(1)
+			lo[b] = math.Inf(1)
 			for _, v := range x[b*ActBlock : (b+1)*ActBlock] {
 				a := math.Abs(float64(v))
 				j.asm = j.asm && quant.BF16Round(v) == v
 				if a != 0 {
-					j.lo[b], j.hi[b] = min(j.lo[b], a), max(j.hi[b], a)
+					lo[b], hi[b] = min(lo[b], a), max(hi[b], a)
 				}
+			}
+		}
+	}
+	if !j.asm {
+		return j
+	}
+	j.scl, j.ok = make([]float32, nrb*cb), make([]bool, nrb)
+	for rb := range nrb {
+		srow, scl := p.Scale[rb*cb:(rb+1)*cb], j.scl[rb*cb:(rb+1)*cb]
+		ok := true
+		for b := 0; ok && b < cb; b++ {
+			e := int(srow[b]) - 127
+			if sx != nil {
+				// block sums of (qx·2^84)·(E4M3·2^-104) = qx·E4M3·2^-20
+				// (multiples of 2^-38, |sum| < 2^5), scaled back by 2^(e+20)·s_b:
+				// terms in [2^-118, 2^85]
+				scl[b] = quant.Pow2(e+20) * sx[b]
+				a := math.Abs(float64(scl[b]))
+				ok = isNormal(scl[b]) && a >= 0x1p-80 && a <= 0x1p80
+			} else {
+				// x[k]·2^(e+104) and, for the rows without subnormal codes
+				// (v = E4M3·2^-120), x[k]·2^(e+120) must be normal, and every
+				// product x·W at least 2^-115 (x·2^(e+104) times the smallest
+				// nonzero v, 2^-113): |x·2^(e+104)| in [2^-2, 2^110]
+				ok = e+120 <= 127
+				if ok {
+					scl[b] = quant.Pow2(e - fp8WidenExp)
+					f := float64(scl[b])
+					ok = hi[b] == 0 || (lo[b]*f >= 0x1p-2 && hi[b]*f <= 0x1p110)
+				}
+			}
+		}
+		j.ok[rb] = ok
+	}
+	if sx != nil {
+		j.xs = make([]float32, len(x))
+		for k, v := range x {
+			j.xs[k] = v * 0x1p84 // exact: qx is an E4M3 value
+		}
+		// a weight with fewer than 8 panels per goroutine has its blocks
+		// split too, in groups of at least 4 blocks (32 KiB of codes)
+		if workers > 1 && p.Rows*p.Cols >= 1<<16 && j.np < 8*workers {
+			j.ng = max(1, min(cb/4, (8*workers+j.np-1)/j.np))
+		}
+		if j.ng > 1 {
+			n := j.np * cb * PanelRows
+			if b, _ := termsPool.Get().(*[]float32); b != nil && cap(*b) >= n {
+				j.terms = (*b)[:n]
+			} else {
+				j.terms = make([]float32, n)
+			}
+			j.left = make([]atomic.Int32, j.np)
+			for i := range j.left {
+				j.left[i].Store(int32(j.ng))
 			}
 		}
 	}
 	return j
 }
 
-// run computes the rows of panels plo … phi−1.
-func (j *fp8Job) run(plo, phi int) {
-	p, x, sx, y, cb := j.p, j.x, j.sx, j.y, j.cb
-	var tmp [PanelRows]float32
-	var sclBuf [128]float32
-	scl := sclBuf[:0]
-	if cb <= len(sclBuf) {
-		scl = sclBuf[:cb]
-	} else {
-		scl = make([]float32, cb)
+// items is the number of work items of run.
+func (j *fp8Job) items() int { return j.np * j.ng }
+
+// release returns the job's block-term buffer.
+func (j *fp8Job) release() {
+	if j.terms != nil {
+		t := j.terms
+		j.terms = nil
+		termsPool.Put(&t)
 	}
-	var row []float32
-	var codes []uint8
-	for pi := plo; pi < phi; pi++ {
+}
+
+// run computes the work items ilo … ihi−1.
+func (j *fp8Job) run(ilo, ihi int) {
+	p, y, cb := j.p, j.y, j.cb
+	var tmp [PanelRows]float32
+	for i := ilo; i < ihi; i++ {
+		pi, g := i/j.ng, i%j.ng
 		n0 := pi * PanelRows
 		rb := n0 / 128
-		srow := p.Scale[rb*cb : (rb+1)*cb]
 		panel := p.Codes[pi*p.Cols*PanelRows : (pi+1)*p.Cols*PanelRows]
-		ok := j.asm
-		for b := 0; ok && b < cb; b++ {
-			e := int(srow[b]) - 127
-			if sx != nil {
-				// block sums of (qx·2^100)·(E4M3·2^-120) = qx·E4M3·2^-20 (multiples
-				// of 2^-38, |sum| < 2^5), scaled back by 2^(e+20)·s_b
-				scl[b] = quant.Pow2(e+20) * sx[b]
-				a := math.Abs(float64(scl[b]))
-				ok = isNormal(scl[b]) && a >= 0x1p-80 && a <= 0x1p80
-			} else {
-				// x[k]·2^(e+120) must be normal, and its product with the
-				// smallest E4M3·2^-120 (2^-129) too: |x·2^(e+120)| in [2^3, 2^126]
-				ok = e+120 <= 127
-				if ok {
-					scl[b] = quant.Pow2(e + 120)
-					f := float64(scl[b])
-					ok = j.hi[b] == 0 || (j.lo[b]*f >= 0x1p3 && j.hi[b]*f <= 0x1p126)
-				}
-			}
-		}
-		if ok {
-			if sx != nil {
-				fp8Panel64AVX2(&tmp[0], &panel[0], &x[0], &scl[0], cb, ActBlock)
-			} else {
-				fp8PlainPanel64AVX2(&tmp[0], &panel[0], &x[0], &scl[0], cb)
-			}
-			for l := 0; l < PanelRows && n0+l < p.Rows; l++ {
-				y[n0+l] = quant.BF16Round(tmp[l])
+		if !j.asm || !j.ok[rb] {
+			if g == 0 {
+				j.reference(pi)
 			}
 			continue
 		}
-		// reference loop on the row's exact dequantisation
-		if row == nil {
-			row, codes = make([]float32, p.Cols), make([]uint8, p.Cols)
+		scl := j.scl[rb*cb : (rb+1)*cb]
+		sub := p.Sub[pi*p.Cols/64 : (pi+1)*p.Cols/64]
+		switch {
+		case j.sx == nil:
+			fp8PlainPanel64AVX2(&tmp[0], &panel[0], &j.x[0], &scl[0], &sub[0], cb)
+		case j.ng == 1:
+			fp8Panel64AVX2(&tmp[0], &panel[0], &j.xs[0], &scl[0], &sub[0], cb)
+		default:
+			b0, b1 := g*cb/j.ng, (g+1)*cb/j.ng
+			if b1 > b0 {
+				fp8Terms64AVX2(&j.terms[(pi*cb+b0)*PanelRows], &panel[b0*ActBlock*PanelRows], &j.xs[b0*ActBlock], &scl[b0], &sub[b0*ActBlock/64], b1-b0)
+			}
+			if j.left[pi].Add(-1) != 0 {
+				continue // another group of this panel adds the terms
+			}
+			sumTerms64AVX2(&tmp[0], &j.terms[pi*cb*PanelRows], cb)
 		}
 		for l := 0; l < PanelRows && n0+l < p.Rows; l++ {
-			for k := range codes {
-				codes[k] = panel[k*PanelRows+l]
-			}
-			quant.DequantFP8Weight(row, codes, srow, 1, p.Cols)
-			if sx == nil {
-				y[n0+l] = quant.BF16Round(dot(x, row))
-				continue
-			}
-			var acc float32
-			for b, s := range sx {
-				var blk float32
-				for k := b * ActBlock; k < (b+1)*ActBlock; k++ {
-					blk += float32(x[k] * row[k])
-				}
-				acc += float32(blk * s)
-			}
-			y[n0+l] = quant.BF16Round(acc)
+			y[n0+l] = quant.BF16Round(tmp[l])
 		}
+	}
+}
+
+// reference computes the rows of panel pi with the reference loops on the
+// rows' exact dequantisation.
+func (j *fp8Job) reference(pi int) {
+	p, x, sx, y, cb := j.p, j.x, j.sx, j.y, j.cb
+	n0 := pi * PanelRows
+	rb := n0 / 128
+	srow := p.Scale[rb*cb : (rb+1)*cb]
+	panel := p.Codes[pi*p.Cols*PanelRows : (pi+1)*p.Cols*PanelRows]
+	row, codes := make([]float32, p.Cols), make([]uint8, p.Cols)
+	for l := 0; l < PanelRows && n0+l < p.Rows; l++ {
+		for k := range codes {
+			codes[k] = panel[k*PanelRows+l]
+		}
+		quant.DequantFP8Weight(row, codes, srow, 1, p.Cols)
+		if sx == nil {
+			y[n0+l] = quant.BF16Round(dot(x, row))
+			continue
+		}
+		var acc float32
+		for b, s := range sx {
+			var blk float32
+			for k := b * ActBlock; k < (b+1)*ActBlock; k++ {
+				blk += float32(x[k] * row[k])
+			}
+			acc += float32(blk * s)
+		}
+		y[n0+l] = quant.BF16Round(acc)
 	}
 }
 
@@ -543,9 +710,9 @@ func (w *WoAPanels) WoA(u, o []float32) {
 		if len(o[g*gd:(g+1)*gd]) != p.Cols || p.Rows != w.Rank {
 			panic("attention: WoAPanels shape mismatch")
 		}
-		jobs[g] = p.job(u[g*w.Rank:(g+1)*w.Rank], o[g*gd:(g+1)*gd], nil)
+		jobs[g] = p.job(u[g*w.Rank:(g+1)*w.Rank], o[g*gd:(g+1)*gd], nil, 1)
 	}
-	np := jobs[0].np
+	np := jobs[0].items()
 	parallelFor(w.Groups*np, w.Groups*w.Rank*gd, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
 			jobs[i/np].run(i%np, i%np+1)

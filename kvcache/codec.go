@@ -183,6 +183,9 @@ func (f Format) decodeEntry(dst []float32, page []byte, e int, faults Faults) Fa
 		sclOff := P*Model1DataBytes + e*Model1ScaleBytes
 		data := page[dataOff : dataOff+Model1DataBytes]
 		scl := page[sclOff : sclOff+Model1ScaleBytes]
+		if fastDecode && model1EntryFast(dst, data, scl) {
+			break // a clean entry: no faults
+		}
 		for t := 0; t < Model1Tiles; t++ {
 			faults = decodeFP8Tile(dst[t*Model1Tile:(t+1)*Model1Tile], data[t*Model1Tile:(t+1)*Model1Tile],
 				scl[t], f, e, dataOff+t*Model1Tile, sclOff+t, faults)

@@ -100,3 +100,52 @@ func fp4Fast(dst []float32, packed []byte, s float32) (maxMag uint8) {
 	}
 	return maxMag
 }
+
+// model1EntryFast decodes one v4-model1 entry (data: its 576 data bytes,
+// scl: its 8 scale bytes) into dst [512] in one pass when the entry is
+// clean — every scale byte in [FP8ScaleExpMin, FP8ScaleExpMax] with an
+// exponent that needs no bf16 rounding (exactExp), no NaN code, no loose
+// scale, a zero pad byte, a finite rope — and reports whether it was. The
+// values are the per-tile path's (e4m3Value[c]·2^x, exact); for an entry
+// that is not clean it returns false (dst partly written) and the caller
+// decodes the entry again with the per-tile path, which names the faults.
+func model1EntryFast(dst []float32, data, scl []byte) bool {
+	if len(dst) < Model1Nope+Model1Rope || len(data) < Model1DataBytes || len(scl) < Model1ScaleBytes || scl[Model1Tiles] != 0 {
+		return false
+	}
+	for t := 0; t < Model1Tiles; t++ {
+		b := scl[t]
+		x := int(b) - 127
+		if x < FP8ScaleExpMin || x > FP8ScaleExpMax || !exactExp(x) { // 0xFF (NaN) is x = 128
+			return false
+		}
+		s := math.Float32frombits(uint32(b) << 23) // 2^x, normal
+		nan, half := fp8Tile64((*[Model1Tile]float32)(dst[t*Model1Tile:]), (*[Model1Tile]byte)(data[t*Model1Tile:]), s)
+		if nan || (x > FP8FlooredExpMax && !half) {
+			return false
+		}
+	}
+	return !bf16Fast(dst[Model1Nope:Model1Nope+Model1Rope], data[Model1Nope:Model1DataBytes])
+}
+
+// fp8Tile64 is fp8Fast on one 64-code tile (fixed sizes: no bounds checks;
+// the codes are read as words for the checks and as bytes for the table).
+func fp8Tile64(dst *[Model1Tile]float32, codes *[Model1Tile]byte, s float32) (nan, half bool) {
+	var nanAcc, halfAcc uint64
+	for i := 0; i < Model1Tile; i += 8 {
+		c := (*[8]byte)(codes[i : i+8])
+		m := binary.LittleEndian.Uint64(c[:]) &^ highs8
+		nanAcc |= m + lanes8
+		halfAcc |= m + (0x80-e4m3Hi)*lanes8
+		d := (*[8]float32)(dst[i : i+8])
+		d[0] = e4m3Value[c[0]] * s
+		d[1] = e4m3Value[c[1]] * s
+		d[2] = e4m3Value[c[2]] * s
+		d[3] = e4m3Value[c[3]] * s
+		d[4] = e4m3Value[c[4]] * s
+		d[5] = e4m3Value[c[5]] * s
+		d[6] = e4m3Value[c[6]] * s
+		d[7] = e4m3Value[c[7]] * s
+	}
+	return nanAcc&highs8 != 0, halfAcc&highs8 != 0
+}

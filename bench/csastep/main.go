@@ -7,10 +7,17 @@
 //
 //	go run ./bench/csastep -out /tmp/csastep [-ctx 65536] [-runs 20]
 //
-// It prints the median step time and writes timing.json beside the inputs.
+// It prints the median step time and writes manifest.json beside the inputs.
+//
+// With -serve it then stays up for bench/torch_step.py --go-server, which
+// interleaves sparsemla's and PyTorch's runs: each line "run T N" on stdin
+// sets GOMAXPROCS to T, runs one untimed and N timed steps from the same
+// state and answers one JSON line {"threads", "ms", "same_bits"} (same_bits:
+// y is bit-identical to the first step's y, whatever T); "quit" ends it.
 package main
 
 import (
+	"bufio"
 	"encoding/binary"
 	"encoding/json"
 	"flag"
@@ -53,14 +60,15 @@ func main() {
 	ctx := flag.Int("ctx", 65536, "context length (tokens before the decoded one)")
 	runs := flag.Int("runs", 20, "timed steps (median reported)")
 	ref := flag.Bool("ref", true, "also time the reference RunStep once")
+	serve := flag.Bool("serve", false, "then answer \"run T N\" lines on stdin (bench/torch_step.py --go-server)")
 	flag.Parse()
-	if err := run(*out, *ctx, *runs, *ref); err != nil {
+	if err := run(*out, *ctx, *runs, *ref, *serve); err != nil {
 		fmt.Fprintln(os.Stderr, "csastep:", err)
 		os.Exit(2)
 	}
 }
 
-func run(dir string, ctx, runs int, ref bool) error {
+func run(dir string, ctx, runs int, ref, serve bool) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
@@ -129,7 +137,7 @@ func run(dir string, ctx, runs int, ref bool) error {
 	runtime.GC()
 	var y []float32
 	st := st0.Clone()
-	for i := 0; i < 3+runs; i++ {
+	step := func() ([]float32, float64, error) {
 		copy(st.Cmp.KV, st0.Cmp.KV)
 		copy(st.Cmp.Score, st0.Cmp.Score)
 		copy(st.ICmp.KV, st0.ICmp.KV)
@@ -137,11 +145,15 @@ func run(dir string, ctx, runs int, ref bool) error {
 		st.Next = pos
 		t0 := time.Now()
 		yy, err := p.Step(cfg, rope, st, x, pos)
+		return yy, float64(time.Since(t0).Nanoseconds()) / 1e6, err
+	}
+	for i := 0; i < 3+runs; i++ {
+		yy, ms, err := step()
 		if err != nil {
 			return err
 		}
 		if i >= 3 {
-			m.GoRuns = append(m.GoRuns, float64(time.Since(t0).Microseconds())/1e3)
+			m.GoRuns = append(m.GoRuns, ms)
 		}
 		y = yy
 	}
@@ -179,7 +191,49 @@ func run(dir string, ctx, runs int, ref bool) error {
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(filepath.Join(dir, "manifest.json"), b, 0o644)
+	if err := os.WriteFile(filepath.Join(dir, "manifest.json"), b, 0o644); err != nil {
+		return err
+	}
+	if !serve {
+		return nil
+	}
+	y0 := slices.Clone(y)
+	fmt.Println("ready")
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		var threads, n int
+		if in.Text() == "quit" {
+			return nil
+		}
+		if _, err := fmt.Sscanf(in.Text(), "run %d %d", &threads, &n); err != nil || threads < 1 || n < 1 {
+			return fmt.Errorf("serve: bad command %q (want \"run THREADS STEPS\" or \"quit\")", in.Text())
+		}
+		runtime.GOMAXPROCS(threads)
+		runtime.GC()
+		r := struct {
+			Threads  int       `json:"threads"`
+			Ms       []float64 `json:"ms"`
+			SameBits bool      `json:"same_bits"`
+		}{Threads: threads, SameBits: true}
+		for i := 0; i < 1+n; i++ {
+			yy, ms, err := step()
+			if err != nil {
+				return err
+			}
+			if i > 0 {
+				r.Ms = append(r.Ms, ms)
+			}
+			for k, v := range yy {
+				r.SameBits = r.SameBits && math.Float32bits(v) == math.Float32bits(y0[k])
+			}
+		}
+		b, err := json.Marshal(r)
+		if err != nil {
+			return err
+		}
+		fmt.Println(string(b))
+	}
+	return in.Err()
 }
 
 func median(v []float64) float64 {

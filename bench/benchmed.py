@@ -1,0 +1,107 @@
+#!/usr/bin/python3
+"""Summarise the outputs bench/gpuhost.sh (or a local run) leaves in a
+directory as Markdown tables of medians, with each target and the distance
+to it:
+
+    python3 bench/benchmed.py OUTDIR > OUTDIR/summary.md
+
+It reads csastep.md (bench/torch_step.py --go-server), model_step.txt,
+kernels.txt and kvcache.txt (go test -bench output); a missing file is
+reported as not run.
+"""
+import os
+import re
+import statistics
+import sys
+
+LINE = re.compile(r"^(Benchmark\S+?)(?:-(\d+))?\s+\d+\s+(.*)$")
+
+
+def parse(path):
+    """{(name, procs): {unit: [values]}} of a go test -bench output."""
+    res = {}
+    if not os.path.exists(path):
+        return None
+    for line in open(path, errors="replace"):
+        m = LINE.match(line.strip())
+        if not m:
+            continue
+        name, procs, rest = m.group(1), int(m.group(2) or 1), m.group(3).split()
+        d = res.setdefault((name, procs), {})
+        for v, u in zip(rest[0::2], rest[1::2]):
+            try:
+                d.setdefault(u, []).append(float(v))
+            except ValueError:
+                pass
+    return res
+
+
+def med(d, unit):
+    v = d.get(unit)
+    return statistics.median(v) if v else None
+
+
+def main(out):
+    p = lambda f: os.path.join(out, f)
+    print("# sparsemla on this machine\n")
+    if os.path.exists(p("env.txt")):
+        env = open(p("env.txt")).read().splitlines()
+        print("```\n" + "\n".join(l for l in env if re.match(r"(Model name|nproc|torch|Socket|Core|Thread|NUMA)", l.strip())) + "\n```\n")
+    print("## CSA-layer step, side by side with PyTorch\n")
+    if os.path.exists(p("csastep.md")):
+        print(open(p("csastep.md")).read())
+    else:
+        print("not run (see csastep.log)\n")
+    kern = parse(p("kernels.txt")) or {}
+    stream = {procs: med(d, "GB/s") for (n, procs), d in kern.items() if n == "BenchmarkStreamRead/scan/allcores"}
+    print("## Whole 43-layer attention-path step, context 65,536\n")
+    ms = parse(p("model_step.txt"))
+    if not ms:
+        print("not run\n")
+    else:
+        print("| threads | ms/step | GB/s | floor (bytes read / streaming read) | × floor | target |")
+        print("|---|---|---|---|---|---|")
+        for (n, procs), d in sorted(ms.items(), key=lambda kv: -kv[0][1]):
+            t, gbs = med(d, "ms/step"), med(d, "GB/s")
+            target = {16: 75, 2: 450}.get(procs)
+            floor = ""
+            x = ""
+            if stream.get(procs) and gbs:
+                fl = t * gbs / stream[procs]
+                floor, x = f"{fl:.1f} ms ({stream[procs]:.1f} GB/s)", f"{t / fl:.2f}×"
+            tg = f"≤ {target} ms: {'met' if t <= target else 'missed'}" if target else ""
+            print(f"| {procs} | {t:.1f} | {gbs:.1f} | {floor} | {x} | {tg} |")
+        print("\nTarget at 16 threads: within 1.2× of the floor.\n")
+    print("## FP8 GEMVs (GB/s of weight bytes; %stream = share of the same process's streaming read)\n")
+    if not kern:
+        print("not run\n")
+    else:
+        procs = sorted({pr for (_, pr) in kern})
+        print("| benchmark | " + " | ".join(f"{pr} threads" for pr in procs) + " |")
+        print("|---|" + "---|" * len(procs))
+        for name in sorted({n for (n, _) in kern}, key=lambda n: (not n.startswith("BenchmarkStream"), n)):
+            cells = []
+            for pr in procs:
+                d = kern.get((name, pr))
+                if not d:
+                    cells.append("")
+                    continue
+                g, s, c = med(d, "GB/s"), med(d, "%stream"), med(d, "GB/s-cpu")
+                cells.append(f"{g:.1f}" + (f" ({s:.0f} %)" if s is not None else "") + (f", {c:.1f} per CPU-s" if c is not None else ""))
+            print(f"| {name.removeprefix('Benchmark')} | " + " | ".join(cells) + " |")
+        print("\nTarget: every FP8 GEMV ≥ 80 % of the streaming read at 2, 8 and 16 threads. FP8PanelsInCache is one core on a")
+        print("cache-resident weight: the kernel's own rate (GB/s of codes per second of thread CPU time).\n")
+    print("## KV page decode (one core)\n")
+    kv = parse(p("kvcache.txt"))
+    if not kv:
+        print("not run\n")
+    else:
+        print("| benchmark | MB/s | MB/s per CPU-second |\n|---|---|---|")
+        for (n, _), d in sorted(kv.items()):
+            c = med(d, "MB/s-cpu")
+            print(f"| {n.removeprefix('Benchmark')} | {med(d, 'MB/s'):.0f} | {'' if c is None else f'{c:.0f}'} |")
+        print("\nTarget: v4-model1 ≥ 2000 MB/s (fast).\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
