@@ -44,6 +44,14 @@ type NameMap struct {
 	Detect []string   `json:"detect,omitempty"`
 	Config string     `json:"config,omitempty"`
 	Files  []FileRule `json:"files"`
+	// SqueezeLeading drops leading size-1 dimensions of every tensor
+	// (SGLang dumps keep the token dimension: [1, dim] for one token).
+	SqueezeLeading bool `json:"squeeze_leading,omitempty"`
+	// StepStage names a stage whose record holds the absolute position of
+	// its step: the steps the file rules capture are a counter (SGLang's
+	// dumper step, a forward-pass number) and every record of counter c is
+	// re-keyed to the position recorded by the StepStage record of c.
+	StepStage string `json:"step_stage,omitempty"`
 }
 
 // FileRule maps the files whose relative path matches File.

@@ -28,7 +28,12 @@ type Entry struct {
 	Record int    // record number within File (frame index for native files)
 	Offset int64  // byte offset of the data in File (-1 for compressed npz members)
 
+	// Meta is the producer's metadata of a foreign record (SGLang's
+	// "meta" dict and file-name tags, flattened to strings), or nil.
+	Meta map[string]string
+
 	src     int       // index into Dump.srcs
+	pt      *ptTensor // strided or compressed torch.save tensor
 	fromDT  DType     // stored dtype before a name-map override
 	npz     *zip.File // compressed npz member
 	npyData int64     // offset of the array data inside a compressed npz member
@@ -85,7 +90,7 @@ func OpenMapped(path string, m *NameMap) (*Dump, error) {
 				return nil
 			}
 			switch strings.ToLower(filepath.Ext(p)) {
-			case ".smd", ".safetensors", ".npy", ".npz":
+			case ".smd", ".safetensors", ".npy", ".npz", ".pt", ".pth":
 				files = append(files, rel)
 			}
 			return nil
@@ -95,7 +100,7 @@ func OpenMapped(path string, m *NameMap) (*Dump, error) {
 		}
 		sort.Strings(files)
 		if len(files) == 0 {
-			return nil, fmt.Errorf("dump: %s: no .smd, .safetensors, .npy or .npz files", path)
+			return nil, fmt.Errorf("dump: %s: no .smd, .safetensors, .npy, .npz or .pt files", path)
 		}
 	} else {
 		root = filepath.Dir(path)
@@ -175,8 +180,10 @@ func OpenMapped(path string, m *NameMap) (*Dump, error) {
 			err = d.addNpz(full, rel, &prevFix)
 		case "npy":
 			err = d.addNpy(full, rel, &prevFix)
+		case "pt":
+			err = d.addPT(full, rel, &prevFix)
 		default:
-			err = fmt.Errorf("dump: %s: unrecognised file (want a sparsemla dump, safetensors, .npy or .npz)", userfile.Escape(full))
+			err = fmt.Errorf("dump: %s: unrecognised file (want a sparsemla dump, safetensors, .npy, .npz or a torch.save .pt)", userfile.Escape(full))
 		}
 		if err != nil {
 			return nil, err
@@ -238,7 +245,7 @@ func formatOf(path string) (string, error) {
 	case n >= 6 && string(b[:6]) == npyMagic:
 		return "npy", nil
 	case n >= 4 && string(b[:4]) == "PK\x03\x04":
-		return "npz", nil
+		return zipFormat(f), nil
 	case strings.HasSuffix(path, ".safetensors"):
 		return "safetensors", nil
 	case strings.HasSuffix(path, ".smd"):
@@ -486,6 +493,14 @@ func (d *Dump) Read(e *Entry) (Record, error) { return d.ReadBuf(e, nil) }
 // one allocation per record.
 func (d *Dump) ReadBuf(e *Entry, buf []byte) (Record, error) {
 	r := Record{Key: e.Key, Kind: e.Kind, Name: e.Name, DType: e.DType, Shape: append([]int(nil), e.Shape...), Page: e.Page}
+	if e.pt != nil {
+		data, err := readPT(e.pt, d.srcs[e.src], buf)
+		if err != nil {
+			return Record{}, fmt.Errorf("dump: %s: record %d (%s): %w", e.File, e.Record, e.Name, err)
+		}
+		r.Data = data
+		return r, nil
+	}
 	if e.npz != nil {
 		data, err := readNpzMember(e.npz, e.npyData, e.NBytes, buf)
 		if err != nil {
