@@ -2,6 +2,8 @@ package dump
 
 import (
 	"archive/zip"
+	"fmt"
+	"math"
 	"os"
 	"strings"
 )
@@ -32,4 +34,62 @@ func zipFormat(f *os.File) string {
 		return "npz"
 	}
 	return "unknown"
+}
+
+// applyStepStage re-keys the records of a dump whose file rules capture a
+// step counter (SGLang's dumper step, a forward-pass number) to absolute
+// positions: the record of stage m.StepStage (SGLang's positions) of
+// counter c holds the position of every record of c. A counter whose
+// positions record holds more than one position (a prefill) or none is
+// left out (listed as unmapped), so no record keeps a counter for a position.
+func (d *Dump) applyStepStage() error {
+	m := d.Map
+	if m == nil || m.StepStage == "" {
+		return nil
+	}
+	pos := map[int]int{}   // counter -> position
+	multi := map[int]int{} // counter -> number of positions (prefill)
+	for i := range d.Entries {
+		e := &d.Entries[i]
+		if e.Stage != m.StepStage || e.Step == NoStep || e.Kind != KindStage {
+			continue
+		}
+		r, err := d.Read(e)
+		if err != nil {
+			return err
+		}
+		v, err := r.Int64()
+		if err != nil {
+			return fmt.Errorf("dump: %s: record %d (%s): step stage %s: %w", e.File, e.Record, e.Name, m.StepStage, err)
+		}
+		if len(v) != 1 {
+			multi[e.Step] = len(v)
+			continue
+		}
+		if v[0] < 0 || v[0] > math.MaxInt32 {
+			return fmt.Errorf("dump: %s: record %d (%s): position %d", e.File, e.Record, e.Name, v[0])
+		}
+		if _, dup := pos[e.Step]; dup {
+			return fmt.Errorf("dump: %s: record %d (%s): second %s record for step counter %d", e.File, e.Record, e.Name, m.StepStage, e.Step)
+		}
+		pos[e.Step] = int(v[0])
+	}
+	kept := d.Entries[:0]
+	for _, e := range d.Entries {
+		if e.Step != NoStep {
+			p, ok := pos[e.Step]
+			if !ok {
+				why := "no " + m.StepStage + " record"
+				if n := multi[e.Step]; n > 0 {
+					why = fmt.Sprintf("%d positions (prefill)", n)
+				}
+				d.Unmapped = append(d.Unmapped, fmt.Sprintf("%s: %s (step counter %d: %s)", e.File, e.Name, e.Step, why))
+				continue
+			}
+			e.Step = p
+		}
+		kept = append(kept, e)
+	}
+	d.Entries = kept
+	return nil
 }

@@ -194,6 +194,12 @@ func OpenMapped(path string, m *NameMap) (*Dump, error) {
 			d.Format = f
 		}
 	}
+	if len(prevFix) > 0 && d.Map != nil && d.Map.StepStage != "" {
+		return nil, fmt.Errorf("dump: %s: name map %s: state_after_prev files cannot be combined with step_stage", path, d.Map.Name)
+	}
+	if err := d.applyStepStage(); err != nil {
+		return nil, err
+	}
 	if len(prevFix) > 0 {
 		first := -1
 		for _, e := range d.Entries {

@@ -1,0 +1,157 @@
+package dump
+
+import (
+	"archive/zip"
+	"bytes"
+	"encoding/binary"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// writeSGLangPT writes what SGLang's dumper writes for one dump() call:
+// torch.save({"value": tensor, "meta": {...}}) as a torch zip, protocol 2,
+// with the opcode sequence torch 2.11 wrote for testdata/dump/pt/value_meta.pt
+// (a test-only writer: it emits int32 1-d tensors and string/int meta).
+func writeSGLangPT(t *testing.T, path string, vals []int32, meta [][2]interface{}) {
+	t.Helper()
+	var p bytes.Buffer
+	str := func(s string) {
+		p.WriteByte('X')
+		binary.Write(&p, binary.LittleEndian, uint32(len(s)))
+		p.WriteString(s)
+	}
+	p.Write([]byte{0x80, 2, '}', '('})
+	str("value")
+	p.WriteString("ctorch._utils\n_rebuild_tensor_v2\n((")
+	str("storage")
+	p.WriteString("ctorch\nIntStorage\n")
+	str("0")
+	str("cpu")
+	p.Write([]byte{'K', byte(len(vals)), 't', 'Q', 'K', 0, 'K', byte(len(vals)), 0x85, 'K', 1, 0x85, 0x89})
+	p.WriteString("ccollections\nOrderedDict\n)Rt")
+	p.WriteByte('R')
+	str("meta")
+	p.Write([]byte{'}', '('})
+	for _, kv := range meta {
+		str(kv[0].(string))
+		switch v := kv[1].(type) {
+		case string:
+			str(v)
+		case int:
+			p.WriteByte('J')
+			binary.Write(&p, binary.LittleEndian, int32(v))
+		}
+	}
+	p.Write([]byte{'u', 'u', '.'})
+	prefix := filepath.Base(path[:len(path)-3])
+	var z bytes.Buffer
+	zw := zip.NewWriter(&z)
+	for _, m := range []struct {
+		name string
+		data []byte
+	}{{prefix + "/data.pkl", p.Bytes()}, {prefix + "/byteorder", []byte("little")}, {prefix + "/data/0", func() []byte {
+		var b bytes.Buffer
+		binary.Write(&b, binary.LittleEndian, vals)
+		return b.Bytes()
+	}()}} {
+		w, err := zw.CreateHeader(&zip.FileHeader{Name: m.name, Method: zip.Store})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.Write(m.data)
+	}
+	zw.Close()
+	if err := os.WriteFile(path, z.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// An SGLang dumper directory: file names are the ___-joined tags, steps are
+// the dumper's counter and become positions through the positions records;
+// the counter-0 step (a prefill with two positions) is left out; rank 1 is
+// not read; meta is kept.
+func TestSGLangDumperDir(t *testing.T) {
+	dir := t.TempDir()
+	idx := 0
+	put := func(step, rank int, name string, layer int, vals []int32) {
+		idx++
+		tags := [][2]interface{}{{"step", step}, {"rank", rank}, {"dump_index", idx}, {"name", name}, {"recompute_status", "disabled"}}
+		fn := "step=" + itoa(step) + "___rank=" + itoa(rank) + "___dump_index=" + itoa(idx) + "___name=" + name + "___recompute_status=disabled"
+		if layer >= 0 {
+			tags = append(tags, [2]interface{}{"layer_id", layer})
+			fn += "___layer_id=" + itoa(layer)
+		}
+		tags = append(tags, [2]interface{}{"world_rank", rank}, [2]interface{}{"world_size", 2})
+		writeSGLangPT(t, filepath.Join(dir, fn+".pt"), vals, tags)
+	}
+	put(0, 0, "positions", -1, []int32{0, 1})
+	put(0, 0, "non_intrusive__model.layers.0.self_attn.q_a_proj.output", 0, []int32{9, 9})
+	for c, p := range []int32{2, 3} {
+		put(c+1, 0, "positions", -1, []int32{p})
+		put(c+1, 0, "input_ids", -1, []int32{100 + p})
+		put(c+1, 0, "non_intrusive__model.layers.0.self_attn.q_a_proj.output", 0, []int32{p, -p})
+		put(c+1, 0, "non_intrusive__model.layers.1.self_attn.o_a_proj.inputs.0", 1, []int32{p})
+		put(c+1, 1, "non_intrusive__model.layers.0.self_attn.q_a_proj.output", 0, []int32{p, -p})
+		put(c+1, 0, "non_intrusive__model.layers.0.self_attn.rotary_emb.output", 0, []int32{1})
+	}
+	d, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if d.Map == nil || d.Map.Name != "sglang" {
+		t.Fatalf("map %v", d.Map)
+	}
+	for _, p := range []int{2, 3} {
+		for _, k := range []Key{{Step: p, Layer: 0, Stage: "q_a"}, {Step: p, Layer: 1, Stage: "o_inv"}, {Step: p, Layer: Global, Stage: "pos"}, {Step: p, Layer: Global, Stage: "tok"}} {
+			e, ok := d.Lookup(k, KindStage)
+			if !ok {
+				t.Fatalf("no %s; entries %v unmapped %v", k, d.Entries, d.Unmapped)
+			}
+			r, err := d.Read(e)
+			if err != nil {
+				t.Fatal(err)
+			}
+			v, _ := r.Int64()
+			if k.Stage == "q_a" && (len(v) != 2 || v[0] != int64(p)) || k.Stage == "pos" && v[0] != int64(p) {
+				t.Errorf("%s = %v", k, v)
+			}
+			if e.Meta["name"] == "" || e.Meta["world_size"] != "2" {
+				t.Errorf("%s meta %v", k, e.Meta)
+			}
+		}
+	}
+	if len(d.Entries) != 8 {
+		t.Errorf("%d entries, want 8: %v", len(d.Entries), d.Entries)
+	}
+	var prefill, rope, rank1 int
+	for _, u := range d.Unmapped {
+		switch {
+		case bytes.Contains([]byte(u), []byte("prefill")):
+			prefill++
+		case bytes.Contains([]byte(u), []byte("rotary_emb")):
+			rope++
+		case bytes.Contains([]byte(u), []byte("rank=1")):
+			rank1++
+		}
+	}
+	if prefill != 2 || rope != 2 || rank1 != 2 {
+		t.Errorf("unmapped %v", d.Unmapped)
+	}
+}
+
+func itoa(i int) string {
+	return string(appendInt(nil, i))
+}
+
+func appendInt(b []byte, i int) []byte {
+	if i < 0 {
+		b = append(b, '-')
+		i = -i
+	}
+	if i >= 10 {
+		b = appendInt(b, i/10)
+	}
+	return append(b, byte('0'+i%10))
+}
