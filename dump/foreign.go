@@ -2,9 +2,11 @@ package dump
 
 import (
 	"archive/zip"
+	"errors"
 	"fmt"
 	"math"
 	"os"
+	"path/filepath"
 	"strings"
 )
 
@@ -92,4 +94,77 @@ func (d *Dump) applyStepStage() error {
 	}
 	d.Entries = kept
 	return nil
+}
+
+// finishForeign completes a foreign dump's index: step counters become
+// positions (NameMap.StepStage), the first step's states become the start
+// state (NameMap.FirstStepState), and a dump with no mapped tensor is an
+// error (it must never read as an empty dump that agrees with everything).
+func (d *Dump) finishForeign(path string, dir bool) error {
+	if d.Map == nil {
+		return nil
+	}
+	if err := d.applyStepStage(); err != nil {
+		return err
+	}
+	if len(d.Map.FirstStepState) > 0 {
+		first := -1
+		for _, e := range d.Entries {
+			if e.Kind == KindStage && e.Step != NoStep && (first < 0 || e.Step < first) {
+				first = e.Step
+			}
+		}
+		want := map[string]bool{}
+		for _, s := range d.Map.FirstStepState {
+			want[s] = true
+		}
+		n := len(d.Entries)
+		for i := 0; i < n; i++ {
+			e := d.Entries[i]
+			if e.Kind == KindStage && e.Step == first && want[e.Stage] {
+				e.Kind = KindState
+				d.Entries = append(d.Entries, e)
+			}
+		}
+	}
+	if len(d.Entries) == 0 {
+		msg := fmt.Sprintf("dump: %s: no tensor mapped to a key by name map %s", path, d.Map.Name)
+		if len(d.Unmapped) > 0 {
+			ex := d.Unmapped
+			if len(ex) > 3 {
+				ex = ex[:3]
+			}
+			msg += fmt.Sprintf(" (%d unmapped, e.g. %s)", len(d.Unmapped), strings.Join(ex, "; "))
+		} else {
+			msg += " (the files hold no tensors)"
+		}
+		if d.Detect != "" {
+			msg += "; " + d.Detect
+		}
+		return errors.New(msg)
+	}
+	return nil
+}
+
+// detectReport says which built-in map was detected for dir, or for each
+// built-in map with detect rules the first rule that failed.
+func detectReport(dir string, chosen *NameMap) string {
+	if chosen != nil {
+		return "name map " + chosen.Name + " detected (" + strings.Join(chosen.Detect, ", ") + ")"
+	}
+	var parts []string
+	for _, n := range BuiltinNameMaps() {
+		m, err := BuiltinNameMap(n)
+		if err != nil || len(m.Detect) == 0 {
+			continue
+		}
+		for _, g := range m.Detect {
+			hits, err := filepath.Glob(filepath.Join(dir, g))
+			if err != nil || len(hits) == 0 {
+				parts = append(parts, n+": no "+g)
+				break
+			}
+		}
+	}
+	return "generic name map (no built-in map detected: " + strings.Join(parts, "; ") + ")"
 }

@@ -52,6 +52,11 @@ type NameMap struct {
 	// dumper step, a forward-pass number) and every record of counter c is
 	// re-keyed to the position recorded by the StepStage record of c.
 	StepStage string `json:"step_stage,omitempty"`
+	// FirstStepState lists stages whose records of the first dumped step are
+	// also the replay start state (kind state, valid after that step): a
+	// window of steps dumped without a prefill state starts from the state
+	// after its first step.
+	FirstStepState []string `json:"first_step_state,omitempty"`
 }
 
 // FileRule maps the files whose relative path matches File.

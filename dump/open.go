@@ -52,6 +52,10 @@ type Dump struct {
 	// Incomplete lists native files without an end frame (cut short at a
 	// frame boundary, e.g. by a crashed capture); their records are intact.
 	Incomplete []string
+	// Detect says why the name map of a foreign directory was chosen: the
+	// built-in map detected, or for each built-in map the detect rule that
+	// failed (e.g. "official-v4-tiny: no prefill_state.safetensors").
+	Detect string
 
 	byKey map[entryID]int
 	srcs  []*os.File
@@ -137,6 +141,7 @@ func OpenMapped(path string, m *NameMap) (*Dump, error) {
 	if !formats["native"] {
 		if m == nil && fi.IsDir() {
 			m = DetectNameMap(path)
+			d.Detect = detectReport(path, m)
 		}
 		if m == nil {
 			m, _ = BuiltinNameMap("generic")
@@ -197,7 +202,7 @@ func OpenMapped(path string, m *NameMap) (*Dump, error) {
 	if len(prevFix) > 0 && d.Map != nil && d.Map.StepStage != "" {
 		return nil, fmt.Errorf("dump: %s: name map %s: state_after_prev files cannot be combined with step_stage", path, d.Map.Name)
 	}
-	if err := d.applyStepStage(); err != nil {
+	if err := d.finishForeign(path, fi.IsDir()); err != nil {
 		return nil, err
 	}
 	if len(prevFix) > 0 {
