@@ -100,10 +100,11 @@ func (d *Dump) applyStepStage() error {
 // positions (NameMap.StepStage), the first step's states become the start
 // state (NameMap.FirstStepState), and a dump with no mapped tensor is an
 // error (it must never read as an empty dump that agrees with everything).
-func (d *Dump) finishForeign(path string, dir bool) error {
+func (d *Dump) finishForeign(path, root string) error {
 	if d.Map == nil {
 		return nil
 	}
+	d.assignRequests(root)
 	if err := d.applyStepStage(); err != nil {
 		return err
 	}

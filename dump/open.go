@@ -59,6 +59,7 @@ type Dump struct {
 
 	byKey map[entryID]int
 	srcs  []*os.File
+	meta  foreignMeta // request / prefix metadata of a foreign dump
 }
 
 // WeightsFile is the model weights file a dump directory may hold beside its
@@ -147,6 +148,9 @@ func OpenMapped(path string, m *NameMap) (*Dump, error) {
 			m, _ = BuiltinNameMap("generic")
 		}
 		d.Map = m
+		if err := d.loadSidecar(path, fi.IsDir()); err != nil {
+			return nil, err
+		}
 		if m.Config != "" && fi.IsDir() {
 			// A missing config is not an error here (the replay says what it
 			// needs); one that is there but unreadable is.
@@ -202,7 +206,7 @@ func OpenMapped(path string, m *NameMap) (*Dump, error) {
 	if len(prevFix) > 0 && d.Map != nil && d.Map.StepStage != "" {
 		return nil, fmt.Errorf("dump: %s: name map %s: state_after_prev files cannot be combined with step_stage", path, d.Map.Name)
 	}
-	if err := d.finishForeign(path, fi.IsDir()); err != nil {
+	if err := d.finishForeign(path, root); err != nil {
 		return nil, err
 	}
 	if len(prevFix) > 0 {
@@ -389,6 +393,9 @@ func (d *Dump) addSafetensors(path, rel string, prevFix *[]int) error {
 	}
 	st, err := NewSafetensors(f, size, path)
 	if err != nil {
+		return err
+	}
+	if err := d.noteFileMeta(path, st.Metadata); err != nil {
 		return err
 	}
 	for i, te := range st.Entries {
