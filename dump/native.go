@@ -78,6 +78,7 @@ type frameMeta struct {
 	Shape   []int     `msgpack:"shape"`
 	NBytes  int64     `msgpack:"nbytes"`
 	Page    *PageInfo `msgpack:"page,omitempty"`
+	Shard   *ShardInfo `msgpack:"shard,omitempty"`
 	// prefix
 	Prefix *PrefixHit `msgpack:"prefix,omitempty"`
 	// end

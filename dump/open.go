@@ -31,9 +31,13 @@ type Entry struct {
 	// Meta is the producer's metadata of a foreign record (SGLang's
 	// "meta" dict and file-name tags, flattened to strings), or nil.
 	Meta map[string]string
+	// Shard marks a record that is one tensor-parallel rank's shard (nil:
+	// whole); Open merges the shards of a key into one entry.
+	Shard *ShardInfo
 
 	src     int       // index into Dump.srcs
 	pt      *ptTensor // strided or compressed torch.save tensor
+	parts   []Entry   // tensor-parallel shards merged into this entry, in rank order
 	fromDT  DType     // stored dtype before a name-map override
 	npz     *zip.File // compressed npz member
 	npyData int64     // offset of the array data inside a compressed npz member
@@ -60,6 +64,7 @@ type Dump struct {
 	byKey map[entryID]int
 	srcs  []*os.File
 	meta  foreignMeta // request / prefix metadata of a foreign dump
+	tp    map[string]int // native file -> header producer tp_rank
 }
 
 // WeightsFile is the model weights file a dump directory may hold beside its
@@ -223,6 +228,9 @@ func OpenMapped(path string, m *NameMap) (*Dump, error) {
 			d.Entries[i].Step = first - 1
 		}
 	}
+	if err := d.mergeShards(); err != nil {
+		return nil, err
+	}
 	for i := range d.Entries {
 		e := &d.Entries[i]
 		id := entryID{e.Key, e.Kind}
@@ -309,6 +317,7 @@ func (d *Dump) addNative(path string) error {
 		case frameHeader:
 			h := *fi.meta.Header
 			h.Version = v
+			d.noteTPRank(path, h)
 			if err := d.mergeHeader(h, path); err != nil {
 				return err
 			}
@@ -321,7 +330,7 @@ func (d *Dump) addNative(path string) error {
 			d.Entries = append(d.Entries, Entry{
 				Key: r.Key, Kind: r.Kind, Name: r.Name, DType: r.DType, Shape: r.Shape,
 				NBytes: fi.meta.NBytes, Page: r.Page, File: path, Record: fi.index, Offset: fi.dataOff,
-				src: src, fromDT: r.DType,
+				src: src, fromDT: r.DType, Shard: fi.meta.Shard,
 			})
 		}
 		if err := br.skip(fi.meta.NBytes); err != nil {
@@ -511,6 +520,9 @@ func (d *Dump) Read(e *Entry) (Record, error) { return d.ReadBuf(e, nil) }
 // one allocation per record.
 func (d *Dump) ReadBuf(e *Entry, buf []byte) (Record, error) {
 	r := Record{Key: e.Key, Kind: e.Kind, Name: e.Name, DType: e.DType, Shape: append([]int(nil), e.Shape...), Page: e.Page}
+	if e.parts != nil {
+		return d.readMerged(e, buf)
+	}
 	if e.pt != nil {
 		data, err := readPT(e.pt, d.srcs[e.src], buf)
 		if err != nil {
