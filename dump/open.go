@@ -63,7 +63,7 @@ type Dump struct {
 
 	byKey map[entryID]int
 	srcs  []*os.File
-	meta  foreignMeta // request / prefix metadata of a foreign dump
+	meta  foreignMeta    // request / prefix metadata of a foreign dump
 	tp    map[string]int // native file -> header producer tp_rank
 }
 
