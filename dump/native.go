@@ -68,17 +68,19 @@ type frameMeta struct {
 	// header
 	Header *Header `msgpack:"header,omitempty"`
 	// tensor
-	Request string     `msgpack:"request,omitempty"`
-	Step    int        `msgpack:"step"`
-	Layer   int        `msgpack:"layer"`
-	Stage   string     `msgpack:"stage,omitempty"`
-	Kind    string     `msgpack:"kind,omitempty"`
-	Name    string     `msgpack:"name,omitempty"`
-	DType   string     `msgpack:"dtype,omitempty"`
-	Shape   []int      `msgpack:"shape"`
-	NBytes  int64      `msgpack:"nbytes"`
-	Page    *PageInfo  `msgpack:"page,omitempty"`
-	Shard   *ShardInfo `msgpack:"shard,omitempty"`
+	Request string    `msgpack:"request,omitempty"`
+	Step    int       `msgpack:"step"`
+	Layer   int       `msgpack:"layer"`
+	Stage   string    `msgpack:"stage,omitempty"`
+	Kind    string    `msgpack:"kind,omitempty"`
+	Name    string    `msgpack:"name,omitempty"`
+	DType   string    `msgpack:"dtype,omitempty"`
+	Shape   []int     `msgpack:"shape"`
+	NBytes  int64     `msgpack:"nbytes"`
+	Page    *PageInfo `msgpack:"page,omitempty"`
+
+	// Shard marks a tensor-parallel shard (FORMAT.md).
+	Shard *ShardInfo `msgpack:"shard,omitempty"`
 	// prefix
 	Prefix *PrefixHit `msgpack:"prefix,omitempty"`
 	// end
