@@ -165,6 +165,9 @@ func OpenMapped(path string, m *NameMap) (*Dump, error) {
 				if err != nil {
 					return nil, fmt.Errorf("dump: %w", err)
 				}
+				if cfg, err = d.configArgs(cfg, p); err != nil {
+					return nil, err
+				}
 				d.Header.ModelArgs = string(cfg)
 				d.Header.CompressRatios = compressRatios(cfg)
 			}
