@@ -155,3 +155,75 @@ func appendInt(b []byte, i int) []byte {
 	}
 	return append(b, byte('0'+i%10))
 }
+
+// writePassPT writes what SGLang's older tensor dump hook
+// (--debug-tensor-dump-output-folder, tensor_dump_forward_hook.py) writes per
+// forward pass: torch.save({module name: tensor}) — int32 1-d tensors here,
+// one storage each, opcodes as torch 2.11 writes them (protocol 2).
+func writePassPT(t *testing.T, path string, names []string, vals [][]int32) {
+	t.Helper()
+	var p bytes.Buffer
+	str := func(s string) {
+		p.WriteByte('X')
+		binary.Write(&p, binary.LittleEndian, uint32(len(s)))
+		p.WriteString(s)
+	}
+	p.Write([]byte{0x80, 2, '}', '('})
+	for i, n := range names {
+		str(n)
+		p.WriteString("ctorch._utils\n_rebuild_tensor_v2\n((")
+		str("storage")
+		p.WriteString("ctorch\nIntStorage\n")
+		str(itoa(i))
+		str("cpu")
+		p.Write([]byte{'K', byte(len(vals[i])), 't', 'Q', 'K', 0, 'K', 1, 'K', byte(len(vals[i])), 0x86, 'K', byte(len(vals[i])), 'K', 1, 0x86, 0x89})
+		p.WriteString("ccollections\nOrderedDict\n)Rt")
+		p.WriteByte('R')
+	}
+	p.Write([]byte{'u', '.'})
+	prefix := "Pass"
+	var z bytes.Buffer
+	zw := zip.NewWriter(&z)
+	w, _ := zw.CreateHeader(&zip.FileHeader{Name: prefix + "/data.pkl", Method: zip.Store})
+	w.Write(p.Bytes())
+	for i, v := range vals {
+		w, _ := zw.CreateHeader(&zip.FileHeader{Name: prefix + "/data/" + itoa(i), Method: zip.Store})
+		binary.Write(w, binary.LittleEndian, v)
+	}
+	zw.Close()
+	os.MkdirAll(filepath.Dir(path), 0o755)
+	if err := os.WriteFile(path, z.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The older per-pass files: TP0_PP0_Rank0_pid<n>/Pass<k>.pt, positions from
+// model.forward_batch_info.positions (a [1, n] tensor here: squeezed), the
+// prefill pass (two positions) left out.
+func TestSGLangTensorDumpDir(t *testing.T) {
+	dir := t.TempDir()
+	sub := filepath.Join(dir, "TP0_PP0_Rank0_pid42")
+	writePassPT(t, filepath.Join(sub, "Pass00000.pt"), []string{"model.forward_batch_info.positions", "model.layers.0.self_attn.q_a_proj"}, [][]int32{{0, 1}, {5, 5}})
+	writePassPT(t, filepath.Join(sub, "Pass00001.pt"), []string{"model.forward_batch_info.positions", "model.layers.0.self_attn.q_a_proj", "model.layers.0.self_attn.kv_norm", "model.layers.0.self_attn.rotary_emb"}, [][]int32{{2}, {7, 8}, {1, 2}, {3}})
+	d, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if d.Map.Name != "sglang-tensor-dump" {
+		t.Fatalf("map %s (%s)", d.Map.Name, d.Detect)
+	}
+	r, err := d.Get(Key{Step: 2, Layer: 0, Stage: "q_a"}, KindStage)
+	if err != nil {
+		t.Fatalf("%v: %v / %v", err, d.Entries, d.Unmapped)
+	}
+	if v, _ := r.Int64(); len(v) != 2 || v[0] != 7 || len(r.Shape) != 1 {
+		t.Errorf("q_a %v %v", r.Shape, v)
+	}
+	if _, ok := d.Lookup(Key{Step: 2, Layer: 0, Stage: "kv_normed"}, KindStage); !ok {
+		t.Error("no kv_normed")
+	}
+	if len(d.Entries) != 3 {
+		t.Errorf("entries %v", d.Entries)
+	}
+}
