@@ -79,3 +79,35 @@ func TestTPShardErrors(t *testing.T) {
 		t.Errorf("replicated differs: %v", err)
 	}
 }
+
+// testdata/dump/capture-tp: two TP ranks written by the Python helper
+// (capture/tests/test_capture_cpu.py): q split along dim 0, u along dim 1,
+// x replicated. Open merges them back into arange(24).reshape(4, 6).
+func TestCaptureTPMerged(t *testing.T) {
+	d, err := Open("../testdata/dump/capture-tp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	for _, st := range []string{"q", "u"} {
+		r, err := d.Get(Key{Step: 5, Layer: 0, Stage: st}, KindStage)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, err := r.Float32()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(r.Shape) != 2 || r.Shape[0] != 4 || r.Shape[1] != 6 {
+			t.Fatalf("%s shape %v", st, r.Shape)
+		}
+		for i, x := range v {
+			if x != float32(i) {
+				t.Fatalf("%s[%d] = %v", st, i, x)
+			}
+		}
+	}
+	if len(d.Entries) != 3 {
+		t.Errorf("%d entries", len(d.Entries))
+	}
+}

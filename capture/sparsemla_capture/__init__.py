@@ -474,7 +474,10 @@ def hook_modules(model, dumper, rules):
                     x = args[0] if args else kwargs.get("hidden_states")
                     if torch.is_tensor(x):
                         dumper.hook_dump(st, x, layer=layer, transform=tf)
-                handles.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
+                try:
+                    handles.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
+                except TypeError:  # torch < 2.0: no keyword arguments in pre-hooks
+                    handles.append(mod.register_forward_pre_hook(lambda m, a, pre=pre: pre(m, a, {})))
             else:
                 def post(mod, args, out, st=st, layer=layer, tf=tf):
                     if not dumper.enabled:
