@@ -113,3 +113,20 @@ func TestSidecarErrors(t *testing.T) {
 		t.Errorf("conflict: %v", err)
 	}
 }
+
+// FuzzSidecar: any bytes as sparsemla.json must parse or fail, never panic.
+func FuzzSidecar(f *testing.F) {
+	f.Add([]byte(`{"version": 1, "request": "r1", "files": [{"file": "^a", "request": "r0"}], "prefix": [{"request": "r1", "source": "r0", "tokens": 2}]}`))
+	f.Add([]byte(`{"version": 1, "prefix": []}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		sc, err := ParseSidecar(b, "fuzz")
+		if err != nil {
+			return
+		}
+		for _, h := range sc.Prefix {
+			if h.Tokens <= 0 || h.Request == h.Source {
+				t.Fatalf("accepted prefix hit %+v", h)
+			}
+		}
+	})
+}
