@@ -119,14 +119,24 @@ func (d *Dump) finishForeign(path, root string) error {
 		for _, s := range d.Map.FirstStepState {
 			want[s] = true
 		}
-		n := len(d.Entries)
-		for i := 0; i < n; i++ {
-			e := d.Entries[i]
-			if e.Kind == KindStage && e.Step == first && want[e.Stage] {
-				e.Kind = KindState
-				d.Entries = append(d.Entries, e)
+		// The first step cannot be replayed (nothing says the state before
+		// it): its cache states become the start state, valid after it, and
+		// its other records are left out (listed with the reason), so that
+		// local and propagated replays both start at the second dumped step.
+		kept := d.Entries[:0]
+		for _, e := range d.Entries {
+			if e.Kind == KindStage && e.Step == first && first >= 0 {
+				if want[e.Stage] {
+					e.Kind = KindState
+					kept = append(kept, e)
+				} else {
+					d.Unmapped = append(d.Unmapped, fmt.Sprintf("%s: %s (step %d, the first of a window without a prefill state: only its cache states are used, as the start state)", e.File, e.Name, first))
+				}
+				continue
 			}
+			kept = append(kept, e)
 		}
+		d.Entries = kept
 	}
 	if len(d.Entries) == 0 {
 		msg := fmt.Sprintf("dump: %s: no tensor mapped to a key by name map %s", path, d.Map.Name)

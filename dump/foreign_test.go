@@ -51,9 +51,11 @@ func TestOfficialWindowWithoutPrefill(t *testing.T) {
 		if !ok {
 			t.Fatalf("layer %d: no start state kv_cache valid after step 3", l)
 		}
-		sg, _ := d.Lookup(Key{Step: 3, Layer: l, Stage: "kv_cache"}, KindStage)
-		if st.Offset != sg.Offset || st.File != sg.File {
-			t.Errorf("layer %d: start state is not step 3's kv_cache", l)
+		if !strings.HasSuffix(st.File, "step_3.safetensors") || st.Name != "L"+itoa(l)+".kv_cache" {
+			t.Errorf("layer %d: start state is %s of %s, not step 3's kv_cache", l, st.Name, st.File)
+		}
+		if _, ok := d.Lookup(Key{Step: 3, Layer: l, Stage: "q"}, KindStage); ok {
+			t.Errorf("layer %d: the first step's stage records are still in the dump", l)
 		}
 		if _, ok := d.Lookup(Key{Step: 4, Layer: l, Stage: "kv_cache"}, KindState); ok {
 			t.Errorf("layer %d: a later step became a start state", l)
