@@ -291,6 +291,7 @@ func ptAllowed(module, name string) (interface{}, error) {
 // ptArchive is an opened torch.save zip.
 type ptArchive struct {
 	path     string
+	size     int64 // bytes of the zip file
 	prefix   string // "<prefix>/" of every member
 	members  map[string]*zip.File
 	storages map[string]*ptStorage
@@ -315,7 +316,7 @@ func readTorchSave(fr io.ReaderAt, size int64, path string) (interface{}, error)
 	if err != nil {
 		return nil, fmt.Errorf("dump: %s: torch.save zip: %w", path, err)
 	}
-	a := &ptArchive{path: path, members: map[string]*zip.File{}, storages: map[string]*ptStorage{}}
+	a := &ptArchive{path: path, size: size, members: map[string]*zip.File{}, storages: map[string]*ptStorage{}}
 	var pkl *zip.File
 	for _, f := range zr.File {
 		a.members[f.Name] = f
@@ -422,6 +423,13 @@ func (a *ptArchive) persistentLoad(pid interface{}) (interface{}, error) {
 	}
 	if m.UncompressedSize64 != uint64(want) {
 		return nil, fmt.Errorf("storage %s: member holds %d bytes, the pickle claims %d", key, m.UncompressedSize64, want)
+	}
+	if m.Method == zip.Store {
+		// a stored member's bytes are read in place: they must lie in the file
+		off, err := m.DataOffset()
+		if err != nil || m.CompressedSize64 != m.UncompressedSize64 || off < 0 || uint64(off)+m.CompressedSize64 > uint64(a.size) {
+			return nil, fmt.Errorf("storage %s: member %s of %d bytes does not lie inside the %d-byte file", key, m.Name, m.UncompressedSize64, a.size)
+		}
 	}
 	st := &ptStorage{key: key, dtype: cls.dt, numel: numel, member: m}
 	a.storages[key] = st

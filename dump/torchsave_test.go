@@ -3,6 +3,7 @@ package dump
 import (
 	"archive/zip"
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -218,4 +219,46 @@ func FuzzTorchSave(f *testing.F) {
 		zw.Close()
 		readTorchSave(bytes.NewReader(buf.Bytes()), int64(buf.Len()), "fuzz")
 	})
+}
+
+// A storage member whose central-directory record claims 1 GiB (past the end
+// of the file, and not what the pickle says) fails at open; nothing is
+// allocated for the claim.
+func TestTorchSaveMemberPastEOF(t *testing.T) {
+	b, err := os.ReadFile("../testdata/dump/pt/bare_tensor.pt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	zr, err := zip.NewReader(bytes.NewReader(b), int64(len(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st *zip.File
+	for _, f := range zr.File {
+		if strings.HasSuffix(f.Name, "/data/0") {
+			st = f
+		}
+	}
+	// the member's size fields in its central directory record
+	cd := bytes.LastIndex(b, []byte("PK\x01\x02"))
+	for i := cd; i >= 0; i = bytes.LastIndex(b[:i], []byte("PK\x01\x02")) {
+		nl := int(b[i+28]) | int(b[i+29])<<8
+		if string(b[i+46:i+46+nl]) == st.Name {
+			c := append([]byte(nil), b...)
+			binary.LittleEndian.PutUint32(c[i+20:], 1<<30)
+			binary.LittleEndian.PutUint32(c[i+24:], 1<<30)
+			p := filepath.Join(t.TempDir(), "big.pt")
+			os.WriteFile(p, c, 0o644)
+			if _, err := Open(p); err == nil {
+				t.Fatal("opened a member claiming 1 GiB")
+			} else {
+				t.Log(err)
+			}
+			return
+		}
+		if i == 0 {
+			break
+		}
+	}
+	t.Fatal("central directory record not found")
 }
