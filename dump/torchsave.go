@@ -291,7 +291,7 @@ func ptAllowed(module, name string) (interface{}, error) {
 // ptArchive is an opened torch.save zip.
 type ptArchive struct {
 	path     string
-	size     int64 // bytes of the zip file
+	size     int64  // bytes of the zip file
 	prefix   string // "<prefix>/" of every member
 	members  map[string]*zip.File
 	storages map[string]*ptStorage
