@@ -105,6 +105,15 @@ func (d *Dump) finishForeign(path, root string) error {
 		return nil
 	}
 	d.assignRequests(root)
+	if d.Map.SqueezeLeading {
+		for i := range d.Entries {
+			s := d.Entries[i].Shape
+			for len(s) > 1 && s[0] == 1 {
+				s = s[1:]
+			}
+			d.Entries[i].Shape = s
+		}
+	}
 	if err := d.applyStepStage(); err != nil {
 		return err
 	}

@@ -149,3 +149,59 @@ func TestDumpDirWithHFConfig(t *testing.T) {
 		t.Fatalf("model args %s (%v)", d.Header.ModelArgs, err)
 	}
 }
+
+// The built-in map hf-deepseek-v4 names the module outputs a user's own forward
+// hooks on transformers' DeepseekV4ForCausalLM write (module names as keys,
+// one file per step, [batch=1, seq=1, ...] shapes).
+func TestHFModuleNameMap(t *testing.T) {
+	dir := t.TempDir()
+	m, err := dump.LoadNameMap("hf-deepseek-v4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// safetensors written by hand: two module outputs with leading 1-dims
+	writeSafetensors(t, dir+"/step_9.safetensors", map[string][]int{
+		"model.layers.2.self_attn.compressor.indexer.q_b_proj": {1, 1, 512},
+		"model.layers.2.self_attn.o_a_proj.input":             {1, 1, 2, 1024},
+		"model.layers.0.self_attn.rotary_emb":                  {1, 1, 32},
+	})
+	d, err := dump.OpenMapped(dir, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	e, ok := d.Lookup(dump.Key{Step: 9, Layer: 2, Stage: "iq_b"}, dump.KindStage)
+	if !ok || len(e.Shape) != 1 || e.Shape[0] != 512 {
+		t.Fatalf("iq_b: %v %v", ok, e)
+	}
+	if e, ok := d.Lookup(dump.Key{Step: 9, Layer: 2, Stage: "o_inv"}, dump.KindStage); !ok || len(e.Shape) != 2 {
+		t.Fatalf("o_inv: %v %v", ok, e)
+	}
+	if len(d.Unmapped) != 1 {
+		t.Errorf("unmapped %v", d.Unmapped)
+	}
+}
+
+func writeSafetensors(t *testing.T, path string, shapes map[string][]int) {
+	t.Helper()
+	hdr := map[string]interface{}{}
+	off := 0
+	for n, s := range shapes {
+		k := 2
+		for _, d := range s {
+			k *= d
+		}
+		hdr[n] = map[string]interface{}{"dtype": "BF16", "shape": s, "data_offsets": []int{off, off + k}}
+		off += k
+	}
+	h, _ := json.Marshal(hdr)
+	b := make([]byte, 8, 8+len(h)+off)
+	for i := 0; i < 8; i++ {
+		b[i] = byte(uint64(len(h)) >> (8 * i))
+	}
+	b = append(b, h...)
+	b = append(b, make([]byte, off)...)
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}

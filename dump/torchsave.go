@@ -784,13 +784,7 @@ index:
 	}
 	for i, nt := range ts {
 		t := nt.t
-		shape := t.shape
-		if d.Map != nil && d.Map.SqueezeLeading {
-			for len(shape) > 1 && shape[0] == 1 {
-				shape = shape[1:]
-			}
-		}
-		e := Entry{Name: nt.name, DType: t.dtype, Shape: append([]int(nil), shape...), NBytes: t.nbytes, File: path, Record: i, src: src, fromDT: t.dtype, pt: t}
+		e := Entry{Name: nt.name, DType: t.dtype, Shape: append([]int(nil), t.shape...), NBytes: t.nbytes, File: path, Record: i, src: src, fromDT: t.dtype, pt: t}
 		if off, err := t.storage.member.DataOffset(); err == nil && t.storage.member.Method == zip.Store && t.contig {
 			esz := int64(t.dtype.Bits() / 8)
 			if t.fp4x2 || esz == 0 {
