@@ -162,7 +162,7 @@ func TestHFModuleNameMap(t *testing.T) {
 	// safetensors written by hand: two module outputs with leading 1-dims
 	writeSafetensors(t, dir+"/step_9.safetensors", map[string][]int{
 		"model.layers.2.self_attn.compressor.indexer.q_b_proj": {1, 1, 512},
-		"model.layers.2.self_attn.o_a_proj.input":             {1, 1, 2, 1024},
+		"model.layers.2.self_attn.o_a_proj.input":              {1, 1, 2, 1024},
 		"model.layers.0.self_attn.rotary_emb":                  {1, 1, 32},
 	})
 	d, err := dump.OpenMapped(dir, m)
