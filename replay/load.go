@@ -40,7 +40,11 @@ type LoadOptions struct {
 func LoadModelWith(d *dump.Dump, src Source, opt LoadOptions) (*engine.Model, error) {
 	weights := opt.Weights
 	if d.Header.ModelArgs == "" {
-		return nil, fmt.Errorf("dump %s: no model config (ModelArgs) in the dump; write config.json beside it or use a native dump", d.Path)
+		why := ""
+		if d.Detect != "" {
+			why = " (" + d.Detect + ")"
+		}
+		return nil, fmt.Errorf("dump %s: no model config (ModelArgs) in the dump; write config.json beside it or use a native dump%s", d.Path, why)
 	}
 	cfg, err := engine.ParseConfig([]byte(d.Header.ModelArgs))
 	if err != nil {
