@@ -490,6 +490,51 @@ def hook_modules(model, dumper, rules):
     return handles
 
 
+def hf_deepseek_v4_rules(n_heads, head_dim=512, index_n_heads=64, index_head_dim=128, rope_head_dim=64):
+    """hook_modules rules for transformers' DeepseekV4ForCausalLM: its module
+    names -> canonical stages, with the reshapes to the canonical shapes
+    ([H, D] for q_b / o_inv, [IH, ID] for iq_b, the rope dims of the head-normed
+    q for q_pe_prerope). Each transform keeps any leading batch dimensions, so
+    the rules work with at(requests=...) too. Stages whose HF value differs in
+    kind from the official one (e.g. cmp_a / cmp_b are bf16 projections of
+    bf16 x in HF, fp32 in model.py) keep the official name: the replay
+    reports the difference."""
+    H, D, IH, ID = n_heads, head_dim, index_n_heads, index_head_dim
+
+    def rs(*shape):
+        return lambda t: t.reshape(*t.shape[:-1], *shape)
+
+    L = r"model\.layers\.(?P<layer>\d+)"
+    A = L + r"\.self_attn"
+    return [
+        (L, "h_in", "input"),
+        (L, "h_out"),
+        (A, "x", "input"),
+        (A + r"\.q_a_proj", "q_a"),
+        (A + r"\.q_a_norm", "cq"),
+        (A + r"\.q_b_proj", "q_b", "output", rs(H, D)),
+        (A + r"\.q_b_norm", "q_pe_prerope", "output",
+         lambda t: t.reshape(*t.shape[:-3], H, D)[..., D - rope_head_dim:]),
+        (A + r"\.kv_proj", "kv_raw"),
+        (A + r"\.kv_norm", "kv_normed"),
+        (A + r"\.o_a_proj", "o_inv", "input", lambda t: t.reshape(*t.shape[:-2], H, D)),
+        (A + r"\.o_a_proj", "u"),
+        (A + r"\.o_b_proj", "y"),
+        (A + r"\.compressor\.kv_proj", "cmp_a"),
+        (A + r"\.compressor\.gate_proj", "cmp_b"),
+        (A + r"\.compressor\.kv_norm", "cmp_normed"),
+        (A + r"\.compressor\.indexer\.kv_proj", "icmp_a"),
+        (A + r"\.compressor\.indexer\.gate_proj", "icmp_b"),
+        (A + r"\.compressor\.indexer\.kv_norm", "icmp_normed"),
+        (A + r"\.compressor\.indexer\.q_b_proj", "iq_b", "output", rs(IH, ID)),
+        (A + r"\.compressor\.indexer\.scorer\.weights_proj", "iw_raw"),
+        (A + r"\.compressor\.indexer", "index_topk"),
+        (L + r"\.post_attention_layernorm", "ffn_in"),
+        (L + r"\.mlp", "ffn_out"),
+        (r"lm_head", "logits"),
+    ]
+
+
 # -- reading ----------------------------------------------------------------
 _TORCH_OF = {v: k for k, v in _DTYPES.items()}
 

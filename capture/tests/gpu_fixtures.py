@@ -237,37 +237,12 @@ def hf_build(log):
     json.dump({"tokens": STATE["tokens"], "tokens_b": STATE["tokens_b"]}, open(os.path.join(WORK, "tokens.json"), "w"))
 
 
-def rs(*shape):
-    return lambda t: t.reshape(*t.shape[:-1], *shape)
+def _rules():
+    from sparsemla_capture import hf_deepseek_v4_rules
+    return hf_deepseek_v4_rules(H, D, IH, ID)
 
 
-L = r"model\.layers\.(?P<layer>\d+)"
-RULES = [
-    (L, "h_in", "input"),
-    (L, "h_out"),
-    (L + r"\.self_attn", "x", "input"),
-    (L + r"\.self_attn\.q_a_proj", "q_a"),
-    (L + r"\.self_attn\.q_a_norm", "cq"),
-    (L + r"\.self_attn\.q_b_proj", "q_b", "output", rs(H, D)),
-    (L + r"\.self_attn\.q_b_norm", "q_pe_prerope", "output", lambda t: t.reshape(*t.shape[:-3], H, D)[..., 448:]),
-    (L + r"\.self_attn\.kv_proj", "kv_raw"),
-    (L + r"\.self_attn\.kv_norm", "kv_normed"),
-    (L + r"\.self_attn\.o_a_proj", "o_inv", "input", lambda t: t.reshape(*t.shape[:-2], H, D)),
-    (L + r"\.self_attn\.o_a_proj", "u"),
-    (L + r"\.self_attn\.o_b_proj", "y"),
-    (L + r"\.self_attn\.compressor\.kv_proj", "cmp_a"),
-    (L + r"\.self_attn\.compressor\.gate_proj", "cmp_b"),
-    (L + r"\.self_attn\.compressor\.kv_norm", "cmp_normed"),
-    (L + r"\.self_attn\.compressor\.indexer\.kv_proj", "icmp_a"),
-    (L + r"\.self_attn\.compressor\.indexer\.gate_proj", "icmp_b"),
-    (L + r"\.self_attn\.compressor\.indexer\.kv_norm", "icmp_normed"),
-    (L + r"\.self_attn\.compressor\.indexer\.q_b_proj", "iq_b", "output", rs(IH, ID)),
-    (L + r"\.self_attn\.compressor\.indexer\.scorer\.weights_proj", "iw_raw"),
-    (L + r"\.self_attn\.compressor\.indexer", "index_topk"),
-    (L + r"\.post_attention_layernorm", "ffn_in"),
-    (L + r"\.mlp", "ffn_out"),
-    (r"lm_head", "logits"),
-]
+RULES = _rules()
 
 
 def dump_cache(d, model, cache, p, kind, log=None):
