@@ -51,7 +51,7 @@ func TestOfficialWindowWithoutPrefill(t *testing.T) {
 		if !ok {
 			t.Fatalf("layer %d: no start state kv_cache valid after step 3", l)
 		}
-		if !strings.HasSuffix(st.File, "step_3.safetensors") || st.Name != "L"+itoa(l)+".kv_cache" {
+		if !strings.HasSuffix(st.File, "step_3.safetensors") || st.Name != "L"+istr(l)+".kv_cache" {
 			t.Errorf("layer %d: start state is %s of %s, not step 3's kv_cache", l, st.Name, st.File)
 		}
 		if _, ok := d.Lookup(Key{Step: 3, Layer: l, Stage: "q"}, KindStage); ok {

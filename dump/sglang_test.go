@@ -77,10 +77,10 @@ func TestSGLangDumperDir(t *testing.T) {
 	put := func(step, rank int, name string, layer int, vals []int32) {
 		idx++
 		tags := [][2]interface{}{{"step", step}, {"rank", rank}, {"dump_index", idx}, {"name", name}, {"recompute_status", "disabled"}}
-		fn := "step=" + itoa(step) + "___rank=" + itoa(rank) + "___dump_index=" + itoa(idx) + "___name=" + name + "___recompute_status=disabled"
+		fn := "step=" + istr(step) + "___rank=" + istr(rank) + "___dump_index=" + istr(idx) + "___name=" + name + "___recompute_status=disabled"
 		if layer >= 0 {
 			tags = append(tags, [2]interface{}{"layer_id", layer})
-			fn += "___layer_id=" + itoa(layer)
+			fn += "___layer_id=" + istr(layer)
 		}
 		tags = append(tags, [2]interface{}{"world_rank", rank}, [2]interface{}{"world_size", 2})
 		writeSGLangPT(t, filepath.Join(dir, fn+".pt"), vals, tags)
@@ -141,7 +141,7 @@ func TestSGLangDumperDir(t *testing.T) {
 	}
 }
 
-func itoa(i int) string {
+func istr(i int) string {
 	return string(appendInt(nil, i))
 }
 
@@ -174,7 +174,7 @@ func writePassPT(t *testing.T, path string, names []string, vals [][]int32) {
 		p.WriteString("ctorch._utils\n_rebuild_tensor_v2\n((")
 		str("storage")
 		p.WriteString("ctorch\nIntStorage\n")
-		str(itoa(i))
+		str(istr(i))
 		str("cpu")
 		p.Write([]byte{'K', byte(len(vals[i])), 't', 'Q', 'K', 0, 'K', 1, 'K', byte(len(vals[i])), 0x86, 'K', byte(len(vals[i])), 'K', 1, 0x86, 0x89})
 		p.WriteString("ccollections\nOrderedDict\n)Rt")
@@ -187,7 +187,7 @@ func writePassPT(t *testing.T, path string, names []string, vals [][]int32) {
 	w, _ := zw.CreateHeader(&zip.FileHeader{Name: prefix + "/data.pkl", Method: zip.Store})
 	w.Write(p.Bytes())
 	for i, v := range vals {
-		w, _ := zw.CreateHeader(&zip.FileHeader{Name: prefix + "/data/" + itoa(i), Method: zip.Store})
+		w, _ := zw.CreateHeader(&zip.FileHeader{Name: prefix + "/data/" + istr(i), Method: zip.Store})
 		binary.Write(w, binary.LittleEndian, v)
 	}
 	zw.Close()

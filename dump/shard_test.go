@@ -9,7 +9,7 @@ import (
 
 func writeRank(t *testing.T, path string, rank int, recs []Record, shards []*ShardInfo) {
 	t.Helper()
-	w, err := Create(path, Header{Producer: map[string]string{"tp_rank": itoa(rank), "tp_size": "2"}})
+	w, err := Create(path, Header{Producer: map[string]string{"tp_rank": istr(rank), "tp_size": "2"}})
 	if err != nil {
 		t.Fatal(err)
 	}
