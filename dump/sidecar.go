@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+
+	"sparsemla/userfile"
 )
 
 // SidecarFile is the name of the request / prefix-hit sidecar of a foreign
@@ -118,17 +120,10 @@ func (d *Dump) loadSidecar(path string, dir bool) error {
 	if dir {
 		p = filepath.Join(path, SidecarFile)
 	}
-	fi, err := os.Stat(p)
-	if errors.Is(err, fs.ErrNotExist) {
+	if _, err := os.Lstat(p); errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
-	if err != nil {
-		return fmt.Errorf("dump: sidecar: %w", err)
-	}
-	if !fi.Mode().IsRegular() || fi.Size() > maxSidecar {
-		return fmt.Errorf("dump: sidecar %s: not a regular file of at most %d bytes", p, maxSidecar)
-	}
-	b, err := os.ReadFile(p)
+	b, err := userfile.ReadFile(p, maxSidecar) // a regular file of bounded size
 	if err != nil {
 		return fmt.Errorf("dump: sidecar: %w", err)
 	}
