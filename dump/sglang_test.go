@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -225,5 +226,55 @@ func TestSGLangTensorDumpDir(t *testing.T) {
 	}
 	if len(d.Entries) != 3 {
 		t.Errorf("entries %v", d.Entries)
+	}
+}
+
+// A record whose value is not a tensor (SGLang dumps e.g. the request ids as
+// a list of strings) is listed as unmapped, not an error for the directory.
+func TestSGLangNonTensorValue(t *testing.T) {
+	dir := t.TempDir()
+	src := "../testdata/sglang-v4-tiny/sglang"
+	ents, err := os.ReadDir(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		b, _ := os.ReadFile(filepath.Join(src, e.Name()))
+		os.WriteFile(filepath.Join(dir, e.Name()), b, 0o644)
+	}
+	// {"value": ["r0"], "meta": {"name": "rids"}} as torch.save protocol 2 writes it
+	var p bytes.Buffer
+	str := func(s string) {
+		p.WriteByte('X')
+		binary.Write(&p, binary.LittleEndian, uint32(len(s)))
+		p.WriteString(s)
+	}
+	p.Write([]byte{0x80, 2, '}', '('})
+	str("value")
+	p.Write([]byte{']', '('})
+	str("r0")
+	p.Write([]byte{'e'})
+	str("meta")
+	p.Write([]byte{'}', '('})
+	str("name")
+	str("rids")
+	p.Write([]byte{'u', 'u', '.'})
+	var z bytes.Buffer
+	zw := zip.NewWriter(&z)
+	w, _ := zw.CreateHeader(&zip.FileHeader{Name: "x/data.pkl", Method: zip.Store})
+	w.Write(p.Bytes())
+	zw.Close()
+	os.WriteFile(filepath.Join(dir, "step=1___rank=0___dump_index=999___name=rids___recompute_status=disabled.pt"), z.Bytes(), 0o644)
+	d, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	found := false
+	for _, u := range d.Unmapped {
+		found = found || strings.Contains(u, "rids (value is not a tensor)")
+	}
+	if !found || len(d.Entries) != 114 {
+		t.Errorf("%d entries; unmapped %v", len(d.Entries), d.Unmapped[len(d.Unmapped)-1])
 	}
 }

@@ -756,7 +756,10 @@ func (d *Dump) addPT(path, rel string, prevFix *[]int) error {
 			ts = ts[:0]
 			ptFlatten("", dd.vals["value"], &ts, nil)
 			if len(ts) == 0 {
-				return fmt.Errorf("dump: %s: SGLang dump value is not a tensor (meta name %q)", path, meta["name"])
+				// SGLang also dumps non-tensor values (e.g. the request ids
+				// "rids", a list of strings): listed, not indexed
+				d.Unmapped = append(d.Unmapped, fmt.Sprintf("%s: %s (value is not a tensor)", rel, meta["name"]))
+				return nil
 			}
 			base := meta["name"]
 			if base == "" {
