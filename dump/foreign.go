@@ -117,6 +117,17 @@ func (d *Dump) finishForeign(path, root string) error {
 	if err := d.applyStepStage(); err != nil {
 		return err
 	}
+	for i := range d.Entries {
+		e := &d.Entries[i]
+		if e.view == nil {
+			continue
+		}
+		s, err := viewShape(e.Shape, e.view)
+		if err != nil {
+			return fmt.Errorf("dump: %s: record %d (%s): name map %s shape %v: %w", e.File, e.Record, e.Name, d.Map.Name, e.view, err)
+		}
+		e.Shape, e.view = s, nil
+	}
 	if len(d.Map.FirstStepState) > 0 {
 		first := -1
 		for _, e := range d.Entries {
@@ -187,4 +198,37 @@ func detectReport(dir string, chosen *NameMap) string {
 		}
 	}
 	return "generic name map (no built-in map detected: " + strings.Join(parts, "; ") + ")"
+}
+
+// viewShape returns view with its -1 (at most one) inferred so that it holds
+// as many elements as shape.
+func viewShape(shape, view []int) ([]int, error) {
+	n, err := NumElements(shape)
+	if err != nil {
+		return nil, err
+	}
+	out := append([]int(nil), view...)
+	known, free := int64(1), -1
+	for i, v := range out {
+		switch {
+		case v == -1 && free < 0:
+			free = i
+		case v <= 0:
+			return nil, fmt.Errorf("dimension %d", v)
+		default:
+			known *= int64(v)
+			if known > n {
+				return nil, fmt.Errorf("needs more than the %d elements of %v", n, shape)
+			}
+		}
+	}
+	if free >= 0 {
+		if n%known != 0 {
+			return nil, fmt.Errorf("%d elements of %v do not divide into it", n, shape)
+		}
+		out[free] = int(n / known)
+	} else if known != n {
+		return nil, fmt.Errorf("holds %d elements, the tensor %v has %d", known, shape, n)
+	}
+	return out, nil
 }

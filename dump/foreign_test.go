@@ -1,6 +1,7 @@
 package dump
 
 import (
+	"fmt"
 	"os"
 
 	"path/filepath"
@@ -122,5 +123,25 @@ func TestNothingMappedFails(t *testing.T) {
 	_, err = OpenMapped("../testdata/official-v4-tiny/step_3.safetensors", m)
 	if err == nil || !strings.Contains(err.Error(), "no tensor mapped") {
 		t.Fatalf("err %v", err)
+	}
+}
+
+func TestViewShape(t *testing.T) {
+	for _, c := range []struct {
+		shape, view, want []int
+	}{
+		{[]int{2048}, []int{-1, 512}, []int{4, 512}},
+		{[]int{1, 4, 512}, []int{-1, 512}, []int{4, 512}},
+		{[]int{6}, []int{2, 3}, []int{2, 3}},
+	} {
+		got, err := viewShape(c.shape, c.view)
+		if err != nil || fmt.Sprint(got) != fmt.Sprint(c.want) {
+			t.Errorf("viewShape(%v, %v) = %v, %v", c.shape, c.view, got, err)
+		}
+	}
+	for _, c := range [][2][]int{{{2047}, {-1, 512}}, {{6}, {4, 2}}, {{6}, {-1, -1}}, {{6}, {0, 6}}} {
+		if got, err := viewShape(c[0], c[1]); err == nil {
+			t.Errorf("viewShape(%v, %v) = %v, want an error", c[0], c[1], got)
+		}
 	}
 }

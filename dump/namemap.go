@@ -81,6 +81,9 @@ type NameRule struct {
 	Kind    string `json:"kind,omitempty"`
 	DType   string `json:"dtype,omitempty"`
 	Skip    bool   `json:"skip,omitempty"`
+	// Shape views the tensor with this shape (same element count; one -1
+	// is inferred), e.g. [-1, 512] for a flat [H*512] q_b.
+	Shape []int `json:"shape,omitempty"`
 
 	re    *regexp.Regexp
 	kind  Kind
@@ -233,6 +236,7 @@ type mapped struct {
 	key   Key
 	kind  Kind
 	dtype DType // Invalid = keep the stored dtype
+	view  []int // nil = keep the shape
 	skip  bool
 	prev  bool // state valid after the step before the first dumped step
 }
@@ -270,6 +274,7 @@ func (fr *FileRule) mapName(name string, fsm []string) (mapped, bool, error) {
 			out.kind = r.kind
 		}
 		out.dtype = r.dtype
+		out.view = r.Shape
 		if err := applyCaptures(&out.key, r.re, sm); err != nil {
 			return out, false, err
 		}

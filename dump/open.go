@@ -38,6 +38,7 @@ type Entry struct {
 	src     int       // index into Dump.srcs
 	pt      *ptTensor // strided or compressed torch.save tensor
 	parts   []Entry   // tensor-parallel shards merged into this entry, in rank order
+	view    []int     // name-map shape rule, applied after squeeze_leading
 	fromDT  DType     // stored dtype before a name-map override
 	npz     *zip.File // compressed npz member
 	npyData int64     // offset of the array data inside a compressed npz member
@@ -391,6 +392,7 @@ func (d *Dump) mapTensor(e Entry, rel string, prevFix *[]int) error {
 			return fmt.Errorf("dump: %s: record %d (%s): dtype override: %w", e.File, e.Record, e.Name, err)
 		}
 	}
+	e.view = mp.view
 	if mp.prev && e.Kind == KindState {
 		*prevFix = append(*prevFix, len(d.Entries))
 	}

@@ -92,7 +92,7 @@ func TestSGLangDumperDir(t *testing.T) {
 		put(c+1, 0, "positions", -1, []int32{p})
 		put(c+1, 0, "input_ids", -1, []int32{100 + p})
 		put(c+1, 0, "non_intrusive__model.layers.0.self_attn.q_a_proj.output", 0, []int32{p, -p})
-		put(c+1, 0, "non_intrusive__model.layers.1.self_attn.o_a_proj.inputs.0", 1, []int32{p})
+		put(c+1, 0, "non_intrusive__model.layers.1.self_attn.kv_norm.output", 1, []int32{p})
 		put(c+1, 1, "non_intrusive__model.layers.0.self_attn.q_a_proj.output", 0, []int32{p, -p})
 		put(c+1, 0, "non_intrusive__model.layers.0.self_attn.rotary_emb.output", 0, []int32{1})
 	}
@@ -105,7 +105,7 @@ func TestSGLangDumperDir(t *testing.T) {
 		t.Fatalf("map %v", d.Map)
 	}
 	for _, p := range []int{2, 3} {
-		for _, k := range []Key{{Step: p, Layer: 0, Stage: "q_a"}, {Step: p, Layer: 1, Stage: "o_inv"}, {Step: p, Layer: Global, Stage: "pos"}, {Step: p, Layer: Global, Stage: "tok"}} {
+		for _, k := range []Key{{Step: p, Layer: 0, Stage: "q_a"}, {Step: p, Layer: 1, Stage: "kv_normed"}, {Step: p, Layer: Global, Stage: "pos"}, {Step: p, Layer: Global, Stage: "tok"}} {
 			e, ok := d.Lookup(k, KindStage)
 			if !ok {
 				t.Fatalf("no %s; entries %v unmapped %v", k, d.Entries, d.Unmapped)
