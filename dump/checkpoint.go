@@ -131,6 +131,9 @@ var hfRenames = map[string]string{
 // layers.3.attn.wq_a.scale). Official names come back unchanged.
 func OfficialName(name string) string {
 	name = strings.TrimPrefix(name, "model.")
+	if o, ok := hfV4Name(name); ok {
+		return strings.Replace(o, ".weight_scale_inv", ".scale", 1)
+	}
 	parts := strings.Split(name, ".")
 	for i, p := range parts {
 		if r, ok := hfRenames[p]; ok {

@@ -23,7 +23,18 @@
 //   - .npy files and .npz archives ([ParseNpyHeader]; bf16/fp8 saved as their
 //     bits plus a name-map dtype override);
 //   - Hugging Face checkpoints ([OpenCheckpoint]: index.json + shards, only
-//     requested tensors read, official and HF names).
+//     requested tensors read, official and HF names: transformers' DeepSeek-V4
+//     module names and save_pretrained names map to model.py's, [OfficialName]);
+//     an HF config.json becomes ModelArgs ([ModelArgsFromHF]);
+//   - torch.save .pt files (gopickle under a strict allow-list of globals;
+//     claimed lengths checked before decoding), SGLang dumper directories and
+//     its older per-pass tensor dumps (built-in maps sglang,
+//     sglang-tensor-dump), official-layout windows without a prefill state
+//     (official-v4-window).
+//
+// Foreign dumps carry their request ids and prefix-cache hits in a
+// sparsemla.json sidecar or in safetensors __metadata__ keys ([Sidecar]);
+// tensor-parallel shard records (native) are merged on read ([ShardInfo]).
 //
 // Foreign tensor names become keys through a [NameMap] (JSON regexps with
 // named captures for request, step, layer, stage); built-in maps are embedded

@@ -44,6 +44,19 @@ type NameMap struct {
 	Detect []string   `json:"detect,omitempty"`
 	Config string     `json:"config,omitempty"`
 	Files  []FileRule `json:"files"`
+	// SqueezeLeading drops leading size-1 dimensions of every tensor
+	// (SGLang dumps keep the token dimension: [1, dim] for one token).
+	SqueezeLeading bool `json:"squeeze_leading,omitempty"`
+	// StepStage names a stage whose record holds the absolute position of
+	// its step: the steps the file rules capture are a counter (SGLang's
+	// dumper step, a forward-pass number) and every record of counter c is
+	// re-keyed to the position recorded by the StepStage record of c.
+	StepStage string `json:"step_stage,omitempty"`
+	// FirstStepState lists stages whose records of the first dumped step are
+	// also the replay start state (kind state, valid after that step): a
+	// window of steps dumped without a prefill state starts from the state
+	// after its first step.
+	FirstStepState []string `json:"first_step_state,omitempty"`
 }
 
 // FileRule maps the files whose relative path matches File.
@@ -68,6 +81,9 @@ type NameRule struct {
 	Kind    string `json:"kind,omitempty"`
 	DType   string `json:"dtype,omitempty"`
 	Skip    bool   `json:"skip,omitempty"`
+	// Shape views the tensor with this shape (same element count; one -1
+	// is inferred), e.g. [-1, 512] for a flat [H*512] q_b.
+	Shape []int `json:"shape,omitempty"`
 
 	re    *regexp.Regexp
 	kind  Kind
@@ -220,6 +236,7 @@ type mapped struct {
 	key   Key
 	kind  Kind
 	dtype DType // Invalid = keep the stored dtype
+	view  []int // nil = keep the shape
 	skip  bool
 	prev  bool // state valid after the step before the first dumped step
 }
@@ -257,6 +274,7 @@ func (fr *FileRule) mapName(name string, fsm []string) (mapped, bool, error) {
 			out.kind = r.kind
 		}
 		out.dtype = r.dtype
+		out.view = r.Shape
 		if err := applyCaptures(&out.key, r.re, sm); err != nil {
 			return out, false, err
 		}

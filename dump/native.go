@@ -78,6 +78,9 @@ type frameMeta struct {
 	Shape   []int     `msgpack:"shape"`
 	NBytes  int64     `msgpack:"nbytes"`
 	Page    *PageInfo `msgpack:"page,omitempty"`
+
+	// Shard marks a tensor-parallel shard (FORMAT.md).
+	Shard *ShardInfo `msgpack:"shard,omitempty"`
 	// prefix
 	Prefix *PrefixHit `msgpack:"prefix,omitempty"`
 	// end

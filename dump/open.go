@@ -28,7 +28,17 @@ type Entry struct {
 	Record int    // record number within File (frame index for native files)
 	Offset int64  // byte offset of the data in File (-1 for compressed npz members)
 
+	// Meta is the producer's metadata of a foreign record (SGLang's
+	// "meta" dict and file-name tags, flattened to strings), or nil.
+	Meta map[string]string
+	// Shard marks a record that is one tensor-parallel rank's shard (nil:
+	// whole); Open merges the shards of a key into one entry.
+	Shard *ShardInfo
+
 	src     int       // index into Dump.srcs
+	pt      *ptTensor // strided or compressed torch.save tensor
+	parts   []Entry   // tensor-parallel shards merged into this entry, in rank order
+	view    []int     // name-map shape rule, applied after squeeze_leading
 	fromDT  DType     // stored dtype before a name-map override
 	npz     *zip.File // compressed npz member
 	npyData int64     // offset of the array data inside a compressed npz member
@@ -47,9 +57,15 @@ type Dump struct {
 	// Incomplete lists native files without an end frame (cut short at a
 	// frame boundary, e.g. by a crashed capture); their records are intact.
 	Incomplete []string
+	// Detect says why the name map of a foreign directory was chosen: the
+	// built-in map detected, or for each built-in map the detect rule that
+	// failed (e.g. "official-v4-tiny: no prefill_state.safetensors").
+	Detect string
 
 	byKey map[entryID]int
 	srcs  []*os.File
+	meta  foreignMeta    // request / prefix metadata of a foreign dump
+	tp    map[string]int // native file -> header producer tp_rank
 }
 
 // WeightsFile is the model weights file a dump directory may hold beside its
@@ -85,7 +101,7 @@ func OpenMapped(path string, m *NameMap) (*Dump, error) {
 				return nil
 			}
 			switch strings.ToLower(filepath.Ext(p)) {
-			case ".smd", ".safetensors", ".npy", ".npz":
+			case ".smd", ".safetensors", ".npy", ".npz", ".pt", ".pth":
 				files = append(files, rel)
 			}
 			return nil
@@ -95,7 +111,7 @@ func OpenMapped(path string, m *NameMap) (*Dump, error) {
 		}
 		sort.Strings(files)
 		if len(files) == 0 {
-			return nil, fmt.Errorf("dump: %s: no .smd, .safetensors, .npy or .npz files", path)
+			return nil, fmt.Errorf("dump: %s: no .smd, .safetensors, .npy, .npz or .pt files", path)
 		}
 	} else {
 		root = filepath.Dir(path)
@@ -132,11 +148,15 @@ func OpenMapped(path string, m *NameMap) (*Dump, error) {
 	if !formats["native"] {
 		if m == nil && fi.IsDir() {
 			m = DetectNameMap(path)
+			d.Detect = detectReport(path, m)
 		}
 		if m == nil {
 			m, _ = BuiltinNameMap("generic")
 		}
 		d.Map = m
+		if err := d.loadSidecar(path, fi.IsDir()); err != nil {
+			return nil, err
+		}
 		if m.Config != "" && fi.IsDir() {
 			// A missing config is not an error here (the replay says what it
 			// needs); one that is there but unreadable is.
@@ -145,6 +165,9 @@ func OpenMapped(path string, m *NameMap) (*Dump, error) {
 				cfg, err := userfile.ReadFile(p, MaxConfigJSON)
 				if err != nil {
 					return nil, fmt.Errorf("dump: %w", err)
+				}
+				if cfg, err = d.configArgs(cfg, p); err != nil {
+					return nil, err
 				}
 				d.Header.ModelArgs = string(cfg)
 				d.Header.CompressRatios = compressRatios(cfg)
@@ -175,8 +198,10 @@ func OpenMapped(path string, m *NameMap) (*Dump, error) {
 			err = d.addNpz(full, rel, &prevFix)
 		case "npy":
 			err = d.addNpy(full, rel, &prevFix)
+		case "pt":
+			err = d.addPT(full, rel, &prevFix)
 		default:
-			err = fmt.Errorf("dump: %s: unrecognised file (want a sparsemla dump, safetensors, .npy or .npz)", userfile.Escape(full))
+			err = fmt.Errorf("dump: %s: unrecognised file (want a sparsemla dump, safetensors, .npy, .npz or a torch.save .pt)", userfile.Escape(full))
 		}
 		if err != nil {
 			return nil, err
@@ -186,6 +211,12 @@ func OpenMapped(path string, m *NameMap) (*Dump, error) {
 		for f := range formats {
 			d.Format = f
 		}
+	}
+	if len(prevFix) > 0 && d.Map != nil && d.Map.StepStage != "" {
+		return nil, fmt.Errorf("dump: %s: name map %s: state_after_prev files cannot be combined with step_stage", path, d.Map.Name)
+	}
+	if err := d.finishForeign(path, root); err != nil {
+		return nil, err
 	}
 	if len(prevFix) > 0 {
 		first := -1
@@ -200,6 +231,9 @@ func OpenMapped(path string, m *NameMap) (*Dump, error) {
 		for _, i := range prevFix {
 			d.Entries[i].Step = first - 1
 		}
+	}
+	if err := d.mergeShards(); err != nil {
+		return nil, err
 	}
 	for i := range d.Entries {
 		e := &d.Entries[i]
@@ -238,7 +272,7 @@ func formatOf(path string) (string, error) {
 	case n >= 6 && string(b[:6]) == npyMagic:
 		return "npy", nil
 	case n >= 4 && string(b[:4]) == "PK\x03\x04":
-		return "npz", nil
+		return zipFormat(f), nil
 	case strings.HasSuffix(path, ".safetensors"):
 		return "safetensors", nil
 	case strings.HasSuffix(path, ".smd"):
@@ -287,6 +321,7 @@ func (d *Dump) addNative(path string) error {
 		case frameHeader:
 			h := *fi.meta.Header
 			h.Version = v
+			d.noteTPRank(path, h)
 			if err := d.mergeHeader(h, path); err != nil {
 				return err
 			}
@@ -299,7 +334,7 @@ func (d *Dump) addNative(path string) error {
 			d.Entries = append(d.Entries, Entry{
 				Key: r.Key, Kind: r.Kind, Name: r.Name, DType: r.DType, Shape: r.Shape,
 				NBytes: fi.meta.NBytes, Page: r.Page, File: path, Record: fi.index, Offset: fi.dataOff,
-				src: src, fromDT: r.DType,
+				src: src, fromDT: r.DType, Shard: fi.meta.Shard,
 			})
 		}
 		if err := br.skip(fi.meta.NBytes); err != nil {
@@ -357,6 +392,7 @@ func (d *Dump) mapTensor(e Entry, rel string, prevFix *[]int) error {
 			return fmt.Errorf("dump: %s: record %d (%s): dtype override: %w", e.File, e.Record, e.Name, err)
 		}
 	}
+	e.view = mp.view
 	if mp.prev && e.Kind == KindState {
 		*prevFix = append(*prevFix, len(d.Entries))
 	}
@@ -371,6 +407,9 @@ func (d *Dump) addSafetensors(path, rel string, prevFix *[]int) error {
 	}
 	st, err := NewSafetensors(f, size, path)
 	if err != nil {
+		return err
+	}
+	if err := d.noteFileMeta(path, st.Metadata); err != nil {
 		return err
 	}
 	for i, te := range st.Entries {
@@ -486,6 +525,17 @@ func (d *Dump) Read(e *Entry) (Record, error) { return d.ReadBuf(e, nil) }
 // one allocation per record.
 func (d *Dump) ReadBuf(e *Entry, buf []byte) (Record, error) {
 	r := Record{Key: e.Key, Kind: e.Kind, Name: e.Name, DType: e.DType, Shape: append([]int(nil), e.Shape...), Page: e.Page}
+	if e.parts != nil {
+		return d.readMerged(e, buf)
+	}
+	if e.pt != nil {
+		data, err := readPT(e.pt, d.srcs[e.src], buf)
+		if err != nil {
+			return Record{}, fmt.Errorf("dump: %s: record %d (%s): %w", e.File, e.Record, e.Name, err)
+		}
+		r.Data = data
+		return r, nil
+	}
 	if e.npz != nil {
 		data, err := readNpzMember(e.npz, e.npyData, e.NBytes, buf)
 		if err != nil {

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"sparsemla/attention"
+	"sparsemla/dump"
 )
 
 // Config is the model configuration, the official ModelArgs (R-M:34-80). The json
@@ -80,8 +81,17 @@ func defaults() Config {
 }
 
 // ParseConfig decodes a ModelArgs JSON (unknown keys are an error, missing keys
-// take the ModelArgs defaults) and validates it.
+// take the ModelArgs defaults) and validates it. A Hugging Face transformers
+// DeepSeek-V4 config.json (model_type deepseek_v4) is converted first
+// (dump.ModelArgsFromHF).
 func ParseConfig(b []byte) (*Config, error) {
+	if dump.IsHFConfig(b) {
+		ma, err := dump.ModelArgsFromHF(b)
+		if err != nil {
+			return nil, fmt.Errorf("engine: config: %w", err)
+		}
+		b = ma
+	}
 	c := defaults()
 	dec := json.NewDecoder(strings.NewReader(string(b)))
 	dec.DisallowUnknownFields()

@@ -63,7 +63,7 @@ func fp8Scale(rows, cols int) []int { return []int{(rows + 127) / 128, (cols + 1
 // converted checkpoint shard). Every tensor's dtype and shape is checked against
 // the config before its bytes are read, and every value must be finite (a NaN
 // or inf weight is refused, naming the tensor and the element).
-func LoadLayerWeights(cfg *Config, layer int, st *dump.Safetensors) (*LayerWeights, error) {
+func LoadLayerWeights(cfg *Config, layer int, st dump.WeightSource) (*LayerWeights, error) {
 	return loadLayerWeights(cfg, layer, st, false)
 }
 
@@ -76,7 +76,7 @@ func LoadLayerWeights(cfg *Config, layer int, st *dump.Safetensors) (*LayerWeigh
 // values are dropped once packed (WoA nil: only w.Fast.WoA holds them). The stage graph never
 // reads WoA of a prepared layer; the reference loops cannot run on such a
 // layer without its Fast (the wo_a stage panics), so keep it set.
-func LoadLayerWeightsPrepared(cfg *Config, layer int, st *dump.Safetensors) (*LayerWeights, error) {
+func LoadLayerWeightsPrepared(cfg *Config, layer int, st dump.WeightSource) (*LayerWeights, error) {
 	lw, err := loadLayerWeights(cfg, layer, st, true)
 	if err != nil {
 		return nil, err
@@ -96,7 +96,7 @@ func (w *LayerWeights) Compact() bool { return w.WoA == nil && w.Fast != nil }
 
 // loadLayerWeights is LoadLayerWeights; compact leaves FP8 weights without
 // their fp32 dequantisation.
-func loadLayerWeights(cfg *Config, layer int, st *dump.Safetensors, compact bool) (*LayerWeights, error) {
+func loadLayerWeights(cfg *Config, layer int, st dump.WeightSource, compact bool) (*LayerWeights, error) {
 	if layer < 0 || layer >= cfg.NLayers {
 		return nil, fmt.Errorf("engine: weights: layer %d outside the model (%d layers)", layer, cfg.NLayers)
 	}
@@ -106,19 +106,19 @@ func loadLayerWeights(cfg *Config, layer int, st *dump.Safetensors, compact bool
 	lw := &LayerWeights{Layer: layer, Ratio: r}
 
 	read := func(name string, shape []int, kinds ...dump.DType) (dump.Record, error) {
-		e, ok := st.Entry(pre + name)
+		e, ok := st.Lookup(pre + name)
 		if !ok {
-			return dump.Record{}, fmt.Errorf("engine: weights %s: no tensor %s%s", st.Path, pre, name)
+			return dump.Record{}, fmt.Errorf("engine: weights %s: no tensor %s%s", st.Name(), pre, name)
 		}
 		if !sameInts(e.Shape, shape) {
-			return dump.Record{}, fmt.Errorf("engine: weights %s: %s%s has shape %v, the config needs %v", st.Path, pre, name, e.Shape, shape)
+			return dump.Record{}, fmt.Errorf("engine: weights %s: %s%s has shape %v, the config needs %v", st.Name(), pre, name, e.Shape, shape)
 		}
 		okKind := false
 		for _, k := range kinds {
 			okKind = okKind || e.DType == k
 		}
 		if !okKind {
-			return dump.Record{}, fmt.Errorf("engine: weights %s: %s%s has dtype %s, want one of %v", st.Path, pre, name, e.DType, kinds)
+			return dump.Record{}, fmt.Errorf("engine: weights %s: %s%s has dtype %s, want one of %v", st.Name(), pre, name, e.DType, kinds)
 		}
 		return st.Read(pre + name)
 	}
@@ -127,7 +127,7 @@ func loadLayerWeights(cfg *Config, layer int, st *dump.Safetensors, compact bool
 	// the replay blame a GPU kernel for it.
 	finite := func(name string, v []float32) error {
 		if i := firstNonFinite(v); i >= 0 {
-			return fmt.Errorf("engine: weights %s: %s%s[%d] is %g (a weight must be finite)", st.Path, pre, name, i, v[i])
+			return fmt.Errorf("engine: weights %s: %s%s[%d] is %g (a weight must be finite)", st.Name(), pre, name, i, v[i])
 		}
 		return nil
 	}
@@ -147,19 +147,26 @@ func loadLayerWeights(cfg *Config, layer int, st *dump.Safetensors, compact bool
 		if err != nil {
 			return nil, err
 		}
-		s, err := read(name+".scale", fp8Scale(rows, cols), dump.E8M0, dump.U8)
+		s, err := read(name+".scale", fp8Scale(rows, cols), dump.E8M0, dump.U8, dump.F32)
 		if err != nil {
 			return nil, err
 		}
+		if s.DType == dump.F32 {
+			// an HF checkpoint's weight_scale_inv: fp32 block scales, which
+			// must be powers of two (UE8M0) for the official FP8 GEMM
+			if s, err = e8m0FromF32(s); err != nil {
+				return nil, fmt.Errorf("engine: weights %s: %s%s.scale: %w", st.Name(), pre, name, err)
+			}
+		}
 		for i, b := range s.Data {
 			if b == quant.UE8M0NaN {
-				return nil, fmt.Errorf("engine: weights %s: %s%s.scale[%d] is the UE8M0 NaN byte", st.Path, pre, name, i)
+				return nil, fmt.Errorf("engine: weights %s: %s%s.scale[%d] is the UE8M0 NaN byte", st.Name(), pre, name, i)
 			}
 		}
 		// E4M3 has NaN codes (S.1111.111) and no inf; with every scale
 		// finite (checked above), no NaN code means finite values.
 		if i := firstE4M3NaN(w.Data); i >= 0 {
-			return nil, fmt.Errorf("engine: weights %s: %s%s.weight[%d] is the E4M3 NaN code 0x%02X (a weight must be finite)", st.Path, pre, name, i, w.Data[i])
+			return nil, fmt.Errorf("engine: weights %s: %s%s.weight[%d] is the E4M3 NaN code 0x%02X (a weight must be finite)", st.Name(), pre, name, i, w.Data[i])
 		}
 		if compact {
 			return attention.NewFP8WeightCodes(w.Data, s.Data, rows, cols), nil
@@ -177,7 +184,7 @@ func loadLayerWeights(cfg *Config, layer int, st *dump.Safetensors, compact bool
 			// wo_a is bf16 after convert.py; a checkpoint may still hold it as FP8
 			// codes + .scale, which dequantise exactly to the same bf16 values.
 			rows, cols := cfg.OGroups*cfg.OLoraRank, H*D/cfg.OGroups
-			if e, ok := st.Entry(pre + "wo_a.weight"); ok && e.DType == dump.E4M3 {
+			if e, ok := st.Lookup(pre + "wo_a.weight"); ok && e.DType == dump.E4M3 {
 				w, err := fp8("wo_a", rows, cols)
 				if err != nil {
 					return err
@@ -366,4 +373,22 @@ func RandomLayerWeights(cfg *Config, layer int, seed uint64) *LayerWeights {
 func fp8ScaleFlat(rows, cols int) []uint8 {
 	s := fp8Scale(rows, cols)
 	return make([]uint8, s[0]*s[1])
+}
+
+// e8m0FromF32 turns fp32 block scales into UE8M0 bytes (2^(b-127)); every
+// scale must be a positive power of two in [2^-127, 2^127].
+func e8m0FromF32(r dump.Record) (dump.Record, error) {
+	v, err := r.Float32()
+	if err != nil {
+		return r, err
+	}
+	out := make([]byte, len(v))
+	for i, x := range v {
+		fr, e := math.Frexp(float64(x))
+		if !(x > 0) || math.IsInf(float64(x), 0) || fr != 0.5 || e-1 < -127 || e-1 > 127 {
+			return r, fmt.Errorf("scale[%d] = %g is not a power of two in [2^-127, 2^127] (the FP8 checkpoint's UE8M0 block scales)", i, x)
+		}
+		out[i] = byte(e - 1 + 127)
+	}
+	return dump.Record{Key: r.Key, Kind: r.Kind, Name: r.Name, DType: dump.E8M0, Shape: r.Shape, Data: out}, nil
 }

@@ -40,7 +40,11 @@ type LoadOptions struct {
 func LoadModelWith(d *dump.Dump, src Source, opt LoadOptions) (*engine.Model, error) {
 	weights := opt.Weights
 	if d.Header.ModelArgs == "" {
-		return nil, fmt.Errorf("dump %s: no model config (ModelArgs) in the dump; write config.json beside it or use a native dump", d.Path)
+		why := ""
+		if d.Detect != "" {
+			why = " (" + d.Detect + ")"
+		}
+		return nil, fmt.Errorf("dump %s: no model config (ModelArgs) in the dump; write config.json beside it or use a native dump%s", d.Path, why)
 	}
 	cfg, err := engine.ParseConfig([]byte(d.Header.ModelArgs))
 	if err != nil {
@@ -50,8 +54,16 @@ func LoadModelWith(d *dump.Dump, src Source, opt LoadOptions) (*engine.Model, er
 	if err != nil {
 		return nil, err
 	}
-	st, err := dump.OpenSafetensors(wpath)
-	if err != nil {
+	var st interface {
+		dump.WeightSource
+		Close() error
+	}
+	if fi, err := os.Stat(wpath); err == nil && fi.IsDir() {
+		st, err = dump.OpenCheckpoint(wpath) // index.json + shards, official or HF names
+		if err != nil {
+			return nil, err
+		}
+	} else if st, err = dump.OpenSafetensors(wpath); err != nil {
 		return nil, err
 	}
 	defer st.Close()
@@ -117,9 +129,10 @@ func LoadModelWith(d *dump.Dump, src Source, opt LoadOptions) (*engine.Model, er
 	return m, nil
 }
 
-// FindWeights resolves the weights file of the dump at dumpPath: weights
-// itself or weights/weights.safetensors when given, else weights.safetensors
-// beside the dump. The error says what was looked for.
+// FindWeights resolves the weights of the dump at dumpPath: weights itself,
+// weights/weights.safetensors, or weights as a checkpoint directory
+// (model.safetensors.index.json + shards, or model.safetensors) when given,
+// else weights.safetensors beside the dump. The error says what was looked for.
 func FindWeights(dumpPath, weights string) (string, error) {
 	cands := []string{}
 	if weights != "" {
@@ -137,7 +150,14 @@ func FindWeights(dumpPath, weights string) (string, error) {
 		}
 	}
 	if weights != "" {
-		return "", fmt.Errorf("weights %s: no safetensors file there (want a file or a directory with weights.safetensors)", weights)
+		// a checkpoint directory: model.safetensors.index.json + shards, or
+		// model.safetensors (a Hugging Face save_pretrained layout)
+		for _, f := range []string{"model.safetensors.index.json", "model.safetensors"} {
+			if fi, err := os.Stat(filepath.Join(weights, f)); err == nil && !fi.IsDir() {
+				return weights, nil
+			}
+		}
+		return "", fmt.Errorf("weights %s: no safetensors file there (want a file, a directory with weights.safetensors, or a checkpoint directory with model.safetensors.index.json or model.safetensors)", weights)
 	}
 	return "", fmt.Errorf("dump %s: no weights.safetensors beside it; pass --weights", dumpPath)
 }

@@ -61,6 +61,7 @@ type inspectReport struct {
 	Path     string           `json:"path"`
 	Format   string           `json:"format"`
 	Map      string           `json:"map,omitempty"`
+	Detect   string           `json:"map_detection,omitempty"` // generic map: the detect rule each built-in map failed
 	Header   inspectHeader    `json:"header"`
 	Requests []string         `json:"requests"`
 	Steps    []int            `json:"steps"`
@@ -156,6 +157,9 @@ func buildInspect(d *dump.Dump, re *regexp.Regexp, stats bool) (*inspectReport, 
 		Prefix: d.Prefix, Unmapped: d.Unmapped, Cut: d.Incomplete,
 		Header: inspectHeader{Version: d.Header.Version, CompressRatios: d.Header.CompressRatios,
 			DTypePolicy: d.Header.DTypePolicy, Producer: d.Header.Producer, User: d.Header.User},
+	}
+	if d.Map != nil && d.Map.Name == "generic" {
+		rep.Detect = d.Detect // why no built-in map was detected
 	}
 	if d.Map != nil {
 		rep.Map = d.Map.Name
@@ -300,6 +304,9 @@ func writeInspectText(w io.Writer, r *inspectReport, list, stats bool) {
 		mp = ", name map " + r.Map
 	}
 	fmt.Fprintf(w, "dump %s (%s%s)\n", r.Path, r.Format, mp)
+	if r.Detect != "" {
+		fmt.Fprintf(w, "  %s\n", r.Detect)
+	}
 	h := r.Header
 	if h.Version > 0 {
 		fmt.Fprintf(w, "  format version %d\n", h.Version)

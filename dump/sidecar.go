@@ -1,0 +1,219 @@
+package dump
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+
+	"sparsemla/userfile"
+)
+
+// SidecarFile is the name of the request / prefix-hit sidecar of a foreign
+// dump directory (FORMAT.md "Request and prefix-cache metadata"); a single
+// file's sidecar is "<file>.sparsemla.json".
+const SidecarFile = "sparsemla.json"
+
+// Safetensors __metadata__ keys of a foreign dump (FORMAT.md).
+const (
+	MetaRequest = "sparsemla.request"
+	MetaPrefix  = "sparsemla.prefix"
+)
+
+// maxSidecar bounds the sidecar file.
+const maxSidecar = 1 << 20
+
+// Sidecar is the parsed sparsemla.json.
+type Sidecar struct {
+	Version int           `json:"version"`
+	Request string        `json:"request,omitempty"`
+	Files   []SidecarRule `json:"files,omitempty"`
+	Prefix  []PrefixHit   `json:"prefix,omitempty"`
+}
+
+// SidecarRule gives the request of the files whose relative path matches File.
+type SidecarRule struct {
+	File    string `json:"file"`
+	Request string `json:"request"`
+	re      *regexp.Regexp
+}
+
+// prefixJSON is PrefixHit as JSON (PrefixHit's json tags hide the location).
+type prefixJSON struct {
+	Request *string `json:"request"`
+	Source  *string `json:"source"`
+	Tokens  *int    `json:"tokens"`
+}
+
+type foreignMeta struct {
+	sidecar     *Sidecar
+	sidecarPath string
+	fileReq     map[string]string // file -> sparsemla.request
+}
+
+// ParseSidecar parses a sidecar strictly: version 1, no unknown keys, every
+// prefix hit complete (request, source, tokens > 0), regexps that compile.
+func ParseSidecar(data []byte, src string) (*Sidecar, error) {
+	var raw struct {
+		Version *int            `json:"version"`
+		Request string          `json:"request,omitempty"`
+		Files   []SidecarRule   `json:"files,omitempty"`
+		Prefix  json.RawMessage `json:"prefix,omitempty"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&raw); err != nil {
+		return nil, fmt.Errorf("dump: sidecar %s: %w", src, err)
+	}
+	if raw.Version == nil || *raw.Version != 1 {
+		return nil, fmt.Errorf("dump: sidecar %s: version must be 1", src)
+	}
+	sc := &Sidecar{Version: 1, Request: raw.Request, Files: raw.Files}
+	for i := range sc.Files {
+		re, err := regexp.Compile(sc.Files[i].File)
+		if err != nil {
+			return nil, fmt.Errorf("dump: sidecar %s: files[%d].file: %w", src, i, err)
+		}
+		sc.Files[i].re = re
+	}
+	if len(raw.Prefix) > 0 {
+		hits, err := parsePrefixJSON(raw.Prefix)
+		if err != nil {
+			return nil, fmt.Errorf("dump: sidecar %s: prefix: %w", src, err)
+		}
+		sc.Prefix = hits
+	}
+	return sc, nil
+}
+
+func parsePrefixJSON(b []byte) ([]PrefixHit, error) {
+	var raw []prefixJSON
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&raw); err != nil {
+		return nil, err
+	}
+	out := make([]PrefixHit, len(raw))
+	for i, p := range raw {
+		if p.Request == nil || p.Source == nil || p.Tokens == nil {
+			return nil, fmt.Errorf("[%d]: request, source and tokens are required", i)
+		}
+		if *p.Tokens <= 0 {
+			return nil, fmt.Errorf("[%d]: tokens %d must be positive", i, *p.Tokens)
+		}
+		if *p.Request == *p.Source {
+			return nil, fmt.Errorf("[%d]: request %q reuses its own prefix", i, *p.Request)
+		}
+		out[i] = PrefixHit{Request: *p.Request, Source: *p.Source, Tokens: *p.Tokens}
+	}
+	return out, nil
+}
+
+// loadSidecar reads the sidecar of a foreign dump, if there is one.
+func (d *Dump) loadSidecar(path string, dir bool) error {
+	p := path + ".sparsemla.json"
+	if dir {
+		p = filepath.Join(path, SidecarFile)
+	}
+	if _, err := os.Lstat(p); errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	b, err := userfile.ReadFile(p, maxSidecar) // a regular file of bounded size
+	if err != nil {
+		return fmt.Errorf("dump: sidecar: %w", err)
+	}
+	sc, err := ParseSidecar(b, p)
+	if err != nil {
+		return err
+	}
+	d.meta.sidecar, d.meta.sidecarPath = sc, p
+	for _, h := range sc.Prefix {
+		h.File = p
+		if err := d.addPrefixHit(h); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// noteFileMeta reads the sparsemla.* __metadata__ keys of a safetensors file.
+func (d *Dump) noteFileMeta(path string, md map[string]string) error {
+	if r, ok := md[MetaRequest]; ok {
+		if d.meta.fileReq == nil {
+			d.meta.fileReq = map[string]string{}
+		}
+		d.meta.fileReq[path] = r
+	}
+	if s, ok := md[MetaPrefix]; ok {
+		hits, err := parsePrefixJSON([]byte(s))
+		if err != nil {
+			return fmt.Errorf("dump: %s: __metadata__ %s: %w", path, MetaPrefix, err)
+		}
+		for _, h := range hits {
+			h.File = path
+			if err := d.addPrefixHit(h); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// addPrefixHit merges a prefix hit: the same request twice must agree.
+func (d *Dump) addPrefixHit(h PrefixHit) error {
+	for _, p := range d.Prefix {
+		if p.Request != h.Request {
+			continue
+		}
+		if p.Source != h.Source || p.Tokens != h.Tokens {
+			return fmt.Errorf("dump: prefix hit of request %q: %s says source %q tokens %d, %s says source %q tokens %d",
+				h.Request, p.File, p.Source, p.Tokens, h.File, h.Source, h.Tokens)
+		}
+		return nil
+	}
+	d.Prefix = append(d.Prefix, h)
+	return nil
+}
+
+// assignRequests gives entries without a request from the name map the
+// request of their file's metadata or of the sidecar (FORMAT.md order).
+func (d *Dump) assignRequests(root string) {
+	sc := d.meta.sidecar
+	if sc == nil && len(d.meta.fileReq) == 0 {
+		return
+	}
+	for i := range d.Entries {
+		e := &d.Entries[i]
+		if e.Request != "" || e.Kind == KindWeight || e.Kind == KindTable {
+			continue
+		}
+		if r, ok := d.meta.fileReq[e.File]; ok {
+			e.Request = r
+			continue
+		}
+		if sc == nil {
+			continue
+		}
+		rel, err := filepath.Rel(root, e.File)
+		if err != nil {
+			rel = e.File
+		}
+		rel = filepath.ToSlash(rel)
+		found := false
+		for _, fr := range sc.Files {
+			if fr.re.MatchString(rel) {
+				e.Request, found = fr.Request, true
+				break
+			}
+		}
+		if !found {
+			e.Request = sc.Request
+		}
+	}
+	sort.SliceStable(d.Prefix, func(i, j int) bool { return d.Prefix[i].Request < d.Prefix[j].Request })
+}
