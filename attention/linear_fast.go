@@ -134,6 +134,8 @@ func PackFP8(codes, scale []uint8, rows, cols int) *FP8Panels {
 			p.exact = false
 		}
 	}
+	p.Sub = make([]uint64, np*cols/64)
+	var nan atomic.Bool
 	parallelFor(np, rows*cols, func(lo, hi int) {
 		for pi := lo; pi < hi; pi++ {
 			dst := p.Codes[pi*cols*PanelRows : (pi+1)*cols*PanelRows]
@@ -143,19 +145,22 @@ func PackFP8(codes, scale []uint8, rows, cols int) *FP8Panels {
 					dst[k*PanelRows+l] = c
 				}
 			}
+			// flag the panel's rows with a subnormal code (its own words of Sub)
+			sub := p.Sub[pi*cols/64 : (pi+1)*cols/64]
+			for k := range cols {
+				for _, c := range dst[k*PanelRows : (k+1)*PanelRows] {
+					if c&0x7f == 0x7f { // E4M3 NaN: the kernels' bit trick would read it as a number
+						nan.Store(true)
+					}
+					if c&0x78 == 0 && c&0x07 != 0 {
+						sub[k/64] |= 1 << (k % 64)
+					}
+				}
+			}
 		}
 	})
-	p.Sub = make([]uint64, np*cols/64)
-	for i := 0; i < len(p.Codes); i += PanelRows {
-		for _, c := range p.Codes[i : i+PanelRows] {
-			if c&0x7f == 0x7f { // E4M3 NaN: the kernels' bit trick would read it as a number
-				p.exact = false
-			}
-			if c&0x78 == 0 && c&0x07 != 0 {
-				r := i / PanelRows // panel row index pi·cols + k
-				p.Sub[r/64] |= 1 << (r % 64)
-			}
-		}
+	if nan.Load() {
+		p.exact = false
 	}
 	return p
 }
