@@ -49,7 +49,7 @@ build)
 	;;
 run)
 	out=${2:-${OUT:-/tmp/gpuhost}}
-	mkdir -p "$out"
+	mkdir -p "$out" && out=$(cd "$out" && pwd)
 	B=/tmp/sparsemla-bin
 	mkdir -p $B
 	if ! tar -C $B -xzf bench/bin/gpuhost.tgz; then
@@ -77,19 +77,20 @@ run)
 		--out "$out/csastep" >"$out/csastep.log" 2>&1
 	echo "exit $? after $(( $(date +%s) - t0 )) s"; tail -15 "$out/csastep.log"
 	echo "=== 2. 43-layer step at 64K ($(date -u +%T))"
-	SPARSEMLA_BENCH_BIG=$big timeout 150 $B/engine.test -test.run '^$' -test.bench 'PreparedModelStep/ctx=65536' \
-		-test.cpu 16,2 -test.benchtime 5x -test.count 1 -test.timeout 0 >"$out/model_step.txt" 2>&1
+	# (each test binary runs in its package's directory, as go test does)
+	(cd engine && SPARSEMLA_BENCH_BIG=$big timeout 150 $B/engine.test -test.run '^$' -test.bench 'PreparedModelStep/ctx=65536' \
+		-test.cpu 16,2 -test.benchtime 5x -test.count 1 -test.timeout 0 >"$out/model_step.txt" 2>&1)
 	echo "exit $? after $(( $(date +%s) - t0 )) s"; grep Benchmark "$out/model_step.txt"
 	echo "=== 3. FP8 GEMVs and the streaming read ($(date -u +%T))"
-	timeout 100 $B/attention.test -test.run '^$' -test.bench 'StreamRead/scan/allcores|FP8PanelsLinear|FP8PanelsWoA' \
-		-test.cpu $cpus -test.benchtime 20x -test.count $count -test.timeout 0 >"$out/kernels.txt" 2>&1
+	(cd attention && timeout 100 $B/attention.test -test.run '^$' -test.bench 'StreamRead/scan/allcores|FP8PanelsLinear|FP8PanelsWoA' \
+		-test.cpu $cpus -test.benchtime 20x -test.count $count -test.timeout 0 >"$out/kernels.txt" 2>&1)
 	echo "exit $? after $(( $(date +%s) - t0 )) s"
 	# the kernel's own speed, one core, cache-resident weight
-	timeout 30 $B/attention.test -test.run '^$' -test.bench 'FP8PanelsInCache' -test.cpu 1 -test.count 3 \
-		-test.benchtime 200ms >>"$out/kernels.txt" 2>&1
+	(cd attention && timeout 30 $B/attention.test -test.run '^$' -test.bench 'FP8PanelsInCache' -test.cpu 1 -test.count 3 \
+		-test.benchtime 200ms >>"$out/kernels.txt" 2>&1)
 	echo "=== 4. KV page decode ($(date -u +%T))"
-	timeout 30 $B/kvcache.test -test.run '^$' -test.bench 'DecodePage' -test.cpu 1 -test.count 3 \
-		-test.benchtime 200ms >"$out/kvcache.txt" 2>&1
+	(cd kvcache && timeout 30 $B/kvcache.test -test.run '^$' -test.bench 'DecodePage' -test.cpu 1 -test.count 3 \
+		-test.benchtime 200ms >"$out/kvcache.txt" 2>&1)
 	echo "exit $? after $(( $(date +%s) - t0 )) s"
 	$PY bench/benchmed.py "$out" >"$out/summary.md"
 	cat "$out/summary.md"
