@@ -459,13 +459,6 @@ func (j *fp8Job) reference(pi int) {
 	}
 }
 
-// inKernelRange reports 2^-100 ≤ |f| ≤ 2^100 (f finite, normal, and far from
-// both ends of the fp32 range, so the kernel's products stay normal).
-func inKernelRange(f float32) bool {
-	a := math.Abs(float64(f))
-	return a >= 0x1p-100 && a <= 0x1p100
-}
-
 // EncodeFP8Blocks re-encodes W [rows, cols] (cols a multiple of 128) as E4M3
 // codes with one UE8M0 scale per 128×128 block, when that is lossless: every
 // W[n,k] equals E4M3(code)·2^(scale−127) exactly (true of wo_a, which
