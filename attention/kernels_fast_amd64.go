@@ -62,3 +62,9 @@ func fp8Widen64AVX2(v *float32, codes *uint8)
 // result).
 func getMXCSR() uint32
 func setMXCSR(v uint32)
+
+//go:noescape
+func absMaxBitsAVX2(x *float32, n int) uint32
+
+//go:noescape
+func quantBlockAVX2(out, xs *float32, x *float32, inv float32, n int)

@@ -717,3 +717,98 @@ TEXT ·getMXCSR(SB), NOSPLIT, $0-4
 TEXT ·setMXCSR(SB), NOSPLIT, $0-4
 	LDMXCSR v+0(FP)
 	RET
+
+// func absMaxBitsAVX2(x *float32, n int) uint32
+//
+// max over i < n (a multiple of 8) of bits(x[i]) & 0x7FFFFFFF: the
+// reference's block amax, as bits (quantizeActFast).
+TEXT ·absMaxBitsAVX2(SB), NOSPLIT, $0-20
+	MOVQ x+0(FP), SI
+	MOVQ n+8(FP), CX
+	SHRQ $3, CX
+	MOVL $0x7fffffff, AX
+	MOVD AX, X1
+	VPBROADCASTD X1, Y1
+	VPXOR Y8, Y8, Y8
+
+amaxloop:
+	VPAND (SI), Y1, Y9
+	VPMAXUD Y9, Y8, Y8
+	ADDQ $32, SI
+	DECQ CX
+	JNZ  amaxloop
+	VEXTRACTI128 $1, Y8, X9
+	VPMAXUD X9, X8, X8
+	VPSHUFD $0x4e, X8, X9
+	VPMAXUD X9, X8, X8
+	VPSHUFD $0xb1, X8, X9
+	VPMAXUD X9, X8, X8
+	VMOVD X8, AX
+	MOVL AX, ret+16(FP)
+	VZEROUPPER
+	RET
+
+// func quantBlockAVX2(out, xs *float32, x *float32, inv float32, n int)
+//
+// out[i] = E4M3(clamp(x[i]·inv, ±448)) as fp32 and xs[i] = out[i]·2^84,
+// i < n (a multiple of 8): quantBlockFast on 8 lanes — the product's
+// magnitude bits clamped to 448, rounded to 3 mantissa bits (nearest even
+// on the bits), or, below 2^-6, rounded to the 2^-9 grid by an fp32 add and
+// subtract of 2^14; the sign put back.
+TEXT ·quantBlockAVX2(SB), NOSPLIT, $0-40
+	MOVQ out+0(FP), DI
+	MOVQ xs+8(FP), DX
+	MOVQ x+16(FP), SI
+	VBROADCASTSS inv+24(FP), Y0
+	MOVQ n+32(FP), CX
+	MOVL $0x69800000, AX // 2^84
+	MOVD AX, X15
+	VPBROADCASTD X15, Y15
+	SHRQ $3, CX
+	MOVL $0x7fffffff, AX
+	MOVD AX, X1
+	VPBROADCASTD X1, Y1
+	MOVL $0x43e00000, AX
+	MOVD AX, X2
+	VPBROADCASTD X2, Y2
+	MOVL $0x7ffff, AX
+	MOVD AX, X3
+	VPBROADCASTD X3, Y3
+	MOVL $1, AX
+	MOVD AX, X4
+	VPBROADCASTD X4, Y4
+	MOVL $0xfff00000, AX
+	MOVD AX, X5
+	VPBROADCASTD X5, Y5
+	MOVL $0x3c800000, AX
+	MOVD AX, X6
+	VPBROADCASTD X6, Y6
+	MOVL $0x46800000, AX // 2^14
+	MOVD AX, X7
+	VPBROADCASTD X7, Y7
+
+qloop:
+	VMULPS (SI), Y0, Y8
+	VPAND Y1, Y8, Y9
+	VPMINUD Y2, Y9, Y9
+	VPSRLD $20, Y9, Y10
+	VPAND Y4, Y10, Y10
+	VPADDD Y3, Y9, Y11
+	VPADDD Y10, Y11, Y11
+	VPAND Y5, Y11, Y11
+	VADDPS Y7, Y9, Y12
+	VSUBPS Y7, Y12, Y12
+	VPCMPGTD Y9, Y6, Y13
+	VPBLENDVB Y13, Y12, Y11, Y11
+	VPANDN Y8, Y1, Y14
+	VPOR Y14, Y11, Y11
+	VMOVUPS Y11, (DI)
+	VMULPS Y15, Y11, Y11
+	VMOVUPS Y11, (DX)
+	ADDQ $32, SI
+	ADDQ $32, DI
+	ADDQ $32, DX
+	DECQ CX
+	JNZ  qloop
+	VZEROUPPER
+	RET

@@ -45,3 +45,11 @@ func fp8Widen64AVX2(v *float32, codes *uint8) {
 
 func getMXCSR() uint32  { panic("attention: no assembly kernels in this build") }
 func setMXCSR(v uint32) { panic("attention: no assembly kernels in this build") }
+
+func absMaxBitsAVX2(x *float32, n int) uint32 {
+	panic("attention: no assembly kernels in this build")
+}
+
+func quantBlockAVX2(out, xs *float32, x *float32, inv float32, n int) {
+	panic("attention: no assembly kernels in this build")
+}

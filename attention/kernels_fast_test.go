@@ -285,11 +285,11 @@ func TestFP8PanelsNoSubnormals(t *testing.T) {
 		got, split, plain := make([]float32, w.Rows), make([]float32, w.Rows), make([]float32, w.Rows)
 		csr := getMXCSR()
 		setMXCSR(csr | 0x8040) // FTZ | DAZ
-		j := p.job(got, qx, sx, 1)
+		j := p.job(got, qx, sx, nil, 1)
 		j.run(0, j.items())
-		js := p.job(split, qx, sx, 16)
+		js := p.job(split, qx, sx, nil, 16)
 		js.run(0, js.items())
-		jp := p.job(plain, xw, nil, 1)
+		jp := p.job(plain, xw, nil, nil, 1)
 		jp.run(0, jp.items())
 		setMXCSR(csr)
 		if !j.asm || !jp.asm || js.ng < 2 {
@@ -300,6 +300,71 @@ func TestFP8PanelsNoSubnormals(t *testing.T) {
 		sameBits(t, fmt.Sprintf("weight %d Linear, blocks split", i), split, want)
 		sameBits(t, fmt.Sprintf("weight %d LinearPlain", i), plain, wantPlain)
 	}
+}
+
+// TestQuantizeActFast: the fast activation quantiser (assembly and Go) gives
+// quant.QuantizeActFP8's bits on every float32 magnitude up to 2^9 on a
+// grid of 2^8 bit patterns (and the midpoints of the E4M3 grid ± 1 ulp),
+// and on random blocks at block scales from 2^-120 to 2^120 with zeros,
+// signed zeros, subnormals, infinities and NaNs.
+func TestQuantizeActFast(t *testing.T) {
+	var cases [][]float32
+	var names []string
+	check := func(what string, x []float32) { cases, names = append(cases, x), append(names, what) }
+	// element rounding: blocks whose largest value is 448 (scale 1), the
+	// other 127 values the grid points, midpoints and their neighbours
+	var vals []float32
+	for b := uint32(0); b <= 0x44000000; b += 1 << 8 {
+		vals = append(vals, math.Float32frombits(b))
+	}
+	for c := 0; c < 0x7f; c++ {
+		lo, hi := quant.DecodeE4M3(uint8(c)), quant.DecodeE4M3(uint8(c+1))
+		m := (lo + hi) / 2
+		vals = append(vals, m, math.Nextafter32(m, 0), math.Nextafter32(m, 1000))
+	}
+	x := make([]float32, 0, len(vals)/127*128+128)
+	for i, v := range vals {
+		if i%127 == 0 {
+			x = append(x, 448)
+		}
+		if i%2 == 1 {
+			v = -v
+		}
+		x = append(x, v)
+	}
+	for len(x)%ActBlock != 0 {
+		x = append(x, 0)
+	}
+	check("grid", x)
+	rng := rand.New(rand.NewPCG(26, 27))
+	for _, e := range []int{-120, -101, -100, -40, -9, -1, 0, 3, 50, 100, 101, 120} {
+		x := make([]float32, 8*ActBlock)
+		for i := range x {
+			x[i] = float32(rng.NormFloat64() * math.Ldexp(1, e))
+		}
+		x[3], x[4], x[5] = 0, float32(math.Copysign(0, -1)), 1e-45
+		x[ActBlock+7] = float32(math.Inf(-1))
+		x[2*ActBlock+9] = float32(math.NaN())
+		for i := 3 * ActBlock; i < 4*ActBlock; i++ {
+			x[i] = math.Float32frombits(rng.Uint32() & 0x807fffff) // subnormals
+		}
+		check(fmt.Sprintf("random 2^%d", e), x)
+	}
+	eachPath(t, func(t *testing.T) {
+		for i, x := range cases {
+			want, got := make([]float32, len(x)), make([]float32, len(x))
+			ws, gs := make([]float32, len(x)/ActBlock), make([]float32, len(x)/ActBlock)
+			quant.QuantizeActFP8(want, ws, x, ActBlock)
+			xs := make([]float32, len(x))
+			quantizeActFast(got, gs, xs, x)
+			sameBits(t, names[i]+": q", got, want)
+			sameBits(t, names[i]+": s", gs, ws)
+			for k := range want {
+				want[k] *= 0x1p84
+			}
+			sameBits(t, names[i]+": xs", xs, want)
+		}
+	})
 }
 
 // TestFP8PanelsSpecial: NaN codes, extreme scales and non-finite activations

@@ -134,6 +134,8 @@ func PackFP8(codes, scale []uint8, rows, cols int) *FP8Panels {
 			p.exact = false
 		}
 	}
+	p.Sub = make([]uint64, np*cols/64)
+	var nan atomic.Bool
 	parallelFor(np, rows*cols, func(lo, hi int) {
 		for pi := lo; pi < hi; pi++ {
 			dst := p.Codes[pi*cols*PanelRows : (pi+1)*cols*PanelRows]
@@ -143,19 +145,22 @@ func PackFP8(codes, scale []uint8, rows, cols int) *FP8Panels {
 					dst[k*PanelRows+l] = c
 				}
 			}
+			// flag the panel's rows with a subnormal code (its own words of Sub)
+			sub := p.Sub[pi*cols/64 : (pi+1)*cols/64]
+			for k := range cols {
+				for _, c := range dst[k*PanelRows : (k+1)*PanelRows] {
+					if c&0x7f == 0x7f { // E4M3 NaN: the kernels' bit trick would read it as a number
+						nan.Store(true)
+					}
+					if c&0x78 == 0 && c&0x07 != 0 {
+						sub[k/64] |= 1 << (k % 64)
+					}
+				}
+			}
 		}
 	})
-	p.Sub = make([]uint64, np*cols/64)
-	for i := 0; i < len(p.Codes); i += PanelRows {
-		for _, c := range p.Codes[i : i+PanelRows] {
-			if c&0x7f == 0x7f { // E4M3 NaN: the kernels' bit trick would read it as a number
-				p.exact = false
-			}
-			if c&0x78 == 0 && c&0x07 != 0 {
-				r := i / PanelRows // panel row index pi·cols + k
-				p.Sub[r/64] |= 1 << (r % 64)
-			}
-		}
+	if nan.Load() {
+		p.exact = false
 	}
 	return p
 }
@@ -217,6 +222,66 @@ func fp8WidenBits(c uint8) uint32 {
 	return (h<<8 | f) << 20
 }
 
+// quantizeActFast is quant.QuantizeActFP8(q, s, x, ActBlock), the same bits,
+// faster (AVX2: absMaxBitsAVX2, quantBlockAVX2; else quantBlockFast): it runs once per FP8Linear call on the caller's goroutine,
+// before the GEMV is split, so at 16 threads its cost counts against the
+// small weights. Per 128-block: amax as the reference takes it (the largest
+// magnitude's bits), s = 2^e, e = BlockScaleExp(ScaleCeil2, amax, 448,
+// 1e-4), then each q = E4M3(clamp(x·2^-e, ±448)) rounded in place —
+// magnitudes from 2^-6 keep 3 mantissa bits (round to nearest even on the
+// bits), smaller ones go to the 2^-9 grid (an fp32 add of 2^14 rounds them)
+// — the values quant.DecodeE4M3(quant.EncodeE4M3Sat(f)) gives. A block with
+// a non-finite value or a scale outside 2^±100 takes quant.QuantizeActFP8.
+// xs gets q·2^84 (fp8ActExp), the kernels' pre-scaled activation.
+func quantizeActFast(q, s, xs, x []float32) {
+	for b := range len(x) / ActBlock {
+		blk := x[b*ActBlock : (b+1)*ActBlock : (b+1)*ActBlock]
+		out := q[b*ActBlock : (b+1)*ActBlock : (b+1)*ActBlock]
+		sc := xs[b*ActBlock : (b+1)*ActBlock : (b+1)*ActBlock]
+		var am uint32
+		if useAsm() {
+			am = absMaxBitsAVX2(&blk[0], ActBlock)
+		} else {
+			for _, v := range blk {
+				am = max(am, math.Float32bits(v)&0x7fffffff)
+			}
+		}
+		e := 0
+		if am < 0x7f800000 {
+			e = quant.BlockScaleExp(quant.ScaleCeil2, math.Float32frombits(am), quant.E4M3Max, quant.FP8AmaxFloor)
+		}
+		if am >= 0x7f800000 || e < -100 || e > 100 {
+			quant.QuantizeActFP8(out, s[b:b+1], blk, ActBlock)
+			for i, v := range out {
+				sc[i] = v * 0x1p84
+			}
+			continue
+		}
+		s[b] = quant.Pow2(e)
+		if useAsm() {
+			quantBlockAVX2(&out[0], &sc[0], &blk[0], quant.Pow2(-e), ActBlock)
+		} else {
+			quantBlockFast((*[ActBlock]float32)(out), (*[ActBlock]float32)(sc), (*[ActBlock]float32)(blk), quant.Pow2(-e))
+		}
+	}
+}
+
+// quantBlockFast rounds one block of quantizeActFast: out[i] =
+// E4M3(clamp(x[i]·inv, ±448)) as fp32, on the bits (no calls in the loop),
+// and xs[i] = out[i]·2^84 (exact: the kernels' pre-scaled activation).
+func quantBlockFast(out, xs, x *[ActBlock]float32, inv float32) {
+	for i, v := range x {
+		bits := math.Float32bits(v * inv)
+		ab := min(bits&0x7fffffff, 0x43e00000) // |f| clamped to 448
+		r := (ab + 0x7ffff + (ab>>20)&1) &^ 0xfffff
+		if ab < 0x3c800000 { // |f| < 2^-6: the subnormal grid, step 2^-9
+			r = math.Float32bits((math.Float32frombits(ab) + 0x1p14) - 0x1p14)
+		}
+		out[i] = math.Float32frombits(r | bits&0x80000000)
+		xs[i] = out[i] * 0x1p84
+	}
+}
+
 // Linear is FP8Linear on the packed weight, bit-identical to it at any
 // GOMAXPROCS: x [Cols] bf16 values, y [Rows] bf16 results,
 //
@@ -238,10 +303,12 @@ func (p *FP8Panels) Linear(y, x []float32) {
 	if len(x) != p.Cols || len(y) != p.Rows {
 		panic("attention: FP8Panels.Linear shape mismatch")
 	}
-	qx := make([]float32, len(x))
+	qx, xs := make([]float32, len(x)), make([]float32, len(x))
 	sx := make([]float32, len(x)/ActBlock)
-	quant.QuantizeActFP8(qx, sx, x, ActBlock)
-	p.apply(y, qx, sx)
+	quantizeActFast(qx, sx, xs, x)
+	j := p.job(y, qx, sx, xs, runtime.GOMAXPROCS(0))
+	parallelFor(j.items(), p.Rows*p.Cols, j.run)
+	j.release()
 }
 
 // LinearPlain is BF16Linear on the packed weight — a bf16 GEMM without
@@ -269,7 +336,7 @@ func (p *FP8Panels) LinearPlain(y, x []float32) {
 // (x = qx, the quantised activation, s_b = sx[b]); with sx == nil,
 // LinearPlain's single sum.
 func (p *FP8Panels) apply(y, x, sx []float32) {
-	j := p.job(y, x, sx, runtime.GOMAXPROCS(0))
+	j := p.job(y, x, sx, nil, runtime.GOMAXPROCS(0))
 	parallelFor(j.items(), p.Rows*p.Cols, j.run)
 	j.release()
 }
@@ -294,10 +361,11 @@ type fp8Job struct {
 // termsPool holds the block-term buffers of split products.
 var termsPool sync.Pool
 
-func (p *FP8Panels) job(y, x, sx []float32, workers int) *fp8Job {
+// job checks one product (xs: x·2^84 when the caller has it, else nil).
+func (p *FP8Panels) job(y, x, sx, xs []float32, workers int) *fp8Job {
 	cb := p.Cols / ActBlock
 	nrb := (p.Rows + 127) / 128
-	j := &fp8Job{p: p, y: y, x: x, sx: sx, np: (p.Rows + PanelRows - 1) / PanelRows, cb: cb, asm: useAsm() && p.exact, ng: 1}
+	j := &fp8Job{p: p, y: y, x: x, sx: sx, xs: xs, np: (p.Rows + PanelRows - 1) / PanelRows, cb: cb, asm: useAsm() && p.exact, ng: 1}
 	j.asm = j.asm && len(p.Sub) == j.np*p.Cols/64
 	var lo, hi []float64
 	if sx != nil {
@@ -349,9 +417,11 @@ func (p *FP8Panels) job(y, x, sx []float32, workers int) *fp8Job {
 		j.ok[rb] = ok
 	}
 	if sx != nil {
-		j.xs = make([]float32, len(x))
-		for k, v := range x {
-			j.xs[k] = v * 0x1p84 // exact: qx is an E4M3 value
+		if j.xs == nil { // Linear passes quantizeActFast's xs
+			j.xs = make([]float32, len(x))
+			for k, v := range x {
+				j.xs[k] = v * 0x1p84 // exact: qx is an E4M3 value
+			}
 		}
 		// a weight with fewer than 8 panels per goroutine has its blocks
 		// split too, in groups of at least 4 blocks (32 KiB of codes)
@@ -452,13 +522,6 @@ func (j *fp8Job) reference(pi int) {
 		}
 		y[n0+l] = quant.BF16Round(acc)
 	}
-}
-
-// inKernelRange reports 2^-100 ≤ |f| ≤ 2^100 (f finite, normal, and far from
-// both ends of the fp32 range, so the kernel's products stay normal).
-func inKernelRange(f float32) bool {
-	a := math.Abs(float64(f))
-	return a >= 0x1p-100 && a <= 0x1p100
 }
 
 // EncodeFP8Blocks re-encodes W [rows, cols] (cols a multiple of 128) as E4M3
@@ -710,7 +773,7 @@ func (w *WoAPanels) WoA(u, o []float32) {
 		if len(o[g*gd:(g+1)*gd]) != p.Cols || p.Rows != w.Rank {
 			panic("attention: WoAPanels shape mismatch")
 		}
-		jobs[g] = p.job(u[g*w.Rank:(g+1)*w.Rank], o[g*gd:(g+1)*gd], nil, 1)
+		jobs[g] = p.job(u[g*w.Rank:(g+1)*w.Rank], o[g*gd:(g+1)*gd], nil, nil, 1)
 	}
 	np := jobs[0].items()
 	parallelFor(w.Groups*np, w.Groups*w.Rank*gd, func(lo, hi int) {

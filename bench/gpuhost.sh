@@ -7,16 +7,16 @@
 #
 # cross-builds the Go side statically (CGO_ENABLED=0, linux/amd64):
 # bench/csastep and the test binaries of attention, engine and kvcache,
-# packed into bench/bin/gpuhost.tgz (bench/bin is git-ignored, ≈ 15 MB; the
+# packed into bench/bin/gpuhost.tgz (bench/bin is git-ignored, ≈ 7 MB; the
 # device tool's working tree, tracked files plus carried paths, must stay
 # under 64 MiB). Then, on the GPU host, with bench/bin carried:
 #
 #   bash bench/gpuhost.sh run [OUTDIR]        (default $OUT, else /tmp/gpuhost)
 #
-# runs, in about 6-8 minutes (each part has its own timeout):
+# runs, in about 5 minutes (each part has its own timeout; at most 8):
 #  1. the V4-Flash CSA-layer step at context 65,536 (layer 2): csastep -serve
 #     writes the inputs and stays up; bench/torch_step.py --go-server
-#     interleaves, for 3 rounds × threads 1, 2, 4, 8, 16, 10 sparsemla steps
+#     interleaves, for 3 rounds × threads 16, 2, 8, 4, 1, 10 sparsemla steps
 #     and 10 steps of each PyTorch variant (fp32 torch.mv, bf16 F.linear,
 #     torch.compile of the bf16 step), then compares the outputs (sparsemla
 #     bit-identical at every thread count; cosine to each PyTorch variant);
@@ -25,7 +25,8 @@
 #  3. the FP8 GEMVs for each code distribution beside the streaming read of
 #     the same process, at 2, 8 and 16 threads (%stream: target ≥ 80);
 #  4. the KV page decode on one core (target ≥ 2 GB/s).
-# and writes OUTDIR/summary.md (the tables), with every raw output beside it.
+# and writes OUTDIR/summary.md (the tables), OUTDIR/csastep.json (every timed
+# run) and OUTDIR/raw.txt (every raw output).
 # GPUHOST_QUICK=1 shrinks every part (threads 1,2; one round; no 43-layer
 # step) to check the script itself on a small machine.
 set -u
@@ -48,8 +49,9 @@ build)
 	echo "working tree that travels: $(( (tracked + carried) >> 20 )) MiB (limit 64)"
 	;;
 run)
-	out=${2:-${OUT:-/tmp/gpuhost}}
-	mkdir -p "$out"
+	dest=${2:-${OUT:-/tmp/gpuhost}}
+	mkdir -p "$dest" && dest=$(cd "$dest" && pwd)
+	out=$(mktemp -d) # the raw outputs; dest gets summary.md, csastep.json and raw.txt (the device tool returns ≤ 8 files)
 	B=/tmp/sparsemla-bin
 	mkdir -p $B
 	if ! tar -C $B -xzf bench/bin/gpuhost.tgz; then
@@ -58,7 +60,7 @@ run)
 	fi
 	export PYTHONUNBUFFERED=1
 	PY=${PY:-python3} # the GPU host's python3 holds PyTorch
-	threads=1,2,4,8,16 reps=3 runs=10 cpus=2,8,16 big=1 count=3
+	threads=16,2,8,4,1 reps=3 runs=10 cpus=2,8,16 big=1 count=3 # 16 and 2 first: torch.compile compiles in that order within its budget
 	if [ "${GPUHOST_QUICK:-}" = 1 ]; then
 		threads=1,2 reps=1 runs=2 cpus=1,2 big=0 count=1
 	fi
@@ -71,28 +73,34 @@ run)
 	} >"$out/env.txt" 2>&1
 	t0=$(date +%s)
 	echo "=== 1. CSA-layer step side by side ($(date -u +%T))"
-	timeout 330 $PY bench/torch_step.py /tmp/csastep \
+	timeout 230 $PY bench/torch_step.py /tmp/csastep \
 		--go-server "$B/csastep -serve -out /tmp/csastep -runs 5" \
-		--threads-list $threads --reps $reps --runs $runs --compile bf16 --compile-budget 150 \
+		--threads-list $threads --reps $reps --runs $runs --compile bf16 --compile-budget 90 \
 		--out "$out/csastep" >"$out/csastep.log" 2>&1
 	echo "exit $? after $(( $(date +%s) - t0 )) s"; tail -15 "$out/csastep.log"
 	echo "=== 2. 43-layer step at 64K ($(date -u +%T))"
-	SPARSEMLA_BENCH_BIG=$big timeout 150 $B/engine.test -test.run '^$' -test.bench 'PreparedModelStep/ctx=65536' \
-		-test.cpu 16,2 -test.benchtime 5x -test.count 1 -test.timeout 0 >"$out/model_step.txt" 2>&1
+	# (each test binary runs in its package's directory, as go test does)
+	(cd engine && SPARSEMLA_BENCH_BIG=$big timeout 120 $B/engine.test -test.run '^$' -test.bench 'PreparedModelStep/ctx=65536' \
+		-test.cpu 16,2 -test.benchtime 5x -test.count 1 -test.timeout 0 >"$out/model_step.txt" 2>&1)
 	echo "exit $? after $(( $(date +%s) - t0 )) s"; grep Benchmark "$out/model_step.txt"
 	echo "=== 3. FP8 GEMVs and the streaming read ($(date -u +%T))"
-	timeout 100 $B/attention.test -test.run '^$' -test.bench 'StreamRead/scan/allcores|FP8PanelsLinear|FP8PanelsWoA' \
-		-test.cpu $cpus -test.benchtime 20x -test.count $count -test.timeout 0 >"$out/kernels.txt" 2>&1
+	(cd attention && timeout 90 $B/attention.test -test.run '^$' -test.bench 'StreamRead/scan/allcores|FP8PanelsLinear|FP8PanelsWoA' \
+		-test.cpu $cpus -test.benchtime 20x -test.count $count -test.timeout 0 >"$out/kernels.txt" 2>&1)
 	echo "exit $? after $(( $(date +%s) - t0 )) s"
 	# the kernel's own speed, one core, cache-resident weight
-	timeout 30 $B/attention.test -test.run '^$' -test.bench 'FP8PanelsInCache' -test.cpu 1 -test.count 3 \
-		-test.benchtime 200ms >>"$out/kernels.txt" 2>&1
+	(cd attention && timeout 20 $B/attention.test -test.run '^$' -test.bench 'FP8PanelsInCache' -test.cpu 1 -test.count 3 \
+		-test.benchtime 200ms >>"$out/kernels.txt" 2>&1)
 	echo "=== 4. KV page decode ($(date -u +%T))"
-	timeout 30 $B/kvcache.test -test.run '^$' -test.bench 'DecodePage' -test.cpu 1 -test.count 3 \
-		-test.benchtime 200ms >"$out/kvcache.txt" 2>&1
+	(cd kvcache && timeout 20 $B/kvcache.test -test.run '^$' -test.bench 'DecodePage' -test.cpu 1 -test.count 3 \
+		-test.benchtime 200ms >"$out/kvcache.txt" 2>&1)
 	echo "exit $? after $(( $(date +%s) - t0 )) s"
-	$PY bench/benchmed.py "$out" >"$out/summary.md"
-	cat "$out/summary.md"
+	$PY bench/benchmed.py "$out" >"$dest/summary.md"
+	cp "$out/csastep.json" "$dest/" 2>/dev/null
+	for f in env.txt csastep.log model_step.txt kernels.txt kvcache.txt; do
+		echo "===== $f"
+		cat "$out/$f" 2>/dev/null
+	done >"$dest/raw.txt"
+	cat "$dest/summary.md"
 	;;
 *)
 	echo "usage: bash bench/gpuhost.sh build | run [OUTDIR]" >&2

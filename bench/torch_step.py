@@ -246,42 +246,56 @@ def side_by_side(a):
                     print("torch.compile failed:", compile_err, flush=True)
             print(f"rep {rep} threads {t}: go {statistics.median(r['ms']):.2f} ms, " +
                   ", ".join(f"{k} {statistics.median(res[k][t][-a.runs:]):.2f}" for k in res if k not in ("go", "same_bits") and t in res[k]), flush=True)
+        report(a, env, threads, res, ys, fns, kinds, compile_s, compile_err, final=False)
+    report(a, env, threads, res, ys, fns, kinds, compile_s, compile_err, final=True)
     go.stdin.write("quit\n")
     go.wait()
+
+
+def report(a, env, threads, res, ys, fns, kinds, compile_s, compile_err, final):
+    """Write the table (and OUT.json/OUT.md): after every round, so that a run
+    stopped by its time limit still leaves the rounds it finished."""
     y_go = env["T"]("y_go")
     idx_go = env["T"]("topk_idxs").long()
     cos_own, cos_idx = {}, {}
-    with torch.no_grad():
-        for k in kinds:
-            kv, st = fresh(env)
-            cos_own[k] = cosine(fns[k](kv, st), y_go)
-            kv, st = fresh(env)
-            cos_idx[k] = cosine(fns[k](kv, st, idx_go), y_go)
-        if "compile" in ys:
-            cos_own["compile"] = cosine(ys["compile"], y_go)
+    if final:
+        with torch.no_grad():
+            for k in kinds:
+                kv, st = fresh(env)
+                cos_own[k] = cosine(fns[k](kv, st), y_go)
+                kv, st = fresh(env)
+                cos_idx[k] = cosine(fns[k](kv, st, idx_go), y_go)
+            if "compile" in ys:
+                cos_own["compile"] = cosine(ys["compile"], y_go)
     impls = [k for k in ["fp32", "bf16", "compile"] if k in res]
     rows = []
-    for t in threads:
+    for t in sorted(threads):
+        if t not in res["go"]:
+            continue
         gm = statistics.median(res["go"][t])
         tm = {k: statistics.median(res[k][t]) for k in impls if t in res[k]}
         best = min(tm, key=tm.get)
         rows.append(dict(threads=t, go_ms=gm, torch_ms=tm, best=best, ratio=tm[best] / gm))
+    n = len(res["go"][threads[0]]) // a.runs
     out = dict(rows=rows, runs=res, cosine_own_topk=cos_own, cosine_go_index_list=cos_idx,
                go_same_bits_all_threads=res["same_bits"], compile_s=compile_s, compile_error=compile_err,
-               torch=torch.__version__, reps=a.reps, runs_per_rep=a.runs)
-    lines = [f"CSA-layer step (V4-Flash layer 2, context {env['man']['pos'] - 1}), medians of {a.reps}×{a.runs} interleaved runs; PyTorch {torch.__version__}",
+               torch=torch.__version__, rounds=n, runs_per_round=a.runs, final=final)
+    lines = [f"CSA-layer step (V4-Flash layer 2, context {env['man']['pos'] - 1}), medians of {n}×{a.runs} interleaved runs"
+             + ("" if final else " (partial: the run was stopped)") + f"; PyTorch {torch.__version__}",
              "", "| threads | sparsemla | torch fp32 mv | torch bf16 F.linear | torch.compile (" + str(a.compile) + ") | best torch | ratio | target ≥ 2× |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         f = lambda k: f"{r['torch_ms'][k]:.2f} ms" if k in r["torch_ms"] else "—"
         lines.append(f"| {r['threads']} | {r['go_ms']:.2f} ms | {f('fp32')} | {f('bf16')} | {f('compile')} | {r['best']} | "
                      f"{r['ratio']:.2f}× | {'met' if r['ratio'] >= 2 else 'missed'} |")
-    lines += ["", f"sparsemla's y bit-identical at every thread count: {res['same_bits']}",
-              "cosine(y_torch, y_sparsemla), own top-k: " + ", ".join(f"{k} {v:.5f}" for k, v in cos_own.items()),
-              "cosine with sparsemla's index list: " + ", ".join(f"{k} {v:.5f}" for k, v in cos_idx.items()),
-              f"torch.compile seconds per thread count: {compile_s}; error: {compile_err}"]
+    lines += ["", f"sparsemla's y bit-identical at every thread count: {res['same_bits']}"]
+    if final:
+        lines += ["cosine(y_torch, y_sparsemla), own top-k: " + ", ".join(f"{k} {v:.5f}" for k, v in cos_own.items()),
+                  "cosine with sparsemla's index list: " + ", ".join(f"{k} {v:.5f}" for k, v in cos_idx.items())]
+    lines += [f"torch.compile seconds per thread count (None: not compiled, over the budget): {compile_s}; error: {compile_err}"]
     md = "\n".join(lines)
-    print(md)
+    if final:
+        print(md)
     if a.out:
         json.dump(out, open(a.out + ".json", "w"), indent=1)
         open(a.out + ".md", "w").write(md + "\n")
