@@ -1,0 +1,123 @@
+package prodkernel
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"path/filepath"
+	"testing"
+
+	"sparsemla/engine"
+	"sparsemla/replay"
+)
+
+// kernelDir is where the committed harness outputs of a golden dump live.
+func kernelDir(name string) string { return filepath.Join("..", "testdata", "kernels", name) }
+
+// openKernelRun opens the golden dump, its model and the committed Triton run.
+func openKernelRun(t *testing.T, name string) (*engine.Model, *replay.DumpSource, *Run) {
+	t.Helper()
+	d, src := openGolden(t, name)
+	m, err := replay.LoadModel(d, src, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := Open(kernelDir(name), "triton")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	return m, src, r
+}
+
+// windowKWriters are the window-K / compressed-row cache writers the harness ran.
+var windowKWriters = []struct{ run, prefix string }{
+	{"vllm_quantize_and_insert_k_cache", "vllm_k"},
+	{"sglang_quant_k_cache_set_k_and_s", "sglang_k"},
+}
+
+// TestWindowKWritersReplay: the MODEL1 entries vLLM's and SGLang's cache
+// writers stored, decoded, are the reference's kv and cmp_row at every step
+// and layer, and their pages after the last step match the reference encoding
+// byte for byte: the replay agrees with the default tolerances, every stage
+// compared (kv_pages included).
+func TestWindowKWritersReplay(t *testing.T) {
+	m, src, r := openKernelRun(t, "official-v4-tiny")
+	for _, wk := range windowKWriters {
+		t.Run(wk.prefix, func(t *testing.T) {
+			if !r.Info.Runs[wk.run].OK {
+				t.Fatalf("%s did not run: %s", wk.run, r.Info.Runs[wk.run].Error)
+			}
+			w, err := LoadWindowK(r, wk.prefix, src.Steps(), src.Layers())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(w.Entries) != len(src.Steps())*len(src.Layers()) || len(w.Pages) != len(src.Layers()) {
+				t.Fatalf("%d entry sets, %d page sets", len(w.Entries), len(w.Pages))
+			}
+			o := NewOverlay(src, wk.prefix)
+			if err := w.Apply(o, m.Cfg.WindowSize); err != nil {
+				t.Fatal(err)
+			}
+			rep, err := replay.Run(context.Background(), m, o, replay.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rep.Diverged() {
+				t.Fatalf("false alarm: %s", rep.First.Text)
+			}
+			pages := 0
+			for _, sr := range rep.Results {
+				if sr.Stage == "kv_pages" && sr.Status == replay.StatusPass {
+					pages++
+				}
+			}
+			if pages != len(src.Layers()) || rep.Summary.Skipped != 0 {
+				t.Errorf("kv_pages passed %d times, summary %+v", pages, rep.Summary)
+			}
+			t.Logf("%s: %+v", wk.prefix, rep.Summary)
+		})
+	}
+}
+
+// TestWindowKWrongPage: the last row each writer stored, sent to the page of
+// another logical block (a wrong slot mapping), is the first divergence at
+// exactly that step, layer and stage (kv_cache; the K it computed, kv, still
+// agrees), and the report names the row.
+func TestWindowKWrongPage(t *testing.T) {
+	m, src, r := openKernelRun(t, "official-v4-tiny")
+	steps := src.Steps()
+	last := steps[len(steps)-1]
+	row := int(last) % m.Cfg.WindowSize
+	for _, wk := range windowKWriters {
+		for _, layer := range []int{0, 1} {
+			w, err := LoadWindowK(r, wk.prefix, steps, src.Layers())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := w.WrongPage(last, layer, row, 1); err != nil {
+				t.Fatal(err)
+			}
+			o := NewOverlay(src, wk.prefix+"+wrong-page")
+			if err := w.Apply(o, m.Cfg.WindowSize); err != nil {
+				t.Fatal(err)
+			}
+			rep, err := replay.Run(context.Background(), m, o, replay.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !rep.Diverged() {
+				t.Fatalf("%s L%d: wrong page not found", wk.prefix, layer)
+			}
+			f := rep.First
+			if f.Step != last || f.Layer != layer || f.Stage != "kv_cache" {
+				t.Fatalf("%s L%d: first divergence p%d L%d %s, want p%d L%d kv_cache: %s", wk.prefix, layer, f.Step, f.Layer, f.Stage, last, layer, f.Text)
+			}
+			want := fmt.Sprintf("(cache row %d, window slot %d, token %d) is not in its place, which holds zeros, but in cache row %d", row, row, last, row+PageEntries)
+			if !strings.Contains(f.Text, want) || !strings.Contains(f.Text, "wrong page or slot") {
+				t.Errorf("%s L%d: %s\nwant it to say %q", wk.prefix, layer, f.Text, want)
+			}
+			t.Logf("%s L%d: %s", wk.prefix, layer, f.Text)
+		}
+	}
+}
