@@ -3,8 +3,8 @@ package prodkernel
 import (
 	"context"
 	"fmt"
-	"strings"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"sparsemla/engine"
