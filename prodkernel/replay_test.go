@@ -121,3 +121,28 @@ func TestWindowKWrongPage(t *testing.T) {
 		}
 	}
 }
+
+// TestRunRecord: the committed run says what ran where: every Triton kernel
+// the README lists ran on the H200 from the recorded kernel files, and vLLM's
+// MXFP4 indexer-q kernel is recorded as failing to compile for sm_90a (its
+// inline PTX cvt ... e2m1x2 needs a newer target), not silently missing.
+func TestRunRecord(t *testing.T) {
+	_, _, r := openKernelRun(t, "official-v4-tiny")
+	if g := r.Info.Env["gpu"]; g != "NVIDIA H200" {
+		t.Errorf("gpu %q", g)
+	}
+	for _, k := range []string{"vllm_quantize_and_insert_k_cache", "sglang_quant_k_cache_set_k_and_s", "vllm_fused_inv_rope_fp8_quant", "vllm_fused_indexer_q_rope_quant_fp8"} {
+		if !r.Info.Runs[k].OK {
+			t.Errorf("%s: %+v", k, r.Info.Runs[k])
+		}
+	}
+	mx := r.Info.Runs["vllm_fused_indexer_q_rope_quant_mxfp4"]
+	if mx.OK || !strings.Contains(mx.Error, "'cvt with .e2m1x2' not supported on .target 'sm_90a'") {
+		t.Errorf("mxfp4 run: %+v", mx)
+	}
+	for f, h := range r.Info.Hashes {
+		if len(h) != 64 {
+			t.Errorf("%s: sha256 %q", f, h)
+		}
+	}
+}
