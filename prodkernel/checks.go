@@ -88,6 +88,9 @@ func CheckWindowKEntries(src replay.Source, w *WindowK, window int, sc kvcache.S
 			if err != nil || !ok {
 				return nil, fmt.Errorf("prodkernel: step %d layer %d: no %s (%v)", p, l, in, err)
 			}
+			if len(x.F) != f.Dim || len(got) != kvcache.Model1EntryBytes {
+				return nil, fmt.Errorf("prodkernel: step %d layer %d: %s has %d values, entry %d bytes", p, l, in, len(x.F), len(got))
+			}
 			page := make([]byte, f.PageBytes())
 			f.EncodeEntry(page, 0, x.F, sc)
 			for i := 0; i < kvcache.Model1DataBytes; i++ {
@@ -200,6 +203,9 @@ func CheckInvRopeFP8(src replay.Source, r *Run, layer int, rope RopeTable, heads
 		if err != nil || !ok {
 			return nil, fmt.Errorf("prodkernel: step %d layer %d: no o_inv (%v)", p, layer, err)
 		}
+		if len(o.F) != heads*D || len(oinv.F) != heads*D || nope < 0 || nope > D || (D-nope)/2 > rope.Pairs || int(p) < 0 || (int(p)+1)*rope.Pairs*2 > len(rope.CS) {
+			return nil, fmt.Errorf("prodkernel: step %d layer %d: o %v, o_inv %v, rope table of %d values for %d heads × %d", p, layer, o.Shape, oinv.Shape, len(rope.CS), heads, D)
+		}
 		for h := 0; h < heads; h++ {
 			g, hg := h/hpg, h%hpg
 			x := slices.Clone(o.F[h*D : (h+1)*D])
@@ -286,6 +292,9 @@ func CheckIndexerQ(src replay.Source, r *Run, layer, heads, dim int, softmaxScal
 		iw, ok, err := src.Stage(p, layer, "iw_raw")
 		if err != nil || !ok {
 			return nil, fmt.Errorf("prodkernel: step %d layer %d: no iw_raw (%v)", p, layer, err)
+		}
+		if len(x.F) != heads*dim || len(iw.F) != heads {
+			return nil, fmt.Errorf("prodkernel: step %d layer %d: iq_roped %v, iw_raw %v for %d heads × %d", p, layer, x.Shape, iw.Shape, heads, dim)
 		}
 		for h := 0; h < heads; h++ {
 			v := x.F[h*dim : (h+1)*dim]

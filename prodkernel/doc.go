@@ -7,10 +7,11 @@
 // Kernel outputs come as kernels-*.safetensors with a kernels-*.json of what
 // ran (testdata/kernels/README.md). Overlay turns them into a replay.Source:
 // the golden dump with the stages a kernel computes replaced by the kernel's
-// values (window K kv and compressed rows cmp_row decoded from the MODEL1
-// entries a cache writer stored, the attention output o of FlashMLA) and the
-// kernel's MODEL1 pages attached for the byte-level kv_pages check. replay.Run
-// then judges them with the default tolerances.
+// values (WindowK.Apply: window K kv, compressed rows cmp_row and the kv_cache
+// decoded from the MODEL1 entries and pages a cache writer stored) and the
+// kernel's pages attached for the byte-level kv_pages check. replay.Run then
+// judges them with the default tolerances. WindowK.WrongPage injects a wrong
+// slot mapping into real pages.
 //
 // Kernels that compute something the reference never forms (vLLM's FP8
 // attention output after the inverse RoPE, vLLM's FP8 / MXFP4 indexer query
@@ -21,5 +22,6 @@
 // (a named difference, never an "agree").
 //
 // WritePages writes the MODEL1 pages of a dump's kv_cache (kvcache's encoder,
-// the reference scaling) that the FlashMLA run reads.
+// the reference scaling) that the harness's FlashMLA run reads (FlashMLA was
+// not built in the committed run; testdata/kernels/README.md says why).
 package prodkernel

@@ -158,6 +158,9 @@ func (w *WindowK) Apply(o *Overlay, window int) error {
 		if err != nil || !ok {
 			return fmt.Errorf("prodkernel: step %d layer %d: dump has no kv_cache (%v)", p, l, err)
 		}
+		if len(kvc.Shape) != 2 || kvc.Shape[1] != model1.Dim || len(kvc.F) != kvc.Shape[0]*model1.Dim {
+			return fmt.Errorf("prodkernel: step %d layer %d: kv_cache shape %v, want [rows, %d]", p, l, kvc.Shape, model1.Dim)
+		}
 		kvc = cloneTensor(kvc)
 		D := kvc.Shape[1]
 		rows := make([]int, 0, len(w.Entries[k]))
@@ -173,7 +176,7 @@ func (w *WindowK) Apply(o *Overlay, window int) error {
 			if len(faults) > 0 {
 				return fmt.Errorf("prodkernel: %s step %d layer %d row %d: %v", w.Prefix, p, l, row, faults[0])
 			}
-			if row >= kvc.Shape[0] {
+			if row < 0 || row >= kvc.Shape[0] {
 				return fmt.Errorf("prodkernel: %s step %d layer %d: row %d outside kv_cache %v", w.Prefix, p, l, row, kvc.Shape)
 			}
 			copy(kvc.F[row*D:(row+1)*D], v)
@@ -184,6 +187,9 @@ func (w *WindowK) Apply(o *Overlay, window int) error {
 			ref, ok, err := o.Source.Stage(p, l, stage)
 			if err != nil || !ok {
 				return fmt.Errorf("prodkernel: step %d layer %d: dump has no %s (%v)", p, l, stage, err)
+			}
+			if len(ref.F) != len(v) {
+				return fmt.Errorf("prodkernel: step %d layer %d: %s has %d values, want %d", p, l, stage, len(ref.F), len(v))
 			}
 			t := cloneTensor(ref)
 			copy(t.F, v)
