@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -54,6 +55,12 @@ func TestWindowKWritersReplay(t *testing.T) {
 			}
 			if len(w.Entries) != len(src.Steps())*len(src.Layers()) || len(w.Pages) != len(src.Layers()) {
 				t.Fatalf("%d entry sets, %d page sets", len(w.Entries), len(w.Pages))
+			}
+			for k, set := range w.Pages {
+				kv, _, _ := src.Stage(k[0], int(k[1]), "kv_cache")
+				if want, _ := BlockTable(kv.Shape[0]); !slices.Equal(set.Table, want) {
+					t.Errorf("p%d L%d: the harness's block table %v, Go's %v", k[0], k[1], set.Table, want)
+				}
 			}
 			o := NewOverlay(src, wk.prefix)
 			if err := w.Apply(o, m.Cfg.WindowSize); err != nil {
