@@ -3,6 +3,7 @@ package replay
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 
 	"sparsemla/engine"
@@ -150,6 +151,16 @@ func diagnoseCache(d DiagnoseInput, div *Divergence) {
 			old = append(old, i)
 		}
 	}
+	if w, o, ok := misplacedWrite(ref, gpu, append(written, compressed...), old); ok {
+		div.Kind = KindCache
+		held := "other values"
+		if allZero(row(gpu, w)) {
+			held = "zeros"
+		}
+		div.Why = fmt.Sprintf("the row this step wrote (cache row %d, %s) is not in its place, which holds %s, but in cache row %d (%s), which this step does not write: the cache write went to the wrong page or slot (slot mapping / block table)",
+			w, rowPosition(w, slot, p, W, r), held, o, rowPosition(o, slot, p, W, r))
+		return
+	}
 	switch {
 	case len(compressed) > 0 && allZero(row(gpu, jrow)):
 		div.Kind = KindCompressor
@@ -166,6 +177,24 @@ func diagnoseCache(d DiagnoseInput, div *Divergence) {
 	default:
 		div.Kind, div.Why = KindFP8Cache, d.Result.Reason
 	}
+}
+
+// misplacedWrite finds a row w written at this step whose reference value
+// (non-zero) the GPU holds, bit for bit, in a row o this step does not write.
+func misplacedWrite(ref, gpu engine.Tensor, written, old []int) (w, o int, ok bool) {
+	D := ref.Shape[1]
+	for _, w := range written {
+		rw := ref.F[w*D : (w+1)*D]
+		if allZero(rw) {
+			continue
+		}
+		for _, o := range old {
+			if slices.Equal(gpu.F[o*D:(o+1)*D], rw) {
+				return w, o, true
+			}
+		}
+	}
+	return 0, 0, false
 }
 
 func allZero(v []float32) bool {
@@ -242,6 +271,9 @@ func rowsEqual(a, b []float32) bool {
 func rowPosition(row, slot int, p int64, W, r int) string {
 	if row < W {
 		back := int64((slot - row + W) % W)
+		if p-back < 0 {
+			return fmt.Sprintf("window slot %d, which holds no token yet", row)
+		}
 		return fmt.Sprintf("window slot %d, token %d", row, p-back)
 	}
 	j := row - W

@@ -1,0 +1,473 @@
+#!/usr/bin/env python3
+"""Run production DeepSeek-V4 kernels (vLLM / SGLang Triton, FlashMLA) on the golden's dumped inputs.
+
+The kernel files themselves are NOT part of this repository: copy them, unmodified, into a folder
+(default .kern/) as testdata/kernels/README.md says, then on a GPU host:
+
+    python3 capture/prodkernels/harness.py run --src .kern --out OUTDIR \
+        testdata/official-v4-tiny testdata/gpu-v4-tiny-long
+
+It writes OUTDIR/<dump name>/kernels-TAG.safetensors (every kernel output, named below) and
+OUTDIR/<dump name>/kernels-TAG.json (what ran: kernels, source commits, shapes, versions, errors).
+Each kernel runs in its own try/except: one that fails is recorded with its error and the others
+go on.
+
+`selftest` checks the torch-free parts (safetensors reader/writer, slot and page geometry) and runs
+without torch or a GPU.
+
+Only imports the kernel files do not need for the calls made here are stubbed (vllm.platforms,
+vllm.triton_utils, ...); every stub is written by `write_stubs` below and listed in kernels.json.
+"""
+
+import json
+import os
+import struct
+import sys
+import time
+import traceback
+
+# ---------------------------------------------------------------- geometry (torch-free)
+
+WINDOW = 128
+PAGE_ENTRIES = 64  # vLLM SWA block size; SGLang page size used here
+MODEL1_DATA = 576  # 448 E4M3 + 64 bf16
+MODEL1_SCALE = 8  # 7 UE8M0 + 1 pad
+MODEL1_PAGE_BYTES = (PAGE_ENTRIES * (MODEL1_DATA + MODEL1_SCALE) + MODEL1_DATA - 1) // MODEL1_DATA * MODEL1_DATA
+
+
+def live_rows(p, rows):
+    """Cache rows holding data after step p: window slots of tokens 0..p, then every compressed row."""
+    out = [s for s in range(min(WINDOW, rows)) if s <= p]
+    out += list(range(WINDOW, rows))
+    return out
+
+
+def block_table(rows):
+    """Logical block b -> physical page nb - b (page 0 is never used, so a page id of 0 is a bug)."""
+    nb = (rows + PAGE_ENTRIES - 1) // PAGE_ENTRIES
+    return [nb - b for b in range(nb)], nb + 1
+
+
+def slot_of(row, table):
+    return table[row // PAGE_ENTRIES] * PAGE_ENTRIES + row % PAGE_ENTRIES
+
+
+def entry_bytes(page, pos):
+    """The 584 bytes of entry pos of a MODEL1 page: data row then its 8 scale bytes."""
+    d = page[pos * MODEL1_DATA:(pos + 1) * MODEL1_DATA]
+    s0 = PAGE_ENTRIES * MODEL1_DATA + pos * MODEL1_SCALE
+    return bytes(d) + bytes(page[s0:s0 + MODEL1_SCALE])
+
+
+# ---------------------------------------------------------------- safetensors (torch-free)
+
+ST_SIZES = {"F32": 4, "BF16": 2, "I64": 8, "I32": 4, "U8": 1, "F8_E4M3": 1}
+
+
+def read_safetensors(path):
+    """name -> (dtype, shape, raw bytes)."""
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        if n > 1 << 26:
+            raise ValueError(f"{path}: header of {n} bytes")
+        hdr = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for k, v in hdr.items():
+        if k == "__metadata__":
+            continue
+        a, b = v["data_offsets"]
+        out[k] = (v["dtype"], list(v["shape"]), data[a:b])
+    return out
+
+
+def write_safetensors(path, tensors, metadata=None):
+    """tensors: name -> (dtype, shape, raw bytes), written in name order."""
+    hdr, off, blobs = {}, 0, []
+    for k in sorted(tensors):
+        dt, shape, raw = tensors[k]
+        want = ST_SIZES[dt]
+        for s in shape:
+            want *= s
+        if len(raw) != want:
+            raise ValueError(f"{k}: {len(raw)} bytes for {dt}{shape}")
+        hdr[k] = {"dtype": dt, "shape": list(shape), "data_offsets": [off, off + len(raw)]}
+        off += len(raw)
+        blobs.append(raw)
+    if metadata:
+        hdr["__metadata__"] = {k: str(v) for k, v in metadata.items()}
+    h = json.dumps(hdr, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+    os.replace(tmp, path)
+
+
+def golden_steps(d):
+    steps = []
+    for n in os.listdir(d):
+        if n.startswith("step_") and n.endswith(".safetensors"):
+            steps.append(int(n[5:-12]))
+    return sorted(steps)
+
+
+def selftest():
+    import tempfile
+    assert MODEL1_PAGE_BYTES == 37440, MODEL1_PAGE_BYTES
+    assert live_rows(3, 130)[:5] == [0, 1, 2, 3, 128] and len(live_rows(200, 130)) == 130
+    t, n = block_table(130)
+    assert t == [3, 2, 1] and n == 4
+    assert slot_of(129, t) == 1 * 64 + 1 and slot_of(5, t) == 3 * 64 + 5
+    page = bytearray(MODEL1_PAGE_BYTES)
+    page[2 * 576] = 7
+    page[64 * 576 + 2 * 8 + 6] = 9
+    e = entry_bytes(page, 2)
+    assert len(e) == 584 and e[0] == 7 and e[576 + 6] == 9
+    with tempfile.TemporaryDirectory() as td:
+        p = os.path.join(td, "x.safetensors")
+        write_safetensors(p, {"b": ("U8", [3], b"abc"), "a": ("F32", [1], struct.pack("<f", 1.5))}, {"k": 1})
+        r = read_safetensors(p)
+        assert r["b"] == ("U8", [3], b"abc") and struct.unpack("<f", r["a"][2])[0] == 1.5
+    here = os.path.dirname(os.path.abspath(__file__))
+    g = os.path.join(here, "..", "..", "testdata", "official-v4-tiny")
+    if os.path.isdir(g):
+        assert golden_steps(g) == [2, 3, 4, 5, 6, 7]
+        st = read_safetensors(os.path.join(g, "step_7.safetensors"))
+        assert st["L1.kv_cache"][1] == [130, 512] and st["L1.cmp_roped"][0] == "BF16"
+    print("selftest ok")
+
+
+# ---------------------------------------------------------------- stubs for imports the kernels do not need
+
+STUBS = {
+    "vllm/__init__.py": "",
+    "vllm/triton_utils.py": "import triton\nimport triton.language as tl\n",
+    "vllm/platforms.py": (
+        "class _P:\n"
+        "    def is_rocm(self): return False\n"
+        "    def is_xpu(self): return False\n"
+        "    def is_cuda(self): return True\n"
+        "current_platform = _P()\n"),
+    "vllm/utils/__init__.py": "",
+    "vllm/utils/import_utils.py": "def has_cutedsl():\n    return False\n",
+    # DeepGEMM's rule: round x up to a multiple of 16 bytes' worth of elements.
+    "vllm/utils/deep_gemm.py": (
+        "def get_tma_aligned_size(x, element_size):\n"
+        "    a = 16 // element_size\n"
+        "    return (x + a - 1) // a * a\n"),
+    # A real registration (torch.library), so the public wrapper runs as in vLLM.
+    "vllm/utils/torch_utils.py": (
+        "import torch\n"
+        "_lib = torch.library.Library('vllm', 'FRAGMENT')\n"
+        "def direct_register_custom_op(op_name, op_func, mutates_args=None, fake_impl=None,\n"
+        "                              target_lib=None, dispatch_key='CUDA', tags=()):\n"
+        "    schema = torch.library.infer_schema(op_func, mutates_args=mutates_args or ())\n"
+        "    _lib.define(op_name + schema)\n"
+        "    _lib.impl(op_name, op_func, dispatch_key)\n"
+        "    if fake_impl is not None:\n"
+        "        _lib._register_fake(op_name, fake_impl)\n"),
+    "vllm/models/__init__.py": "",
+    "vllm/models/deepseek_v4/__init__.py": "",
+    "vllm/models/deepseek_v4/common/__init__.py": "",
+    "vllm/models/deepseek_v4/common/ops/__init__.py": "",
+    "sglang/__init__.py": "",
+    "sglang/srt/__init__.py": "",
+    "sglang/srt/utils.py": "import torch\ndef get_fp8_e4m3_dtype():\n    return torch.float8_e4m3fn\n",
+    "sglang/srt/layers/__init__.py": "",
+    "sglang/srt/layers/quantization/__init__.py": "",
+    "sglang/srt/layers/quantization/fp8_kernel.py": "def is_fp8_fnuz():\n    return False\n",
+    "sglang/srt/layers/attention/__init__.py": "",
+    "sglang/srt/layers/attention/dsv4/__init__.py": "",
+}
+
+KERNEL_FILES = {
+    "vllm_src/cache_utils.py": "vllm/models/deepseek_v4/common/ops/cache_utils.py",
+    "vllm_src/fused_indexer_q.py": "vllm/models/deepseek_v4/common/ops/fused_indexer_q.py",
+    "vllm_src/fused_inv_rope_fp8_quant.py": "vllm/models/deepseek_v4/common/ops/fused_inv_rope_fp8_quant.py",
+    "sglang_src/quant_k_cache.py": "sglang/srt/layers/attention/dsv4/quant_k_cache.py",
+    "sglang_src/index_buf_accessor.py": "sglang/srt/layers/attention/dsv4/index_buf_accessor.py",
+}
+
+
+def write_stubs(src, root):
+    import hashlib
+    files = {}
+    for rel, text in STUBS.items():
+        p = os.path.join(root, rel)
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        with open(p, "w") as f:
+            f.write(text)
+    for s, rel in KERNEL_FILES.items():
+        sp = os.path.join(src, s)
+        if not os.path.isfile(sp):
+            files[rel] = "missing"
+            continue
+        raw = open(sp, "rb").read()
+        with open(os.path.join(root, rel), "wb") as f:
+            f.write(raw)
+        files[rel] = hashlib.sha256(raw).hexdigest()
+    sys.path.insert(0, root)
+    return files
+
+
+# ---------------------------------------------------------------- the runs (torch from here on)
+
+def run(args):
+    import torch
+    src, out_root, dirs = args.src, args.out, args.dirs
+    root = os.path.join(out_root, "_pkg")
+    hashes = write_stubs(src, root)
+    sources = {}
+    sp = os.path.join(src, "SOURCES.json")
+    if os.path.isfile(sp):
+        sources = json.load(open(sp))
+    import triton
+    env = {"torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
+           "gpu": torch.cuda.get_device_name(0), "python": sys.version.split()[0]}
+    print("env", env, flush=True)
+    for d in dirs:
+        name = os.path.basename(os.path.normpath(d))
+        od = os.path.join(out_root, name)
+        os.makedirs(od, exist_ok=True)
+        res = {"dump": name, "env": env, "sources": sources, "kernel_file_sha256": hashes,
+               "stubs": sorted(STUBS), "runs": {}}
+        outs = {}
+        g = Golden(d, torch)
+        todo = [("vllm_quantize_and_insert_k_cache", run_vllm_k),
+                          ("sglang_quant_k_cache_set_k_and_s", run_sglang_k),
+                          ("vllm_fused_inv_rope_fp8_quant", run_vllm_inv_rope),
+                          ("vllm_fused_indexer_q_rope_quant_fp8", lambda g, o, t: run_vllm_indexer_q(g, o, t, False)),
+                          ("vllm_fused_indexer_q_rope_quant_mxfp4", lambda g, o, t: run_vllm_indexer_q(g, o, t, True)),
+                          ("flashmla_sparse_decode_fwd", lambda g, o, t: run_flashmla(g, o, t, args.flashmla_in, name))]
+        todo = [(k, f) for k, f in todo if (not args.only or args.only in k) and (not args.skip or args.skip not in k)]
+        for kname, fn in todo:
+            t0 = time.time()
+            try:
+                info = fn(g, outs, torch)
+                res["runs"][kname] = {"ok": True, "seconds": round(time.time() - t0, 2), **(info or {})}
+                print(f"[{name}] {kname}: ok ({time.time() - t0:.1f}s)", flush=True)
+            except Exception as e:  # each kernel on its own: record and go on
+                res["runs"][kname] = {"ok": False, "error": f"{type(e).__name__}: {e}",
+                                      "traceback": traceback.format_exc()[-4000:]}
+                print(f"[{name}] {kname}: FAILED {type(e).__name__}: {e}", flush=True)
+                traceback.print_exc()
+        write_safetensors(os.path.join(od, f"kernels-{args.tag}.safetensors"), outs, {"producer": "capture/prodkernels/harness.py"})
+        with open(os.path.join(od, f"kernels-{args.tag}.json"), "w") as f:
+            json.dump(res, f, indent=1, sort_keys=True)
+
+
+def tbytes(t):
+    """(dtype, shape, raw) of a CPU copy of a tensor."""
+    import torch
+    t = t.detach().contiguous().cpu()
+    dt = {torch.float32: "F32", torch.bfloat16: "BF16", torch.int64: "I64", torch.int32: "I32",
+          torch.uint8: "U8", torch.float8_e4m3fn: "F8_E4M3"}[t.dtype]
+    return (dt, list(t.shape), t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+
+
+class Golden:
+    """The golden dump's tensors on the GPU: g.t(step, 'L1.kv') etc."""
+
+    def __init__(self, d, torch):
+        self.d, self.torch = d, torch
+        self.cfg = json.load(open(os.path.join(d, "config.json")))
+        self.files = {p: read_safetensors(os.path.join(d, f"step_{p}.safetensors")) for p in golden_steps(d)}
+        # Decode steps with stage tensors (a state-only file, e.g. step_254 of gpu-v4-tiny-long, has none).
+        self.steps = [p for p in sorted(self.files) if "L0.kv_roped" in self.files[p]]
+        self.rope = read_safetensors(os.path.join(d, "rope_tables.safetensors"))
+        self.weights = read_safetensors(os.path.join(d, "weights.safetensors"))
+
+    def conv(self, e):
+        torch = self.torch
+        dt, shape, raw = e
+        tdt = {"F32": torch.float32, "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32,
+               "U8": torch.uint8, "F8_E4M3": torch.float8_e4m3fn}[dt]
+        if not raw:
+            return torch.empty(shape, dtype=tdt, device="cuda")
+        return torch.frombuffer(bytearray(raw), dtype=tdt).reshape(shape).cuda()
+
+    def has(self, p, k):
+        return k in self.files[p]
+
+    def t(self, p, k):
+        return self.conv(self.files[p][k])
+
+    def ratio(self, l):
+        return self.cfg["compress_ratios"][l]
+
+    def cos_sin(self, l):
+        """[max_pos, 64] fp32 cos(32) || sin(32), from the GPU's own freqs_cis table of the layer."""
+        fc = self.conv(self.rope["freqs_cis_r0" if self.ratio(l) == 0 else "freqs_cis_cmp"])
+        return self.torch.cat([fc[:, :, 0], fc[:, :, 1]], dim=1).contiguous()
+
+
+def k_rows(g, p, l):
+    """Rows a window-K writer is given at step p: the live rows of the dumped kv_cache (already on the
+    FQ8 grid, re-encoded), except the rows written at this step, which come from their pre-quantisation
+    values (kv_roped -> slot p mod 128; cmp_roped -> row 128 + p div r)."""
+    kv = g.t(p, f"L{l}.kv_cache").clone()
+    written = [p % WINDOW]
+    kv[p % WINDOW] = g.t(p, f"L{l}.kv_roped")
+    if g.ratio(l) and g.has(p, f"L{l}.cmp_roped"):
+        j = WINDOW + p // g.ratio(l)
+        kv[j] = g.t(p, f"L{l}.cmp_roped")
+        written.append(j)
+    return kv, live_rows(p, kv.shape[0]), written
+
+
+def run_window_k(g, outs, torch, prefix, write):
+    last = g.steps[-1]
+    n = 0
+    for p in g.steps:
+        for l in range(g.cfg["n_layers"]):
+            kv, live, written = k_rows(g, p, l)
+            table, nphys = block_table(kv.shape[0])
+            cache = torch.zeros((nphys, MODEL1_PAGE_BYTES), dtype=torch.uint8, device="cuda")
+            slots = torch.tensor([slot_of(r, table) for r in live], dtype=torch.int64, device="cuda")
+            write(kv[live].contiguous(), cache, slots)
+            torch.cuda.synchronize()
+            host = cache.cpu()
+            ent = []
+            for r in written:
+                ent.append(entry_bytes(host[table[r // PAGE_ENTRIES]].numpy().tobytes(), r % PAGE_ENTRIES))
+            outs[f"{prefix}.p{p}.L{l}.entries"] = ("U8", [len(ent), 584], b"".join(ent))
+            outs[f"{prefix}.p{p}.L{l}.rows"] = ("I64", [len(written)], struct.pack(f"<{len(written)}q", *written))
+            if p == last:
+                outs[f"{prefix}.p{p}.L{l}.pages"] = tbytes(host)
+                outs[f"{prefix}.p{p}.L{l}.block_table"] = ("I64", [len(table)], struct.pack(f"<{len(table)}q", *table))
+            n += 1
+    return {"units": n, "page_entries": PAGE_ENTRIES, "page_bytes": MODEL1_PAGE_BYTES, "pages_at_step": last}
+
+
+def run_vllm_k(g, outs, torch):
+    from vllm.models.deepseek_v4.common.ops.cache_utils import quantize_and_insert_k_cache
+
+    def write(k, cache, slots):
+        quantize_and_insert_k_cache(k, cache, slots, block_size=PAGE_ENTRIES)
+    return run_window_k(g, outs, torch, "vllm_k", write)
+
+
+def run_sglang_k(g, outs, torch):
+    from sglang.srt.layers.attention.dsv4.quant_k_cache import quant_to_nope_fp8_rope_bf16_pack_triton
+    from sglang.srt.layers.attention.dsv4.index_buf_accessor import _set_k_and_s_triton
+
+    def write(k, cache, slots):
+        pack = quant_to_nope_fp8_rope_bf16_pack_triton(k)
+        _set_k_and_s_triton(cache, slots, pack, PAGE_ENTRIES)
+    return run_window_k(g, outs, torch, "sglang_k", write)
+
+
+def run_vllm_inv_rope(g, outs, torch):
+    from vllm.models.deepseek_v4.common.ops.fused_inv_rope_fp8_quant import fused_inv_rope_fp8_quant
+    G = g.cfg["o_groups"]
+    H = g.cfg["n_heads"]
+    for l in range(g.cfg["n_layers"]):
+        o = torch.stack([g.t(p, f"L{l}.o") for p in g.steps])  # [T, H, 512] bf16
+        pos = torch.tensor(g.steps, dtype=torch.int64, device="cuda")
+        q8, sc = fused_inv_rope_fp8_quant(o, pos, g.cos_sin(l), G, H // G)
+        torch.cuda.synchronize()
+        outs[f"vllm_oinv.L{l}.fp8"] = tbytes(q8.contiguous().view(torch.uint8))  # [T, G, (H/G)*512] E4M3 codes
+        outs[f"vllm_oinv.L{l}.scale"] = tbytes(sc.contiguous())  # [T, G, (H/G)*512/128] fp32
+        outs[f"vllm_oinv.L{l}.steps"] = tbytes(pos)
+    return {"n_groups": G, "heads_per_group": H // G, "quant_group_size": 128, "tma_aligned_scales": False}
+
+
+def run_vllm_indexer_q(g, outs, torch, fp4):
+    from vllm.models.deepseek_v4.common.ops.fused_indexer_q import fused_indexer_q_rope_quant
+    HI = g.cfg["index_n_heads"]
+    D = g.cfg["index_head_dim"]
+    tag = "vllm_iq4" if fp4 else "vllm_iq8"
+    layers = [l for l in range(g.cfg["n_layers"]) if g.ratio(l) == 4]
+    for l in layers:
+        q = torch.stack([g.t(p, f"L{l}.iq_b") for p in g.steps])  # [T, HI, 128] bf16
+        w = torch.stack([g.t(p, f"L{l}.iw_raw") for p in g.steps])  # [T, HI] bf16
+        pos = torch.tensor(g.steps, dtype=torch.int64, device="cuda")
+        qq, wo = fused_indexer_q_rope_quant(pos, q, g.cos_sin(l), w, D ** -0.5, HI ** -0.5, use_fp4=fp4)
+        torch.cuda.synchronize()
+        if fp4:
+            vals, scales = qq
+            outs[f"{tag}.L{l}.packed"] = tbytes(vals)  # [T, HI, 64] u8, low nibble = even index
+            outs[f"{tag}.L{l}.scale"] = tbytes(scales.contiguous().view(torch.uint8).reshape(len(g.steps), HI, D // 32))
+        else:
+            outs[f"{tag}.L{l}.fp8"] = tbytes(qq.view(torch.uint8))  # [T, HI, 128] E4M3 codes
+        outs[f"{tag}.L{l}.weights"] = tbytes(wo)  # [T, HI] fp32
+        outs[f"{tag}.L{l}.steps"] = tbytes(pos)
+    return {"layers": layers, "softmax_scale": D ** -0.5, "head_scale": HI ** -0.5}
+
+
+def run_flashmla(g, outs, torch, fin, name):
+    """FlashMLA's sparse decode (MODEL1 FP8 pages written by sparsemla's kvcache, testdata/kernels
+    README) on the dumped q, attn_sink and topk_idxs. The golden has 4 heads; FlashMLA takes 64 or 128,
+    so heads are tiled 16x (head h + 4k is a copy of head h) and the copies are checked equal."""
+    if not fin:
+        raise RuntimeError("no --flashmla-in folder given")
+    # Built beforehand (testdata/kernels/README.md) as the module flash_mla_sparse_decode: FlashMLA's
+    # sparse_attn_decode_interface with its sm90 MODEL1 kernels only. The sm100 kernels the interface
+    # also names are not built, so the module is loaded with lazy binding (never called on sm90).
+    import importlib
+    sys.path.insert(0, fin)
+    flags = sys.getdlopenflags()
+    sys.setdlopenflags(os.RTLD_LAZY | os.RTLD_GLOBAL)
+    try:
+        fm = importlib.import_module("flash_mla_sparse_decode")
+    finally:
+        sys.setdlopenflags(flags)
+    pg = read_safetensors(os.path.join(fin, name, "pages.safetensors"))
+    H = g.cfg["n_heads"]
+    HQ = 64
+    rep = HQ // H
+    info = {"units": 0, "copies_equal": True}
+    for p in g.steps:
+        for l in range(g.cfg["n_layers"]):
+            key = f"p{p}.L{l}"
+            pages = g.conv(pg[f"{key}.pages"])  # [nphys, page bytes] u8
+            table = g.conv(pg[f"{key}.block_table"]).tolist()
+            nphys = pages.shape[0]
+            eb = MODEL1_DATA + MODEL1_SCALE  # FlashMLA's bytes_per_token; the page keeps its padded stride
+            kv = pages.as_strided((nphys, PAGE_ENTRIES, 1, eb), (pages.stride(0), eb, eb, 1))
+            idx = g.t(p, f"L{l}.topk_idxs").tolist()
+            phys = [slot_of(i, table) if i >= 0 else -1 for i in idx]
+            phys += [-1] * (-len(phys) % 64)
+            indices = torch.tensor(phys, dtype=torch.int32, device="cuda").view(1, 1, -1)
+            q = g.t(p, f"L{l}.q").repeat(rep, 1).view(1, 1, HQ, 512).contiguous()
+            sink = g.conv(g.weights[f"layers.{l}.attn.attn_sink"]).float().repeat(rep).contiguous()
+            res = fm.sparse_decode_fwd(q, kv, indices, None, sink, None, None, None, None, None, 512, 512 ** -0.5)
+            out, lse = res[0], res[1]
+            torch.cuda.synchronize()
+            o = out.view(HQ, 512)
+            for k in range(1, rep):
+                if not torch.equal(o[k * H:(k + 1) * H], o[:H]):
+                    info["copies_equal"] = False
+            outs[f"flashmla.{key}.o"] = tbytes(o[:H])
+            outs[f"flashmla.{key}.lse"] = tbytes(lse.reshape(-1)[:H].float())
+            outs[f"flashmla.{key}.num_splits"] = tbytes(res[3].reshape(-1))
+            info["units"] += 1
+    return info
+
+
+def main():
+    import argparse
+    ap = argparse.ArgumentParser()
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--src", default=".kern")
+    r.add_argument("--out", required=True)
+    r.add_argument("--flashmla-in", default="")
+    r.add_argument("--only", default="", help="run only the kernels whose name contains this")
+    r.add_argument("--skip", default="", help="skip the kernels whose name contains this")
+    r.add_argument("--tag", default="all", help="output files are kernels-TAG.safetensors / .json")
+    r.add_argument("dirs", nargs="+")
+    sub.add_parser("selftest")
+    a = ap.parse_args()
+    if a.cmd == "selftest":
+        selftest()
+    else:
+        run(a)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,27 @@
+// Package prodkernel replays the outputs of real production kernels — vLLM's
+// and SGLang's DeepSeek-V4 Triton kernels and FlashMLA's sparse FP8 decode,
+// run unmodified on a GPU over the golden's dumped inputs by
+// capture/prodkernels/harness.py — against the reference, so a correct serving
+// kernel is not a false alarm and a faulty one is named.
+//
+// Kernel outputs come as kernels-*.safetensors with a kernels-*.json of what
+// ran (testdata/kernels/README.md). Overlay turns them into a replay.Source:
+// the golden dump with the stages a kernel computes replaced by the kernel's
+// values (WindowK.Apply: window K kv, compressed rows cmp_row and the kv_cache
+// decoded from the MODEL1 entries and pages a cache writer stored) and the
+// kernel's pages attached for the byte-level kv_pages check. replay.Run then
+// judges them with the default tolerances. WindowK.WrongPage injects a wrong
+// slot mapping into real pages.
+//
+// Kernels that compute something the reference never forms (vLLM's FP8
+// attention output after the inverse RoPE, vLLM's FP8 / MXFP4 indexer query
+// without the Hadamard rotation) cannot be replayed as a reference stage;
+// CheckInvRopeFP8 and CheckIndexerQ state the engine's rule as an equation
+// over the reference's own stage tensors and count how many stored codes it
+// reproduces bit for bit, next to the reference stage the engine replaces
+// (a named difference, never an "agree").
+//
+// WritePages writes the MODEL1 pages of a dump's kv_cache (kvcache's encoder,
+// the reference scaling) that the harness's FlashMLA run reads (FlashMLA was
+// not built in the committed run; testdata/kernels/README.md says why).
+package prodkernel
