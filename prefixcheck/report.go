@@ -202,6 +202,10 @@ func (rep *Report) WriteJSON(w io.Writer) error {
 	return enc.Encode(rep)
 }
 
+// Text describes the hit in words: tokens, source, pages by source, resume
+// point ("nothing recorded" for a nil hit).
+func (h *HitInfo) Text() string { return h.describe(0) }
+
 func (h *HitInfo) describe(P int) string {
 	if h == nil {
 		return "nothing recorded"

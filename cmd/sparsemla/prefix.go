@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"sparsemla/dump"
+	"sparsemla/htmlreport"
 	"sparsemla/kvcache"
 	"sparsemla/prefixcheck"
 )
@@ -22,7 +23,7 @@ func init() {
 	})
 }
 
-const prefixUsage = "prefix INPUT [--page N] [--window N] [--ratios R,R,...] [--capacity TOKENS] [--resume-at-end-only] [--retain N] [--brief] [--json] [--all] [--events] [--medium NAME] [--group N] [--dp-rank N] [--map FILE|NAME]"
+const prefixUsage = "prefix INPUT [--page N] [--window N] [--ratios R,R,...] [--capacity TOKENS] [--resume-at-end-only] [--retain N] [--brief] [--json] [--all] [--html OUT] [--events] [--medium NAME] [--group N] [--dp-rank N] [--map FILE|NAME]"
 
 const prefixDoc = `Runs a radix prefix cache with the engine's page size, sliding window and
 compress ratios over the run's requests in arrival order and sets, for every
@@ -52,9 +53,11 @@ else the first seen), --dp-rank those of one data-parallel rank (each rank has
 its own cache; required when the stream mixes ranks). --retain N keeps the
 token streams of the last N requests only (older sources are compared page by
 page). --brief lists only the requests that are not plain agreements (JSON);
-the text lists at most 20 requests of each status unless --all.
+the text lists at most 20 requests of each status unless --all. --html OUT
+also writes a self-contained HTML page (a new file).
 
-Exit status: 0 agree, 1 diverged (a decision is wrong), 2 error (bad input).`
+Exit status: 0 agree (also when no request could be judged: verdict
+unchecked), 1 diverged (a decision is wrong), 2 error (bad input).`
 
 const maxEventStream = 4 << 30
 
@@ -68,6 +71,7 @@ func runPrefix(args []string, stdout, stderr io.Writer) int {
 	retain := fs.Int("retain", 0, "keep the token streams of the last N requests (0: all)")
 	brief := fs.Bool("brief", false, "list only requests that are not plain agreements")
 	asJSON := fs.Bool("json", false, "write the JSON report (docs/prefix-json.md)")
+	htmlOut := fs.String("html", "", "also write a self-contained HTML page to this file (not overwritten)")
 	all := fs.Bool("all", false, "text: list every request that is not a plain agreement (default: 20 of each status)")
 	events := fs.Bool("events", false, "read INPUT as a KV-cache event stream")
 	medium := fs.String("medium", "", "event medium to keep (default GPU)")
@@ -150,6 +154,19 @@ func runPrefix(args []string, stdout, stderr io.Writer) int {
 	rep, err := prefixcheck.Run(tr, cfg)
 	if err != nil {
 		return fail(err)
+	}
+	if *htmlOut != "" {
+		fh, err := os.OpenFile(*htmlOut, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+		if err != nil {
+			return fail(err)
+		}
+		if err := htmlreport.WritePrefix(fh, rep); err != nil {
+			fh.Close()
+			return fail(err)
+		}
+		if err := fh.Close(); err != nil {
+			return fail(err)
+		}
 	}
 	if *asJSON {
 		if err := rep.WriteJSON(stdout); err != nil {

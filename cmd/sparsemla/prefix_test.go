@@ -13,6 +13,16 @@ func TestPrefixCommandFixtures(t *testing.T) {
 	if code != exitDiverged || !strings.Contains(out, `first divergence: request "b2.e1" (#3): evicted-page`) {
 		t.Fatalf("vLLM fixture: exit %d\n%s%s", code, out, e)
 	}
+	page := filepath.Join(t.TempDir(), "p.html")
+	if code, _, e := rpRun("prefix", "--html", page, "../../testdata/prefixcheck/vllm-kv-events.msgpack"); code != exitDiverged {
+		t.Fatalf("--html: exit %d %s", code, e)
+	}
+	if b, err := os.ReadFile(page); err != nil || !strings.Contains(string(b), "first divergence: request b2.e1") {
+		t.Fatalf("page: %v", err)
+	}
+	if code, _, _ := rpRun("prefix", "--html", page, "../../testdata/prefixcheck/vllm-kv-events.msgpack"); code != exitError {
+		t.Fatalf("--html over an existing file: exit %d", code)
+	}
 	code, out, e = rpRun("prefix", "--json", "../../testdata/prefixcheck/sglang-kv-events.msgpack")
 	var rep struct {
 		Schema, Verdict string
