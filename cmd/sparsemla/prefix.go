@@ -150,6 +150,9 @@ func runPrefix(args []string, stdout, stderr io.Writer) int {
 		}
 		cfg.Schedule = kvcache.Schedule{Window: cfg.Schedule.Window, Ratios: rs}
 	}
+	if *capacity > 0 && tr.EvictionsRecorded {
+		return fail(fmt.Errorf("--capacity: %s records the engine's evictions, which the correct cache follows", in))
+	}
 	cfg.Capacity, cfg.ResumeAtEndOnly, cfg.Retain, cfg.Brief = *capacity, *atEnd, *retain, *brief
 	rep, err := prefixcheck.Run(tr, cfg)
 	if err != nil {

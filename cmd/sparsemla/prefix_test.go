@@ -94,6 +94,7 @@ func TestPrefixCommandErrors(t *testing.T) {
 		{"prefix", filepath.Join(dir, "missing")},
 		{"prefix", "--ratios", "0,5", "../../testdata/prefixcheck/sglang-kv-events.msgpack"},
 		{"prefix", "--page", "3", "../../testdata/prefixcheck/sglang-kv-events.msgpack"},
+		{"prefix", "--capacity", "64", "../../testdata/prefixcheck/sglang-kv-events.msgpack"},
 		{"synth", "--prefix", "nope", "--out", filepath.Join(dir, "x")},
 		{"synth", "--prefix", "branching", "--out", exists},
 		{"synth", "--prefix", "branching", "--form", "native", "--out", filepath.Join(dir, "y"), "--fault", "missed-hit@3"},
