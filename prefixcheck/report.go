@@ -250,7 +250,7 @@ func (rep *Report) WriteText(w io.Writer) {
 	fmt.Fprintf(w, "  correct cache: page %d, window %d, ratios %v, capacity %s; hits %s\n", c.PageSize, c.Window, c.Ratios, capa, c.Hits)
 	fmt.Fprintf(w, "  reused tokens: engine %d, correct cache %d", s.RecordedTokens, s.TruthTokens)
 	if s.AlignmentLoss > 0 {
-		fmt.Fprintf(w, "; %d shared tokens in %d requests fall inside a page (alignment)", s.AlignmentLoss, s.AlignmentReqs)
+		fmt.Fprintf(w, "; %d shared tokens in %s fall inside a page (alignment)", s.AlignmentLoss, plural(s.AlignmentReqs, "request"))
 	}
 	fmt.Fprintln(w)
 	// Diverged, warn and unchecked requests (at most maxTextLines of each

@@ -238,6 +238,7 @@ func goldenCases() []goldenCase {
 	add("prefix/vllm-fixture", nil, "prefix", goldenTestdata("prefixcheck/vllm-kv-events.msgpack"), "--window", "4", "--ratios", "0,4,128")
 	add("prefix/sglang-json", nil, "prefix", "--json", goldenTestdata("prefixcheck/sglang-kv-events.msgpack"))
 	add("prefix/official-tiny", nil, "prefix", goldenTestdata("official-v4-tiny"), "--page", "64")
+	add("prefix/safetensors-hits", nil, "prefix", goldenTestdata("prefixcheck/safetensors-hits"), "--page", "4")
 	add("synth/prefix-eviction", []string{"prefix-eviction.msgpack"}, "synth", "--prefix", "eviction", "--out", "$TMP/prefix-eviction.msgpack", "--fault", "evicted-page@20")
 	add("prefix/synth-eviction", nil, "prefix", "$TMP/prefix-eviction.msgpack", "--window", "8", "--ratios", "0,4,128")
 	add("synth/prefix-native", []string{"prefix-native.smd"}, "synth", "--prefix", "branching", "--form", "native", "--out", "$TMP/prefix-native.smd", "--fault", "hit-too-long@10")
