@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"sparsemla/dump"
+	"sparsemla/engine"
 	"sparsemla/htmlreport"
 	"sparsemla/kvcache"
 	"sparsemla/prefixcheck"
@@ -23,7 +24,7 @@ func init() {
 	})
 }
 
-const prefixUsage = "prefix INPUT [--page N] [--window N] [--ratios R,R,...] [--capacity TOKENS] [--resume-at-end-only] [--retain N] [--brief] [--json] [--all] [--html OUT] [--events] [--medium NAME] [--group N] [--dp-rank N] [--map FILE|NAME]"
+const prefixUsage = "prefix INPUT [--page N] [--config NAME|FILE] [--window N] [--ratios R,R,...] [--capacity TOKENS] [--resume-at-end-only] [--retain N] [--brief] [--json] [--all] [--html OUT] [--events] [--medium NAME] [--group N] [--dp-rank N] [--map FILE|NAME]"
 
 const prefixDoc = `Runs a radix prefix cache with the engine's page size, sliding window and
 compress ratios over the run's requests in arrival order and sets, for every
@@ -46,8 +47,9 @@ INPUT is either
     follows.
 
 --page defaults to the input's (the events' block_size, a dump's page records);
---window and --ratios to a dump's header (model args window_size,
-compress_ratios). --medium keeps events of one medium (default GPU), --group
+the window and ratios come from --window and --ratios, else --config (a preset:
+tiny, flash, pro, or a ModelArgs JSON file), else a dump's header (model args
+window_size, compress_ratios); an event stream says neither. --medium keeps events of one medium (default GPU), --group
 those of one KV-cache group (default: the first full- or MLA-attention group,
 else the first seen), --dp-rank those of one data-parallel rank (each rank has
 its own cache; required when the stream mixes ranks). --retain N keeps the
@@ -64,6 +66,7 @@ const maxEventStream = 4 << 30
 func runPrefix(args []string, stdout, stderr io.Writer) int {
 	fs := rpFlagSet("prefix", prefixUsage, prefixDoc, stderr)
 	page := fs.Int("page", 0, "page size in tokens (default: the input's)")
+	model := fs.String("config", "", "window and ratios of a model: a preset (tiny, flash, pro) or a ModelArgs JSON file")
 	window := fs.Int("window", -1, "sliding window (default: the dump header's, else 0)")
 	ratios := fs.String("ratios", "", "per-layer compress ratios, comma separated (default: the dump header's)")
 	capacity := fs.Int("capacity", 0, "correct cache capacity in tokens when the input records no evictions (0: unbounded)")
@@ -135,6 +138,18 @@ func runPrefix(args []string, stdout, stderr io.Writer) int {
 	}
 	if cfg.PageSize == 0 {
 		return fail(fmt.Errorf("%s does not say its page size: give --page", in))
+	}
+	if *model != "" {
+		mc, err := engine.Preset(*model)
+		if err != nil {
+			if _, statErr := os.Stat(*model); statErr != nil {
+				return fail(err)
+			}
+			if mc, err = engine.LoadConfig(*model); err != nil {
+				return fail(err)
+			}
+		}
+		cfg.Schedule = kvcache.Schedule{Window: mc.WindowSize, Ratios: mc.CompressRatios}
 	}
 	if *window >= 0 {
 		cfg.Schedule.Window = *window
