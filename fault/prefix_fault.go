@@ -44,7 +44,8 @@ func PrefixFaultKinds() []string {
 // Inject inserts one extra request carrying decision fault kind into the
 // run, at arrival position at or the first later one where the fault can be
 // built without touching what later requests reuse (so exactly that request
-// diverges). It returns the request's id ("fault-<kind>").
+// diverges). It returns the request's id ("fault-<kind>", then
+// "fault-<kind>-2", ... for more of one kind).
 func (s *PrefixRun) Inject(kind string, at int) (string, error) {
 	if _, ok := PrefixFaultForms[kind]; !ok {
 		return "", fmt.Errorf("prefixcheck: unknown fault kind %q (want %s)", kind, strings.Join(PrefixFaultKinds(), ", "))
@@ -58,10 +59,22 @@ func (s *PrefixRun) Inject(kind string, at int) (string, error) {
 			continue
 		}
 		q.ID, q.Fault = "fault-"+kind, kind
+		for n := 2; s.hasID(q.ID); n++ {
+			q.ID = fmt.Sprintf("fault-%s-%d", kind, n)
+		}
 		s.Requests = append(s.Requests[:pos], append([]PrefixRequest{q}, s.Requests[pos:]...)...)
 		return q.ID, nil
 	}
 	return "", fmt.Errorf("prefixcheck: no place at or after request %d of this run to inject %s (try another seed or scenario)", at, kind)
+}
+
+func (s *PrefixRun) hasID(id string) bool {
+	for _, q := range s.Requests {
+		if q.ID == id {
+			return true
+		}
+	}
+	return false
 }
 
 // usedLater reports whether a request from pos on has the page ending at

@@ -138,3 +138,64 @@ func TestPrefixSynthErrors(t *testing.T) {
 		t.Fatal("position 0 accepted")
 	}
 }
+
+// One run may carry several decision faults: each replays to its own request.
+func TestPrefixRunWithEveryFault(t *testing.T) {
+	for _, c := range []struct {
+		form  string
+		opt   PrefixOptions
+		kinds []string
+	}{
+		{FormEvents, PrefixOptions{Scenario: ScenarioEviction, Seed: 2, Requests: 60},
+			[]string{prefixcheck.KindNamespaceMix, prefixcheck.KindMissedHit, prefixcheck.KindEvicted, prefixcheck.KindOverwritten}},
+		{FormNative, PrefixOptions{Scenario: ScenarioBranching, Seed: 2, Requests: 60, NoNamespaces: true, ResumeAtEndOnly: true},
+			[]string{prefixcheck.KindHitTooLong, prefixcheck.KindBeyondCache, prefixcheck.KindResumeBeyond}},
+	} {
+		s, err := SynthPrefix(c.opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := map[string]string{}
+		for i, kind := range c.kinds {
+			id, err := s.Inject(kind, 12+10*i)
+			if err != nil {
+				t.Fatalf("%s: %v", kind, err)
+			}
+			want[id] = kind
+		}
+		if c.form == FormEvents {
+			ev := map[string]string{}
+			for id, k := range want {
+				ev[s.EventID(id)] = k
+			}
+			want = ev
+		}
+		rep := checkPrefixRun(t, s, c.form)
+		got := map[string]string{}
+		for _, r := range rep.Requests {
+			if r.Status == prefixcheck.StatusDiverged || r.Status == prefixcheck.StatusWarn {
+				got[r.ID] = r.Kind
+			}
+		}
+		if len(got) != len(want) || rep.Summary.Warn != 0 {
+			t.Errorf("%s: diverged %v, want %v (warn %d)", c.form, got, want, rep.Summary.Warn)
+		}
+		for id, k := range want {
+			if got[id] != k {
+				t.Errorf("%s: request %s: %q, want %q", c.form, id, got[id], k)
+			}
+		}
+	}
+}
+
+func TestPrefixTwoFaultsOfOneKind(t *testing.T) {
+	s, _ := SynthPrefix(PrefixOptions{Scenario: ScenarioBranching, Seed: 1, Requests: 40, NoNamespaces: true})
+	a, err1 := s.Inject(prefixcheck.KindHitTooLong, 10)
+	b, err2 := s.Inject(prefixcheck.KindHitTooLong, 25)
+	if err1 != nil || err2 != nil || a == b {
+		t.Fatalf("%q %q %v %v", a, b, err1, err2)
+	}
+	if rep := checkPrefixRun(t, s, FormNative); rep.Summary.Diverged != 2 {
+		t.Fatalf("%+v", rep.Summary)
+	}
+}

@@ -655,8 +655,7 @@ func (c *RadixCache) Remove(ns string, prefix []int32) ([]Evicted, error) {
 		}
 	}
 	if target.start < from {
-		c.split(target, from-target.start) // target keeps [from, ...)
-		sub[0] = target
+		c.split(target, from-target.start) // target keeps [from, ...): sub is unchanged
 	}
 	out := make([]Evicted, 0, len(sub))
 	for _, n := range sub {

@@ -56,6 +56,11 @@
 // trace (each BlockStored is a request whose recorded hit is its parent
 // chain).
 //
+// Synthetic runs whose decisions a correct engine made, and the decision
+// faults above injected into them, are package fault's (SynthPrefix,
+// PrefixRun.Inject); the HTML view is htmlreport.WritePrefix; the command is
+// `sparsemla prefix`.
+//
 // # Memory
 //
 // The correct cache holds at most Config.Capacity tokens (when the input

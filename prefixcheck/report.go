@@ -17,7 +17,7 @@ type Report struct {
 	Input    string    `json:"input"`
 	Format   string    `json:"format"`
 	Cache    CacheInfo `json:"cache"`
-	Verdict  string    `json:"verdict"` // agree | diverged
+	Verdict  string    `json:"verdict"` // agree | diverged | unchecked (no request could be judged)
 	Summary  Summary   `json:"summary"`
 	First    *Result   `json:"first_divergence"` // null when agree
 	Requests []Result  `json:"requests"`         // arrival order
@@ -171,6 +171,9 @@ func (rep *Report) add(res *Result) {
 
 func (rep *Report) finish() {
 	rep.Verdict = "agree"
+	if s := rep.Summary; s.Requests == s.Unchecked {
+		rep.Verdict = "unchecked" // nothing could be judged: not an agreement
+	}
 	for i := range rep.Requests {
 		if rep.Requests[i].Status == StatusDiverged {
 			rep.Verdict = "diverged"
@@ -198,6 +201,10 @@ func (rep *Report) WriteJSON(w io.Writer) error {
 	enc.SetIndent("", "  ")
 	return enc.Encode(rep)
 }
+
+// Text describes the hit in words: tokens, source, pages by source, resume
+// point ("nothing recorded" for a nil hit).
+func (h *HitInfo) Text() string { return h.describe(0) }
 
 func (h *HitInfo) describe(P int) string {
 	if h == nil {
@@ -231,8 +238,8 @@ func (h *HitInfo) describe(P int) string {
 // that is not a plain agreement, truth next to the engine's record.
 func (rep *Report) WriteText(w io.Writer) {
 	s, c := rep.Summary, rep.Cache
-	fmt.Fprintf(w, "prefix %s (%s): %s: %d requests: %d agree, %d warn, %d diverged, %d unchecked\n",
-		rep.Input, rep.Format, rep.Verdict, s.Requests, s.Agree, s.Warn, s.Diverged, s.Unchecked)
+	fmt.Fprintf(w, "prefix %s (%s): %s: %s: %d agree, %d warn, %d diverged, %d unchecked\n",
+		rep.Input, rep.Format, rep.Verdict, plural(s.Requests, "request"), s.Agree, s.Warn, s.Diverged, s.Unchecked)
 	capa := "unbounded"
 	switch c.Evictions {
 	case "recorded":
@@ -243,7 +250,7 @@ func (rep *Report) WriteText(w io.Writer) {
 	fmt.Fprintf(w, "  correct cache: page %d, window %d, ratios %v, capacity %s; hits %s\n", c.PageSize, c.Window, c.Ratios, capa, c.Hits)
 	fmt.Fprintf(w, "  reused tokens: engine %d, correct cache %d", s.RecordedTokens, s.TruthTokens)
 	if s.AlignmentLoss > 0 {
-		fmt.Fprintf(w, "; %d shared tokens in %d requests fall inside a page (alignment)", s.AlignmentLoss, s.AlignmentReqs)
+		fmt.Fprintf(w, "; %d shared tokens in %s fall inside a page (alignment)", s.AlignmentLoss, plural(s.AlignmentReqs, "request"))
 	}
 	fmt.Fprintln(w)
 	// Diverged, warn and unchecked requests (at most maxTextLines of each
@@ -263,11 +270,15 @@ func (rep *Report) WriteText(w io.Writer) {
 		if shown[r.Status]++; shown[r.Status] > maxTextLines && !rep.TextAll {
 			continue
 		}
-		kind := r.Kind
-		if r.Cause != "" {
-			kind += " (" + r.Cause + ")"
+		what := r.Detail
+		if r.Kind != "" {
+			kind := r.Kind
+			if r.Cause != "" {
+				kind += " (" + r.Cause + ")"
+			}
+			what = kind + ": " + r.Detail
 		}
-		fmt.Fprintf(w, "  %s: request %q (#%d): %s: %s\n", r.Status, r.ID, r.Index, kind, r.Detail)
+		fmt.Fprintf(w, "  %s: request %q (#%d): %s\n", r.Status, r.ID, r.Index, what)
 		if r.Status != StatusUnchecked {
 			fmt.Fprintf(w, "      correct cache: %s\n      engine:        %s\n", r.Truth.describe(c.PageSize), r.Recorded.describe(c.PageSize))
 		}

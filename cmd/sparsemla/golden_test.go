@@ -228,10 +228,21 @@ func goldenCases() []goldenCase {
 	add("help/help", nil, "help")
 	add("help/none", nil)
 	add("help/unknown", nil, "frobnicate")
-	for _, c := range []string{"replay", "diff", "bisect", "report", "inspect", "explain", "synth", "fault", "demo"} {
+	for _, c := range []string{"replay", "diff", "bisect", "report", "inspect", "explain", "synth", "fault", "demo", "prefix"} {
 		add("help/"+c, nil, c, "--help")
 	}
 	add("help/help-replay", nil, "help", "replay")
+
+	// Prefix-cache decisions: the event-stream fixtures, a real dump (no
+	// hits recorded), synthetic runs with a decision fault.
+	add("prefix/vllm-fixture", nil, "prefix", goldenTestdata("prefixcheck/vllm-kv-events.msgpack"), "--window", "4", "--ratios", "0,4,128")
+	add("prefix/sglang-json", nil, "prefix", "--json", goldenTestdata("prefixcheck/sglang-kv-events.msgpack"))
+	add("prefix/official-tiny", nil, "prefix", goldenTestdata("official-v4-tiny"), "--page", "64")
+	add("prefix/safetensors-hits", nil, "prefix", goldenTestdata("prefixcheck/safetensors-hits"), "--page", "4")
+	add("synth/prefix-eviction", []string{"prefix-eviction.msgpack"}, "synth", "--prefix", "eviction", "--out", "$TMP/prefix-eviction.msgpack", "--fault", "evicted-page@20")
+	add("prefix/synth-eviction", nil, "prefix", "$TMP/prefix-eviction.msgpack", "--window", "8", "--ratios", "0,4,128")
+	add("synth/prefix-native", []string{"prefix-native.smd"}, "synth", "--prefix", "branching", "--form", "native", "--out", "$TMP/prefix-native.smd", "--fault", "hit-too-long@10")
+	add("prefix/synth-native", nil, "prefix", "$TMP/prefix-native.smd", "--page", "16", "--window", "8", "--ratios", "0,4,128")
 	return cs
 }
 

@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	"sparsemla/dump"
+	"sparsemla/engine"
+	"sparsemla/htmlreport"
 	"sparsemla/kvcache"
 	"sparsemla/prefixcheck"
 )
@@ -22,7 +24,7 @@ func init() {
 	})
 }
 
-const prefixUsage = "prefix INPUT [--page N] [--window N] [--ratios R,R,...] [--capacity TOKENS] [--resume-at-end-only] [--retain N] [--brief] [--json] [--all] [--events] [--medium NAME] [--group N] [--dp-rank N] [--map FILE|NAME]"
+const prefixUsage = "prefix INPUT [--page N] [--config NAME|FILE] [--window N] [--ratios R,R,...] [--capacity TOKENS] [--resume-at-end-only] [--retain N] [--brief] [--json] [--all] [--html OUT] [--events] [--medium NAME] [--group N] [--dp-rank N] [--map FILE|NAME]"
 
 const prefixDoc = `Runs a radix prefix cache with the engine's page size, sliding window and
 compress ratios over the run's requests in arrival order and sets, for every
@@ -45,22 +47,26 @@ INPUT is either
     follows.
 
 --page defaults to the input's (the events' block_size, a dump's page records);
---window and --ratios to a dump's header (model args window_size,
-compress_ratios). --medium keeps events of one medium (default GPU), --group
+the window and ratios come from --window and --ratios, else --config (a preset:
+tiny, flash, pro, or a ModelArgs JSON file), else a dump's header (model args
+window_size, compress_ratios); an event stream says neither. --medium keeps events of one medium (default GPU), --group
 those of one KV-cache group (default: the first full- or MLA-attention group,
 else the first seen), --dp-rank those of one data-parallel rank (each rank has
 its own cache; required when the stream mixes ranks). --retain N keeps the
 token streams of the last N requests only (older sources are compared page by
 page). --brief lists only the requests that are not plain agreements (JSON);
-the text lists at most 20 requests of each status unless --all.
+the text lists at most 20 requests of each status unless --all. --html OUT
+also writes a self-contained HTML page (a new file).
 
-Exit status: 0 agree, 1 diverged (a decision is wrong), 2 error (bad input).`
+Exit status: 0 agree (also when no request could be judged: verdict
+unchecked), 1 diverged (a decision is wrong), 2 error (bad input).`
 
 const maxEventStream = 4 << 30
 
 func runPrefix(args []string, stdout, stderr io.Writer) int {
 	fs := rpFlagSet("prefix", prefixUsage, prefixDoc, stderr)
 	page := fs.Int("page", 0, "page size in tokens (default: the input's)")
+	model := fs.String("config", "", "window and ratios of a model: a preset (tiny, flash, pro) or a ModelArgs JSON file")
 	window := fs.Int("window", -1, "sliding window (default: the dump header's, else 0)")
 	ratios := fs.String("ratios", "", "per-layer compress ratios, comma separated (default: the dump header's)")
 	capacity := fs.Int("capacity", 0, "correct cache capacity in tokens when the input records no evictions (0: unbounded)")
@@ -68,6 +74,7 @@ func runPrefix(args []string, stdout, stderr io.Writer) int {
 	retain := fs.Int("retain", 0, "keep the token streams of the last N requests (0: all)")
 	brief := fs.Bool("brief", false, "list only requests that are not plain agreements")
 	asJSON := fs.Bool("json", false, "write the JSON report (docs/prefix-json.md)")
+	htmlOut := fs.String("html", "", "also write a self-contained HTML page to this file (not overwritten)")
 	all := fs.Bool("all", false, "text: list every request that is not a plain agreement (default: 20 of each status)")
 	events := fs.Bool("events", false, "read INPUT as a KV-cache event stream")
 	medium := fs.String("medium", "", "event medium to keep (default GPU)")
@@ -132,6 +139,18 @@ func runPrefix(args []string, stdout, stderr io.Writer) int {
 	if cfg.PageSize == 0 {
 		return fail(fmt.Errorf("%s does not say its page size: give --page", in))
 	}
+	if *model != "" {
+		mc, err := engine.Preset(*model)
+		if err != nil {
+			if _, statErr := os.Stat(*model); statErr != nil {
+				return fail(err)
+			}
+			if mc, err = engine.LoadConfig(*model); err != nil {
+				return fail(err)
+			}
+		}
+		cfg.Schedule = kvcache.Schedule{Window: mc.WindowSize, Ratios: mc.CompressRatios}
+	}
 	if *window >= 0 {
 		cfg.Schedule.Window = *window
 	}
@@ -146,10 +165,26 @@ func runPrefix(args []string, stdout, stderr io.Writer) int {
 		}
 		cfg.Schedule = kvcache.Schedule{Window: cfg.Schedule.Window, Ratios: rs}
 	}
+	if *capacity > 0 && tr.EvictionsRecorded {
+		return fail(fmt.Errorf("--capacity: %s records the engine's evictions, which the correct cache follows", in))
+	}
 	cfg.Capacity, cfg.ResumeAtEndOnly, cfg.Retain, cfg.Brief = *capacity, *atEnd, *retain, *brief
 	rep, err := prefixcheck.Run(tr, cfg)
 	if err != nil {
 		return fail(err)
+	}
+	if *htmlOut != "" {
+		fh, err := os.OpenFile(*htmlOut, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+		if err != nil {
+			return fail(err)
+		}
+		if err := htmlreport.WritePrefix(fh, rep); err != nil {
+			fh.Close()
+			return fail(err)
+		}
+		if err := fh.Close(); err != nil {
+			return fail(err)
+		}
 	}
 	if *asJSON {
 		if err := rep.WriteJSON(stdout); err != nil {

@@ -13,6 +13,19 @@ func TestPrefixCommandFixtures(t *testing.T) {
 	if code != exitDiverged || !strings.Contains(out, `first divergence: request "b2.e1" (#3): evicted-page`) {
 		t.Fatalf("vLLM fixture: exit %d\n%s%s", code, out, e)
 	}
+	if code, out, e := rpRun("prefix", "--config", "flash", "../../testdata/prefixcheck/sglang-kv-events.msgpack"); code != exitDiverged || !strings.Contains(out, "window 128, ratios [0 0 4 128 4 128") {
+		t.Fatalf("--config flash: exit %d\n%s%s", code, out, e)
+	}
+	page := filepath.Join(t.TempDir(), "p.html")
+	if code, _, e := rpRun("prefix", "--html", page, "../../testdata/prefixcheck/vllm-kv-events.msgpack"); code != exitDiverged {
+		t.Fatalf("--html: exit %d %s", code, e)
+	}
+	if b, err := os.ReadFile(page); err != nil || !strings.Contains(string(b), "first divergence: request b2.e1") {
+		t.Fatalf("page: %v", err)
+	}
+	if code, _, _ := rpRun("prefix", "--html", page, "../../testdata/prefixcheck/vllm-kv-events.msgpack"); code != exitError {
+		t.Fatalf("--html over an existing file: exit %d", code)
+	}
 	code, out, e = rpRun("prefix", "--json", "../../testdata/prefixcheck/sglang-kv-events.msgpack")
 	var rep struct {
 		Schema, Verdict string
@@ -84,6 +97,8 @@ func TestPrefixCommandErrors(t *testing.T) {
 		{"prefix", filepath.Join(dir, "missing")},
 		{"prefix", "--ratios", "0,5", "../../testdata/prefixcheck/sglang-kv-events.msgpack"},
 		{"prefix", "--page", "3", "../../testdata/prefixcheck/sglang-kv-events.msgpack"},
+		{"prefix", "--capacity", "64", "../../testdata/prefixcheck/sglang-kv-events.msgpack"},
+		{"prefix", "--config", "huge", "../../testdata/prefixcheck/sglang-kv-events.msgpack"},
 		{"synth", "--prefix", "nope", "--out", filepath.Join(dir, "x")},
 		{"synth", "--prefix", "branching", "--out", exists},
 		{"synth", "--prefix", "branching", "--form", "native", "--out", filepath.Join(dir, "y"), "--fault", "missed-hit@3"},
