@@ -30,6 +30,12 @@ func checkDumpShapes(cfg *engine.Config, d *dump.Dump) error {
 	}
 	for i := range d.Entries {
 		e := &d.Entries[i]
+		// A decode position is below max_seq_len (the model's caches and
+		// RoPE tables hold that many): a record of step 2^63-1 is refused
+		// here, before any row count is computed from it.
+		if (e.Kind == dump.KindStage || e.Kind == dump.KindState) && cfg.MaxSeqLen > 0 && e.Step >= cfg.MaxSeqLen {
+			return fmt.Errorf("config and dump disagree: %s record %d (%s %s) is at step %d, past the config's max_seq_len = %d", e.File, e.Record, e.Key, e.Kind, e.Step, cfg.MaxSeqLen)
+		}
 		if (e.Kind != dump.KindStage && e.Kind != dump.KindState) || e.Layer < 0 || e.Layer >= cfg.NLayers {
 			continue
 		}

@@ -394,6 +394,16 @@ func (g *Guard) CreateDir(out string) (*Dir, error) {
 	return &Dir{g: g, final: filepath.Clean(out), tmp: tmp}, nil
 }
 
+// CheckDir checks, without creating anything, that CreateDir(out) would be
+// accepted (for a command to refuse its output before its work).
+func (g *Guard) CheckDir(out string) error {
+	if err := g.Check(out); err != nil {
+		return err
+	}
+	_, err := replaceable(out)
+	return err
+}
+
 // replaceable checks that out does not exist, is an empty directory, or is
 // a directory made by this package holding exactly what its marker lists.
 // It returns the marker's names (nil when out does not exist or is empty).
