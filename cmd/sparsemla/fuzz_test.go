@@ -20,6 +20,12 @@ import (
 // error line for exit 2, and never owe a skipped stage to a recovered
 // runtime panic (a reason naming "runtime error" means a stage trusted a
 // dumped shape it should have checked).
+//
+// Each execution writes and replays a whole synthetic dump (about 100 ms:
+// the weights are loaded and packed every time), so the target runs about
+// 60 executions in .ci/run's 10 s on the 2-core VM, not the 10k of the
+// decoders; its own minimum:
+// fuzz: min-execs 30
 func FuzzReplay(f *testing.F) {
 	f.Add([]byte{})
 	f.Add([]byte{0, 10, 3, 200})
