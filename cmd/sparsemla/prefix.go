@@ -181,9 +181,11 @@ func runPrefix(args []string, stdout, stderr io.Writer) int {
 		}
 		if err := htmlreport.WritePrefix(fh, rep); err != nil {
 			fh.Close()
+			os.Remove(*htmlOut) // made here (O_EXCL): nothing partial is left
 			return fail(err)
 		}
 		if err := fh.Close(); err != nil {
+			os.Remove(*htmlOut)
 			return fail(err)
 		}
 	}
