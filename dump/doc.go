@@ -60,8 +60,17 @@
 // anything is allocated (a stream of unknown size grows its buffer only as
 // data arrives), element counts are checked for overflow and against the
 // byte count, and every error names the file, the record and the byte
-// offset. Readers never panic on bad input (fuzz targets: FuzzNative,
-// FuzzSafetensorsHeader, FuzzNpyHeader, FuzzNameMap).
+// offset. A frame's msgpack meta is walked before it is decoded, so that
+// every array, map and string length it claims is backed by bytes that are
+// there (msgcheck.go: vmihailenco/msgpack v5.4.1 would allocate a slice of
+// the claimed length). A deflated .npz member is indexed by inflating its
+// npy header only; reading it inflates exactly its data, refusing more than
+// NpzMaxRatio:1 above NpzRatioFree bytes. Files are opened through package
+// userfile: regular files only (a FIFO, device or socket is refused at
+// once), name maps and config.json capped, open errors said in words.
+// Readers never panic on bad input (fuzz targets: FuzzNative,
+// FuzzSafetensorsHeader, FuzzNpyHeader, FuzzNameMap, FuzzNpz,
+// FuzzCheckpointIndex, FuzzMsgpackCheck).
 //
 // Memory: the index holds only metadata; [Dump.Read] reads one record with
 // one ReadAt, so reading a many-GB dump needs the largest record, not the

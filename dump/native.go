@@ -8,8 +8,11 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 
 	"github.com/vmihailenco/msgpack/v5"
+
+	"sparsemla/userfile"
 )
 
 // Native format constants (FORMAT.md).
@@ -97,6 +100,8 @@ type Writer struct {
 	records int // tensor frames written
 	err     error
 	meta    bytes.Buffer
+	// Create's file: written as tmp, renamed to final by Close.
+	tmp, final string
 }
 
 type entryID struct {
@@ -104,18 +109,27 @@ type entryID struct {
 	Kind Kind
 }
 
-// Create creates path and writes the file header and h.
+// Create starts the native dump file path and writes the file header and
+// h. The records go to a temporary file beside path, which Close renames
+// over path when every write succeeded (a failed write or close removes it
+// and leaves path as it was); an existing path is replaced, never written
+// through (a symbolic link at path is replaced, not followed).
 func Create(path string, h Header) (*Writer, error) {
-	f, err := os.Create(path)
+	dir, base := filepath.Split(path)
+	if dir == "" {
+		dir = "."
+	}
+	f, err := os.CreateTemp(dir, "."+base+".tmp-*")
 	if err != nil {
-		return nil, fmt.Errorf("dump: %w", err)
+		return nil, fmt.Errorf("dump: %w", userfile.Describe(path, err))
 	}
 	w, err := NewWriter(f, h)
 	if err != nil {
 		f.Close()
+		os.Remove(f.Name())
 		return nil, err
 	}
-	w.c = f
+	w.c, w.tmp, w.final = f, f.Name(), path
 	return w, nil
 }
 
@@ -208,7 +222,37 @@ func (w *Writer) Close() error {
 			err = fmt.Errorf("dump: close: %w", cerr)
 		}
 	}
+	if w.tmp != "" {
+		if err == nil {
+			if cerr := os.Chmod(w.tmp, 0o644); cerr != nil {
+				err = fmt.Errorf("dump: %w", cerr)
+			} else if rerr := os.Rename(w.tmp, w.final); rerr != nil {
+				err = fmt.Errorf("dump: %w", userfile.Describe(w.final, rerr))
+			}
+		}
+		if err != nil {
+			os.Remove(w.tmp)
+		}
+		w.tmp = ""
+	}
 	return err
+}
+
+// Abort drops a file started by Create without writing it (the temporary
+// file is removed, path is left as it was); for a Writer of NewWriter it
+// does nothing. Close after Abort returns an error and writes nothing.
+func (w *Writer) Abort() {
+	if w.c != nil {
+		w.c.Close()
+		w.c = nil
+	}
+	if w.tmp != "" {
+		os.Remove(w.tmp)
+		w.tmp = ""
+	}
+	if w.err == nil {
+		w.err = errors.New("dump: writer aborted")
+	}
 }
 
 // frameInfo is one decoded frame header: its meta and where its data lies.

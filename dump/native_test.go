@@ -343,3 +343,57 @@ func TestReadClaimedLies(t *testing.T) {
 		t.Errorf("exact read: %d bytes, err %v", len(got), err)
 	}
 }
+
+// TestCreateReplacesAtomically: Create writes a temporary file beside the
+// path and Close renames it into place: an earlier file (or a symbolic link
+// to someone else's file) at the path is replaced, never written through;
+// Abort leaves the path as it was and no temporary behind.
+func TestCreateReplacesAtomically(t *testing.T) {
+	dir := t.TempDir()
+	other := filepath.Join(dir, "other.smd")
+	if err := os.WriteFile(other, []byte("someone else's"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(dir, "out.smd")
+	if err := os.Symlink(other, p); err != nil {
+		t.Fatal(err)
+	}
+	w, err := Create(p, Header{ModelArgs: "{}"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(p); string(b) != "someone else's" {
+		t.Fatal("path changed before Close")
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(other); string(b) != "someone else's" {
+		t.Errorf("written through the link: %q", b)
+	}
+	if fi, err := os.Lstat(p); err != nil || !fi.Mode().IsRegular() {
+		t.Errorf("out.smd is not the new regular file: %v", err)
+	}
+	if d, err := Open(p); err != nil {
+		t.Errorf("the new file does not open: %v", err)
+	} else {
+		d.Close()
+	}
+	w, err = Create(p, Header{ModelArgs: `{"x": 1}`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Abort()
+	if err := w.Close(); err == nil {
+		t.Error("Close after Abort succeeded")
+	}
+	ents, _ := os.ReadDir(dir)
+	if len(ents) != 2 {
+		t.Errorf("left behind: %v", ents)
+	}
+	if d, err := Open(p); err != nil || d.Header.ModelArgs != "{}" {
+		t.Errorf("Abort changed the earlier file: %v", err)
+	} else {
+		d.Close()
+	}
+}

@@ -173,11 +173,19 @@ const (
 // checkNpzInflation refuses a deflated member whose declared size is past
 // MaxNpzMember or the ratio limit.
 func checkNpzInflation(f *zip.File) error {
+	return checkZipInflation(f, "save it with np.savez, uncompressed")
+}
+
+// checkZipInflation refuses a deflated zip member (.npz, torch.save) whose
+// declared size is past MaxNpzMember, or past NpzMaxRatio times its
+// compressed size when larger than NpzRatioFree; hint says how to save it
+// instead.
+func checkZipInflation(f *zip.File, hint string) error {
 	if f.UncompressedSize64 > MaxNpzMember {
 		return fmt.Errorf("member %q claims %d bytes (limit %d)", f.Name, f.UncompressedSize64, uint64(MaxNpzMember))
 	}
 	if f.UncompressedSize64 > NpzRatioFree && f.UncompressedSize64/NpzMaxRatio > f.CompressedSize64 {
-		return fmt.Errorf("member %q inflates %d compressed bytes to %d (over %d:1; save it with np.savez, uncompressed)", f.Name, f.CompressedSize64, f.UncompressedSize64, NpzMaxRatio)
+		return fmt.Errorf("member %q inflates %d compressed bytes to %d (over %d:1; %s)", f.Name, f.CompressedSize64, f.UncompressedSize64, NpzMaxRatio, hint)
 	}
 	return nil
 }

@@ -200,3 +200,24 @@ func TestNpzDeflatedRead(t *testing.T) {
 		}
 	}
 }
+
+// TestZipInflationLimit: the ratio limit shared by .npz members and deflated
+// torch.save storages: free below NpzRatioFree, NpzMaxRatio:1 above it.
+func TestZipInflationLimit(t *testing.T) {
+	for _, c := range []struct {
+		comp, size uint64
+		ok         bool
+	}{
+		{1 << 10, NpzRatioFree, true},             // small: any ratio
+		{1 << 20, 1 << 30, false},                 // 1 GiB from 1 MiB: 1024:1
+		{(1 << 30) / NpzMaxRatio, 1 << 30, true},  // exactly the limit
+		{(1<<30)/NpzMaxRatio - 1, 1 << 30, false}, // just past it
+		{1 << 40, MaxNpzMember + 1, false},        // past the member cap
+	} {
+		f := &zip.File{FileHeader: zip.FileHeader{Name: "m", CompressedSize64: c.comp, UncompressedSize64: c.size}}
+		err := checkZipInflation(f, "hint")
+		if (err == nil) != c.ok {
+			t.Errorf("%d -> %d bytes: err %v, want ok %v", c.comp, c.size, err, c.ok)
+		}
+	}
+}

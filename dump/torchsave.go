@@ -579,6 +579,11 @@ func readPT(t *ptTensor, srcFile io.ReaderAt, buf []byte) ([]byte, error) {
 			return nil, err
 		}
 	} else {
+		// A deflated storage (torch.save writes them stored): inflation is
+		// bounded like an .npz member's, so a zip bomb is refused.
+		if err := checkZipInflation(m, "torch.save writes storages uncompressed: re-save it"); err != nil {
+			return nil, err
+		}
 		all, err := readMember(m, int64(m.UncompressedSize64))
 		if err != nil {
 			return nil, err

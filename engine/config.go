@@ -5,12 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"os"
 	"sort"
 	"strings"
 
 	"sparsemla/attention"
 	"sparsemla/dump"
+	"sparsemla/userfile"
 )
 
 // Config is the model configuration, the official ModelArgs (R-M:34-80). The json
@@ -106,14 +106,9 @@ func ParseConfig(b []byte) (*Config, error) {
 
 // LoadConfig reads and validates a ModelArgs JSON file (inference/config.json).
 func LoadConfig(path string) (*Config, error) {
-	fi, err := os.Stat(path)
-	if err != nil {
-		return nil, fmt.Errorf("engine: config: %w", err)
-	}
-	if fi.Size() > 1<<20 {
-		return nil, fmt.Errorf("engine: config %s: %d bytes is not a ModelArgs JSON", path, fi.Size())
-	}
-	b, err := os.ReadFile(path)
+	// A regular file of at most 1 MiB (a ModelArgs JSON is a few KiB): a
+	// FIFO, a device or a huge file is refused before it is read.
+	b, err := userfile.ReadFile(path, 1<<20)
 	if err != nil {
 		return nil, fmt.Errorf("engine: config: %w", err)
 	}

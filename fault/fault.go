@@ -3,7 +3,7 @@ package fault
 import (
 	"fmt"
 
-	"os"
+	"io"
 	"path/filepath"
 
 	"sparsemla/dump"
@@ -79,16 +79,22 @@ func WriteFaulted(d *dump.Dump, src *replay.DumpSource, m *engine.Model, dir str
 	if err != nil {
 		return nil, err
 	}
-	if err := checkOutDir(dir, d, wpath); err != nil {
+	g, err := outputGuard(d, wpath)
+	if err != nil {
 		return nil, err
+	}
+	if err := g.Check(dir); err != nil {
+		return nil, fmt.Errorf("fault: %w", err)
 	}
 	pl, err := planFault(d, src, m, opt)
 	if err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	od, err := g.CreateDir(dir)
+	if err != nil {
 		return nil, fmt.Errorf("fault: %w", err)
 	}
+	defer od.Abort()
 	res := &Copy{Dir: dir, Fault: opt.Fault, Request: src.Request, Donor: pl.donor, Unmapped: len(d.Unmapped), CarriedTo: pl.carriedTo}
 	for k := range pl.patch {
 		res.Changed = append(res.Changed, k)
@@ -98,15 +104,21 @@ func WriteFaulted(d *dump.Dump, src *replay.DumpSource, m *engine.Model, dir str
 	}
 	sortStageKeys(res.Changed)
 	sortStageKeys(res.Dropped)
-	if err := os.WriteFile(filepath.Join(dir, SynthConfigFile), []byte(d.Header.ModelArgs), 0o644); err != nil {
+	if err := od.WriteFile(SynthConfigFile, 0o644, func(w io.Writer) error { _, err := io.WriteString(w, d.Header.ModelArgs); return err }); err != nil {
 		return nil, fmt.Errorf("fault: %w", err)
 	}
-	if err := copyFile(filepath.Join(dir, SynthWeightsFile), wpath); err != nil {
+	if err := od.WriteFile(SynthWeightsFile, 0o644, func(w io.Writer) error { return copyFile(w, wpath) }); err != nil {
 		return nil, err
 	}
-	n, pages, err := pl.write(filepath.Join(dir, SynthDumpFile), wpath)
-	if err != nil {
+	var n, pages int
+	if err := od.WriteFile(SynthDumpFile, 0o644, func(w io.Writer) (err error) {
+		n, pages, err = pl.write(w, filepath.Join(dir, SynthDumpFile), wpath)
+		return err
+	}); err != nil {
 		return nil, err
+	}
+	if err := od.Commit(); err != nil {
+		return nil, fmt.Errorf("fault: %w", err)
 	}
 	res.Records, res.Pages = n, pages
 	return res, nil

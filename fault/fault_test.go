@@ -300,7 +300,7 @@ func TestFaultedCopyRefused(t *testing.T) {
 	}
 	// An earlier copy is replaced; a directory with other files, or the
 	// input's own, is refused.
-	if _, err := WriteFaulted(fd, fsrc, fm, first, Options{Fault: Fault{Kind: WrongLSE, Step: 6, Layer: 1}}); err == nil || !strings.Contains(err.Error(), "holds the input dump") {
+	if _, err := WriteFaulted(fd, fsrc, fm, first, Options{Fault: Fault{Kind: WrongLSE, Step: 6, Layer: 1}}); err == nil || !strings.Contains(err.Error(), "it is an input of this command") {
 		t.Errorf("output over the input: error %v", err)
 	}
 	if _, err := WriteFaulted(fd, fsrc, fm, filepath.Join(first, "inner"), Options{Fault: Fault{Kind: WrongLSE, Step: 6, Layer: 1}}); err == nil || !strings.Contains(err.Error(), "lies inside the input") {
@@ -313,7 +313,7 @@ func TestFaultedCopyRefused(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(other, "notes.txt"), []byte("mine"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := WriteFaulted(d, src, m, other, Options{Fault: Fault{Kind: WrongLSE, Step: 6, Layer: 1}}); err == nil || !strings.Contains(err.Error(), "holds notes.txt") {
+	if _, err := WriteFaulted(d, src, m, other, Options{Fault: Fault{Kind: WrongLSE, Step: 6, Layer: 1}}); err == nil || !strings.Contains(err.Error(), "not empty and was not made by sparsemla") {
 		t.Errorf("directory with other files: error %v", err)
 	}
 }

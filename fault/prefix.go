@@ -295,13 +295,13 @@ func (s *PrefixRun) WriteNative(path string, h dump.Header) error {
 			binary.LittleEndian.PutUint64(data, uint64(tok))
 			rec := dump.Record{Key: dump.Key{Request: q.ID, Step: p, Layer: -1, Stage: "tok"}, Kind: dump.KindStage, DType: dump.I64, Shape: []int{1}, Data: data}
 			if err := w.Write(&rec); err != nil {
-				w.Close()
+				w.Abort() // nothing partial at path
 				return err
 			}
 		}
 		if q.Hit > 0 {
 			if err := w.WritePrefix(dump.PrefixHit{Request: q.ID, Source: q.Source, Tokens: q.Hit}); err != nil {
-				w.Close()
+				w.Abort() // nothing partial at path
 				return err
 			}
 		}

@@ -3,8 +3,7 @@ package fault
 import (
 	"encoding/json"
 	"fmt"
-
-	"os"
+	"io"
 	"path/filepath"
 	"sort"
 
@@ -12,6 +11,7 @@ import (
 	"sparsemla/dump"
 	"sparsemla/engine"
 	"sparsemla/replay"
+	"sparsemla/userfile"
 )
 
 // Files a synthetic dump directory holds.
@@ -42,40 +42,50 @@ const (
 )
 
 func (s *Synth) Write(dir string) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	// Into a temporary directory beside dir, renamed into place when every
+	// file is complete (userfile): an existing dir must be empty or an
+	// earlier output, and an error leaves nothing behind.
+	od, err := (&userfile.Guard{}).CreateDir(dir)
+	if err != nil {
 		return fmt.Errorf("synth: %w", err)
 	}
+	defer od.Abort()
 	cfgJSON, err := json.MarshalIndent(s.Cfg, "", "  ")
 	if err != nil {
 		return fmt.Errorf("synth: %w", err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, SynthConfigFile), cfgJSON, 0o644); err != nil {
+	if err := od.WriteFile(SynthConfigFile, 0o644, func(w io.Writer) error { _, err := w.Write(cfgJSON); return err }); err != nil {
 		return fmt.Errorf("synth: %w", err)
 	}
-	if err := s.writeWeights(filepath.Join(dir, SynthWeightsFile)); err != nil {
+	if err := od.WriteFile(SynthWeightsFile, 0o644, func(w io.Writer) error {
+		return s.writeWeights(w, filepath.Join(dir, SynthWeightsFile))
+	}); err != nil {
 		return err
 	}
-	return s.writeDump(filepath.Join(dir, SynthDumpFile), string(cfgJSON))
+	if err := od.WriteFile(SynthDumpFile, 0o644, func(w io.Writer) error {
+		return s.writeDump(w, filepath.Join(dir, SynthDumpFile), string(cfgJSON))
+	}); err != nil {
+		return err
+	}
+	if err := od.Commit(); err != nil {
+		return fmt.Errorf("synth: %w", err)
+	}
+	return nil
 }
 
-func (s *Synth) writeWeights(path string) error {
+func (s *Synth) writeWeights(f io.Writer, path string) error {
 	var recs []dump.Record
 	for l := 0; l < s.Cfg.NLayers; l++ {
 		recs = append(recs, engine.LayerWeightRecords(s.Cfg, s.Weights[l])...)
 	}
-	f, err := os.Create(path)
-	if err != nil {
-		return fmt.Errorf("synth: %w", err)
-	}
 	meta := map[string]string{"producer": "sparsemla synth", "seed": fmt.Sprint(s.Seed)}
 	if err := dump.WriteSafetensors(f, recs, meta); err != nil {
-		f.Close()
 		return fmt.Errorf("synth: %s: %w", path, err)
 	}
-	return f.Close()
+	return nil
 }
 
-func (s *Synth) writeDump(path, modelArgs string) error {
+func (s *Synth) writeDump(out io.Writer, path, modelArgs string) error {
 	h := dump.Header{
 		ModelArgs:      modelArgs,
 		CompressRatios: append([]int{}, s.Cfg.CompressRatios...),
@@ -85,9 +95,9 @@ func (s *Synth) writeDump(path, modelArgs string) error {
 	if s.Fault != nil {
 		h.User = map[string]string{"injected_fault": s.Fault.String()}
 	}
-	w, err := dump.Create(path, h)
+	w, err := dump.NewWriter(out, h)
 	if err != nil {
-		return err
+		return fmt.Errorf("synth: %s: %w", path, err)
 	}
 	fail := func(err error) error {
 		w.Close()

@@ -4,21 +4,20 @@ import (
 	"fmt"
 	"io"
 	"math"
-
 	"os"
 	"path/filepath"
-
 	"strings"
 
 	"sparsemla/dump"
 	"sparsemla/engine"
 	"sparsemla/replay"
+	"sparsemla/userfile"
 )
 
 // write writes the native dump of the faulted copy to path; the weight
 // records of the input's weights file wpath are left out (the file is copied
 // beside it). It returns the tensor records and page records rewritten.
-func (pl *faultPlan) write(path, wpath string) (records, pages int, err error) {
+func (pl *faultPlan) write(out io.Writer, path, wpath string) (records, pages int, err error) {
 	h := pl.d.Header
 	h.User = map[string]string{}
 	for k, v := range pl.d.Header.User {
@@ -29,9 +28,9 @@ func (pl *faultPlan) write(path, wpath string) (records, pages int, err error) {
 	if h.ModelArgs != "" && len(h.CompressRatios) == 0 {
 		h.CompressRatios = append([]int(nil), pl.cfg.CompressRatios...)
 	}
-	w, err := dump.Create(path, h)
+	w, err := dump.NewWriter(out, h)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, fmt.Errorf("fault: %s: %w", path, err)
 	}
 	fail := func(err error) (int, int, error) {
 		w.Close()
@@ -111,69 +110,39 @@ func bitIdentical(a, b engine.Tensor) bool {
 	return true
 }
 
-// checkOutDir checks that dir can receive a faulted copy: new, empty, or
-// holding only the files of a faulted copy or synthetic dump (an earlier copy
-// is replaced); not the directory of the input dump or its weights, nor one
-// inside the input.
-func checkOutDir(dir string, d *dump.Dump, wpath string) error {
-	inputs := map[string]bool{filepath.Dir(wpath): true, d.Path: true}
+// outputGuard holds the inputs of a faulted copy: the dump (file or
+// directory), the directories of its files (a copy inside one would become
+// part of the input, dump.Open reads sub-directories) and the weights file
+// and its directory. The copy's directory must be new, empty or an earlier
+// output of sparsemla (userfile.Guard.CreateDir), and is refused when it is,
+// links to, holds or lies inside any of them (symbolic and hard links
+// resolved: a directory of links to the input's files, as cp -as or cp -al
+// leave, is refused).
+func outputGuard(d *dump.Dump, wpath string) (*userfile.Guard, error) {
+	ins := []string{d.Path, wpath, filepath.Dir(wpath)}
+	seen := map[string]bool{}
 	for _, e := range d.Entries {
-		inputs[filepath.Dir(e.File)] = true
+		if dir := filepath.Dir(e.File); !seen[dir] {
+			seen[dir] = true
+			ins = append(ins, dir)
+		}
 	}
-	absOut, err := filepath.Abs(dir)
+	g, err := userfile.NewGuard(ins...)
 	if err != nil {
-		return fmt.Errorf("fault: %w", err)
+		return nil, fmt.Errorf("fault: %w", err)
 	}
-	for in := range inputs {
-		// A copy inside the input's directory would become part of the
-		// input dump (dump.Open reads sub-directories).
-		if absIn, err := filepath.Abs(in); err == nil {
-			if rel, err := filepath.Rel(absIn, absOut); err == nil && rel != "." && !strings.HasPrefix(rel, "..") {
-				return fmt.Errorf("fault: output directory %s lies inside the input %s; write the copy elsewhere", dir, in)
-			}
-		}
-	}
-	if fi, err := os.Stat(dir); err == nil {
-		if !fi.IsDir() {
-			return fmt.Errorf("fault: output %s is not a directory", dir)
-		}
-		for in := range inputs {
-			if ifi, err := os.Stat(in); err == nil && os.SameFile(fi, ifi) {
-				return fmt.Errorf("fault: output directory %s holds the input dump or its weights; write the copy elsewhere", dir)
-			}
-		}
-		ents, err := os.ReadDir(dir)
-		if err != nil {
-			return fmt.Errorf("fault: %w", err)
-		}
-		for _, e := range ents {
-			switch e.Name() {
-			case SynthConfigFile, SynthWeightsFile, SynthDumpFile:
-			default:
-				return fmt.Errorf("fault: output directory %s holds %s: want a new or empty directory (or an earlier copy to replace)", dir, e.Name())
-			}
-		}
-	}
-	return nil
+	return g, nil
 }
 
-// copyFile copies src to dst.
-func copyFile(dst, src string) error {
-	in, err := os.Open(src)
+// copyFile copies the regular file src to w.
+func copyFile(w io.Writer, src string) error {
+	in, _, err := userfile.Open(src)
 	if err != nil {
 		return fmt.Errorf("fault: %w", err)
 	}
 	defer in.Close()
-	out, err := os.Create(dst)
-	if err != nil {
-		return fmt.Errorf("fault: %w", err)
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
+	if _, err := io.Copy(w, in); err != nil {
 		return fmt.Errorf("fault: copying %s: %w", src, err)
-	}
-	if err := out.Close(); err != nil {
-		return fmt.Errorf("fault: %w", err)
 	}
 	return nil
 }

@@ -3,11 +3,11 @@ package prodkernel
 import (
 	"encoding/json"
 	"fmt"
-	"os"
 	"path/filepath"
 
 	"sparsemla/dump"
 	"sparsemla/engine"
+	"sparsemla/userfile"
 )
 
 // Run is one harness output: kernels-TAG.safetensors (the kernel outputs) and
@@ -39,7 +39,7 @@ type KernelRun struct {
 // Open reads dir/kernels-TAG.json and opens dir/kernels-TAG.safetensors.
 func Open(dir, tag string) (*Run, error) {
 	jp := filepath.Join(dir, "kernels-"+tag+".json")
-	raw, err := os.ReadFile(jp)
+	raw, err := userfile.ReadFile(jp, 16<<20) // a regular file of bounded size
 	if err != nil {
 		return nil, fmt.Errorf("prodkernel: %w", err)
 	}

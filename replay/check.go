@@ -30,6 +30,12 @@ func checkDumpShapes(cfg *engine.Config, d *dump.Dump) error {
 	}
 	for i := range d.Entries {
 		e := &d.Entries[i]
+		// A decode position is below max_seq_len (the model's caches and
+		// RoPE tables hold that many): a record of step 2^63-1 is refused
+		// here, before any row count is computed from it.
+		if (e.Kind == dump.KindStage || e.Kind == dump.KindState) && cfg.MaxSeqLen > 0 && e.Step >= cfg.MaxSeqLen {
+			return fmt.Errorf("config and dump disagree: %s record %d (%s %s) is at step %d, past the config's max_seq_len = %d", e.File, e.Record, e.Key, e.Kind, e.Step, cfg.MaxSeqLen)
+		}
 		if (e.Kind != dump.KindStage && e.Kind != dump.KindState) || e.Layer < 0 || e.Layer >= cfg.NLayers {
 			continue
 		}
@@ -101,12 +107,12 @@ func checkRecordShape(cfg *engine.Config, e *dump.Entry) error {
 	case "icmp_kv_state", "icmp_score_state":
 		return rows(2*DI, 8, "2·index_head_dim columns, at most 8 rows")
 	case "icache":
-		return rows(DI, int((int64(e.Step)+1)/4), fmt.Sprintf("index_head_dim columns, at most (s+1) div 4 rows after step %d", e.Step))
+		return rows(DI, rowsAfter(e.Step, 4), fmt.Sprintf("index_head_dim columns, at most (s+1) div 4 rows after step %d", e.Step))
 	case "kv_cache":
 		W := cfg.WindowSize
 		maxCmp := 0
 		if r > 0 {
-			maxCmp = int((int64(e.Step) + 1) / int64(r))
+			maxCmp = rowsAfter(e.Step, r)
 		}
 		if len(e.Shape) != 2 || e.Shape[1] != D || e.Shape[0] < W || e.Shape[0] > W+maxCmp {
 			if r == 0 {
@@ -117,4 +123,14 @@ func checkRecordShape(cfg *engine.Config, e *dump.Entry) error {
 		}
 	}
 	return nil
+}
+
+// rowsAfter is (step+1) div r, the compressed rows a ratio-r layer holds
+// after step, computed without overflow for any step a dump may claim (a
+// step of 2^63−1 gives 2^61 rows, not a negative count).
+func rowsAfter(step, r int) int {
+	if step < 0 || r <= 0 {
+		return 0
+	}
+	return int((uint64(step) + 1) / uint64(r))
 }

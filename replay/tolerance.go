@@ -5,10 +5,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
-	"os"
 	"sort"
 	"strconv"
 	"strings"
+
+	"sparsemla/userfile"
 )
 
 // TolMode is how one stage's reference and GPU values are judged.
@@ -213,7 +214,7 @@ func (m TolMode) valid() bool {
 //
 // Each named stage's tolerance is replaced as a whole. Unknown fields are errors.
 func (t *Tolerance) LoadToleranceFile(path string) error {
-	b, err := os.ReadFile(path)
+	b, err := userfile.ReadFile(path, MaxToleranceFile)
 	if err != nil {
 		return fmt.Errorf("tolerance file: %w", err)
 	}
@@ -236,11 +237,17 @@ func (t *Tolerance) LoadToleranceFile(path string) error {
 		if !st.Mode.valid() {
 			return fmt.Errorf("tolerance file %s: stage %q: unknown mode %q (exact, ulp, close, set)", path, n, st.Mode)
 		}
+		if err := st.Validate(); err != nil {
+			return fmt.Errorf("tolerance file %s: stage %q: %w", path, n, err)
+		}
 		t.Set(n, st)
 	}
 	if f.Fallback != nil {
 		if !f.Fallback.Mode.valid() {
 			return fmt.Errorf("tolerance file %s: fallback: unknown mode %q", path, f.Fallback.Mode)
+		}
+		if err := f.Fallback.Validate(); err != nil {
+			return fmt.Errorf("tolerance file %s: fallback: %w", path, err)
 		}
 		t.Fallback = *f.Fallback
 	}
@@ -286,7 +293,34 @@ func ParseStageTol(s string) (string, StageTol, error) {
 			return "", StageTol{}, fmt.Errorf("tolerance %q: %s: %w", s, k, err)
 		}
 	}
+	if err := st.Validate(); err != nil {
+		return "", StageTol{}, fmt.Errorf("tolerance %q: %w", s, err)
+	}
 	return name, st, nil
+}
+
+// MaxToleranceFile bounds the size of a --tol file (a real one is a few KiB).
+const MaxToleranceFile = 4 << 20
+
+// Validate checks the numbers of a tolerance: ulp counts non-negative, abs,
+// rel and cos finite and non-negative (a negative or NaN bound would make
+// every comparison fail, or pass, silently).
+func (t StageTol) Validate() error {
+	if t.MaxULP < 0 {
+		return fmt.Errorf("max_ulp = %d must be >= 0", t.MaxULP)
+	}
+	if t.MaxULPNoTable < 0 {
+		return fmt.Errorf("max_ulp_no_gpu_table = %d must be >= 0", t.MaxULPNoTable)
+	}
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"abs", t.Abs}, {"rel", t.Rel}, {"cos", t.Cos}} {
+		if math.IsNaN(f.v) || math.IsInf(f.v, 0) || f.v < 0 {
+			return fmt.Errorf("%s = %v must be finite and >= 0", f.name, f.v)
+		}
+	}
+	return nil
 }
 
 // Judge decides whether metrics m pass under st. gpuTable says whether the RoPE

@@ -104,8 +104,8 @@ func reason(op string, err error) string {
 	default:
 		what = Escape(err.Error())
 	}
-	if op == "" {
-		return what
+	if op == "" || errors.Is(err, fs.ErrNotExist) {
+		return what // "no such file or directory" says it all
 	}
 	return "cannot " + op + ": " + what
 }

@@ -121,6 +121,12 @@ func (g *Guard) Check(out string) error {
 					return refuse(out, "the directory holds the input %s", Escape(in.path))
 				}
 			}
+			// A directory of links to the inputs' files (cp -as, cp -al):
+			// replacing it is harmless with a rename, but it is someone's
+			// view of the input, not an output.
+			if name, in, ok := g.holdsLink(out, 0); ok {
+				return refuse(out, "it holds %s, a link to the input %s", Escape(name), Escape(in))
+			}
 		}
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return Describe(out, err)
@@ -131,6 +137,34 @@ func (g *Guard) Check(out string) error {
 		return refuse(out, "it lies inside the input directory %s", Escape(in))
 	}
 	return nil
+}
+
+// holdsLink reports an entry of dir (or of its sub-directories, a few
+// levels down) that is the same file as an input.
+func (g *Guard) holdsLink(dir string, depth int) (name, in string, ok bool) {
+	ents, err := os.ReadDir(dir)
+	if err != nil || len(g.inputs)+len(g.files) == 0 {
+		return "", "", false
+	}
+	for i, e := range ents {
+		if i >= 10000 {
+			break
+		}
+		p := filepath.Join(dir, e.Name())
+		fi, err := os.Stat(p)
+		if err != nil {
+			continue
+		}
+		if in, ok := g.same(fi); ok {
+			return p, in, true
+		}
+		if fi.IsDir() && depth < 3 {
+			if n, in, ok := g.holdsLink(p, depth+1); ok {
+				return n, in, true
+			}
+		}
+	}
+	return "", "", false
 }
 
 // same reports the input fi is, if any.
@@ -327,6 +361,9 @@ type Dir struct {
 	tmp   string
 	names []string // files written through Create / WriteFile
 	done  bool
+	// inPlace: Path is the destination itself (CreateDirInPlace); created:
+	// the destination did not exist before.
+	inPlace, created bool
 }
 
 // CreateDir starts writing the output directory out. out must pass Check,
@@ -357,10 +394,22 @@ func (g *Guard) CreateDir(out string) (*Dir, error) {
 	return &Dir{g: g, final: filepath.Clean(out), tmp: tmp}, nil
 }
 
+// CheckDir checks, without creating anything, that CreateDir(out) would be
+// accepted (for a command to refuse its output before its work).
+func (g *Guard) CheckDir(out string) error {
+	if err := g.Check(out); err != nil {
+		return err
+	}
+	_, err := replaceable(out)
+	return err
+}
+
 // replaceable checks that out does not exist, is an empty directory, or is
 // a directory made by this package holding exactly what its marker lists.
 // It returns the marker's names (nil when out does not exist or is empty).
-func replaceable(out string) ([]string, error) {
+func replaceable(out string) ([]string, error) { return replaceableAt(out, 0) }
+
+func replaceableAt(out string, depth int) ([]string, error) {
 	lfi, err := os.Lstat(out)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
@@ -401,11 +450,43 @@ func replaceable(out string) ([]string, error) {
 		return nil, refuse(out, "the directory holds files sparsemla did not write (its %s lists %d, it holds %d); give a new or empty directory", Marker, len(want), len(have))
 	}
 	for _, e := range ents {
-		if !e.Type().IsRegular() {
-			return nil, refuse(out, "it holds %s, which sparsemla did not write", Escape(e.Name()))
+		if e.Name() == Marker || e.Type().IsRegular() {
+			continue
 		}
+		// A directory this package made (demo --keep holds two dumps).
+		if e.IsDir() && depth < 4 {
+			if _, err := replaceableAt(filepath.Join(out, e.Name()), depth+1); err == nil {
+				continue
+			}
+		}
+		return nil, refuse(out, "it holds %s, which sparsemla did not write", Escape(e.Name()))
 	}
 	return names, nil
+}
+
+// CreateDirInPlace prepares the output directory out for outputs that are
+// written into it one by one, each replacing only itself (each through its
+// own temporary and rename, e.g. two dumps written by their own CreateDir):
+// out must pass Check and be missing, empty or made by this package; it is
+// created if missing. Path is then out itself; Commit writes the marker
+// listing what was written; Abort removes what was written and out if it
+// was created here. Used where the outputs' paths are printed as they are
+// written (demo --keep).
+func (g *Guard) CreateDirInPlace(out string) (*Dir, error) {
+	if err := g.Check(out); err != nil {
+		return nil, err
+	}
+	if _, err := replaceable(out); err != nil {
+		return nil, err
+	}
+	created := false
+	if _, err := os.Lstat(out); errors.Is(err, fs.ErrNotExist) {
+		if err := os.MkdirAll(out, 0o755); err != nil {
+			return nil, Describe(out, err)
+		}
+		created = true
+	}
+	return &Dir{g: g, final: filepath.Clean(out), tmp: filepath.Clean(out), inPlace: true, created: created}, nil
 }
 
 // Path is the temporary directory the files go to until Commit.
@@ -464,13 +545,20 @@ func (d *Dir) Adopt(name string) error {
 	if err != nil {
 		return Describe(filepath.Join(d.final, name), err)
 	}
-	if !fi.Mode().IsRegular() {
+	if !fi.Mode().IsRegular() && !(fi.IsDir() && d.isOwnDir(name)) {
 		return fmt.Errorf("userfile: %s is %s", Escape(filepath.Join(d.final, name)), TypeName(fi.Mode()))
 	}
 	if !slices.Contains(d.names, name) {
 		d.names = append(d.names, name)
 	}
 	return nil
+}
+
+// isOwnDir reports whether the entry name of the directory is a directory
+// this package made.
+func (d *Dir) isOwnDir(name string) bool {
+	_, err := replaceableAt(filepath.Join(d.tmp, name), 1)
+	return err == nil
 }
 
 // Commit writes the marker, then moves the directory into place: over a
@@ -493,6 +581,15 @@ func (d *Dir) Commit() error {
 		}
 	}
 	slices.Sort(d.names)
+	if d.inPlace {
+		// Everything in out was written here or is an earlier output of
+		// this package (checked by CreateDirInPlace): list it all.
+		if err := d.writeMarker(); err != nil {
+			return err
+		}
+		d.done = true
+		return nil
+	}
 	if err := d.writeMarker(); err != nil {
 		return err
 	}
@@ -562,5 +659,14 @@ func (d *Dir) Abort() {
 		return
 	}
 	d.done = true
+	if d.inPlace {
+		for _, n := range d.names {
+			os.RemoveAll(filepath.Join(d.tmp, n))
+		}
+		if d.created {
+			os.Remove(d.tmp)
+		}
+		return
+	}
 	os.RemoveAll(d.tmp)
 }

@@ -322,3 +322,35 @@ func TestCreateDir(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestCreateDirRefusesLinkedCopy: a copy of an earlier output made with
+// hard links (cp -al, marker included) is someone's view of that output: as
+// an output directory of a command reading the original, it is refused.
+func TestCreateDirRefusesLinkedCopy(t *testing.T) {
+	root := t.TempDir()
+	a := filepath.Join(root, "A")
+	d, err := (&Guard{}).CreateDir(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.WriteFile("dump.smd", 0o644, func(w io.Writer) error { _, err := io.WriteString(w, "x"); return err }); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	b := filepath.Join(root, "B")
+	os.Mkdir(b, 0o755)
+	for _, n := range []string{"dump.smd", Marker} {
+		if err := os.Link(filepath.Join(a, n), filepath.Join(b, n)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g, _ := NewGuard(a)
+	if _, err := g.CreateDir(b); !errors.Is(err, ErrOutput) || !strings.Contains(err.Error(), "a link to the input") {
+		t.Errorf("hard-linked copy: %v", err)
+	}
+	if _, err := (&Guard{}).CreateDir(b); err != nil {
+		t.Errorf("without the input in the guard the copy is an earlier output: %v", err)
+	}
+}

@@ -23,6 +23,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
 
@@ -61,6 +62,11 @@ type badCase struct {
 	Want []string `json:"want"`
 	// MaxAllocMB bounds the bytes the command may allocate (default 256).
 	MaxAllocMB int `json:"max_alloc_mb,omitempty"`
+	// MaxRSSMB bounds the peak resident memory the command adds (default
+	// 256; measured with the kernel's high-water mark, see peakMeter).
+	MaxRSSMB int `json:"max_rss_mb,omitempty"`
+	// MaxSeconds bounds the command's wall time (default 20).
+	MaxSeconds int `json:"max_seconds,omitempty"`
 }
 
 func loadBadCases(t *testing.T) []badCase {
@@ -85,18 +91,53 @@ func loadBadCases(t *testing.T) []badCase {
 	return cases
 }
 
-// checkRun runs args and checks the exit code, the output shape and the
-// allocation bound; it returns what is wrong (nil when all is well).
-func checkRun(t *testing.T, args []string, exit int, want []string, maxAllocMB int) []string {
+// runBounds are the resource bounds of one bad-input run.
+type runBounds struct {
+	allocMB, rssMB, seconds int
+	inputs                  []string // paths whose bytes the run must not change
+}
+
+// checkRun runs args and checks the exit code, the output shape, the
+// allocation, peak-memory and time bounds, and that no byte of the inputs
+// changed; it returns what is wrong (nil when all is well).
+func checkRun(t *testing.T, args []string, exit int, want []string, bounds runBounds) []string {
 	t.Helper()
+	maxAllocMB := bounds.allocMB
 	if maxAllocMB == 0 {
 		maxAllocMB = 256
 	}
+	if bounds.rssMB == 0 {
+		bounds.rssMB = 256
+	}
+	if bounds.seconds == 0 {
+		bounds.seconds = 20
+	}
+	before0 := snapshot(bounds.inputs...)
 	var before, after runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&before)
-	code, out, e := rpRun(args...)
+	peak := startPeak()
+	type result struct {
+		code   int
+		out, e string
+	}
+	done := make(chan result, 1)
+	start := time.Now()
+	go func() {
+		code, out, e := rpRun(args...)
+		done <- result{code, out, e}
+	}()
+	var res result
+	select {
+	case res = <-done:
+	case <-time.After(time.Duration(bounds.seconds) * time.Second):
+		// The run is left behind (a goroutine cannot be stopped): the case fails.
+		return []string{fmt.Sprintf("%v: still running after %d s (bound)", args, bounds.seconds)}
+	}
+	elapsed := time.Since(start)
+	rss := peak.addedMB()
 	runtime.ReadMemStats(&after)
+	code, out, e := res.code, res.out, res.e
 	alloc := after.TotalAlloc - before.TotalAlloc
 	if testing.Verbose() && os.Getenv("SPARSEMLA_BAD_SHOW") != "" {
 		t.Logf("%v: exit %d\nstdout:\n%s\nstderr:\n%s", args, code, clip(out), e)
@@ -111,6 +152,15 @@ func checkRun(t *testing.T, args []string, exit int, want []string, maxAllocMB i
 	}
 	if alloc > uint64(maxAllocMB)<<20 {
 		errorf("%v: allocated %d MiB, bound %d MiB", args, alloc>>20, maxAllocMB)
+	}
+	if rss > int64(bounds.rssMB) {
+		errorf("%v: peak RSS grew by %d MiB, bound %d MiB", args, rss, bounds.rssMB)
+	}
+	if testing.Verbose() && os.Getenv("SPARSEMLA_BAD_SHOW") != "" {
+		t.Logf("%v: %v, %d MiB allocated, peak RSS +%d MiB", args, elapsed.Round(time.Millisecond), alloc>>20, rss)
+	}
+	if changed := snapshotDiff(before0, snapshot(bounds.inputs...)); len(changed) > 0 {
+		errorf("%v: changed its inputs: %v", args, changed)
 	}
 	text := out
 	if exit == exitError {
@@ -166,7 +216,7 @@ func TestBadCorpus(t *testing.T) {
 			for i, w := range c.Want {
 				want[i] = strings.ReplaceAll(w, "{name}", filepath.Base(in))
 			}
-			bad := checkRun(t, args, c.Exit, want, c.MaxAllocMB)
+			bad := checkRun(t, args, c.Exit, want, runBounds{allocMB: c.MaxAllocMB, rssMB: c.MaxRSSMB, seconds: c.MaxSeconds, inputs: []string{in, base}})
 			tried++
 			switch {
 			case c.KnownBug == "":
@@ -888,6 +938,9 @@ func writeBadCorpus(t *testing.T, dir string) map[string][]byte {
 		"config_bad_json.json": []byte(`{"dim": 256, "n_heads": `),
 		"config_zero_heads.json": []byte(`{"dim": 256, "n_layers": 2, "n_heads": 0, "head_dim": 512, "rope_head_dim": 64, "q_lora_rank": 128, ` +
 			`"o_groups": 2, "o_lora_rank": 128, "window_size": 128, "compress_ratios": [0, 4]}`),
+	}
+	for name, b := range claimCorpus() {
+		files[name] = b
 	}
 	for name, b := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {

@@ -11,6 +11,7 @@ import (
 	"sparsemla/engine"
 	"sparsemla/fault"
 	"sparsemla/replay"
+	"sparsemla/userfile"
 )
 
 func init() {
@@ -33,7 +34,7 @@ with 'sparsemla synth' and 'sparsemla replay'.`
 // failure DeepSeek-V4 serving stacks report most, tools-and-formats.md §3.5).
 var demoFault = fault.Fault{Kind: fault.StalePrefix, Step: 9, Layer: 3}
 
-func runDemo(args []string, stdout, stderr io.Writer) int {
+func runDemo(args []string, stdout, stderr io.Writer) (code int) {
 	fs := rpFlagSet("demo", "demo [--keep DIR] [--reference]", demoDoc, stderr)
 	keep := fs.String("keep", "", "write the dumps into DIR and keep them (default: a temporary directory, removed)")
 	reference := fs.Bool("reference", false, referenceUsage)
@@ -48,6 +49,22 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 			return rpFail(stderr, "demo", err)
 		}
 		defer os.RemoveAll(dir)
+	} else {
+		// --keep DIR: a new or empty directory, or an earlier demo's; the two
+		// dumps are written into it one by one (each through a temporary
+		// directory), and it is marked as sparsemla's when both are there.
+		kd, err := (&userfile.Guard{}).CreateDirInPlace(dir)
+		if err != nil {
+			return rpFail(stderr, "demo", err)
+		}
+		defer kd.Abort()
+		defer func() {
+			if code == exitOK {
+				if err := kd.Commit(); err != nil {
+					code = rpFail(stderr, "demo", err)
+				}
+			}
+		}()
 	}
 	const prefill, steps, seed = 6, 8, 1
 	fmt.Fprintf(stdout, "sparsemla demo: tiny synthetic model (layers r = 0, 4, 128, 4), decode steps %d..%d after a %d-token prefill, seed %d\n",

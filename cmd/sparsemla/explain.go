@@ -33,20 +33,20 @@ func runExplain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "Usage: sparsemla explain [--config tiny|flash|pro] [--layer L] [--step P] [--seed N]\n\n%s", explainDoc)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if err == flag.ErrHelp {
-			return exitOK
-		}
+	pos, err := rpParseArgs(fs, args)
+	if err == flag.ErrHelp {
+		return exitOK
+	}
+	if err != nil {
 		return exitError
 	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "explain: unexpected argument %q\n", fs.Arg(0))
+	if len(pos) > 0 {
+		rpUsageError(fs, fmt.Sprintf("unexpected argument %q", pos[0]))
 		return exitError
 	}
 	cfg, err := engine.Preset(*cfgName)
 	if err != nil {
-		fmt.Fprintf(stderr, "explain: %v\n", err)
-		return exitError
+		return rpFail(stderr, "explain", err)
 	}
 	if *layer < 0 {
 		for l := 0; l < cfg.NLayers; l++ {
@@ -60,19 +60,18 @@ func runExplain(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	if *layer >= cfg.NLayers {
-		fmt.Fprintf(stderr, "explain: layer %d outside the model (%d layers)\n", *layer, cfg.NLayers)
-		return exitError
+		return rpFail(stderr, "explain", fmt.Errorf("--layer %d: outside the model (%d layers)", *layer, cfg.NLayers))
 	}
-	if *step <= 0 || *step > 1<<20 {
-		fmt.Fprintf(stderr, "explain: --step %d: a decode position is 1 … 1048576\n", *step)
-		return exitError
+	// The state holds tokens 0 … p−1 and the model's RoPE tables and caches
+	// cover max_seq_len positions: p < max_seq_len.
+	if *step <= 0 || *step >= int64(cfg.MaxSeqLen) {
+		return rpFail(stderr, "explain", fmt.Errorf("--step %d: a decode position of the %s config is 1 … %d (max_seq_len = %d)", *step, *cfgName, cfg.MaxSeqLen-1, cfg.MaxSeqLen))
 	}
 	if *nvals < 1 {
 		*nvals = 1
 	}
 	if err := engine.Explain(stdout, cfg, *cfgName, *layer, *step, *seed, *nvals); err != nil {
-		fmt.Fprintf(stderr, "explain: %v\n", err)
-		return exitError
+		return rpFail(stderr, "explain", err)
 	}
 	return exitOK
 }

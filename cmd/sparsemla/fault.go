@@ -63,7 +63,7 @@ func runFault(args []string, stdout, stderr io.Writer) int {
 		pos = nil
 	}
 	if len(pos) != 0 || *in == "" || *out == "" || *faultFlag == "" {
-		fs.Usage()
+		rpUsageError(fs, "want one input dump, --out DIR and --fault KIND@STEP,LAYER")
 		return exitError
 	}
 	flt, err := fault.Parse(*faultFlag)

@@ -140,8 +140,8 @@ func TestFaultCommandErrors(t *testing.T) {
 		{[]string{"--in", long, "--fault", "fp8-scale@200,0"}, "not a dumped decode step"},
 		{[]string{"--in", tiny, "--fault", "gremlins@3,1"}, "unknown kind"},
 		{[]string{"--in", filepath.Join(tiny, "no-such-dump"), "--fault", "wrong-lse@3,1"}, "no-such-dump"},
-		{[]string{"--fault", "wrong-lse@3,1"}, "usage: sparsemla fault"},
-		{[]string{"--in", tiny}, "usage: sparsemla fault"},
+		{[]string{"--fault", "wrong-lse@3,1"}, "see 'sparsemla fault --help'"},
+		{[]string{"--in", tiny}, "see 'sparsemla fault --help'"},
 	}
 	for _, c := range cases {
 		out := filepath.Join(t.TempDir(), "faulted")
@@ -152,7 +152,7 @@ func TestFaultCommandErrors(t *testing.T) {
 		if !strings.Contains(e, c.want) {
 			t.Errorf("%v: stderr does not say %q:\n%s", c.args, c.want, e)
 		}
-		if !strings.HasPrefix(c.want, "usage") && strings.Count(strings.TrimSpace(e), "\n") != 0 {
+		if strings.Count(strings.TrimSpace(e), "\n") != 0 {
 			t.Errorf("%v: error is not one line: %q", c.args, e)
 		}
 		if _, err := os.Stat(out); err == nil {

@@ -20,6 +20,14 @@ import (
 // error line for exit 2, and never owe a skipped stage to a recovered
 // runtime panic (a reason naming "runtime error" means a stage trusted a
 // dumped shape it should have checked).
+//
+// Each execution writes and replays a whole synthetic dump (about 100 ms:
+// the weights are loaded and packed every time), so the target runs 13 to
+// 60 executions in .ci/run's 10 s on the 2-core VM (the baseline coverage
+// of its corpus takes 2-6 s of it), not the 10k of the decoders: it is a
+// smoke test of the replay on mutated dumps, not a fuzzer that explores;
+// its own minimum only says that it executed at all:
+// fuzz: min-execs 5
 func FuzzReplay(f *testing.F) {
 	f.Add([]byte{})
 	f.Add([]byte{0, 10, 3, 200})

@@ -107,32 +107,32 @@ func runInspect(args []string, stdout, stderr io.Writer) int {
 		return exitError
 	}
 	if len(pos) != 1 {
-		fmt.Fprintln(stderr, "sparsemla inspect: want exactly one DUMP argument (see --help)")
+		rpUsageError(fs, fmt.Sprintf("want exactly one DUMP argument, got %d", len(pos)))
 		return exitError
 	}
 	var re *regexp.Regexp
 	if *filter != "" {
 		if re, err = regexp.Compile(*filter); err != nil {
-			fmt.Fprintf(stderr, "sparsemla inspect: --filter: %v\n", err)
+			rpFail(stderr, "inspect", fmt.Errorf("--filter: %w", err))
 			return exitError
 		}
 	}
 	var m *dump.NameMap
 	if *mapFile != "" {
 		if m, err = dump.LoadNameMap(*mapFile); err != nil {
-			fmt.Fprintf(stderr, "sparsemla inspect: %v\n", err)
+			rpFail(stderr, "inspect", err)
 			return exitError
 		}
 	}
 	d, err := dump.OpenMapped(pos[0], m)
 	if err != nil {
-		fmt.Fprintf(stderr, "sparsemla inspect: %v\n", err)
+		rpFail(stderr, "inspect", err)
 		return exitError
 	}
 	defer d.Close()
 	rep, err := buildInspect(d, re, !*indexOnly)
 	if err != nil {
-		fmt.Fprintf(stderr, "sparsemla inspect: %v\n", err)
+		rpFail(stderr, "inspect", err)
 		return exitError
 	}
 	if *asJSON {
@@ -142,7 +142,7 @@ func runInspect(args []string, stdout, stderr io.Writer) int {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		if err := enc.Encode(rep); err != nil {
-			fmt.Fprintf(stderr, "sparsemla inspect: %v\n", err)
+			rpFail(stderr, "inspect", err)
 			return exitError
 		}
 		return exitOK

@@ -14,6 +14,7 @@ import (
 	"sparsemla/htmlreport"
 	"sparsemla/kvcache"
 	"sparsemla/prefixcheck"
+	"sparsemla/userfile"
 )
 
 func init() {
@@ -90,7 +91,7 @@ func runPrefix(args []string, stdout, stderr io.Writer) int {
 	var tr *prefixcheck.Trace
 	var cfg prefixcheck.Config
 	if *events || isEventStream(in) {
-		f, err := os.Open(in)
+		f, _, err := userfile.Open(in) // a regular file: a FIFO or device is refused at once
 		if err != nil {
 			return fail(err)
 		}
@@ -180,9 +181,11 @@ func runPrefix(args []string, stdout, stderr io.Writer) int {
 		}
 		if err := htmlreport.WritePrefix(fh, rep); err != nil {
 			fh.Close()
+			os.Remove(*htmlOut) // made here (O_EXCL): nothing partial is left
 			return fail(err)
 		}
 		if err := fh.Close(); err != nil {
+			os.Remove(*htmlOut)
 			return fail(err)
 		}
 	}
@@ -208,7 +211,7 @@ func isEventStream(path string) bool {
 	case ".smd", ".safetensors", ".npy", ".npz", ".pt", ".pth", ".bin":
 		return false
 	}
-	f, err := os.Open(path)
+	f, _, err := userfile.Open(path) // never blocks on a FIFO
 	if err != nil {
 		return false
 	}

@@ -10,6 +10,7 @@ import (
 	"sparsemla/dump"
 	"sparsemla/fault"
 	"sparsemla/prefixcheck"
+	"sparsemla/userfile"
 )
 
 const prefixSynthUsage = "synth --prefix SCENARIO --out FILE [--form events|native] [--requests N] [--seed S] [--page N] [--capacity TOKENS] [--resume-at-end-only] [--fault KIND@N]"
@@ -90,7 +91,8 @@ func runPrefixSynth(args []string, stdout, stderr io.Writer) int {
 		if err != nil {
 			return fail(err)
 		}
-		if err := os.WriteFile(*out, data, 0o644); err != nil {
+		// Through a temporary and a rename: a full disk leaves nothing partial.
+		if err := (&userfile.Guard{}).WriteFile(*out, 0o644, func(w io.Writer) error { _, err := w.Write(data); return err }); err != nil {
 			return fail(err)
 		}
 		if faultID != "" {

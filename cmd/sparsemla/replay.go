@@ -13,6 +13,7 @@ import (
 	"sparsemla/dump"
 	"sparsemla/engine"
 	"sparsemla/replay"
+	"sparsemla/userfile"
 )
 
 func init() {
@@ -152,13 +153,60 @@ func rpProgress(stderr io.Writer, label string) func(done, total int) {
 
 // fail prints one error line and returns the error exit code.
 func rpFail(stderr io.Writer, cmd string, err error) int {
-	msg := strings.TrimPrefix(err.Error(), cmd+": ")
+	msg := strings.TrimPrefix(errLine(err), cmd+": ")
 	var pe *rpParseErr
 	if errors.As(err, &pe) {
-		msg = pe.msg
+		msg = userfile.Escape(pe.msg)
 	}
 	fmt.Fprintf(stderr, "sparsemla %s: %s\n", cmd, msg)
 	return exitError
+}
+
+// errLine is err as exactly one line: errors joined with errors.Join (at
+// any depth of %w wrapping) are joined with "; ", and every control
+// character left (a newline or an escape code in a file name or a value)
+// is escaped (userfile.Escape), so that no input can forge a line or
+// colour the terminal.
+func errLine(err error) string {
+	return userfile.Escape(joinedText(err))
+}
+
+// joinedText is err.Error() with the parts of an errors.Join joined by "; "
+// instead of newlines. A wrapper's own text around a joined error is kept:
+// the wrapper's message is split at the joined error's text.
+func joinedText(err error) string {
+	switch u := err.(type) {
+	case interface{ Unwrap() []error }:
+		var parts []string
+		for _, e := range u.Unwrap() {
+			if e != nil {
+				parts = append(parts, joinedText(e))
+			}
+		}
+		if err.Error() == joinedRaw(u.Unwrap()) { // errors.Join, not fmt.Errorf with several %w
+			return strings.Join(parts, "; ")
+		}
+	case interface{ Unwrap() error }:
+		inner := u.Unwrap()
+		if inner != nil {
+			msg, in := err.Error(), inner.Error()
+			if i := strings.LastIndex(msg, in); i >= 0 && strings.Contains(in, "\n") {
+				return msg[:i] + joinedText(inner) + msg[i+len(in):]
+			}
+		}
+	}
+	return err.Error()
+}
+
+// joinedRaw is what errors.Join prints for errs.
+func joinedRaw(errs []error) string {
+	var parts []string
+	for _, e := range errs {
+		if e != nil {
+			parts = append(parts, e.Error())
+		}
+	}
+	return strings.Join(parts, "\n")
 }
 
 type rpParseErr struct{ msg string }
@@ -180,28 +228,50 @@ func rpFlagSet(name, usageLine, doc string, stderr io.Writer) *flag.FlagSet {
 // rpArgs parses args (flags before or after the positional arguments) and
 // checks that there are exactly npos positional arguments and, when ready is
 // not nil, that ready() holds after parsing (the command's required flags).
-// When ok is false the command returns code: 0 after --help, 2 otherwise (the
-// usage has been printed).
+// When ok is false the command returns code: 0 after --help (the usage has
+// been printed), 2 otherwise (one error line has been printed).
 func rpArgs(fs *flag.FlagSet, args []string, npos int, ready func() bool) (pos []string, code int, ok bool) {
 	pos, err := rpParseArgs(fs, args)
 	if err == flag.ErrHelp {
 		return nil, exitOK, false
 	}
 	if err != nil {
-		return nil, exitError, false // the flag package printed the error and the usage
+		return nil, exitError, false // rpParseArgs printed the error line
 	}
-	if len(pos) != npos || (ready != nil && !ready()) {
-		fs.Usage()
+	if len(pos) != npos {
+		rpUsageError(fs, fmt.Sprintf("want %d argument(s), got %d", npos, len(pos)))
+		return nil, exitError, false
+	}
+	if ready != nil && !ready() {
+		rpUsageError(fs, "a required flag is missing")
 		return nil, exitError, false
 	}
 	return pos, exitOK, true
 }
 
+// rpUsageError prints one error line about the command line of fs.
+func rpUsageError(fs *flag.FlagSet, msg string) {
+	fmt.Fprintf(fs.Output(), "sparsemla %s: %s (see 'sparsemla %s --help')\n", fs.Name(), userfile.Escape(msg), fs.Name())
+}
+
 // rpParseArgs parses flags placed before or after the positional arguments.
+// A bad flag is one error line on fs's output (not the flag package's
+// error and usage); --help prints the usage and returns flag.ErrHelp.
 func rpParseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
+	usage, out := fs.Usage, fs.Output()
+	fs.Usage = func() {}
+	fs.SetOutput(io.Discard)
+	defer func() { fs.Usage = usage; fs.SetOutput(out) }()
 	var pos []string
 	for {
 		if err := fs.Parse(args); err != nil {
+			fs.Usage = usage
+			fs.SetOutput(out)
+			if err == flag.ErrHelp {
+				usage()
+			} else {
+				rpUsageError(fs, err.Error())
+			}
 			return nil, err
 		}
 		rest := fs.Args()
@@ -270,24 +340,49 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 	return rpExit(rep)
 }
 
+// Limits of --steps: a decode position is below maxStepValue (2^31, far
+// past any max_seq_len), and one command line names at most maxSteps steps.
+const (
+	maxStepValue = 1 << 31
+	maxSteps     = 1 << 21
+)
+
 // parseSteps parses --steps: "P", "A-B" or a comma list of both; "" is nil
-// (every step).
+// (every step). Every step is in 0 … maxStepValue−1 and the list names at
+// most maxSteps steps (counting repeats), so that no flag can make the loop
+// wrap or the list take gigabytes.
 func parseSteps(s string) ([]int64, error) {
 	if s == "" {
 		return nil, nil
 	}
 	var out []int64
+	step := func(part, tok string) (int64, error) {
+		v, err := strconv.ParseInt(strings.TrimSpace(tok), 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("--steps %q: %q is not a step", s, part)
+		}
+		if v < 0 || v >= maxStepValue {
+			return 0, fmt.Errorf("--steps %q: step %d is out of range (0 … %d)", s, v, maxStepValue-1)
+		}
+		return v, nil
+	}
 	for _, part := range strings.Split(s, ",") {
 		lo, hi, isRange := strings.Cut(part, "-")
-		a, err := strconv.ParseInt(strings.TrimSpace(lo), 10, 64)
+		a, err := step(part, lo)
 		if err != nil {
-			return nil, fmt.Errorf("--steps %q: %q is not a step", s, part)
+			return nil, err
 		}
 		b := a
 		if isRange {
-			if b, err = strconv.ParseInt(strings.TrimSpace(hi), 10, 64); err != nil || b < a || b-a > 1<<20 {
+			if b, err = step(part, hi); err != nil {
+				return nil, err
+			}
+			if b < a {
 				return nil, fmt.Errorf("--steps %q: %q is not a range A-B with A <= B", s, part)
 			}
+		}
+		if b-a+1 > int64(maxSteps-len(out)) {
+			return nil, fmt.Errorf("--steps %q: names more than %d steps", s, maxSteps)
 		}
 		for p := a; p <= b; p++ {
 			out = append(out, p)

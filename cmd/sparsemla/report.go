@@ -4,10 +4,10 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
 
 	"sparsemla/htmlreport"
 	"sparsemla/replay"
+	"sparsemla/userfile"
 )
 
 func init() {
@@ -33,6 +33,16 @@ func runReport(args []string, stdout, stderr io.Writer) int {
 	if !ok {
 		return code
 	}
+	// The page must not replace any input (report D --html D/weights.safetensors
+	// would destroy the weights): refused before anything runs, written
+	// through a temporary file and a rename.
+	g, err := rpOutputGuard(pos[0], &f)
+	if err != nil {
+		return rpFail(stderr, "report", err)
+	}
+	if err := g.Check(*out); err != nil {
+		return rpFail(stderr, "report", err)
+	}
 	tol, err := f.tolerance()
 	if err != nil {
 		return rpFail(stderr, "report", err)
@@ -52,15 +62,7 @@ func runReport(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return rpFail(stderr, "report", err)
 	}
-	fh, err := os.Create(*out)
-	if err != nil {
-		return rpFail(stderr, "report", err)
-	}
-	if err := htmlreport.Write(fh, rep); err != nil {
-		fh.Close()
-		return rpFail(stderr, "report", err)
-	}
-	if err := fh.Close(); err != nil {
+	if err := g.WriteFile(*out, 0o644, func(w io.Writer) error { return htmlreport.Write(w, rep) }); err != nil {
 		return rpFail(stderr, "report", err)
 	}
 	if f.json {
@@ -74,4 +76,14 @@ func runReport(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	return rpExit(rep)
+}
+
+// rpOutputGuard records the inputs of a command that reads the dump at path
+// with flags f: the dump, its weights file, the tolerance and name-map files.
+func rpOutputGuard(path string, f *replayFlags) (*userfile.Guard, error) {
+	ins := []string{path, f.weights, f.tolFile, f.mapFile}
+	if w, err := replay.FindWeights(path, f.weights); err == nil {
+		ins = append(ins, w)
+	}
+	return userfile.NewGuard(ins...)
 }

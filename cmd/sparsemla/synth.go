@@ -5,6 +5,7 @@ import (
 	"io"
 
 	"sparsemla/fault"
+	"sparsemla/userfile"
 )
 
 func init() {
@@ -45,6 +46,11 @@ func runSynth(args []string, stdout, stderr io.Writer) int {
 	faultFlag := fs.String("fault", "", "inject a fault, KIND@step,layer (see above)")
 	if _, code, ok := rpArgs(fs, args, 0, func() bool { return *out != "" }); !ok {
 		return code
+	}
+	// Refuse a directory that is not new, empty or an earlier output before
+	// the work (Write checks again, and writes through a temporary).
+	if err := (&userfile.Guard{}).CheckDir(*out); err != nil {
+		return rpFail(stderr, "synth", err)
 	}
 	opt := fault.SynthOptions{Config: *cfg, Prefill: *prefill, Steps: *steps, Seed: *seed}
 	if *faultFlag != "" {
