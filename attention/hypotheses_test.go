@@ -143,7 +143,7 @@ func TestMergeHypotheses(t *testing.T) {
 		t.Errorf("unscaled merge within %.3f ulps of the reference", u)
 	}
 	for name, f := range map[string]func(){
-		"base-e": func() { MergePartialsBaseE(o, parts, sink, d) },
+		"base-e":   func() { MergePartialsBaseE(o, parts, sink, d) },
 		"no total": func() { MergePartialsNoTotal(o, parts, sink, d) },
 	} {
 		f()
