@@ -24,7 +24,10 @@ import (
 //	o_h = bf16( Σ_i P_i·K_i )              fp32 accumulation, list order
 //
 // A sink of −∞ leaves the sink column out. Shapes as SparseAttn; −1 entries
-// carry no key.
+// carry no key. With both roundings this is Hugging Face transformers' eager
+// attention on bf16 tensors (matmul(q, kᵀ)·scaling in bf16, the sink
+// concatenated as a logit column, softmax(dtype=float32).to(bf16), matmul
+// with V accumulated in fp32).
 func sparseAttnNaive(o, q, kv []float32, d int, idx []int32, sink []float32, scale float32, bf16Logits, bf16Probs bool) {
 	heads := checkAttn(q, kv, d, idx)
 	if len(o) != len(q) || len(sink) != heads {
