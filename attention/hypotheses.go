@@ -296,3 +296,70 @@ func (c *Compressor) PoolAtF32(dst []float32, prev *CompressorState, a, b []floa
 		dst[ch] = acc
 	}
 }
+
+// RMSNormHF is RMSNorm the way Hugging Face's LlamaRMSNorm-style modules
+// compute it on bf16 tensors: the normalised value is rounded to bf16
+// before the weight multiplies it,
+//
+//	y_i = bf16( w_i · bf16( x_i · f32(1/sqrt(mean_k x_k² + eps)) ) )
+//
+// where the reference rounds once (RMSNorm). Shapes as RMSNorm.
+func RMSNormHF(y, x, w []float32, eps float32) {
+	n := len(x)
+	if len(w) != n || len(y) != n {
+		panic("attention: RMSNormHF length mismatch")
+	}
+	var ss float32
+	for _, v := range x {
+		ss += float32(v * v)
+	}
+	rs := rsqrt(ss/float32(n) + eps)
+	for i, v := range x {
+		y[i] = quant.BF16Round(w[i] * quant.BF16Round(float32(v*rs)))
+	}
+}
+
+// HeadRMSF32 is the per-head query norm computed in fp32 with one rounding
+// at the end, q_i = bf16(q_i · f32(1/sqrt(mean_k q_k² + eps))), where the
+// reference (HeadRMS) rounds every op to bf16 as torch does on a bf16
+// tensor (an engine that fuses the norm into one fp32 kernel).
+func HeadRMSF32(q []float32, d int, eps float32) {
+	if d <= 0 || len(q)%d != 0 {
+		panic("attention: HeadRMSF32 length not a multiple of the head dim")
+	}
+	for h := 0; h < len(q)/d; h++ {
+		qh := q[h*d : (h+1)*d]
+		var ss float32
+		for _, v := range qh {
+			ss += float32(v * v)
+		}
+		rs := rsqrt(ss/float32(d) + eps)
+		for i, v := range qh {
+			qh[i] = quant.BF16Round(float32(v * rs))
+		}
+	}
+}
+
+// ApplyRopeHalf rotates the 64 rope dims v the GPT-NeoX way (rotate_half):
+// pair i is (v[i], v[i+32]) instead of the interleaved (v[2i], v[2i+1]) of
+// the reference (ApplyRope), with the same angles, fused products and bf16
+// rounding. A kernel written for the other convention gives this.
+func (tb *RopeTable) ApplyRopeHalf(v []float32, pos int64, inverse bool) {
+	if len(v) != RopeDims {
+		panic("attention: ApplyRopeHalf needs the 64 rope dims")
+	}
+	if pos < 0 || pos >= int64(tb.T) {
+		panic("attention: ApplyRopeHalf position outside the table")
+	}
+	cs := tb.Cos[pos*RopePairs : (pos+1)*RopePairs]
+	sn := tb.Sin[pos*RopePairs : (pos+1)*RopePairs]
+	for i := 0; i < RopePairs; i++ {
+		c, s := cs[i], sn[i]
+		if inverse {
+			s = -s
+		}
+		x0, x1 := v[i], v[i+RopePairs]
+		v[i] = quant.BF16Round(fma32(x0, c, -float32(x1*s)))
+		v[i+RopePairs] = quant.BF16Round(fma32(x0, s, float32(x1*c)))
+	}
+}

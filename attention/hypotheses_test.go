@@ -346,3 +346,42 @@ func TestRopeDiffOneElement(t *testing.T) {
 		t.Fatalf("differ %d over %d, want 2 and 2", d.Differ, d.Over)
 	}
 }
+
+func TestNormAndRopeHypotheses(t *testing.T) {
+	rng := rand.New(rand.NewPCG(21, 1))
+	x, w := make([]float32, 512), make([]float32, 512)
+	for i := range x {
+		x[i] = quant.BF16Round(float32(rng.NormFloat64()))
+		w[i] = quant.BF16Round(float32(1 + 0.3*rng.NormFloat64()))
+	}
+	a, b := make([]float32, 512), make([]float32, 512)
+	RMSNorm(a, x, w, NormEps)
+	RMSNormHF(b, x, w, NormEps)
+	if maxULP(a, b) == 0 {
+		t.Error("RMSNormHF equals RMSNorm")
+	}
+	if u := maxULP(a, b); u > 2 {
+		t.Errorf("RMSNormHF %d ulps from RMSNorm: more than its extra rounding allows", u)
+	}
+	q1 := append([]float32(nil), x...)
+	q2 := append([]float32(nil), x...)
+	HeadRMS(q1, 128, NormEps)
+	HeadRMSF32(q2, 128, NormEps)
+	if maxULP(q1, q2) == 0 {
+		t.Error("HeadRMSF32 equals HeadRMS")
+	}
+	// NeoX rotation = interleaved rotation of the permuted vector.
+	tb := testRope()
+	v := append([]float32(nil), x[:64]...)
+	perm := make([]float32, 64)
+	for i := 0; i < 32; i++ {
+		perm[2*i], perm[2*i+1] = v[i], v[i+32]
+	}
+	tb.ApplyRopeHalf(v, 77, false)
+	tb.ApplyRope(perm, 77, false)
+	for i := 0; i < 32; i++ {
+		if v[i] != perm[2*i] || v[i+32] != perm[2*i+1] {
+			t.Fatalf("pair %d: half-split rotation is not the interleaved one on the permuted pairs", i)
+		}
+	}
+}
