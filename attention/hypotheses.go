@@ -363,3 +363,31 @@ func (tb *RopeTable) ApplyRopeHalf(v []float32, pos int64, inverse bool) {
 		v[i+RopePairs] = quant.BF16Round(fma32(x0, s, float32(x1*c)))
 	}
 }
+
+// HalfSplit splits an index list into two split-K pieces, [0, h) and
+// [h, len), where h is the list position after which half of the valid
+// (non −1) entries have been seen, so both pieces hold keys; it returns the
+// bounds [0, h, len], or nil when fewer than two entries are valid. It is
+// the split the synthetic GPU and the faulted copies use when a dump holds
+// no split_bounds.
+func HalfSplit(idx []int32) []int64 {
+	valid := 0
+	for _, v := range idx {
+		if v >= 0 {
+			valid++
+		}
+	}
+	if valid < 2 {
+		return nil
+	}
+	seen := 0
+	for i, v := range idx {
+		if v >= 0 {
+			seen++
+		}
+		if seen == valid/2 {
+			return []int64{0, int64(i + 1), int64(len(idx))}
+		}
+	}
+	return nil
+}
