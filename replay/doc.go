@@ -51,7 +51,7 @@
 //
 // A Report holds every stage result, the summary, the verdict and the first
 // divergence; WriteText prints it for people, WriteJSON as the
-// sparsemla.replay/v1 object documented in docs/replay-json.md (every key
+// sparsemla.replay/v2 object documented in docs/replay-json.md (every key
 // path is listed in testdata/replay-schema.golden). Package htmlreport draws
 // it as an HTML page. Output is deterministic: (step, layer) units run in
 // parallel and are assembled in order, so a report is byte-identical at any

@@ -12,7 +12,7 @@ import (
 
 // SchemaVersion names the JSON schema of Report (docs/replay-json.md). It
 // changes only when a field changes meaning or disappears.
-const SchemaVersion = "sparsemla.replay/v1"
+const SchemaVersion = "sparsemla.replay/v2"
 
 // Report is the outcome of a replay, diff or bisect: every stage comparison in
 // replay order and the first divergence with its diagnosis. Its JSON form is
@@ -28,12 +28,56 @@ type Report struct {
 	Steps         []int64       `json:"steps"`             // decode steps in the dump
 	Layers        []int         `json:"layers"`
 	StepsReplayed int           `json:"steps_replayed"`
-	Verdict       string        `json:"verdict"` // agree | diverged
+	Verdict       string        `json:"verdict"` // agree | diverged | incomplete (VerdictAgree, …)
 	Summary       Summary       `json:"summary"`
+	Coverage      Coverage      `json:"coverage"`
 	First         *Divergence   `json:"first_divergence"`  // null when agree
 	Referee       *Referee      `json:"referee,omitempty"` // diff with weights
 	Probes        []Probe       `json:"probes,omitempty"`  // bisect: the steps probed, in order
 	Results       []StageResult `json:"stages"`
+}
+
+// The verdicts of a report. "agree" is given only when every stage of the
+// requested steps and layers that the dump holds (and the reference defines)
+// was compared and none was out of tolerance; "incomplete" when none was out
+// of tolerance but something the dump holds was not compared
+// (Coverage.NotChecked, Coverage.StepsNotChecked say what and why);
+// "diverged" when a stage was out of tolerance.
+const (
+	VerdictAgree      = "agree"
+	VerdictDiverged   = "diverged"
+	VerdictIncomplete = "incomplete"
+)
+
+// Coverage says what a report compared and what it did not. Stage tensors
+// the dump holds that the reference does not define (the residual stream,
+// mHC and FFN records around the attention sub-layer) are named in
+// NotModelled and never judged; they do not make a report incomplete.
+type Coverage struct {
+	Complete bool    `json:"complete"` // NotChecked and StepsNotChecked are empty
+	Steps    []int64 `json:"steps"`    // decode steps whose stages were compared
+	Layers   []int   `json:"layers"`   // layers compared
+	Held     int     `json:"held"`     // stage tensors of those steps and layers the dump holds (of the reference's stages and KV pages)
+	Compared int     `json:"compared"` // of them, compared (pass, fail or tie)
+	// NotChecked lists the held stage tensors that were not compared, in
+	// replay order, each with why (an input neither dumped nor computable, a
+	// reference computation that failed on the dumped inputs).
+	NotChecked []NotChecked `json:"not_checked"`
+	// StepsNotChecked lists dumped decode steps within the request that were
+	// not compared (bisect: the steps it did not probe), with why.
+	StepsNotChecked []int64 `json:"steps_not_checked"`
+	StepsWhy        string  `json:"steps_why,omitempty"`
+	// NotModelled names (sorted) the stage tensors the dump holds at the
+	// compared steps and layers that the reference does not define.
+	NotModelled []string `json:"not_modelled"`
+}
+
+// NotChecked is one held stage tensor that was not compared.
+type NotChecked struct {
+	Step  int64  `json:"step"`
+	Layer int    `json:"layer"`
+	Stage string `json:"stage"`
+	Why   string `json:"why"`
 }
 
 // Summary counts the stage comparisons by status.
@@ -140,11 +184,33 @@ const (
 
 func newReport(dump, mode string, gpuRope bool, steps []int64, layers []int) *Report {
 	return &Report{Schema: SchemaVersion, Command: "replay", Dump: dump, Mode: mode, GPURope: gpuRope,
-		Steps: append([]int64{}, steps...), Layers: append([]int{}, layers...), Results: []StageResult{}}
+		Steps: append([]int64{}, steps...), Layers: append([]int{}, layers...), Results: []StageResult{},
+		Coverage: Coverage{Steps: append([]int64{}, steps...), Layers: append([]int{}, layers...),
+			NotChecked: []NotChecked{}, StepsNotChecked: []int64{}, NotModelled: []string{}}}
 }
 
-// finish fills Summary and Verdict from Results.
+// finish fills Summary, Coverage and Verdict from Results (Coverage's steps,
+// layers, StepsNotChecked and NotModelled are set by the caller).
 func (r *Report) finish() {
+	c := &r.Coverage
+	c.Held, c.Compared, c.NotChecked = 0, 0, []NotChecked{}
+	for _, s := range r.Results {
+		switch s.Status {
+		case StatusPass, StatusFail, StatusTie:
+			c.Held++
+			c.Compared++
+		case StatusSkipped:
+			c.Held++
+			c.NotChecked = append(c.NotChecked, NotChecked{s.Step, s.Layer, s.Stage, s.Reason})
+		}
+	}
+	if c.StepsNotChecked == nil {
+		c.StepsNotChecked = []int64{}
+	}
+	if c.NotModelled == nil {
+		c.NotModelled = []string{}
+	}
+	c.Complete = len(c.NotChecked) == 0 && len(c.StepsNotChecked) == 0
 	r.Summary = Summary{}
 	for _, s := range r.Results {
 		switch s.Status {
@@ -161,14 +227,41 @@ func (r *Report) finish() {
 		}
 	}
 	r.Summary.Compared = r.Summary.Pass + r.Summary.Fail + r.Summary.Tie
-	r.Verdict = "agree"
-	if r.Summary.Fail > 0 {
-		r.Verdict = "diverged"
+	switch {
+	case r.Summary.Fail > 0 || r.First != nil:
+		r.Verdict = VerdictDiverged
+	case !c.Complete:
+		r.Verdict = VerdictIncomplete
+	default:
+		r.Verdict = VerdictAgree
 	}
 }
 
 // Diverged reports whether any stage was out of tolerance.
-func (r *Report) Diverged() bool { return r.Verdict == "diverged" }
+func (r *Report) Diverged() bool { return r.Verdict == VerdictDiverged }
+
+// Incomplete reports whether nothing was out of tolerance but something the
+// dump holds was not compared.
+func (r *Report) Incomplete() bool { return r.Verdict == VerdictIncomplete }
+
+// CoverageLine says in one line what was not compared and why ("" when the
+// coverage is complete): the same words in the text report, the HTML page
+// and (field by field) the JSON.
+func (r *Report) CoverageLine() string {
+	c := r.Coverage
+	if c.Complete {
+		return ""
+	}
+	var parts []string
+	if n := len(c.NotChecked); n > 0 {
+		f := c.NotChecked[0]
+		parts = append(parts, fmt.Sprintf("%d of %d stage tensors the dump holds were not compared (first: step %d layer %d %s: %s)", n, c.Held, f.Step, f.Layer, f.Stage, f.Why))
+	}
+	if n := len(c.StepsNotChecked); n > 0 {
+		parts = append(parts, fmt.Sprintf("%d dumped steps were not compared (%s): %s", n, StepList(c.StepsNotChecked), c.StepsWhy))
+	}
+	return strings.Join(parts, "; ")
+}
 
 // WriteJSON writes the report as indented JSON (the --json output).
 func (r *Report) WriteJSON(w io.Writer) error {
@@ -186,24 +279,26 @@ func (r *Report) WriteText(w io.Writer) {
 	if !r.GPURope {
 		fmt.Fprintln(w, "  (no GPU RoPE table in the dump: RoPE stages allowed one bf16 ulp)")
 	}
-	skipped := 0
 	for _, sr := range r.Results {
-		switch sr.Status {
-		case StatusTie:
+		if sr.Status == StatusTie {
 			fmt.Fprintf(w, "  tie: step %d layer %d %s: %s\n", sr.Step, sr.Layer, sr.Stage, sr.Reason)
-		case StatusSkipped:
-			if skipped == 0 {
-				fmt.Fprintf(w, "  warning: %d stages skipped (an input is not in the dump), first: step %d layer %d %s: %s\n",
-					s.Skipped, sr.Step, sr.Layer, sr.Stage, sr.Reason)
-			}
-			skipped++
 		}
+	}
+	if len(r.Coverage.NotModelled) > 0 {
+		fmt.Fprintf(w, "  not judged (outside the reference's stages): %s\n", strings.Join(r.Coverage.NotModelled, ", "))
+	}
+	if line := r.CoverageLine(); line != "" {
+		fmt.Fprintln(w, "  not checked: "+line)
 	}
 	if r.Referee != nil {
 		defer fmt.Fprintf(w, "referee: reference vs A %s, vs B %s: %s is right\n", r.Referee.A, r.Referee.B, r.Referee.Right)
 	}
 	if r.First == nil {
-		fmt.Fprintln(w, "agree: no stage out of tolerance")
+		if r.Verdict == VerdictIncomplete {
+			fmt.Fprintf(w, "incomplete: no stage compared was out of tolerance, but not everything the dump holds was compared: %s\n", r.CoverageLine())
+			return
+		}
+		fmt.Fprintf(w, "agree: every one of the %d stage tensors the dump holds at %d steps x %d layers was compared, none out of tolerance\n", r.Coverage.Compared, len(r.Coverage.Steps), len(r.Coverage.Layers))
 		return
 	}
 	d := r.First

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"slices"
 	"strings"
 
 	"golang.org/x/sync/errgroup"
@@ -100,6 +101,9 @@ func Run(ctx context.Context, m *engine.Model, src Source, opt Options) (*Report
 	}
 	steps := src.Steps()
 	if opt.Steps != nil {
+		if err := checkStepSelection(src, opt.Steps); err != nil {
+			return nil, err
+		}
 		steps = intersectSteps(steps, opt.Steps)
 	}
 	layers := src.Layers()
@@ -130,8 +134,84 @@ func Run(ctx context.Context, m *engine.Model, src Source, opt Options) (*Report
 			rep.First = u.first
 		}
 	}
+	rep.Coverage.NotModelled = notModelled(m.Cfg, src, steps, layers)
 	rep.finish()
 	return rep, nil
+}
+
+// checkStepSelection refuses a selection of decode steps that selects
+// nothing or names a step the dump does not hold as a decode step: a
+// replay of fewer steps than asked for would be reported as if it had
+// checked them.
+func checkStepSelection(src Source, want []int64) error {
+	if len(want) == 0 {
+		return fmt.Errorf("replay %s: the step selection is empty", src.Name())
+	}
+	have := map[int64]bool{}
+	for _, p := range src.Steps() {
+		have[p] = true
+	}
+	var absent []int64
+	seen := map[int64]bool{}
+	for _, p := range want {
+		if !have[p] && !seen[p] {
+			absent = append(absent, p)
+		}
+		seen[p] = true
+	}
+	if len(absent) == 0 {
+		return nil
+	}
+	slices.Sort(absent)
+	what := "is not a dumped decode step"
+	if len(absent) > 1 {
+		what = "are not dumped decode steps"
+	}
+	return fmt.Errorf("replay %s: step %s %s (dumped: %s)", src.Name(), StepList(absent), what, StepList(src.Steps()))
+}
+
+// notModelled names the stage tensors src holds at the replayed steps and
+// layers that the reference's stage graph does not define (nil when src
+// cannot list them), sorted.
+func notModelled(cfg *engine.Config, src Source, steps []int64, layers []int) []string {
+	sl, ok := src.(StageLister)
+	if !ok {
+		return nil
+	}
+	set := map[string]bool{}
+	for _, p := range steps {
+		for _, l := range layers {
+			names := sl.StageNames(p, l)
+			if len(names) == 0 {
+				continue
+			}
+			defined := map[string]bool{}
+			for _, d := range engine.Stages(cfg, l, p) {
+				defined[d.Name] = true
+			}
+			for _, n := range names {
+				if !defined[n] {
+					set[n] = true
+				}
+			}
+		}
+	}
+	out := make([]string, 0, len(set))
+	for n := range set {
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// heldBy reports whether src holds stage (step, layer, stage), reading the
+// record only when src cannot say without it.
+func heldBy(src Source, step int64, layer int, stage string) (bool, error) {
+	if sl, ok := src.(StageLister); ok {
+		return sl.Has(step, layer, stage), nil
+	}
+	_, ok, err := src.Stage(step, layer, stage)
+	return ok, err
 }
 
 func intersectSteps(have, want []int64) []int64 {
@@ -281,17 +361,26 @@ func localUnit(m *engine.Model, src Source, u unit, tol *Tolerance, prevChecked 
 			}
 			sr.Inputs = append(sr.Inputs, info)
 		}
-		if missing != "" {
-			sr.Status, sr.Reason = StatusSkipped, missing
-			res.results = append(res.results, sr)
-			status[def.Name] = StatusSkipped
-			continue
+		var ref engine.Tensor
+		if missing == "" {
+			var err error
+			if ref, err = ComputeStage(def, ctx, in); err != nil {
+				missing = "reference: " + err.Error()
+			}
 		}
-		ref, err := ComputeStage(def, ctx, in)
-		if err != nil {
-			sr.Status, sr.Reason = StatusSkipped, "reference: "+err.Error()
+		if missing != "" {
+			// Not computed: not checked when the dump holds the stage
+			// (coverage), merely absent when it does not.
+			held, err := heldBy(src, u.step, u.layer, def.Name)
+			if err != nil {
+				return res, err
+			}
+			sr.Status, sr.Reason = StatusSkipped, missing
+			if !held {
+				sr.Status, sr.Reason = StatusMissing, "not dumped, and not computed: "+missing
+			}
 			res.results = append(res.results, sr)
-			status[def.Name] = StatusSkipped
+			status[def.Name] = sr.Status
 			continue
 		}
 		own[def.Name] = ref
