@@ -195,4 +195,3 @@ func containsInt(s []int, x int) bool {
 	}
 	return false
 }
-
