@@ -34,6 +34,7 @@ type Report struct {
 	First         *Divergence   `json:"first_divergence"`  // null when agree
 	Referee       *Referee      `json:"referee,omitempty"` // diff with weights
 	Probes        []Probe       `json:"probes,omitempty"`  // bisect: the steps probed, in order
+	Scanned       []int64       `json:"scanned,omitempty"` // bisect: the steps replayed after the search (those before the first diverging probe it did not probe)
 	Results       []StageResult `json:"stages"`
 }
 

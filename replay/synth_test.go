@@ -149,22 +149,34 @@ func TestReplayJSONSchema(t *testing.T) {
 }
 
 // TestBisect: a fault that stays in the cache (a stale page, a corrupted scale
-// byte) is found at its step with about log2(steps) replays.
+// byte) is found at its step with about log2(steps) probes; the steps before
+// it that were not probed are then scanned (the answer is a local replay's),
+// and the steps after it are saved. With AssumePersistent only the probes
+// run. A clean dump is replayed at every step and agrees; probing only, it
+// is incomplete, never "agree".
 func TestBisect(t *testing.T) {
 	for _, f := range []fault.Fault{{Kind: fault.StalePrefix, Step: 9, Layer: 3}, {Kind: fault.ScaleByte, Step: 12, Layer: 0}} {
 		s, err := fault.Synthesize(fault.SynthOptions{Prefill: 6, Steps: 16, Seed: 9, Fault: &f})
 		if err != nil {
 			t.Fatal(err)
 		}
-		rep, err := replay.Bisect(context.Background(), s.Model(), s.Src, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if rep.First == nil || rep.First.Step != f.Step || rep.First.Layer != f.Layer || rep.First.Stage != f.Stage() {
-			t.Fatalf("%s: bisect found %+v", f, rep.First)
-		}
-		if rep.StepsReplayed > 6 {
-			t.Fatalf("%s: %d steps replayed of 16, want <= 6", f, rep.StepsReplayed)
+		for _, persistent := range []bool{false, true} {
+			rep, err := replay.BisectWith(context.Background(), s.Model(), s.Src, replay.BisectOptions{AssumePersistent: persistent})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rep.First == nil || rep.First.Step != f.Step || rep.First.Layer != f.Layer || rep.First.Stage != f.Stage() || !rep.Diverged() {
+				t.Fatalf("%s (persistent %v): bisect found %+v", f, persistent, rep.First)
+			}
+			before := int(f.Step - 6) // steps 6 … f.Step-1
+			switch {
+			case persistent && rep.StepsReplayed > 6:
+				t.Fatalf("%s: %d steps probed of 16, want <= 6", f, rep.StepsReplayed)
+			case persistent && len(rep.Coverage.StepsNotChecked) == 0:
+				t.Fatalf("%s: probing only, no step reported as not checked", f)
+			case !persistent && (rep.StepsReplayed > before+3 || len(rep.Coverage.StepsNotChecked) != 0):
+				t.Fatalf("%s: %d steps replayed (want <= %d: the steps before it and a few probes), not checked %v", f, rep.StepsReplayed, before+3, rep.Coverage.StepsNotChecked)
+			}
 		}
 	}
 	s, err := fault.Synthesize(fault.SynthOptions{Prefill: 6, Steps: 8, Seed: 9})
@@ -175,8 +187,15 @@ func TestBisect(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.Diverged() || rep.StepsReplayed != 1 {
-		t.Fatalf("clean dump: verdict %s after %d replays", rep.Verdict, rep.StepsReplayed)
+	if rep.Verdict != replay.VerdictAgree || rep.StepsReplayed != 8 {
+		t.Fatalf("clean dump: verdict %s after %d replays, want agree after 8", rep.Verdict, rep.StepsReplayed)
+	}
+	rep, err = replay.BisectWith(context.Background(), s.Model(), s.Src, replay.BisectOptions{AssumePersistent: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Verdict != replay.VerdictIncomplete || rep.StepsReplayed != 1 || len(rep.Coverage.StepsNotChecked) != 7 {
+		t.Fatalf("clean dump, probing only: verdict %s after %d replays, %d steps not checked; want incomplete, 1, 7", rep.Verdict, rep.StepsReplayed, len(rep.Coverage.StepsNotChecked))
 	}
 }
 
