@@ -70,7 +70,7 @@ func BisectWith(ctx context.Context, m *engine.Model, src Source, opt BisectOpti
 	rep.Kernels = m.Kernels()
 	rep.Probes = []Probe{}
 	rep.Scanned = []int64{}
-	byStep := map[int64]*Report{}    // local replay of each step replayed
+	byStep := map[int64]*Report{}      // local replay of each step replayed
 	cacheBad := map[int64]cacheFault{} // probes whose cache check failed
 	probe := func(i int) (bool, error) {
 		p := steps[i]
