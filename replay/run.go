@@ -188,6 +188,9 @@ func notModelled(cfg *engine.Config, src Source, steps []int64, layers []int) []
 			defined := map[string]bool{}
 			for _, d := range engine.Stages(cfg, l, p) {
 				defined[d.Name] = true
+				for _, in := range d.Inputs {
+					defined[in] = true // an input (x): read, not judged here
+				}
 			}
 			for _, n := range names {
 				if !defined[n] {
