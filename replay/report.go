@@ -6,6 +6,7 @@ import (
 	"io"
 	"strings"
 
+	"sparsemla/attribute"
 	"sparsemla/engine"
 	"sparsemla/indexer"
 )
@@ -145,6 +146,11 @@ type Divergence struct {
 	Blocks []int    `json:"blocks,omitempty"`
 	Detail []string `json:"detail,omitempty"` // further lines for a human
 	Hint   string   `json:"hint,omitempty"`   // where to look next
+	// Hypothesis is the verdict of the stage's hypotheses (package
+	// attribute): which known alternative computation reproduces the GPU's
+	// value bit for bit, or the closest one; absent when the stage has none
+	// or an input had already diverged.
+	Hypothesis *attribute.Verdict `json:"hypothesis,omitempty"`
 }
 
 // hints says, per diagnosis kind, where a GPU engineer should look next.
@@ -158,6 +164,8 @@ var hints = map[string]string{
 	KindUpstream:   "look at the earlier divergence of the input named; this stage only inherited it",
 	KindProjection: "check the linear / norm / RoPE kernel of this stage against its equation (FP8 activation quantisation per 128, fp32 accumulation, bf16 out)",
 	KindCache:      "check the cache write of this step (window slot p mod W, compressed row 128 + p div r)",
+	KindCacheWrite: "check the KV cache writer's slot index: token p goes to window slot p mod W (W = window_size), exactly once per step, before attention reads the cache",
+	KindRopeTable:  "check how the GPU builds its cos/sin table: inv_freq in fp32 (not bf16), base rope_theta for window-only layers and compress_rope_theta with YaRN (rope_factor, original_seq_len, beta_fast/slow) for compressed layers (spec §3.6)",
 	KindIndexList:  "check the index list given to sparse attention: window ring order oldest to newest, -1 padding at the end, then 128 + selected rows",
 }
 
@@ -181,6 +189,8 @@ const (
 	KindNonFinite  = "NaN/inf"
 	KindCache      = "KV cache"
 	KindIndexList  = "index list"
+	KindCacheWrite = "cache write"
+	KindRopeTable  = "RoPE table"
 )
 
 func newReport(dump, mode string, gpuRope bool, steps []int64, layers []int) *Report {
