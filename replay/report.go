@@ -255,6 +255,18 @@ func (r *Report) Diverged() bool { return r.Verdict == VerdictDiverged }
 // dump holds was not compared.
 func (r *Report) Incomplete() bool { return r.Verdict == VerdictIncomplete }
 
+// VerdictLine is the verdict sentence of the text report and the HTML
+// page: the first divergence's text, or what "agree" / "incomplete" rest on.
+func (r *Report) VerdictLine() string {
+	switch {
+	case r.First != nil:
+		return r.First.Text
+	case r.Verdict == VerdictIncomplete:
+		return "incomplete: no stage compared was out of tolerance, but not everything the dump holds was compared: " + r.CoverageLine()
+	}
+	return fmt.Sprintf("agree: every one of the %d stage tensors the dump holds at %d steps x %d layers was compared, none out of tolerance", r.Coverage.Compared, len(r.Coverage.Steps), len(r.Coverage.Layers))
+}
+
 // CoverageLine says in one line what was not compared and why ("" when the
 // coverage is complete): the same words in the text report, the HTML page
 // and (field by field) the JSON.
@@ -305,11 +317,7 @@ func (r *Report) WriteText(w io.Writer) {
 		defer fmt.Fprintf(w, "referee: reference vs A %s, vs B %s: %s is right\n", r.Referee.A, r.Referee.B, r.Referee.Right)
 	}
 	if r.First == nil {
-		if r.Verdict == VerdictIncomplete {
-			fmt.Fprintf(w, "incomplete: no stage compared was out of tolerance, but not everything the dump holds was compared: %s\n", r.CoverageLine())
-			return
-		}
-		fmt.Fprintf(w, "agree: every one of the %d stage tensors the dump holds at %d steps x %d layers was compared, none out of tolerance\n", r.Coverage.Compared, len(r.Coverage.Steps), len(r.Coverage.Layers))
+		fmt.Fprintln(w, r.VerdictLine())
 		return
 	}
 	d := r.First
