@@ -392,7 +392,7 @@ func (st StageTol) Judge(m Metrics, gpuTable bool) (bool, string) {
 	case TolULP:
 		allow := st.allowedULP(gpuTable)
 		if m.MaxULP > int64(allow) {
-			return false, fmt.Sprintf("max %d bf16 ulps (allowed %d) at %v", m.MaxULP, allow, m.MaxAbsAt)
+			return false, fmt.Sprintf("max %d bf16 ulps (allowed %d) at %v: GPU %g, reference %g", m.MaxULP, allow, m.MaxULPAt, float64(m.MaxULPGPU), float64(m.MaxULPRef))
 		}
 	case TolClose:
 		if m.CloseFail > 0 {
