@@ -247,17 +247,23 @@ func replayLocal(ctx context.Context, m *engine.Model, src Source, steps []int64
 	for _, p := range steps {
 		replayed[p] = true
 	}
-	g, gctx := errgroup.WithContext(ctx)
+	// Every unit runs to its end and keeps its own error, so the error
+	// returned is the one of the first unit in (step, layer) order that has
+	// one, the same on every run (not whichever goroutine failed first).
+	var g errgroup.Group
 	g.SetLimit(runtime.GOMAXPROCS(0))
 	done := make(chan struct{}, len(work))
+	errs := make([]error, len(work))
 	for i, u := range work {
 		g.Go(func() error {
-			if err := gctx.Err(); err != nil {
-				return err
+			if err := ctx.Err(); err != nil {
+				errs[i] = err
+				return nil
 			}
 			r, err := localUnit(m, src, u, opt.Tol, replayed[u.step-1])
 			if err != nil {
-				return err
+				errs[i] = err
+				return nil
 			}
 			out[i] = r
 			done <- struct{}{}
@@ -274,9 +280,14 @@ func replayLocal(ctx context.Context, m *engine.Model, src Source, steps []int64
 			}
 		}()
 	}
-	err := g.Wait()
+	g.Wait()
 	close(done)
-	return out, err
+	for _, err := range errs {
+		if err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }
 
 // localUnit replays the stages of one layer at one step from dumped inputs.
@@ -538,17 +549,29 @@ func severity(m Metrics, st StageTol, gpuRope bool) float64 {
 // keeps the reference's own choice.
 func replayPropagated(ctx context.Context, m *engine.Model, src Source, steps []int64, layers []int, opt Options) ([]unitResult, error) {
 	perLayer := make([][]unitResult, len(layers))
-	g, gctx := errgroup.WithContext(ctx)
+	// Each layer's chain runs to its end and keeps its error; the error
+	// returned is the first in (step, layer) order — the one a sequential
+	// replay would meet first — on every run.
+	errs := make([]error, len(layers))
+	errStep := make([]int64, len(layers))
+	var g errgroup.Group
 	g.SetLimit(runtime.GOMAXPROCS(0))
 	for li, l := range layers {
 		g.Go(func() error {
-			r, err := propagateLayer(gctx, m, src, steps, l, opt.Tol)
-			perLayer[li] = r
-			return err
+			r, p, err := propagateLayer(ctx, m, src, steps, l, opt.Tol)
+			perLayer[li], errs[li], errStep[li] = r, err, p
+			return nil
 		})
 	}
-	if err := g.Wait(); err != nil {
-		return nil, err
+	g.Wait()
+	pick := -1
+	for li, err := range errs {
+		if err != nil && (pick < 0 || errStep[li] < errStep[pick]) {
+			pick = li
+		}
+	}
+	if pick >= 0 {
+		return nil, errs[pick]
 	}
 	// Reorder to (step, layer).
 	var out []unitResult
@@ -563,24 +586,28 @@ func replayPropagated(ctx context.Context, m *engine.Model, src Source, steps []
 	return out, nil
 }
 
-func propagateLayer(ctx context.Context, m *engine.Model, src Source, steps []int64, layer int, tol *Tolerance) ([]unitResult, error) {
+// propagateLayer runs one layer's chain; on an error it also returns the
+// step it stopped at (-1: before the first step).
+func propagateLayer(ctx context.Context, m *engine.Model, src Source, steps []int64, layer int, tol *Tolerance) (_ []unitResult, failStep int64, _ error) {
+	failStep = -1
 	stT, after, ok, err := src.State(layer)
 	if err != nil {
-		return nil, err
+		return nil, failStep, err
 	}
 	if !ok {
-		return nil, fmt.Errorf("replay %s: propagated mode needs the start state of layer %d", src.Name(), layer)
+		return nil, failStep, fmt.Errorf("replay %s: propagated mode needs the start state of layer %d", src.Name(), layer)
 	}
 	st, err := engine.LoadState(m.Cfg, layer, stT)
 	if err != nil {
-		return nil, fmt.Errorf("replay %s: start state of layer %d: %w", src.Name(), layer, err)
+		return nil, failStep, fmt.Errorf("replay %s: start state of layer %d: %w", src.Name(), layer, err)
 	}
 	out := make([]unitResult, 0, len(steps))
 	want := after + 1
 	stFrom := FromStart // where the state before the step came from
 	for _, p := range steps {
+		failStep = p
 		if err := ctx.Err(); err != nil {
-			return nil, err
+			return nil, failStep, err
 		}
 		if p != want {
 			// A gap: re-seed the chain from the state the dump holds after
@@ -589,7 +616,7 @@ func propagateLayer(ctx context.Context, m *engine.Model, src Source, steps []in
 			for name := range engine.NewLayerState(m.Cfg, layer).StateTensors() {
 				t, ok, err := src.Stage(p-1, layer, name)
 				if err != nil {
-					return nil, err
+					return nil, failStep, err
 				}
 				if ok {
 					seed[name] = t
@@ -597,17 +624,17 @@ func propagateLayer(ctx context.Context, m *engine.Model, src Source, steps []in
 			}
 			ns, err := engine.LoadState(m.Cfg, layer, seed)
 			if err != nil {
-				return nil, fmt.Errorf("replay %s: propagated mode: steps %d..%d are not in the dump and no state after step %d is: %w", src.Name(), want, p-1, p-1, err)
+				return nil, failStep, fmt.Errorf("replay %s: propagated mode: steps %d..%d are not in the dump and no state after step %d is: %w", src.Name(), want, p-1, p-1, err)
 			}
 			st, stFrom = ns, FromPrevDump
 		}
 		want++
 		x, ok, err := src.Stage(p, layer, "x")
 		if err != nil {
-			return nil, err
+			return nil, failStep, err
 		}
 		if !ok {
-			return nil, fmt.Errorf("replay %s: step %d layer %d: no x in the dump", src.Name(), p, layer)
+			return nil, failStep, fmt.Errorf("replay %s: step %d layer %d: no x in the dump", src.Name(), p, layer)
 		}
 		sctx := &engine.StepContext{Cfg: m.Cfg, Layer: layer, Pos: p, W: m.Weights[layer], Rope: m.Rope[layer]}
 		var ur unitResult
@@ -674,10 +701,10 @@ func propagateLayer(ctx context.Context, m *engine.Model, src Source, steps []in
 		}
 		_, next, err := engine.RunStepHooked(sctx, x, st, judge)
 		if err != nil {
-			return nil, fmt.Errorf("replay %s: step %d layer %d: %w", src.Name(), p, layer, err)
+			return nil, failStep, fmt.Errorf("replay %s: step %d layer %d: %w", src.Name(), p, layer, err)
 		}
 		st, stFrom = next, FromPropagate
 		out = append(out, ur)
 	}
-	return out, nil
+	return out, failStep, nil
 }

@@ -292,3 +292,27 @@ func BenchmarkReplayLocal(b *testing.B) {
 	}
 	b.ReportMetric(float64(stages)*float64(b.N)/b.Elapsed().Seconds(), "stages/s")
 }
+
+// An error in a propagated (or local) replay names the same step and layer
+// on every run and at any GOMAXPROCS: the first in (step, layer) order, not
+// whichever layer's goroutine failed first.
+func TestReplayErrorDeterministic(t *testing.T) {
+	s, err := fault.Synthesize(fault.SynthOptions{Prefill: 6, Steps: 6, Seed: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Layer 3 loses its x at step 8, layer 0 at step 9: a propagated replay
+	// meets step 8 layer 3 first.
+	delete(s.Src.Values, replay.StageKey{Step: 8, Layer: 3, Stage: "x"})
+	delete(s.Src.Values, replay.StageKey{Step: 9, Layer: 0, Stage: "x"})
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
+	for _, procs := range []int{1, 4} {
+		runtime.GOMAXPROCS(procs)
+		for run := 0; run < 5; run++ {
+			_, err := replay.Run(context.Background(), s.Model(), s.Src, replay.Options{Mode: replay.Propagated})
+			if err == nil || !strings.Contains(err.Error(), "step 8 layer 3: no x") {
+				t.Fatalf("GOMAXPROCS %d run %d: %v", procs, run, err)
+			}
+		}
+	}
+}
