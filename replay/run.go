@@ -128,6 +128,22 @@ func Run(ctx context.Context, m *engine.Model, src Source, opt Options) (*Report
 		return nil, err
 	}
 	rep.StepsReplayed = len(steps)
+	// The GPU's own RoPE tables are judged first, at the first step, before
+	// each layer's stages (units are in (step, layer) order).
+	rres, rdiv := ropeResults(m, steps, layers)
+	for i := range units {
+		if i >= len(layers) {
+			break
+		}
+		l := layers[i]
+		if sr, ok := rres[l]; ok {
+			units[i].results = append([]StageResult{sr}, units[i].results...)
+			if d, ok := rdiv[l]; ok {
+				d.Mode = string(opt.Mode)
+				units[i].first = d
+			}
+		}
+	}
 	for _, u := range units {
 		rep.Results = append(rep.Results, u.results...)
 		if rep.First == nil && u.first != nil {
