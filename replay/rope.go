@@ -54,7 +54,7 @@ func ropeResults(m *engine.Model, steps []int64, layers []int) (map[int]StageRes
 		}
 		sr := StageResult{Step: first, Layer: l, Stage: RopeStage, Tol: "angle",
 			Equation: fmt.Sprintf("the GPU's table %s vs cos/sin of θ = f32(t·ω_i) from the config (base %g, YaRN %v), positions 0..%d", tb.Source, p.Base, p.OriginalSeqLen > 0, min(int(last)+1, tb.T-1)),
-			Shape: []int{min(int(last)+2, tb.T), attention.RopePairs, 2}, Inputs: []InputInfo{}}
+			Shape:    []int{min(int(last)+2, tb.T), attention.RopePairs, 2}, Inputs: []InputInfo{}}
 		sr.Severity = min(c.Diff.MaxAngleULP/attention.RopeAngleTol, 2)
 		if c.Diff.OK() {
 			sr.Status = StatusPass
