@@ -73,6 +73,10 @@ func Diagnose(d DiagnoseInput) *Divergence {
 		div.Kind, div.Why = stageKind(sr.Stage), "GPU tensor has "+sr.Reason
 		return div
 	}
+	if sr.Stage == "index_score" && strings.Contains(sr.Reason, selectionWhyMark) {
+		diagnoseScoreSelection(d, div)
+		return div
+	}
 	d.hyp = attributeStage(d)
 	div.Hypothesis = d.hyp
 	defer func() {

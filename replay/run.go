@@ -426,6 +426,15 @@ func localUnit(m *engine.Model, src Source, u unit, tol *Tolerance, prevChecked 
 			continue
 		}
 		JudgeStage(&sr, ref, gpu, in, tol.For(def.Name), JudgeContext{m.GPURope, m.Cfg.WindowSize})
+		if def.Name == "index_score" && sr.Status != StatusSkipped {
+			why, err := selectionBothWays(m, src, ctx, defs, nil, gpu, tol)
+			if err != nil {
+				return res, err
+			}
+			if why != "" {
+				markSelection(&sr, why)
+			}
+		}
 		status[def.Name] = sr.Status
 		res.results = append(res.results, sr)
 		if sr.Status == StatusFail && res.first == nil {
@@ -696,6 +705,16 @@ func propagateLayer(ctx context.Context, m *engine.Model, src Source, steps []in
 				}
 			}
 			JudgeStage(&sr, ref, gpu, in, tol.For(def.Name), JudgeContext{m.GPURope, m.Cfg.WindowSize})
+			if def.Name == "index_score" {
+				// The chain's own scores are the reference's.
+				why, err := selectionBothWays(m, src, sctx, nil, ref.F, gpu, tol)
+				if err != nil {
+					return ref, err
+				}
+				if why != "" {
+					markSelection(&sr, why)
+				}
+			}
 			status[def.Name] = sr.Status
 			next := ref
 			if sel && sr.Status == StatusTie {

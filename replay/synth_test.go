@@ -16,6 +16,7 @@ import (
 	"sparsemla/dump"
 	"sparsemla/engine"
 	"sparsemla/fault"
+	"sparsemla/indexer"
 	"sparsemla/replay"
 )
 
@@ -314,5 +315,63 @@ func TestReplayErrorDeterministic(t *testing.T) {
 				t.Fatalf("GOMAXPROCS %d run %d: %v", procs, run, err)
 			}
 		}
+	}
+}
+
+// A GPU whose indexer query skips the Hadamard rotation, dumping only its
+// index scores and its top-k (consistent with those scores): judged against
+// its own scores the selection would pass; judged against the reference's
+// scores (from the dumped cq, x and icache) it selects other rows, which is
+// reported as a divergence of index_score with the rows and both scores,
+// and hypothesis "no-hadamard" reproduces the GPU's scores bit for bit.
+func TestSelectionJudgedBothWays(t *testing.T) {
+	found := 0
+	for seed := uint64(1); seed <= 6 && found == 0; seed++ {
+		s, err := fault.Synthesize(fault.SynthOptions{Prefill: 75, Steps: 1, Seed: seed})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := s.Model()
+		p := int64(75)
+		for _, l := range []int{1, 3} {
+			ix := m.Weights[l].Indexer
+			get := func(n string) engine.Tensor { return s.Src.Values[replay.StageKey{Step: p, Layer: l, Stage: n}] }
+			roped, ic, iw := get("iq_roped"), get("icache"), get("iw")
+			iq := make([]float32, len(roped.F))
+			ix.Query(iq, roped.F) // FQ4 without the rotation
+			tc := ic.Shape[0]
+			qk := make([]float32, ix.NHeads*tc)
+			indexer.IndexQK(qk, iq, ic.F, ix.NHeads, ix.HeadDim)
+			sc := make([]float32, tc)
+			indexer.IndexScore(sc, qk, iw.F)
+			k := ix.K(tc)
+			sel, _ := indexer.TopK(sc, k)
+			ref := get("index_score").F
+			if d := indexer.CompareSelection(sel, ref, k); d.Verdict != indexer.Diverged {
+				continue // the rotation does not change this step's selection
+			}
+			found++
+			for _, n := range []string{"iq_b", "iq_roped", "iq_had", "iq", "index_qk", "index_sel", "topk_idxs", "o", "o_inv", "u", "y"} {
+				delete(s.Src.Values, replay.StageKey{Step: p, Layer: l, Stage: n})
+			}
+			s.Src.Put(p, l, "index_score", engine.FromF(engine.KindBF16, sc, tc))
+			s.Src.Put(p, l, "index_topk", engine.FromI(engine.KindI64, sel, k))
+			rep := replaySynth(t, s)
+			d := rep.First
+			if d == nil || d.Step != p || d.Layer != l || d.Stage != "index_score" || d.Kind != replay.KindIndexScore {
+				t.Fatalf("seed %d layer %d: first divergence %+v", seed, l, d)
+			}
+			if !strings.Contains(d.Why, "the reference selects row") || !strings.Contains(d.Why, "GPU score") {
+				t.Fatalf("seed %d layer %d: %s", seed, l, d.Why)
+			}
+			if d.Hypothesis == nil || d.Hypothesis.Best == nil || d.Hypothesis.Best.Name != "no-hadamard" || !d.Hypothesis.Best.Exact {
+				t.Fatalf("seed %d layer %d: hypothesis %+v\n%s", seed, l, d.Hypothesis, d.Why)
+			}
+			t.Logf("%s", d.Text)
+			break
+		}
+	}
+	if found == 0 {
+		t.Fatal("no synthetic step where skipping the Hadamard rotation changes the selection")
 	}
 }
