@@ -151,8 +151,51 @@ func Run(ctx context.Context, m *engine.Model, src Source, opt Options) (*Report
 		}
 	}
 	rep.Coverage.NotModelled = notModelled(m.Cfg, src, steps, layers)
+	if err := checkWeightsMatch(src, rep.Results); err != nil {
+		return nil, err
+	}
 	rep.finish()
 	return rep, nil
+}
+
+// xProjections are the stages computed from the dumped x by a weight alone.
+var xProjections = map[string]bool{"q_a": true, "kv_raw": true, "cmp_a": true, "cmp_b": true, "icmp_a": true, "icmp_b": true, "iw_raw": true}
+
+// wrongWeightsCos is the cos_diff above which a projection is unrelated to
+// the reference's (a kernel's summation order or a one-ulp rounding gives
+// cos_diff ~1e-6; other weights give ~1).
+const wrongWeightsCos = 0.1
+
+// checkWeightsMatch refuses a replay whose weights evidently belong to
+// another model or checkpoint: every projection of the attention input x
+// (q_a, kv_raw, the compressor and indexer-weight projections) of every
+// layer, at every step, is out of tolerance and unrelated to the GPU's
+// value (cos_diff above wrongWeightsCos). A kernel bug does not do that to
+// every projection of every layer; blaming the linear kernels hundreds of
+// times would hide the cause.
+func checkWeightsMatch(src Source, results []StageResult) error {
+	n := 0
+	layers := map[int]bool{}
+	var first *StageResult
+	for i := range results {
+		sr := &results[i]
+		if !xProjections[sr.Stage] || (sr.Status != StatusPass && sr.Status != StatusFail) {
+			continue
+		}
+		if sr.Status != StatusFail || sr.Metrics == nil || !(sr.Metrics.CosDiff > wrongWeightsCos) {
+			return nil
+		}
+		if first == nil {
+			first = sr
+		}
+		n++
+		layers[sr.Layer] = true
+	}
+	if n < 2 || first == nil {
+		return nil
+	}
+	return fmt.Errorf("replay %s: these weights do not match this dump: all %d projections of x (q_a, kv_raw, …) of its %d layers differ from the reference at every step, unrelated to it (first: step %d layer %d %s, cos_diff %.3g) — weights of another model or checkpoint? (--weights)",
+		src.Name(), n, len(layers), first.Step, first.Layer, first.Stage, first.Metrics.CosDiff)
 }
 
 // checkStepSelection refuses a selection of decode steps that selects
