@@ -349,15 +349,15 @@ func scaledBlock(r, g []float32) (block, k int, ok bool) {
 func writeWhat(h string) string {
 	switch h {
 	case "window-slot p-1":
-		return "written to slot (p-1) mod W instead: the previous token's row was overwritten and slot p still holds token p-W's row"
+		return "written to slot (p-1) mod W instead (the previous token's row overwritten), while slot p keeps its previous row"
 	case "window-slot p+1":
-		return "written to slot (p+1) mod W instead: the oldest row was overwritten early and slot p still holds token p-W's row"
+		return "written to slot (p+1) mod W instead (that slot's row overwritten), while slot p keeps its previous row"
 	case "window-not-written":
-		return "never written: slot p still holds token p-W's row"
+		return "never written: slot p keeps its previous row"
 	case "window-double-write p,p-1":
 		return "written twice, to slot p and to slot (p-1) mod W (the previous token's row overwritten)"
 	case "window-double-write p,p+1":
-		return "written twice, to slot p and to slot (p+1) mod W (the oldest row overwritten early)"
+		return "written twice, to slot p and to slot (p+1) mod W (that slot's row overwritten)"
 	}
 	return "written the way hypothesis " + h + " says"
 }

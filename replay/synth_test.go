@@ -375,3 +375,36 @@ func TestSelectionJudgedBothWays(t *testing.T) {
 		t.Fatal("no synthetic step where skipping the Hadamard rotation changes the selection")
 	}
 }
+
+// A new K written to the wrong window slot (slot p+1: the oldest row
+// overwritten early, slot p stale) is a cache-write error, named by its
+// hypothesis — not a prefix-cache hit, which the dump does not record.
+func TestCacheWriteWrongSlot(t *testing.T) {
+	s, err := fault.Synthesize(fault.SynthOptions{Prefill: 6, Steps: 4, Seed: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, l := int64(8), 1
+	key := replay.StageKey{Step: p, Layer: l, Stage: "kv_cache"}
+	kc := s.Src.Values[key].Clone()
+	prev := s.Src.Values[replay.StageKey{Step: p - 1, Layer: l, Stage: "kv_cache"}]
+	kv := s.Src.Values[replay.StageKey{Step: p, Layer: l, Stage: "kv"}]
+	D, W := kc.Shape[1], s.Cfg.WindowSize
+	slot := int(p) % W
+	copy(kc.F[slot*D:(slot+1)*D], prev.F[slot*D:(slot+1)*D]) // slot p keeps its old row
+	copy(kc.F[(slot+1)*D:(slot+2)*D], kv.F)                   // the new K lands in slot p+1
+	s.Src.Values[key] = kc
+	// Later steps read the dumped cache of step 8 as their previous cache.
+	for q := p + 1; q < 10; q++ {
+		delete(s.Src.Values, replay.StageKey{Step: q, Layer: l, Stage: "kv_cache"})
+	}
+	rep := replaySynth(t, s)
+	d := rep.First
+	if d == nil || d.Step != p || d.Layer != l || d.Stage != "kv_cache" || d.Kind != replay.KindCacheWrite {
+		t.Fatalf("first divergence %+v", d)
+	}
+	if d.Hypothesis == nil || d.Hypothesis.Best == nil || d.Hypothesis.Best.Name != "window-slot p+1" || !strings.Contains(d.Why, "instead") {
+		t.Fatalf("hypothesis %+v: %s", d.Hypothesis, d.Why)
+	}
+	t.Log(d.Text)
+}
