@@ -392,7 +392,7 @@ func TestCacheWriteWrongSlot(t *testing.T) {
 	D, W := kc.Shape[1], s.Cfg.WindowSize
 	slot := int(p) % W
 	copy(kc.F[slot*D:(slot+1)*D], prev.F[slot*D:(slot+1)*D]) // slot p keeps its old row
-	copy(kc.F[(slot+1)*D:(slot+2)*D], kv.F)                   // the new K lands in slot p+1
+	copy(kc.F[(slot+1)*D:(slot+2)*D], kv.F)                  // the new K lands in slot p+1
 	s.Src.Values[key] = kc
 	// Later steps read the dumped cache of step 8 as their previous cache.
 	for q := p + 1; q < 10; q++ {
