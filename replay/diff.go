@@ -30,6 +30,15 @@ func Diff(ctx context.Context, cfg *engine.Config, m *engine.Model, a, b Source,
 	}
 	rep := newReport(a.Name(), string(Local), m != nil && m.GPURope, steps, layers)
 	rep.Command, rep.Against = "diff", b.Name()
+	for _, p := range append(slices.Clone(a.Steps()), b.Steps()...) {
+		if !slices.Contains(steps, p) && !slices.Contains(rep.Coverage.StepsNotChecked, p) {
+			rep.Coverage.StepsNotChecked = append(rep.Coverage.StepsNotChecked, p)
+		}
+	}
+	if len(rep.Coverage.StepsNotChecked) > 0 {
+		slices.Sort(rep.Coverage.StepsNotChecked)
+		rep.Coverage.StepsWhy = "only one of the two dumps holds them"
+	}
 	if m != nil {
 		rep.Kernels = m.Kernels()
 	}
@@ -188,9 +197,11 @@ const differentRunCos = 0.1
 
 // SameRun refuses to diff two dumps that are not of the same run: their
 // model configs differ (the ModelArgs of their headers, when both carry
-// one), they decode different steps, or they feed different tokens or
-// positions at a step (the global "tok" / "pos" records, when both hold
-// them). A stage-by-stage diff of two different runs would name the first
+// one), they have no decode step in common or hold different layers, or
+// they feed different tokens or positions at a common step (the global
+// "tok" / "pos" records, when both hold them). Steps only one of them holds
+// are not refused: Diff compares the common ones and reports the others as
+// not checked. A stage-by-stage diff of two different runs would name the first
 // stage where the runs differ — a projection, typically — as a kernel
 // difference.
 func SameRun(a, b *DumpSource) error {
@@ -204,13 +215,13 @@ func SameRun(a, b *DumpSource) error {
 			}
 		}
 	}
-	if sa, sb := a.Steps(), b.Steps(); !slices.Equal(sa, sb) {
-		return fmt.Errorf("diff %s %s: these dumps decode different steps (A: %s, B: %s)", na, nb, StepList(sa), StepList(sb))
+	if len(intersectSteps(a.Steps(), b.Steps())) == 0 {
+		return fmt.Errorf("diff %s %s: these dumps decode different steps, none in common (A: %s, B: %s)", na, nb, StepList(a.Steps()), StepList(b.Steps()))
 	}
 	if la, lb := a.Layers(), b.Layers(); !slices.Equal(la, lb) {
 		return fmt.Errorf("diff %s %s: these dumps hold different layers (A: %v, B: %v)", na, nb, la, lb)
 	}
-	for _, p := range a.Steps() {
+	for _, p := range intersectSteps(a.Steps(), b.Steps()) {
 		for _, name := range []string{"pos", "tok"} {
 			ta, okA, err := a.read(dump.Key{Request: a.Request, Step: int(p), Layer: dump.Global, Stage: name}, dump.KindStage)
 			if err != nil {
