@@ -408,3 +408,24 @@ func TestCacheWriteWrongSlot(t *testing.T) {
 	}
 	t.Log(d.Text)
 }
+
+// A window K the GPU never FP8-quantised is said to be that (hypothesis
+// no-fq8), not "not FQ8 with a power-of-two neighbour of the scale".
+func TestUnquantisedKV(t *testing.T) {
+	s, err := fault.Synthesize(fault.SynthOptions{Prefill: 6, Steps: 3, Seed: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, l := int64(7), 2
+	roped := s.Src.Values[replay.StageKey{Step: p, Layer: l, Stage: "kv_roped"}]
+	s.Src.Put(p, l, "kv", roped.Clone())
+	rep := replaySynth(t, s)
+	d := rep.First
+	if d == nil || d.Step != p || d.Layer != l || d.Stage != "kv" || d.Kind != replay.KindFP8Cache {
+		t.Fatalf("first divergence %+v", d)
+	}
+	if exact := d.Hypothesis; exact == nil || exact.Best == nil || exact.Best.Name != "no-fq8" || !exact.Best.Exact ||
+		strings.Contains(d.Why, "power-of-two neighbour") || !strings.Contains(d.Why, `hypothesis "no-fq8"`) {
+		t.Fatalf("%s", d.Text)
+	}
+}
