@@ -252,7 +252,7 @@ func notModelled(cfg *engine.Config, src Source, steps []int64, layers []int) []
 				}
 			}
 			for _, n := range names {
-				if !defined[n] {
+				if !defined[n] && !isSplitStage(n) {
 					set[n] = true
 				}
 			}
@@ -484,6 +484,21 @@ func localUnit(m *engine.Model, src Source, u unit, tol *Tolerance, prevChecked 
 			res.first = Diagnose(DiagnoseInput{
 				Model: m, Src: src, Def: def, Result: sr, Ref: ref, GPU: gpu, In: in, Own: own, Mode: Local, Tol: tol,
 			})
+		}
+		if def.Name == "o" {
+			// The split-K partials the dump holds beside o, from the same
+			// dumped inputs (judged after o: the attention diagnosis of o
+			// already uses them).
+			srs, err := splitResults(m.Cfg, src, u.step, u.layer, in["q"], in["kv_cache"], in["topk_idxs"], tol, m.GPURope)
+			if err != nil {
+				return res, err
+			}
+			for _, r := range srs {
+				res.results = append(res.results, r)
+				if r.Status == StatusFail && res.first == nil {
+					res.first = splitDivergence(r, Local)
+				}
+			}
 		}
 		if def.Name == "kv_cache" {
 			// The GPU's page bytes, when dumped, must encode the dumped rows
@@ -775,6 +790,21 @@ func propagateLayer(ctx context.Context, m *engine.Model, src Source, steps []in
 			if sr.Status == StatusFail && ur.first == nil {
 				ur.first = Diagnose(DiagnoseInput{Model: m, Src: src, Def: def, Result: sr, Ref: ref, GPU: gpu, In: in, Own: own, Mode: Propagated, Tol: tol})
 			}
+			if def.Name == "o" {
+				srs, err := splitResults(m.Cfg, src, p, layer, chainIn["q"], chainIn["kv_cache"], chainIn["topk_idxs"], tol, m.GPURope)
+				if err != nil {
+					return next, err
+				}
+				for _, r := range srs {
+					for i := range r.Inputs {
+						r.Inputs[i].From = FromPropagate
+					}
+					ur.results = append(ur.results, r)
+					if r.Status == StatusFail && ur.first == nil {
+						ur.first = splitDivergence(r, Propagated)
+					}
+				}
+			}
 			return next, nil
 		}
 		_, next, err := engine.RunStepHooked(sctx, x, st, judge)
@@ -840,4 +870,17 @@ func attributeLocally(m *engine.Model, src Source, ur *unitResult, p int64, laye
 	d.Text = fmt.Sprintf("first divergence: decode step %d, layer %d, stage %s — %s: %s", d.Step, d.Layer, d.Stage, d.Kind, d.Why)
 	ur.first = d
 	return nil
+}
+
+// splitDivergence is the first divergence of a failing split-K record: the
+// split kernel (or the bounds it was given), not the combine.
+func splitDivergence(r StageResult, mode Mode) *Divergence {
+	d := &Divergence{Step: r.Step, Layer: r.Layer, Stage: r.Stage, Kind: KindAttention, Mode: string(mode), Inputs: r.Inputs, Hint: hints[KindAttention]}
+	if r.Stage == "split_bounds" {
+		d.Why = "the split-K bounds the GPU dumped are not a split of its index list: " + r.Reason
+	} else {
+		d.Why = "the GPU's split-K partial differs from the reference's over the same split of the index list (q, kv_cache and topk_idxs from the dump): the split kernel, not the combine: " + r.Reason
+	}
+	d.Text = fmt.Sprintf("first divergence: decode step %d, layer %d, stage %s — %s: %s", d.Step, d.Layer, d.Stage, d.Kind, d.Why)
+	return d
 }
