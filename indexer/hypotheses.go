@@ -143,6 +143,14 @@ func CheckSelectionRef(gpu []int64, gpuScores, iq, icache, iw []float32, heads, 
 	IndexQK(qk, iq, icache, heads, headDim)
 	sc := make([]float32, tc)
 	IndexScore(sc, qk, iw)
+	return JudgeSelectionRef(gpu, gpuScores, sc, k)
+}
+
+// JudgeSelectionRef is CheckSelectionRef with the reference's scores sc
+// already computed (a propagated replay's own chain): the GPU's selection
+// gpu compared with TopK(sc, k), tie-aware, with the rows and both scores.
+func JudgeSelectionRef(gpu []int64, gpuScores, sc []float32, k int) RefSelection {
+	tc := len(sc)
 	r := RefSelection{Scores: sc, Diff: CompareSelection(gpu, sc, k), FirstRow: -1}
 	gpuAt := func(j int64) float32 {
 		if gpuScores == nil || j < 0 || j >= int64(len(gpuScores)) {

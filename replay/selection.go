@@ -68,55 +68,51 @@ func refScoresLocal(m *engine.Model, src Source, ctx *engine.StepContext, defs [
 	return vals["index_score"].F, vals, true, nil
 }
 
-// selectionVsRef judges the GPU's selection gpuSel (index_topk rows) against
-// the reference scores ref: "" when the reference's top-k is the same set,
-// or differs only in exact ties or in rows whose reference score is within
-// allow bf16 ulps of the k-th score; else a sentence naming the rows with
-// their reference and GPU scores.
-func selectionVsRef(gpuSel []int64, gpuScores, ref []float32, k, allow int) string {
-	if len(ref) == 0 || k > len(ref) {
-		return ""
-	}
-	d := indexer.CompareSelection(gpuSel, ref, k)
+// selectionVsRef judges the GPU's selection against the reference's scores
+// (r, from indexer.CheckSelectionRef or JudgeSelectionRef): "" when the
+// reference's top-k is the same set, or differs only in exact ties or in
+// rows whose reference score is within allow bf16 ulps of the k-th score;
+// else a sentence naming the rows with their reference and GPU scores.
+func selectionVsRef(r indexer.RefSelection, k, allow int) string {
+	d := r.Diff
 	if d.Verdict != indexer.Diverged {
 		return ""
 	}
 	kth := d.Ties.KthScore
-	near := true
-	for _, j := range append(slices.Clone(d.Missing), d.Extra...) {
-		if j < 0 || j >= int64(len(ref)) || quant.BF16ULPDistance(ref[j], kth) > int32(allow) {
+	near := len(r.Missing) > 0
+	for _, x := range append(slices.Clone(r.Missing), r.Extra...) {
+		if x.Ref != x.Ref || quant.BF16ULPDistance(x.Ref, kth) > int32(allow) {
 			near = false
 			break
 		}
 	}
-	if near && len(d.Missing) > 0 {
+	if near {
 		return ""
 	}
-	rows := func(rs []int64) string {
+	rows := func(rs []indexer.RowScore) string {
 		var p []string
-		for i, j := range rs {
+		for i, x := range rs {
 			if i == 6 {
 				p = append(p, fmt.Sprintf("… (%d more)", len(rs)-6))
 				break
 			}
-			if j < 0 || j >= int64(len(ref)) {
-				p = append(p, fmt.Sprintf("row %d (outside the %d rows)", j, len(ref)))
-				continue
+			switch {
+			case x.Ref != x.Ref:
+				p = append(p, fmt.Sprintf("row %d (outside the %d rows)", x.Row, len(r.Scores)))
+			case x.GPU != x.GPU:
+				p = append(p, fmt.Sprintf("row %d (reference score %g, GPU score not dumped)", x.Row, x.Ref))
+			default:
+				p = append(p, fmt.Sprintf("row %d (reference score %g, GPU score %g)", x.Row, x.Ref, x.GPU))
 			}
-			g := "not dumped"
-			if j < int64(len(gpuScores)) {
-				g = fmt.Sprintf("%g", gpuScores[j])
-			}
-			p = append(p, fmt.Sprintf("row %d (reference score %g, GPU score %s)", j, ref[j], g))
 		}
 		return strings.Join(p, ", ")
 	}
 	s := fmt.Sprintf("the GPU's top-%d matches its own index scores, but with the reference's scores the top-%d is other rows (k-th reference score %g, not a boundary tie)", k, k, kth)
-	if len(d.Missing) > 0 {
-		s += "; the reference selects " + rows(d.Missing)
+	if len(r.Missing) > 0 {
+		s += "; the reference selects " + rows(r.Missing)
 	}
-	if len(d.Extra) > 0 {
-		s += "; the GPU selected instead " + rows(d.Extra)
+	if len(r.Extra) > 0 {
+		s += "; the GPU selected instead " + rows(r.Extra)
 	}
 	return s
 }
@@ -216,23 +212,37 @@ func selectionBothWays(m *engine.Model, src Source, ctx *engine.StepContext, def
 	if err != nil || !ok || sel.Kind.IsFloat() {
 		return "", err
 	}
+	var rs indexer.RefSelection
+	var k int
+	if !gpuScores.Kind.IsFloat() {
+		return "", nil
+	}
 	if ref == nil {
-		s, _, ok, err := refScoresLocal(m, src, ctx, defs)
+		// The reference's scores from the dumped indexer inputs: its query
+		// chain from cq, its head weights from x, the dumped keys.
+		_, vals, ok, err := refScoresLocal(m, src, ctx, defs)
 		if err != nil || !ok {
 			return "", err
 		}
-		ref = s
-	}
-	k := min(m.Cfg.IndexTopK, len(ref))
-	if !gpuScores.Kind.IsFloat() || len(gpuScores.F) != len(ref) {
-		return "", nil
+		ix, ic := ctx.W.Indexer, vals["icache"]
+		k = min(m.Cfg.IndexTopK, ic.Shape[0])
+		if len(gpuScores.F) != ic.Shape[0] {
+			return "", nil
+		}
+		rs = indexer.CheckSelectionRef(sel.I, gpuScores.F, vals["iq"].F, ic.F, vals["iw"].F, ix.NHeads, ix.HeadDim, k)
+	} else {
+		k = min(m.Cfg.IndexTopK, len(ref))
+		if len(gpuScores.F) != len(ref) {
+			return "", nil
+		}
+		rs = indexer.JudgeSelectionRef(sel.I, gpuScores.F, ref, k)
 	}
 	if indexer.CompareSelection(sel.I, gpuScores.F, k).Verdict == indexer.Diverged {
 		// Not even a top-k of the GPU's own scores: index_topk's own
 		// judgement names that, at its stage.
 		return "", nil
 	}
-	return selectionVsRef(sel.I, gpuScores.F, ref, k, tol.For("index_score").allowedULP(m.GPURope)), nil
+	return selectionVsRef(rs, k, tol.For("index_score").allowedULP(m.GPURope)), nil
 }
 
 // selectionWhyMark is the start of selectionVsRef's sentence, how Diagnose
