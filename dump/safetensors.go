@@ -103,7 +103,21 @@ func ParseSafetensorsHeader(hdr []byte, dataSize int64) (*Safetensors, error) {
 		return nil, fmt.Errorf("header JSON at offset 8: %w", err)
 	}
 	st := &Safetensors{Metadata: map[string]string{}, byName: map[string]int{}}
-	for name, msg := range raw {
+	// Entries are checked in name order, and their bounds in file order
+	// below, so an error names the same tensor on every run (the header is
+	// a JSON object, decoded into a map).
+	names := make([]string, 0, len(raw))
+	for name := range raw {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	type bounds struct {
+		name   string
+		b, end int64
+	}
+	var outside []bounds
+	for _, name := range names {
+		msg := raw[name]
 		if name == "__metadata__" {
 			if err := json.Unmarshal(msg, &st.Metadata); err != nil {
 				return nil, fmt.Errorf("__metadata__: want a string-to-string map: %w", err)
@@ -126,7 +140,8 @@ func ParseSafetensorsHeader(hdr []byte, dataSize int64) (*Safetensors, error) {
 		}
 		b, end := e.DataOffsets[0], e.DataOffsets[1]
 		if b < 0 || end < b || end > dataSize {
-			return nil, fmt.Errorf("tensor %q: data_offsets [%d, %d] outside the %d-byte data area", name, b, end, dataSize)
+			outside = append(outside, bounds{name, b, end})
+			continue
 		}
 		cnt, err := NumElements(e.Shape)
 		if err != nil {
@@ -140,6 +155,18 @@ func ParseSafetensorsHeader(hdr []byte, dataSize int64) (*Safetensors, error) {
 			return nil, fmt.Errorf("tensor %q: shape %v %s needs %d bytes, data_offsets [%d, %d] hold %d", name, e.Shape, e.DType, want, b, end, end-b)
 		}
 		st.Entries = append(st.Entries, SafetensorsEntry{Name: name, DType: dt, Shape: e.Shape, Offset: b, Size: end - b})
+	}
+	if len(outside) > 0 {
+		// The first in file order: in a truncated file, the first tensor
+		// the file cuts off.
+		sort.Slice(outside, func(i, j int) bool {
+			if outside[i].b != outside[j].b {
+				return outside[i].b < outside[j].b
+			}
+			return outside[i].name < outside[j].name
+		})
+		o := outside[0]
+		return nil, fmt.Errorf("tensor %q: data_offsets [%d, %d] outside the %d-byte data area", o.name, o.b, o.end, dataSize)
 	}
 	sort.Slice(st.Entries, func(i, j int) bool {
 		a, b := st.Entries[i], st.Entries[j]

@@ -310,3 +310,28 @@ func FuzzSafetensorsHeader(f *testing.F) {
 		}
 	})
 }
+
+// A truncated file cuts off several tensors: the error names the first of
+// them in file order, the same on every run (the header is decoded into a
+// map, whose iteration order varies).
+func TestSafetensorsTruncatedErrorDeterministic(t *testing.T) {
+	hdr := []byte(`{"z":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},` +
+		`"b":{"dtype":"F32","shape":[4],"data_offsets":[16,32]},` +
+		`"a":{"dtype":"F32","shape":[4],"data_offsets":[32,48]},` +
+		`"c":{"dtype":"F32","shape":[4],"data_offsets":[48,64]}}`)
+	var first string
+	for run := 0; run < 50; run++ {
+		_, err := ParseSafetensorsHeader(hdr, 20)
+		if err == nil {
+			t.Fatal("a header past the data area was accepted")
+		}
+		if run == 0 {
+			first = err.Error()
+			if !strings.Contains(first, `tensor "b"`) {
+				t.Fatalf("error %q: want the first tensor cut off, \"b\"", first)
+			}
+		} else if err.Error() != first {
+			t.Fatalf("run %d: %q, run 0: %q", run, err, first)
+		}
+	}
+}

@@ -41,15 +41,10 @@ func openDumpModel(t *testing.T, path string) (*dump.Dump, *replay.DumpSource, *
 	return d, src, m
 }
 
-// faultWhyGPU is what the diagnosis of each fault must say on a GPU dump. It
-// is faultWhy, except that the official dumps hold no split-K partials, so a
-// split-K merge fault is told from the per-head shape of o alone.
-func faultWhyGPU(k Kind) string {
-	if k == SplitKMerge {
-		return "not a rescaling of the reference: a split-K partial/merge error"
-	}
-	return faultWhy[k]
-}
+// faultWhyGPU is what the diagnosis of each fault must say on a GPU dump:
+// faultWhy (the official dumps hold no split-K partials, but the split-K
+// hypotheses reproduce the faulty o from q, the cache and the index list).
+func faultWhyGPU(k Kind) string { return faultWhy[k] }
 
 // TestFaultedCopyGPUDumps writes a faulted copy of the GPU dumps for every
 // fault kind that applies to them and replays it: the first divergence is

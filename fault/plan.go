@@ -49,7 +49,7 @@ func planFault(d *dump.Dump, src *replay.DumpSource, m *engine.Model, opt Option
 		return nil, err
 	}
 	if !containsStep(steps, f.Step) {
-		return nil, fmt.Errorf("fault %s: step %d is not a dumped decode step (dumped: %s)", f, f.Step, stepList(steps))
+		return nil, fmt.Errorf("fault %s: step %d is not a dumped decode step (dumped: %s)", f, f.Step, replay.StepList(steps))
 	}
 	if !containsInt(layers, f.Layer) {
 		return nil, fmt.Errorf("fault %s: layer %d is not in the dump", f, f.Layer)

@@ -491,41 +491,19 @@ func (j *faultInjector) corrupt(ctx *engine.StepContext, out engine.Tensor, in m
 		}
 		parts := replay.SplitPartials(cfg, q, kv, idx, bounds)
 		if j.fault.Kind == WrongLSE {
-			noSink := make([]float32, cfg.NHeads)
-			for i := range noSink {
-				noSink[i] = float32(math.Inf(-1))
-			}
-			attention.MergePartials(bad.F, parts, noSink, D)
+			// The combine's total LSE without the sink term.
+			attention.MergePartialsNoSink(bad.F, parts, D)
 			return bad, nil
 		}
 		// Correct total L (with the sink), then the buggy sum: split 1 is
 		// added with weight 1 instead of 2^(LSE2_1 − L).
-		tmp := make([]float32, len(bad.F))
-		L := attention.MergePartials(tmp, parts, ctx.W.AttnSink, D)
-		for h := 0; h < cfg.NHeads; h++ {
-			w0 := math.Exp2(float64(parts[0].LSE2[h] - L[h]))
-			for k := 0; k < D; k++ {
-				i := h*D + k
-				bad.F[i] = quant.BF16Round(float32(w0*float64(parts[0].O[i]) + float64(parts[1].O[i])))
-			}
-		}
+		attention.MergePartialsUnscaled(bad.F, parts, ctx.W.AttnSink, D, 1)
 		return bad, nil
 	case FP8Scale:
-		roped := in["kv_roped"]
-		nope := D - 64
-		for b := 0; b*64 < nope; b++ {
-			blk := roped.F[b*64 : (b+1)*64]
-			s := replay.FQ8Scale(blk)
-			var a float32
-			for _, v := range blk {
-				a = max(a, float32(math.Abs(float64(v))))
-			}
-			t := max(a, 1e-4) * float32(1.0/448)
-			if t < s { // not a power of two: round down instead of up
-				s /= 2
-			}
-			replay.FQ8With(bad.F[b*64:(b+1)*64], blk, s)
-		}
+		// FQ8 of the window K with every block scale rounded down to a
+		// power of two instead of up (quant.FQ8Floor2).
+		copy(bad.F, in["kv_roped"].F)
+		quant.FQ8Floor2(bad.F[:D-64], 64)
 		return bad, nil
 	case ScaleByte:
 		slot := int((j.fault.Step - 1) % int64(W))

@@ -69,9 +69,9 @@ func faultPositions(cfg *engine.Config, kind Kind, first, last int64) []Fault {
 
 // faultWhy is what the diagnosis of each fault must say.
 var faultWhy = map[Kind]string{
-	SplitKMerge:    "the split-K combine (merge) is wrong",
-	WrongLSE:       "times a constant",
-	FP8Scale:       "scale rounded the other way",
+	SplitKMerge:    `reproduced bit for bit by hypothesis "splitk-unscaled-split-1"`,
+	WrongLSE:       `reproduced bit for bit by hypothesis "splitk-no-sink"`,
+	FP8Scale:       `reproduced bit for bit by hypothesis "fq8-scale-floor2"`,
 	ScaleByte:      "scale byte reads",
 	TopKOffByOne:   "not a boundary tie",
 	StalePrefix:    "a stale page from that request",

@@ -211,7 +211,7 @@ const htmlTemplate = `<!DOCTYPE html>
 <style>
 body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px;color:#222}
 h1{font-size:1.4em} .verdict{font-size:1.2em;padding:.5em;border-radius:4px}
-.agree{background:#e4f6e4} .diverged{background:#fbe3e3}
+.agree{background:#e4f6e4} .diverged{background:#fbe3e3} .incomplete{background:#fff6d6}
 table{border-collapse:collapse;font-size:.85em} td,th{border:1px solid #ccc;padding:2px 6px;text-align:left}
 .fail{background:#fbe3e3} .tie{background:#fff6d6} .plots img{margin:4px}
 code{background:#f3f3f3;padding:1px 3px}
@@ -224,7 +224,10 @@ GPU RoPE table: {{.R.GPURope}}. Stages compared {{.R.Summary.Compared}}: {{.R.Su
 {{if .R.First.Detail}}<ul>{{range .R.First.Detail}}<li>{{.}}</li>{{end}}</ul>{{end}}
 {{if .R.First.Hint}}<p><i>hint:</i> {{.R.First.Hint}}</p>{{end}}
 <p>inputs: {{range .R.First.Inputs}}<code>{{.Name}}</code> ({{.From}}, {{.Status}}) {{end}}</p></div>
-{{else}}<div class="verdict agree"><b>agree</b>: no stage out of tolerance</div>{{end}}
+{{else if .R.Incomplete}}<div class="verdict incomplete"><b>{{.R.VerdictLine}}</b></div>
+{{else}}<div class="verdict agree"><b>{{.R.VerdictLine}}</b></div>{{end}}
+{{if .R.CoverageLine}}<p>not checked: {{.R.CoverageLine}}</p>{{end}}
+{{if .R.Coverage.NotModelled}}<p>not judged (outside the reference's stages): {{range $i, $s := .R.Coverage.NotModelled}}{{if $i}}, {{end}}<code>{{$s}}</code>{{end}}</p>{{end}}
 {{if .Heat}}<h2>Error by layer x step</h2><img src="{{.Heat}}" alt="heatmap">
 <p>Colour: the worst stage severity of the (step, layer): 0 (blue) bit-identical, below 1 within tolerance, 1 and above (red) out of tolerance.</p>{{end}}
 <h2>Stages</h2>

@@ -28,6 +28,9 @@ type Metrics struct {
 	MeanAbs   float64 `json:"mean_abs"`             // mean |gpu - ref| over finite pairs
 	CosDiff   float64 `json:"cos_diff"`             // 1 - 2<x,y>/(|x|²+|y|²), fp64, 0 for two zero tensors
 	MaxULP    int64   `json:"max_ulp"`              // max bf16 ulp distance over finite pairs
+	MaxULPAt  []int   `json:"max_ulp_at,omitempty"` // its coordinate (the first element with that distance)
+	MaxULPRef F64     `json:"max_ulp_ref"`          // reference value there
+	MaxULPGPU F64     `json:"max_ulp_gpu"`          // GPU value there
 	ULPOver   int     `json:"ulp_over"`             // elements whose ulp distance exceeds the stage's allowance
 	CloseFail int     `json:"close_fail"`           // elements failing abs-or-rel (close mode)
 
@@ -136,6 +139,7 @@ func CompareFloat(ref, gpu engine.Tensor, tol StageTol, gpuTable bool) Metrics {
 	nFinite := 0
 	first := -1
 	maxAt := -1
+	ulpAt := -1 // element of MaxULP
 	nfRows := map[int]bool{}
 	rowLen := 1
 	if len(ref.Shape) > 1 {
@@ -201,6 +205,7 @@ func CompareFloat(ref, gpu engine.Tensor, tol StageTol, gpuTable bool) Metrics {
 		u := int64(quant.BF16ULPDistance(x, y))
 		if u > m.MaxULP {
 			m.MaxULP = u
+			ulpAt = i
 		}
 		if u > allowed {
 			m.ULPOver++
@@ -220,6 +225,10 @@ func CompareFloat(ref, gpu engine.Tensor, tol StageTol, gpuTable bool) Metrics {
 		m.MaxAbsAt = engine.Coord(ref.Shape, maxAt)
 		m.MaxAbsRef = F64(ref.F[maxAt])
 		m.MaxAbsGPU = F64(gpu.F[maxAt])
+	}
+	if ulpAt >= 0 {
+		m.MaxULPAt = engine.Coord(ref.Shape, ulpAt)
+		m.MaxULPRef, m.MaxULPGPU = F64(ref.F[ulpAt]), F64(gpu.F[ulpAt])
 	}
 	if first >= 0 {
 		m.First = engine.Coord(ref.Shape, first)

@@ -2,6 +2,7 @@ package replay
 
 import (
 	"encoding/json"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -121,6 +122,7 @@ func compareFloatPlain(ref, gpu engine.Tensor, tol StageTol, gpuTable bool) Metr
 	nFinite := 0
 	first := -1
 	maxAt := -1
+	ulpAt := -1
 	nfRows := map[int]bool{}
 	rowLen := 1
 	if len(ref.Shape) > 1 {
@@ -164,6 +166,7 @@ func compareFloatPlain(ref, gpu engine.Tensor, tol StageTol, gpuTable bool) Metr
 		u := int64(quant.BF16ULPDistance(x, y))
 		if u > m.MaxULP {
 			m.MaxULP = u
+			ulpAt = i
 		}
 		if u > int64(tol.allowedULP(gpuTable)) {
 			m.ULPOver++
@@ -179,6 +182,10 @@ func compareFloatPlain(ref, gpu engine.Tensor, tol StageTol, gpuTable bool) Metr
 		m.MaxAbsAt = engine.Coord(ref.Shape, maxAt)
 		m.MaxAbsRef = F64(ref.F[maxAt])
 		m.MaxAbsGPU = F64(gpu.F[maxAt])
+	}
+	if ulpAt >= 0 {
+		m.MaxULPAt = engine.Coord(ref.Shape, ulpAt)
+		m.MaxULPRef, m.MaxULPGPU = F64(ref.F[ulpAt]), F64(gpu.F[ulpAt])
 	}
 	if first >= 0 {
 		m.First = engine.Coord(ref.Shape, first)
@@ -244,5 +251,24 @@ func TestCompareFloatOnePass(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// The ulp sentence of a failing ulp stage takes the distance, coordinate and
+// values from one element: here the largest absolute error (element 0, a
+// large value off by one ulp) and the largest ulp distance (element 2, a
+// small value off by 8 ulps) are different elements.
+func TestULPReasonOneElement(t *testing.T) {
+	ref := engine.FromF(engine.KindBF16, []float32{1024, 1, 0.5, 2}, 4)
+	gpu := engine.FromF(engine.KindBF16, []float32{quant.BF16Next(1024, 1), 1, quant.BF16Next(0.5, 8), 2}, 4)
+	st := StageTol{Mode: TolULP, MaxULP: 1}
+	m := CompareFloat(ref, gpu, st, true)
+	if m.MaxULP != 8 || len(m.MaxULPAt) != 1 || m.MaxULPAt[0] != 2 || len(m.MaxAbsAt) != 1 || m.MaxAbsAt[0] != 0 {
+		t.Fatalf("max ulp %d at %v, max abs at %v", m.MaxULP, m.MaxULPAt, m.MaxAbsAt)
+	}
+	ok, why := st.Judge(m, true)
+	want := fmt.Sprintf("max 8 bf16 ulps (allowed 1) at [2]: GPU %g, reference 0.5", quant.BF16Next(0.5, 8))
+	if ok || why != want {
+		t.Fatalf("judge %v %q, want %q", ok, why, want)
 	}
 }

@@ -2,9 +2,9 @@ package replay
 
 import (
 	"fmt"
-
 	"strings"
 
+	"sparsemla/attribute"
 	"sparsemla/engine"
 )
 
@@ -21,6 +21,8 @@ type DiagnoseInput struct {
 	Own    map[string]engine.Tensor // the reference's own stage values at this step
 	Mode   Mode
 	Tol    *Tolerance // the policy in force (nil: the mode's default)
+
+	hyp *attribute.Verdict // the hypotheses' verdict on the stage (set by Diagnose)
 }
 
 // Diagnose names the kind of a divergence and why, from the stage that failed
@@ -71,6 +73,19 @@ func Diagnose(d DiagnoseInput) *Divergence {
 		div.Kind, div.Why = stageKind(sr.Stage), "GPU tensor has "+sr.Reason
 		return div
 	}
+	if sr.Stage == "index_score" && strings.Contains(sr.Reason, selectionWhyMark) {
+		diagnoseScoreSelection(d, div)
+		return div
+	}
+	d.hyp = attributeStage(d)
+	div.Hypothesis = d.hyp
+	defer func() {
+		// Every diagnosis names the hypothesis that reproduces the GPU (or
+		// the closest one) unless its own sentence already does.
+		if t := d.hyp.Text(); t != "" && !strings.Contains(div.Why, t) {
+			div.Why += "; " + t
+		}
+	}()
 	switch sr.Stage {
 	case "o", "lse":
 		diagnoseAttention(d, div)

@@ -37,6 +37,21 @@ func diagnoseAttention(d DiagnoseInput, div *Divergence) {
 	if line := indexListSummary(d); line != "" {
 		div.Detail = append(div.Detail, line)
 	}
+	if h := exactHypothesis(d.hyp); h != "" && len(div.Heads) > 0 {
+		// A known alternative computation reproduces the GPU's o bit for
+		// bit from the same inputs: that is the diagnosis.
+		why := fmt.Sprintf("%s, but heads %v differ", inputs, div.Heads)
+		if len(other) == 0 && len(scaled) > 0 {
+			why += " and are the reference output times a constant"
+		}
+		if sw, lines, ok := diagnoseSplits(d, div.Heads); ok {
+			why += "; " + sw
+			div.Detail = append(div.Detail, lines...)
+		}
+		div.Why = why + "; " + d.hyp.Text()
+		div.Detail = append(div.Detail, append(other, scaled...)...)
+		return
+	}
 	if why, lines, ok := diagnoseSplits(d, div.Heads); ok {
 		div.Detail = append(div.Detail, lines...)
 		if len(scaled) > 0 && len(other) == 0 {
@@ -56,7 +71,7 @@ func diagnoseAttention(d DiagnoseInput, div *Divergence) {
 		div.Why = fmt.Sprintf("%s, but heads %v are the reference output times a constant: a normalisation error (wrong LSE or sink term in the softmax denominator / split-K combine)", inputs, div.Heads)
 		div.Detail = scaled
 	default:
-		div.Why = fmt.Sprintf("%s, but heads %v differ and are not a rescaling of the reference: a split-K partial/merge error or wrong keys read", inputs, div.Heads)
+		div.Why = fmt.Sprintf("%s, but heads %v differ and are not a rescaling of the reference, and no known alternative (split-K merges, bf16 logits or softmax, -1 entries read as rows, …) reproduces them: a split-K combine error, keys read from other rows, or another softmax", inputs, div.Heads)
 		div.Detail = append(other, scaled...)
 	}
 }

@@ -92,6 +92,13 @@ func diagnoseFQ8(d DiagnoseInput, div *Divergence) {
 	if d.Result.Stage == "cmp_row" {
 		what = "the compressed row's FQ8 values"
 	}
+	if h := exactHypothesis(d.hyp); h != "" {
+		div.Why = fmt.Sprintf("%s differ in 64-blocks %v (input %s matched): %s", what, div.Blocks, inName, d.hyp.Text())
+		if h == "no-fq8" {
+			div.Detail = []string{fmt.Sprintf("the GPU's value is %s itself: it was never rounded to the FP8 grid", inName)}
+		}
+		return
+	}
 	switch {
 	case len(div.Blocks) == 0:
 		div.Why = fmt.Sprintf("%s differ in the unquantised RoPE dims; %s", what, d.Result.Reason)
@@ -150,6 +157,13 @@ func diagnoseCache(d DiagnoseInput, div *Divergence) {
 		default:
 			old = append(old, i)
 		}
+	}
+	if h := exactHypothesis(d.hyp); strings.HasPrefix(h, "window-") {
+		// The step's own write went wrong (wrong slot, no write, a double
+		// write): a cache-write error, whatever other rows it touched.
+		div.Kind = KindCacheWrite
+		div.Why = fmt.Sprintf("cache rows %v differ; the GPU's cache is the previous cache with this step's kv (token %d, slot %d = p mod %d) %s", rows, p, slot, W, writeWhat(h))
+		return
 	}
 	if w, o, ok := misplacedWrite(ref, gpu, append(written, compressed...), old); ok {
 		div.Kind = KindCache
@@ -224,8 +238,19 @@ func diagnoseOldRows(d DiagnoseInput, div *Divergence, old []int, slot, W int) {
 			first, pos, b, b*64, b*64+63, k, 127+e+k, 127+e)
 		return
 	}
-	div.Kind = KindPrefix
+	// Rows nobody wrote at this step changed: a prefix-cache hit only when
+	// the dump records one; otherwise stale or corrupted cache rows.
+	div.Kind = KindCache
 	why := fmt.Sprintf("cache rows %v (first: %s) were not written at this step but differ from this request's own rows after the previous step", old, pos)
+	if ps, ok := d.Src.(PrefixSource); ok {
+		if _, ok := ps.PrefixHit(); ok {
+			div.Kind = KindPrefix
+		}
+	}
+	if div.Kind == KindCache {
+		div.Why = why + "; the dump records no prefix-cache hit for this request, so these are stale or corrupted rows of its own cache (a page freed and reused, an out-of-bounds write)"
+		return
+	}
 	if ps, ok := d.Src.(PrefixSource); ok {
 		if hit, ok := ps.PrefixHit(); ok {
 			others := map[string]engine.Tensor{}
@@ -318,4 +343,21 @@ func scaledBlock(r, g []float32) (block, k int, ok bool) {
 		return 0, 0, false
 	}
 	return block, k, true
+}
+
+// writeWhat says what a window-write hypothesis did, for the diagnosis.
+func writeWhat(h string) string {
+	switch h {
+	case "window-slot p-1":
+		return "written to slot (p-1) mod W instead (the previous token's row overwritten), while slot p keeps its previous row"
+	case "window-slot p+1":
+		return "written to slot (p+1) mod W instead (that slot's row overwritten), while slot p keeps its previous row"
+	case "window-not-written":
+		return "never written: slot p keeps its previous row"
+	case "window-double-write p,p-1":
+		return "written twice, to slot p and to slot (p-1) mod W (the previous token's row overwritten)"
+	case "window-double-write p,p+1":
+		return "written twice, to slot p and to slot (p+1) mod W (that slot's row overwritten)"
+	}
+	return "written the way hypothesis " + h + " says"
 }

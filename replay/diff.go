@@ -2,9 +2,12 @@ package replay
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"slices"
 	"sort"
 
+	"sparsemla/dump"
 	"sparsemla/engine"
 )
 
@@ -27,6 +30,15 @@ func Diff(ctx context.Context, cfg *engine.Config, m *engine.Model, a, b Source,
 	}
 	rep := newReport(a.Name(), string(Local), m != nil && m.GPURope, steps, layers)
 	rep.Command, rep.Against = "diff", b.Name()
+	for _, p := range append(slices.Clone(a.Steps()), b.Steps()...) {
+		if !slices.Contains(steps, p) && !slices.Contains(rep.Coverage.StepsNotChecked, p) {
+			rep.Coverage.StepsNotChecked = append(rep.Coverage.StepsNotChecked, p)
+		}
+	}
+	if len(rep.Coverage.StepsNotChecked) > 0 {
+		slices.Sort(rep.Coverage.StepsNotChecked)
+		rep.Coverage.StepsWhy = "only one of the two dumps holds them"
+	}
 	if m != nil {
 		rep.Kernels = m.Kernels()
 	}
@@ -63,6 +75,12 @@ func Diff(ctx context.Context, cfg *engine.Config, m *engine.Model, a, b Source,
 				}
 				JudgeStage(&sr, ta, tb, in, tol.For(name), JudgeContext{GPURope: true, Window: cfg.WindowSize})
 				rep.Results = append(rep.Results, sr)
+				if sr.Status == StatusFail && rep.First == nil && name == "x" && sr.Metrics != nil && sr.Metrics.CosDiff > differentRunCos {
+					// The attention input itself is unrelated: not two engines
+					// of one run but two runs (other tokens or prompt), or a
+					// difference upstream of the attention sub-layer.
+					return nil, fmt.Errorf("diff %s %s: these dumps are not of the same run: the attention input x of layer %d at step %d already differs (cos_diff %.3g; %s) — other tokens or prompt, or a difference upstream of attention", a.Name(), b.Name(), l, p, sr.Metrics.CosDiff, sr.Reason)
+				}
 				if sr.Status == StatusFail && rep.First == nil {
 					div := &Divergence{Step: p, Layer: l, Stage: name, Kind: stageKind(name), Mode: "diff",
 						Why: "A and B differ: " + sr.Reason, Inputs: []InputInfo{}}
@@ -169,4 +187,78 @@ func intersectInts(a, b []int) []int {
 	}
 	sort.Ints(out)
 	return out
+}
+
+// differentRunCos is the cos_diff of the attention input x above which two
+// dumps are taken to be of different runs: two engines running the same
+// tokens agree in x to bf16 rounding (cos_diff ~1e-5 at most), unrelated
+// inputs give cos_diff ~1.
+const differentRunCos = 0.1
+
+// SameRun refuses to diff two dumps that are not of the same run: their
+// model configs differ (the ModelArgs of their headers, when both carry
+// one), they have no decode step in common or hold different layers, or
+// they feed different tokens or positions at a common step (the global
+// "tok" / "pos" records, when both hold them). Steps only one of them holds
+// are not refused: Diff compares the common ones and reports the others as
+// not checked. A stage-by-stage diff of two different runs would name the first
+// stage where the runs differ — a projection, typically — as a kernel
+// difference.
+func SameRun(a, b *DumpSource) error {
+	na, nb := a.Name(), b.Name()
+	if ma, mb := a.D.Header.ModelArgs, b.D.Header.ModelArgs; ma != "" && mb != "" {
+		ca, errA := engine.ParseConfig([]byte(ma))
+		cb, errB := engine.ParseConfig([]byte(mb))
+		if errA == nil && errB == nil {
+			if f := firstConfigDifference(ca, cb); f != "" {
+				return fmt.Errorf("diff %s %s: these dumps are of different models (config %s)", na, nb, f)
+			}
+		}
+	}
+	if len(intersectSteps(a.Steps(), b.Steps())) == 0 {
+		return fmt.Errorf("diff %s %s: these dumps decode different steps, none in common (A: %s, B: %s)", na, nb, StepList(a.Steps()), StepList(b.Steps()))
+	}
+	if la, lb := a.Layers(), b.Layers(); !slices.Equal(la, lb) {
+		return fmt.Errorf("diff %s %s: these dumps hold different layers (A: %v, B: %v)", na, nb, la, lb)
+	}
+	for _, p := range intersectSteps(a.Steps(), b.Steps()) {
+		for _, name := range []string{"pos", "tok"} {
+			ta, okA, err := a.read(dump.Key{Request: a.Request, Step: int(p), Layer: dump.Global, Stage: name}, dump.KindStage)
+			if err != nil {
+				return err
+			}
+			tb, okB, err := b.read(dump.Key{Request: b.Request, Step: int(p), Layer: dump.Global, Stage: name}, dump.KindStage)
+			if err != nil {
+				return err
+			}
+			if okA && okB && !slices.Equal(ta.I, tb.I) {
+				return fmt.Errorf("diff %s %s: these dumps are of different runs: %s at step %d is %v in A, %v in B", na, nb, name, p, ta.I, tb.I)
+			}
+		}
+	}
+	return nil
+}
+
+// firstConfigDifference names the first ModelArgs field (in JSON key order)
+// whose value differs between two configs, with both values; "" when none.
+func firstConfigDifference(a, b *engine.Config) string {
+	ja, _ := json.Marshal(a)
+	jb, _ := json.Marshal(b)
+	var ma, mb map[string]any
+	if json.Unmarshal(ja, &ma) != nil || json.Unmarshal(jb, &mb) != nil {
+		return ""
+	}
+	keys := make([]string, 0, len(ma))
+	for k := range ma {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		va, _ := json.Marshal(ma[k])
+		vb, _ := json.Marshal(mb[k])
+		if string(va) != string(vb) {
+			return fmt.Sprintf("%s: A %s, B %s", k, va, vb)
+		}
+	}
+	return ""
 }

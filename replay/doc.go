@@ -31,27 +31,35 @@
 // dump's own values of its inputs, so an error is charged to the stage that
 // made it; Propagated mode chains the reference's own values from each
 // layer's dumped x (engine.RunStepHooked), to show how an error grows.
-// Bisect finds the first diverging step of a long dump with few probes (a
-// local replay of one step plus a check of the cache it leaves); Diff
-// compares two dumps of one run, with the reference as referee when the
-// weights are found.
+// Bisect finds the first diverging step of a long dump: a binary search with
+// few probes (a local replay of one step plus a check of the cache it
+// leaves) for a persistent divergence, then a replay of the unprobed steps
+// before it, so it names what a local replay names; Diff compares two dumps
+// of one run (SameRun refuses two different runs), with the reference as
+// referee when the weights are found.
 //
 // Each comparison (CompareFloat, CompareInt, sets for top-k) is judged by the
 // stage's StageTol (DefaultTolerance, PropagatedTolerance, overridable from a
 // file or ParseStageTol): exact, bf16 ulps, FlashMLA's abs-or-rel plus
 // cos_diff, or a top-k set where a difference inside an exact score tie is a
 // tie. The first failing stage is diagnosed (Diagnose): attention kernel
-// (split-K partials, LSE), indexer selection and scores, FP8 cache scales,
-// compressor, index list, prefix cache, upstream, NaN/inf. KV pages are
+// (split-K partials, LSE), indexer selection and scores (the selection also
+// judged against the reference's own scores), FP8 cache scales, compressor,
+// index list, cache write, prefix cache (only with a recorded hit), KV cache,
+// RoPE table (the GPU's own table against the config's, stage rope_table),
+// upstream, NaN/inf; and the stage's hypotheses (package attribute) name the
+// known alternative computation that reproduces the GPU's value. KV pages are
 // checked byte by byte with the kvcache codecs (RewritePage) and prefix-cache
 // hits row by row with kvcache.VerifyPrefixHit: a library caller of Run gets
 // both with no wiring.
 //
 // # Reports
 //
-// A Report holds every stage result, the summary, the verdict and the first
+// A Report holds every stage result, the summary, the coverage (what the
+// dump holds that was compared, what was not and why), the verdict — agree
+// only with complete coverage, else incomplete, or diverged — and the first
 // divergence; WriteText prints it for people, WriteJSON as the
-// sparsemla.replay/v1 object documented in docs/replay-json.md (every key
+// sparsemla.replay/v2 object documented in docs/replay-json.md (every key
 // path is listed in testdata/replay-schema.golden). Package htmlreport draws
 // it as an HTML page. Output is deterministic: (step, layer) units run in
 // parallel and are assembled in order, so a report is byte-identical at any

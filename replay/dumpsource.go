@@ -20,6 +20,9 @@ type DumpSource struct {
 
 	pageOnce sync.Once
 	pageIdx  map[StageKey][]int // page entries per (step, layer)
+
+	namesOnce sync.Once
+	names     map[StageKey][]string // stage names per (step, layer), Stage ""
 }
 
 // NewDumpSource selects request (empty: the dump's only request, or the first
@@ -243,4 +246,28 @@ func (s *DumpSource) Pages(step int64, layer int) ([]Page, error) {
 			Origin: fmt.Sprintf("dump %s: record %d (%s) at offset %d", e.File, e.Record, e.Key, e.Offset)})
 	}
 	return out, nil
+}
+
+// StageNames implements StageLister: the stage records the dump holds for
+// the request at one step and layer, sorted.
+func (s *DumpSource) StageNames(step int64, layer int) []string {
+	s.namesOnce.Do(func() {
+		s.names = map[StageKey][]string{}
+		for _, e := range s.D.Entries {
+			if e.Kind == dump.KindStage && e.Request == s.Request && e.Layer >= 0 {
+				k := StageKey{int64(e.Step), e.Layer, ""}
+				s.names[k] = append(s.names[k], e.Stage)
+			}
+		}
+		for k := range s.names {
+			sort.Strings(s.names[k])
+		}
+	})
+	return s.names[StageKey{step, layer, ""}]
+}
+
+// Has implements StageLister without reading the record.
+func (s *DumpSource) Has(step int64, layer int, stage string) bool {
+	_, ok := s.D.Lookup(dump.Key{Request: s.Request, Step: int(step), Layer: layer, Stage: stage}, dump.KindStage)
+	return ok
 }

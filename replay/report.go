@@ -6,13 +6,14 @@ import (
 	"io"
 	"strings"
 
+	"sparsemla/attribute"
 	"sparsemla/engine"
 	"sparsemla/indexer"
 )
 
 // SchemaVersion names the JSON schema of Report (docs/replay-json.md). It
 // changes only when a field changes meaning or disappears.
-const SchemaVersion = "sparsemla.replay/v1"
+const SchemaVersion = "sparsemla.replay/v2"
 
 // Report is the outcome of a replay, diff or bisect: every stage comparison in
 // replay order and the first divergence with its diagnosis. Its JSON form is
@@ -28,12 +29,57 @@ type Report struct {
 	Steps         []int64       `json:"steps"`             // decode steps in the dump
 	Layers        []int         `json:"layers"`
 	StepsReplayed int           `json:"steps_replayed"`
-	Verdict       string        `json:"verdict"` // agree | diverged
+	Verdict       string        `json:"verdict"` // agree | diverged | incomplete (VerdictAgree, …)
 	Summary       Summary       `json:"summary"`
+	Coverage      Coverage      `json:"coverage"`
 	First         *Divergence   `json:"first_divergence"`  // null when agree
 	Referee       *Referee      `json:"referee,omitempty"` // diff with weights
 	Probes        []Probe       `json:"probes,omitempty"`  // bisect: the steps probed, in order
+	Scanned       []int64       `json:"scanned,omitempty"` // bisect: the steps replayed after the search (those before the first diverging probe it did not probe)
 	Results       []StageResult `json:"stages"`
+}
+
+// The verdicts of a report. "agree" is given only when every stage of the
+// requested steps and layers that the dump holds (and the reference defines)
+// was compared and none was out of tolerance; "incomplete" when none was out
+// of tolerance but something the dump holds was not compared
+// (Coverage.NotChecked, Coverage.StepsNotChecked say what and why);
+// "diverged" when a stage was out of tolerance.
+const (
+	VerdictAgree      = "agree"
+	VerdictDiverged   = "diverged"
+	VerdictIncomplete = "incomplete"
+)
+
+// Coverage says what a report compared and what it did not. Stage tensors
+// the dump holds that the reference does not define (the residual stream,
+// mHC and FFN records around the attention sub-layer) are named in
+// NotModelled and never judged; they do not make a report incomplete.
+type Coverage struct {
+	Complete bool    `json:"complete"` // NotChecked and StepsNotChecked are empty
+	Steps    []int64 `json:"steps"`    // decode steps whose stages were compared
+	Layers   []int   `json:"layers"`   // layers compared
+	Held     int     `json:"held"`     // stage tensors of those steps and layers the dump holds (of the reference's stages and KV pages)
+	Compared int     `json:"compared"` // of them, compared (pass, fail or tie)
+	// NotChecked lists the held stage tensors that were not compared, in
+	// replay order, each with why (an input neither dumped nor computable, a
+	// reference computation that failed on the dumped inputs).
+	NotChecked []NotChecked `json:"not_checked"`
+	// StepsNotChecked lists dumped decode steps within the request that were
+	// not compared (bisect: the steps it did not probe), with why.
+	StepsNotChecked []int64 `json:"steps_not_checked"`
+	StepsWhy        string  `json:"steps_why,omitempty"`
+	// NotModelled names (sorted) the stage tensors the dump holds at the
+	// compared steps and layers that the reference does not define.
+	NotModelled []string `json:"not_modelled"`
+}
+
+// NotChecked is one held stage tensor that was not compared.
+type NotChecked struct {
+	Step  int64  `json:"step"`
+	Layer int    `json:"layer"`
+	Stage string `json:"stage"`
+	Why   string `json:"why"`
 }
 
 // Summary counts the stage comparisons by status.
@@ -100,6 +146,11 @@ type Divergence struct {
 	Blocks []int    `json:"blocks,omitempty"`
 	Detail []string `json:"detail,omitempty"` // further lines for a human
 	Hint   string   `json:"hint,omitempty"`   // where to look next
+	// Hypothesis is the verdict of the stage's hypotheses (package
+	// attribute): which known alternative computation reproduces the GPU's
+	// value bit for bit, or the closest one; absent when the stage has none
+	// or an input had already diverged.
+	Hypothesis *attribute.Verdict `json:"hypothesis,omitempty"`
 }
 
 // hints says, per diagnosis kind, where a GPU engineer should look next.
@@ -113,6 +164,8 @@ var hints = map[string]string{
 	KindUpstream:   "look at the earlier divergence of the input named; this stage only inherited it",
 	KindProjection: "check the linear / norm / RoPE kernel of this stage against its equation (FP8 activation quantisation per 128, fp32 accumulation, bf16 out)",
 	KindCache:      "check the cache write of this step (window slot p mod W, compressed row 128 + p div r)",
+	KindCacheWrite: "check the KV cache writer's slot index: token p goes to window slot p mod W (W = window_size), exactly once per step, before attention reads the cache",
+	KindRopeTable:  "check how the GPU builds its cos/sin table: inv_freq in fp32 (not bf16), base rope_theta for window-only layers and compress_rope_theta with YaRN (rope_factor, original_seq_len, beta_fast/slow) for compressed layers (spec §3.6)",
 	KindIndexList:  "check the index list given to sparse attention: window ring order oldest to newest, -1 padding at the end, then 128 + selected rows",
 }
 
@@ -136,15 +189,39 @@ const (
 	KindNonFinite  = "NaN/inf"
 	KindCache      = "KV cache"
 	KindIndexList  = "index list"
+	KindCacheWrite = "cache write"
+	KindRopeTable  = "RoPE table"
 )
 
 func newReport(dump, mode string, gpuRope bool, steps []int64, layers []int) *Report {
 	return &Report{Schema: SchemaVersion, Command: "replay", Dump: dump, Mode: mode, GPURope: gpuRope,
-		Steps: append([]int64{}, steps...), Layers: append([]int{}, layers...), Results: []StageResult{}}
+		Steps: append([]int64{}, steps...), Layers: append([]int{}, layers...), Results: []StageResult{},
+		Coverage: Coverage{Steps: append([]int64{}, steps...), Layers: append([]int{}, layers...),
+			NotChecked: []NotChecked{}, StepsNotChecked: []int64{}, NotModelled: []string{}}}
 }
 
-// finish fills Summary and Verdict from Results.
+// finish fills Summary, Coverage and Verdict from Results (Coverage's steps,
+// layers, StepsNotChecked and NotModelled are set by the caller).
 func (r *Report) finish() {
+	c := &r.Coverage
+	c.Held, c.Compared, c.NotChecked = 0, 0, []NotChecked{}
+	for _, s := range r.Results {
+		switch s.Status {
+		case StatusPass, StatusFail, StatusTie:
+			c.Held++
+			c.Compared++
+		case StatusSkipped:
+			c.Held++
+			c.NotChecked = append(c.NotChecked, NotChecked{s.Step, s.Layer, s.Stage, s.Reason})
+		}
+	}
+	if c.StepsNotChecked == nil {
+		c.StepsNotChecked = []int64{}
+	}
+	if c.NotModelled == nil {
+		c.NotModelled = []string{}
+	}
+	c.Complete = len(c.NotChecked) == 0 && len(c.StepsNotChecked) == 0
 	r.Summary = Summary{}
 	for _, s := range r.Results {
 		switch s.Status {
@@ -161,14 +238,53 @@ func (r *Report) finish() {
 		}
 	}
 	r.Summary.Compared = r.Summary.Pass + r.Summary.Fail + r.Summary.Tie
-	r.Verdict = "agree"
-	if r.Summary.Fail > 0 {
-		r.Verdict = "diverged"
+	switch {
+	case r.Summary.Fail > 0 || r.First != nil:
+		r.Verdict = VerdictDiverged
+	case !c.Complete:
+		r.Verdict = VerdictIncomplete
+	default:
+		r.Verdict = VerdictAgree
 	}
 }
 
 // Diverged reports whether any stage was out of tolerance.
-func (r *Report) Diverged() bool { return r.Verdict == "diverged" }
+func (r *Report) Diverged() bool { return r.Verdict == VerdictDiverged }
+
+// Incomplete reports whether nothing was out of tolerance but something the
+// dump holds was not compared.
+func (r *Report) Incomplete() bool { return r.Verdict == VerdictIncomplete }
+
+// VerdictLine is the verdict sentence of the text report and the HTML
+// page: the first divergence's text, or what "agree" / "incomplete" rest on.
+func (r *Report) VerdictLine() string {
+	switch {
+	case r.First != nil:
+		return r.First.Text
+	case r.Verdict == VerdictIncomplete:
+		return "incomplete: no stage compared was out of tolerance, but not everything the dump holds was compared: " + r.CoverageLine()
+	}
+	return fmt.Sprintf("agree: every one of the %d stage tensors the dump holds at %d steps x %d layers was compared, none out of tolerance", r.Coverage.Compared, len(r.Coverage.Steps), len(r.Coverage.Layers))
+}
+
+// CoverageLine says in one line what was not compared and why ("" when the
+// coverage is complete): the same words in the text report, the HTML page
+// and (field by field) the JSON.
+func (r *Report) CoverageLine() string {
+	c := r.Coverage
+	if c.Complete {
+		return ""
+	}
+	var parts []string
+	if n := len(c.NotChecked); n > 0 {
+		f := c.NotChecked[0]
+		parts = append(parts, fmt.Sprintf("%d of %d stage tensors the dump holds were not compared (first: step %d layer %d %s: %s)", n, c.Held, f.Step, f.Layer, f.Stage, f.Why))
+	}
+	if n := len(c.StepsNotChecked); n > 0 {
+		parts = append(parts, fmt.Sprintf("%d dumped steps were not compared (%s): %s", n, StepList(c.StepsNotChecked), c.StepsWhy))
+	}
+	return strings.Join(parts, "; ")
+}
 
 // WriteJSON writes the report as indented JSON (the --json output).
 func (r *Report) WriteJSON(w io.Writer) error {
@@ -186,24 +302,22 @@ func (r *Report) WriteText(w io.Writer) {
 	if !r.GPURope {
 		fmt.Fprintln(w, "  (no GPU RoPE table in the dump: RoPE stages allowed one bf16 ulp)")
 	}
-	skipped := 0
 	for _, sr := range r.Results {
-		switch sr.Status {
-		case StatusTie:
+		if sr.Status == StatusTie {
 			fmt.Fprintf(w, "  tie: step %d layer %d %s: %s\n", sr.Step, sr.Layer, sr.Stage, sr.Reason)
-		case StatusSkipped:
-			if skipped == 0 {
-				fmt.Fprintf(w, "  warning: %d stages skipped (an input is not in the dump), first: step %d layer %d %s: %s\n",
-					s.Skipped, sr.Step, sr.Layer, sr.Stage, sr.Reason)
-			}
-			skipped++
 		}
+	}
+	if len(r.Coverage.NotModelled) > 0 {
+		fmt.Fprintf(w, "  not judged (outside the reference's stages): %s\n", strings.Join(r.Coverage.NotModelled, ", "))
+	}
+	if line := r.CoverageLine(); line != "" {
+		fmt.Fprintln(w, "  not checked: "+line)
 	}
 	if r.Referee != nil {
 		defer fmt.Fprintf(w, "referee: reference vs A %s, vs B %s: %s is right\n", r.Referee.A, r.Referee.B, r.Referee.Right)
 	}
 	if r.First == nil {
-		fmt.Fprintln(w, "agree: no stage out of tolerance")
+		fmt.Fprintln(w, r.VerdictLine())
 		return
 	}
 	d := r.First

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"slices"
 	"strings"
 
 	"golang.org/x/sync/errgroup"
@@ -100,6 +101,9 @@ func Run(ctx context.Context, m *engine.Model, src Source, opt Options) (*Report
 	}
 	steps := src.Steps()
 	if opt.Steps != nil {
+		if err := checkStepSelection(src, opt.Steps); err != nil {
+			return nil, err
+		}
 		steps = intersectSteps(steps, opt.Steps)
 	}
 	layers := src.Layers()
@@ -124,14 +128,152 @@ func Run(ctx context.Context, m *engine.Model, src Source, opt Options) (*Report
 		return nil, err
 	}
 	rep.StepsReplayed = len(steps)
+	// The GPU's own RoPE tables are judged first, at the first step, before
+	// each layer's stages (units are in (step, layer) order).
+	rres, rdiv := ropeResults(m, steps, layers)
+	for i := range units {
+		if i >= len(layers) {
+			break
+		}
+		l := layers[i]
+		if sr, ok := rres[l]; ok {
+			units[i].results = append([]StageResult{sr}, units[i].results...)
+			if d, ok := rdiv[l]; ok {
+				d.Mode = string(opt.Mode)
+				units[i].first = d
+			}
+		}
+	}
 	for _, u := range units {
 		rep.Results = append(rep.Results, u.results...)
 		if rep.First == nil && u.first != nil {
 			rep.First = u.first
 		}
 	}
+	rep.Coverage.NotModelled = notModelled(m.Cfg, src, steps, layers)
+	if err := checkWeightsMatch(src, rep.Results); err != nil {
+		return nil, err
+	}
 	rep.finish()
 	return rep, nil
+}
+
+// xProjections are the stages computed from the dumped x by a weight alone.
+var xProjections = map[string]bool{"q_a": true, "kv_raw": true, "cmp_a": true, "cmp_b": true, "icmp_a": true, "icmp_b": true, "iw_raw": true}
+
+// wrongWeightsCos is the cos_diff above which a projection is unrelated to
+// the reference's (a kernel's summation order or a one-ulp rounding gives
+// cos_diff ~1e-6; other weights give ~1).
+const wrongWeightsCos = 0.1
+
+// checkWeightsMatch refuses a replay whose weights evidently belong to
+// another model or checkpoint: every projection of the attention input x
+// (q_a, kv_raw, the compressor and indexer-weight projections) of every
+// layer, at every step, is out of tolerance and unrelated to the GPU's
+// value (cos_diff above wrongWeightsCos). A kernel bug does not do that to
+// every projection of every layer; blaming the linear kernels hundreds of
+// times would hide the cause.
+func checkWeightsMatch(src Source, results []StageResult) error {
+	n := 0
+	layers := map[int]bool{}
+	var first *StageResult
+	for i := range results {
+		sr := &results[i]
+		if !xProjections[sr.Stage] || (sr.Status != StatusPass && sr.Status != StatusFail) {
+			continue
+		}
+		if sr.Status != StatusFail || sr.Metrics == nil || !(sr.Metrics.CosDiff > wrongWeightsCos) {
+			return nil
+		}
+		if first == nil {
+			first = sr
+		}
+		n++
+		layers[sr.Layer] = true
+	}
+	if n < 2 || first == nil {
+		return nil
+	}
+	return fmt.Errorf("replay %s: these weights do not match this dump: all %d projections of x (q_a, kv_raw, …) of its %d layers differ from the reference at every step, unrelated to it (first: step %d layer %d %s, cos_diff %.3g) — weights of another model or checkpoint? (--weights)",
+		src.Name(), n, len(layers), first.Step, first.Layer, first.Stage, first.Metrics.CosDiff)
+}
+
+// checkStepSelection refuses a selection of decode steps that selects
+// nothing or names a step the dump does not hold as a decode step: a
+// replay of fewer steps than asked for would be reported as if it had
+// checked them.
+func checkStepSelection(src Source, want []int64) error {
+	if len(want) == 0 {
+		return fmt.Errorf("replay %s: the step selection is empty", src.Name())
+	}
+	have := map[int64]bool{}
+	for _, p := range src.Steps() {
+		have[p] = true
+	}
+	var absent []int64
+	seen := map[int64]bool{}
+	for _, p := range want {
+		if !have[p] && !seen[p] {
+			absent = append(absent, p)
+		}
+		seen[p] = true
+	}
+	if len(absent) == 0 {
+		return nil
+	}
+	slices.Sort(absent)
+	what := "is not a dumped decode step"
+	if len(absent) > 1 {
+		what = "are not dumped decode steps"
+	}
+	return fmt.Errorf("replay %s: step %s %s (dumped: %s)", src.Name(), StepList(absent), what, StepList(src.Steps()))
+}
+
+// notModelled names the stage tensors src holds at the replayed steps and
+// layers that the reference's stage graph does not define (nil when src
+// cannot list them), sorted.
+func notModelled(cfg *engine.Config, src Source, steps []int64, layers []int) []string {
+	sl, ok := src.(StageLister)
+	if !ok {
+		return nil
+	}
+	set := map[string]bool{}
+	for _, p := range steps {
+		for _, l := range layers {
+			names := sl.StageNames(p, l)
+			if len(names) == 0 {
+				continue
+			}
+			defined := map[string]bool{}
+			for _, d := range engine.Stages(cfg, l, p) {
+				defined[d.Name] = true
+				for _, in := range d.Inputs {
+					defined[in] = true // an input (x): read, not judged here
+				}
+			}
+			for _, n := range names {
+				if !defined[n] && !isSplitStage(n) {
+					set[n] = true
+				}
+			}
+		}
+	}
+	out := make([]string, 0, len(set))
+	for n := range set {
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// heldBy reports whether src holds stage (step, layer, stage), reading the
+// record only when src cannot say without it.
+func heldBy(src Source, step int64, layer int, stage string) (bool, error) {
+	if sl, ok := src.(StageLister); ok {
+		return sl.Has(step, layer, stage), nil
+	}
+	_, ok, err := src.Stage(step, layer, stage)
+	return ok, err
 }
 
 func intersectSteps(have, want []int64) []int64 {
@@ -164,17 +306,23 @@ func replayLocal(ctx context.Context, m *engine.Model, src Source, steps []int64
 	for _, p := range steps {
 		replayed[p] = true
 	}
-	g, gctx := errgroup.WithContext(ctx)
+	// Every unit runs to its end and keeps its own error, so the error
+	// returned is the one of the first unit in (step, layer) order that has
+	// one, the same on every run (not whichever goroutine failed first).
+	var g errgroup.Group
 	g.SetLimit(runtime.GOMAXPROCS(0))
 	done := make(chan struct{}, len(work))
+	errs := make([]error, len(work))
 	for i, u := range work {
 		g.Go(func() error {
-			if err := gctx.Err(); err != nil {
-				return err
+			if err := ctx.Err(); err != nil {
+				errs[i] = err
+				return nil
 			}
 			r, err := localUnit(m, src, u, opt.Tol, replayed[u.step-1])
 			if err != nil {
-				return err
+				errs[i] = err
+				return nil
 			}
 			out[i] = r
 			done <- struct{}{}
@@ -191,9 +339,14 @@ func replayLocal(ctx context.Context, m *engine.Model, src Source, steps []int64
 			}
 		}()
 	}
-	err := g.Wait()
+	g.Wait()
 	close(done)
-	return out, err
+	for _, err := range errs {
+		if err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }
 
 // localUnit replays the stages of one layer at one step from dumped inputs.
@@ -281,17 +434,26 @@ func localUnit(m *engine.Model, src Source, u unit, tol *Tolerance, prevChecked 
 			}
 			sr.Inputs = append(sr.Inputs, info)
 		}
-		if missing != "" {
-			sr.Status, sr.Reason = StatusSkipped, missing
-			res.results = append(res.results, sr)
-			status[def.Name] = StatusSkipped
-			continue
+		var ref engine.Tensor
+		if missing == "" {
+			var err error
+			if ref, err = ComputeStage(def, ctx, in); err != nil {
+				missing = "reference: " + err.Error()
+			}
 		}
-		ref, err := ComputeStage(def, ctx, in)
-		if err != nil {
-			sr.Status, sr.Reason = StatusSkipped, "reference: "+err.Error()
+		if missing != "" {
+			// Not computed: not checked when the dump holds the stage
+			// (coverage), merely absent when it does not.
+			held, err := heldBy(src, u.step, u.layer, def.Name)
+			if err != nil {
+				return res, err
+			}
+			sr.Status, sr.Reason = StatusSkipped, missing
+			if !held {
+				sr.Status, sr.Reason = StatusMissing, "not dumped, and not computed: "+missing
+			}
 			res.results = append(res.results, sr)
-			status[def.Name] = StatusSkipped
+			status[def.Name] = sr.Status
 			continue
 		}
 		own[def.Name] = ref
@@ -307,12 +469,36 @@ func localUnit(m *engine.Model, src Source, u unit, tol *Tolerance, prevChecked 
 			continue
 		}
 		JudgeStage(&sr, ref, gpu, in, tol.For(def.Name), JudgeContext{m.GPURope, m.Cfg.WindowSize})
+		if def.Name == "index_score" && sr.Status != StatusSkipped {
+			why, err := selectionBothWays(m, src, ctx, defs, nil, gpu, tol)
+			if err != nil {
+				return res, err
+			}
+			if why != "" {
+				markSelection(&sr, why)
+			}
+		}
 		status[def.Name] = sr.Status
 		res.results = append(res.results, sr)
 		if sr.Status == StatusFail && res.first == nil {
 			res.first = Diagnose(DiagnoseInput{
 				Model: m, Src: src, Def: def, Result: sr, Ref: ref, GPU: gpu, In: in, Own: own, Mode: Local, Tol: tol,
 			})
+		}
+		if def.Name == "o" {
+			// The split-K partials the dump holds beside o, from the same
+			// dumped inputs (judged after o: the attention diagnosis of o
+			// already uses them).
+			srs, err := splitResults(m.Cfg, src, u.step, u.layer, in["q"], in["kv_cache"], in["topk_idxs"], tol, m.GPURope)
+			if err != nil {
+				return res, err
+			}
+			for _, r := range srs {
+				res.results = append(res.results, r)
+				if r.Status == StatusFail && res.first == nil {
+					res.first = splitDivergence(r, Local)
+				}
+			}
 		}
 		if def.Name == "kv_cache" {
 			// The GPU's page bytes, when dumped, must encode the dumped rows
@@ -446,17 +632,29 @@ func severity(m Metrics, st StageTol, gpuRope bool) float64 {
 // keeps the reference's own choice.
 func replayPropagated(ctx context.Context, m *engine.Model, src Source, steps []int64, layers []int, opt Options) ([]unitResult, error) {
 	perLayer := make([][]unitResult, len(layers))
-	g, gctx := errgroup.WithContext(ctx)
+	// Each layer's chain runs to its end and keeps its error; the error
+	// returned is the first in (step, layer) order — the one a sequential
+	// replay would meet first — on every run.
+	errs := make([]error, len(layers))
+	errStep := make([]int64, len(layers))
+	var g errgroup.Group
 	g.SetLimit(runtime.GOMAXPROCS(0))
 	for li, l := range layers {
 		g.Go(func() error {
-			r, err := propagateLayer(gctx, m, src, steps, l, opt.Tol)
-			perLayer[li] = r
-			return err
+			r, p, err := propagateLayer(ctx, m, src, steps, l, opt.Tol)
+			perLayer[li], errs[li], errStep[li] = r, err, p
+			return nil
 		})
 	}
-	if err := g.Wait(); err != nil {
-		return nil, err
+	g.Wait()
+	pick := -1
+	for li, err := range errs {
+		if err != nil && (pick < 0 || errStep[li] < errStep[pick]) {
+			pick = li
+		}
+	}
+	if pick >= 0 {
+		return nil, errs[pick]
 	}
 	// Reorder to (step, layer).
 	var out []unitResult
@@ -471,24 +669,28 @@ func replayPropagated(ctx context.Context, m *engine.Model, src Source, steps []
 	return out, nil
 }
 
-func propagateLayer(ctx context.Context, m *engine.Model, src Source, steps []int64, layer int, tol *Tolerance) ([]unitResult, error) {
+// propagateLayer runs one layer's chain; on an error it also returns the
+// step it stopped at (-1: before the first step).
+func propagateLayer(ctx context.Context, m *engine.Model, src Source, steps []int64, layer int, tol *Tolerance) (_ []unitResult, failStep int64, _ error) {
+	failStep = -1
 	stT, after, ok, err := src.State(layer)
 	if err != nil {
-		return nil, err
+		return nil, failStep, err
 	}
 	if !ok {
-		return nil, fmt.Errorf("replay %s: propagated mode needs the start state of layer %d", src.Name(), layer)
+		return nil, failStep, fmt.Errorf("replay %s: propagated mode needs the start state of layer %d", src.Name(), layer)
 	}
 	st, err := engine.LoadState(m.Cfg, layer, stT)
 	if err != nil {
-		return nil, fmt.Errorf("replay %s: start state of layer %d: %w", src.Name(), layer, err)
+		return nil, failStep, fmt.Errorf("replay %s: start state of layer %d: %w", src.Name(), layer, err)
 	}
 	out := make([]unitResult, 0, len(steps))
 	want := after + 1
 	stFrom := FromStart // where the state before the step came from
 	for _, p := range steps {
+		failStep = p
 		if err := ctx.Err(); err != nil {
-			return nil, err
+			return nil, failStep, err
 		}
 		if p != want {
 			// A gap: re-seed the chain from the state the dump holds after
@@ -497,7 +699,7 @@ func propagateLayer(ctx context.Context, m *engine.Model, src Source, steps []in
 			for name := range engine.NewLayerState(m.Cfg, layer).StateTensors() {
 				t, ok, err := src.Stage(p-1, layer, name)
 				if err != nil {
-					return nil, err
+					return nil, failStep, err
 				}
 				if ok {
 					seed[name] = t
@@ -505,17 +707,17 @@ func propagateLayer(ctx context.Context, m *engine.Model, src Source, steps []in
 			}
 			ns, err := engine.LoadState(m.Cfg, layer, seed)
 			if err != nil {
-				return nil, fmt.Errorf("replay %s: propagated mode: steps %d..%d are not in the dump and no state after step %d is: %w", src.Name(), want, p-1, p-1, err)
+				return nil, failStep, fmt.Errorf("replay %s: propagated mode: steps %d..%d are not in the dump and no state after step %d is: %w", src.Name(), want, p-1, p-1, err)
 			}
 			st, stFrom = ns, FromPrevDump
 		}
 		want++
 		x, ok, err := src.Stage(p, layer, "x")
 		if err != nil {
-			return nil, err
+			return nil, failStep, err
 		}
 		if !ok {
-			return nil, fmt.Errorf("replay %s: step %d layer %d: no x in the dump", src.Name(), p, layer)
+			return nil, failStep, fmt.Errorf("replay %s: step %d layer %d: no x in the dump", src.Name(), p, layer)
 		}
 		sctx := &engine.StepContext{Cfg: m.Cfg, Layer: layer, Pos: p, W: m.Weights[layer], Rope: m.Rope[layer]}
 		var ur unitResult
@@ -561,6 +763,16 @@ func propagateLayer(ctx context.Context, m *engine.Model, src Source, steps []in
 				}
 			}
 			JudgeStage(&sr, ref, gpu, in, tol.For(def.Name), JudgeContext{m.GPURope, m.Cfg.WindowSize})
+			if def.Name == "index_score" {
+				// The chain's own scores are the reference's.
+				why, err := selectionBothWays(m, src, sctx, nil, ref.F, gpu, tol)
+				if err != nil {
+					return ref, err
+				}
+				if why != "" {
+					markSelection(&sr, why)
+				}
+			}
 			status[def.Name] = sr.Status
 			next := ref
 			if sel && sr.Status == StatusTie {
@@ -578,14 +790,97 @@ func propagateLayer(ctx context.Context, m *engine.Model, src Source, steps []in
 			if sr.Status == StatusFail && ur.first == nil {
 				ur.first = Diagnose(DiagnoseInput{Model: m, Src: src, Def: def, Result: sr, Ref: ref, GPU: gpu, In: in, Own: own, Mode: Propagated, Tol: tol})
 			}
+			if def.Name == "o" {
+				srs, err := splitResults(m.Cfg, src, p, layer, chainIn["q"], chainIn["kv_cache"], chainIn["topk_idxs"], tol, m.GPURope)
+				if err != nil {
+					return next, err
+				}
+				for _, r := range srs {
+					for i := range r.Inputs {
+						r.Inputs[i].From = FromPropagate
+					}
+					ur.results = append(ur.results, r)
+					if r.Status == StatusFail && ur.first == nil {
+						ur.first = splitDivergence(r, Propagated)
+					}
+				}
+			}
 			return next, nil
 		}
 		_, next, err := engine.RunStepHooked(sctx, x, st, judge)
 		if err != nil {
-			return nil, fmt.Errorf("replay %s: step %d layer %d: %w", src.Name(), p, layer, err)
+			return nil, failStep, fmt.Errorf("replay %s: step %d layer %d: %w", src.Name(), p, layer, err)
+		}
+		if ur.first != nil {
+			if err := attributeLocally(m, src, &ur, p, layer, prevInSteps(steps, p)); err != nil {
+				return nil, failStep, err
+			}
 		}
 		st, stFrom = next, FromPropagate
 		out = append(out, ur)
 	}
-	return out, nil
+	return out, failStep, nil
+}
+
+// prevInSteps reports whether step p-1 is among steps.
+func prevInSteps(steps []int64, p int64) bool {
+	return slices.Contains(steps, p-1)
+}
+
+// attributeLocally checks the first divergence of a propagated unit with a
+// teacher-forced replay of the same step and layer (each stage from the
+// dump's own inputs, the default local tolerances). The reference's own
+// chain can stay within the propagated tolerances at the stage that made an
+// error (a small rescaling of o, say) and leave them only a few stages
+// later (y), where the diagnosis would blame an innocent projection. When
+// the teacher-forced replay names an earlier stage, that stage is the first
+// divergence: its result is marked failed with the teacher-forced reason
+// and its diagnosis replaces the later one, saying where the chain left
+// tolerance.
+func attributeLocally(m *engine.Model, src Source, ur *unitResult, p int64, layer int, prevChecked bool) error {
+	lu, err := localUnit(m, src, unit{p, layer}, DefaultTolerance(), prevChecked)
+	if err != nil || lu.first == nil || lu.first.Stage == ur.first.Stage {
+		return err
+	}
+	order := map[string]int{}
+	for i, sr := range ur.results {
+		if _, ok := order[sr.Stage]; !ok {
+			order[sr.Stage] = i
+		}
+	}
+	li, ok1 := order[lu.first.Stage]
+	pi, ok2 := order[ur.first.Stage]
+	if !ok1 || !ok2 || li >= pi {
+		return nil
+	}
+	var reason string
+	for _, sr := range lu.results {
+		if sr.Stage == lu.first.Stage {
+			reason = sr.Reason
+		}
+	}
+	r := &ur.results[li]
+	r.Status = StatusFail
+	r.Severity = max(r.Severity, 1)
+	r.Reason = "teacher-forced from the dump's inputs: " + reason
+	later := ur.first
+	d := lu.first
+	d.Mode = string(Propagated)
+	d.Why += fmt.Sprintf("; (propagated: the reference's own chain stays within the propagated tolerances here and first leaves them at stage %s; teacher-forced from the dump's inputs this stage is the first out of tolerance)", later.Stage)
+	d.Text = fmt.Sprintf("first divergence: decode step %d, layer %d, stage %s — %s: %s", d.Step, d.Layer, d.Stage, d.Kind, d.Why)
+	ur.first = d
+	return nil
+}
+
+// splitDivergence is the first divergence of a failing split-K record: the
+// split kernel (or the bounds it was given), not the combine.
+func splitDivergence(r StageResult, mode Mode) *Divergence {
+	d := &Divergence{Step: r.Step, Layer: r.Layer, Stage: r.Stage, Kind: KindAttention, Mode: string(mode), Inputs: r.Inputs, Hint: hints[KindAttention]}
+	if r.Stage == "split_bounds" {
+		d.Why = "the split-K bounds the GPU dumped are not a split of its index list: " + r.Reason
+	} else {
+		d.Why = "the GPU's split-K partial differs from the reference's over the same split of the index list (q, kv_cache and topk_idxs from the dump): the split kernel, not the combine: " + r.Reason
+	}
+	d.Text = fmt.Sprintf("first divergence: decode step %d, layer %d, stage %s — %s: %s", d.Step, d.Layer, d.Stage, d.Kind, d.Why)
+	return d
 }

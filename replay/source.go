@@ -26,6 +26,16 @@ type Source interface {
 	State(layer int) (st map[string]engine.Tensor, validAfter int64, ok bool, err error)
 }
 
+// StageLister is implemented by sources that can list what they hold
+// without reading it; the replay uses it to report coverage (which held
+// stage tensors it compared, which the reference does not define).
+type StageLister interface {
+	// StageNames lists the stage tensors held at one step and layer, sorted.
+	StageNames(step int64, layer int) []string
+	// Has reports whether one stage tensor is held.
+	Has(step int64, layer int, stage string) bool
+}
+
 // PrefixHit says that a request's cache rows for positions < Tokens were
 // reused from another request (a radix / prefix cache hit).
 type PrefixHit struct {
@@ -121,6 +131,24 @@ func (m *MemSource) Stage(step int64, layer int, stage string) (engine.Tensor, b
 func (m *MemSource) State(layer int) (map[string]engine.Tensor, int64, bool, error) {
 	st, ok := m.Start[layer]
 	return st, m.StartAfter, ok, nil
+}
+
+// StageNames implements StageLister.
+func (m *MemSource) StageNames(step int64, layer int) []string {
+	var out []string
+	for k := range m.Values {
+		if k.Step == step && k.Layer == layer {
+			out = append(out, k.Stage)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Has implements StageLister.
+func (m *MemSource) Has(step int64, layer int, stage string) bool {
+	_, ok := m.Values[StageKey{step, layer, stage}]
+	return ok
 }
 
 // PrefixHit implements PrefixSource.

@@ -16,6 +16,7 @@ import (
 	"sparsemla/dump"
 	"sparsemla/engine"
 	"sparsemla/fault"
+	"sparsemla/indexer"
 	"sparsemla/replay"
 )
 
@@ -149,22 +150,34 @@ func TestReplayJSONSchema(t *testing.T) {
 }
 
 // TestBisect: a fault that stays in the cache (a stale page, a corrupted scale
-// byte) is found at its step with about log2(steps) replays.
+// byte) is found at its step with about log2(steps) probes; the steps before
+// it that were not probed are then scanned (the answer is a local replay's),
+// and the steps after it are saved. With AssumePersistent only the probes
+// run. A clean dump is replayed at every step and agrees; probing only, it
+// is incomplete, never "agree".
 func TestBisect(t *testing.T) {
 	for _, f := range []fault.Fault{{Kind: fault.StalePrefix, Step: 9, Layer: 3}, {Kind: fault.ScaleByte, Step: 12, Layer: 0}} {
 		s, err := fault.Synthesize(fault.SynthOptions{Prefill: 6, Steps: 16, Seed: 9, Fault: &f})
 		if err != nil {
 			t.Fatal(err)
 		}
-		rep, err := replay.Bisect(context.Background(), s.Model(), s.Src, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if rep.First == nil || rep.First.Step != f.Step || rep.First.Layer != f.Layer || rep.First.Stage != f.Stage() {
-			t.Fatalf("%s: bisect found %+v", f, rep.First)
-		}
-		if rep.StepsReplayed > 6 {
-			t.Fatalf("%s: %d steps replayed of 16, want <= 6", f, rep.StepsReplayed)
+		for _, persistent := range []bool{false, true} {
+			rep, err := replay.BisectWith(context.Background(), s.Model(), s.Src, replay.BisectOptions{AssumePersistent: persistent})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rep.First == nil || rep.First.Step != f.Step || rep.First.Layer != f.Layer || rep.First.Stage != f.Stage() || !rep.Diverged() {
+				t.Fatalf("%s (persistent %v): bisect found %+v", f, persistent, rep.First)
+			}
+			before := int(f.Step - 6) // steps 6 … f.Step-1
+			switch {
+			case persistent && rep.StepsReplayed > 6:
+				t.Fatalf("%s: %d steps probed of 16, want <= 6", f, rep.StepsReplayed)
+			case persistent && len(rep.Coverage.StepsNotChecked) == 0:
+				t.Fatalf("%s: probing only, no step reported as not checked", f)
+			case !persistent && (rep.StepsReplayed > before+3 || len(rep.Coverage.StepsNotChecked) != 0):
+				t.Fatalf("%s: %d steps replayed (want <= %d: the steps before it and a few probes), not checked %v", f, rep.StepsReplayed, before+3, rep.Coverage.StepsNotChecked)
+			}
 		}
 	}
 	s, err := fault.Synthesize(fault.SynthOptions{Prefill: 6, Steps: 8, Seed: 9})
@@ -175,8 +188,15 @@ func TestBisect(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.Diverged() || rep.StepsReplayed != 1 {
-		t.Fatalf("clean dump: verdict %s after %d replays", rep.Verdict, rep.StepsReplayed)
+	if rep.Verdict != replay.VerdictAgree || rep.StepsReplayed != 8 {
+		t.Fatalf("clean dump: verdict %s after %d replays, want agree after 8", rep.Verdict, rep.StepsReplayed)
+	}
+	rep, err = replay.BisectWith(context.Background(), s.Model(), s.Src, replay.BisectOptions{AssumePersistent: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Verdict != replay.VerdictIncomplete || rep.StepsReplayed != 1 || len(rep.Coverage.StepsNotChecked) != 7 {
+		t.Fatalf("clean dump, probing only: verdict %s after %d replays, %d steps not checked; want incomplete, 1, 7", rep.Verdict, rep.StepsReplayed, len(rep.Coverage.StepsNotChecked))
 	}
 }
 
@@ -272,4 +292,140 @@ func BenchmarkReplayLocal(b *testing.B) {
 		stages = rep.Summary.Compared
 	}
 	b.ReportMetric(float64(stages)*float64(b.N)/b.Elapsed().Seconds(), "stages/s")
+}
+
+// An error in a propagated (or local) replay names the same step and layer
+// on every run and at any GOMAXPROCS: the first in (step, layer) order, not
+// whichever layer's goroutine failed first.
+func TestReplayErrorDeterministic(t *testing.T) {
+	s, err := fault.Synthesize(fault.SynthOptions{Prefill: 6, Steps: 6, Seed: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Layer 3 loses its x at step 8, layer 0 at step 9: a propagated replay
+	// meets step 8 layer 3 first.
+	delete(s.Src.Values, replay.StageKey{Step: 8, Layer: 3, Stage: "x"})
+	delete(s.Src.Values, replay.StageKey{Step: 9, Layer: 0, Stage: "x"})
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
+	for _, procs := range []int{1, 4} {
+		runtime.GOMAXPROCS(procs)
+		for run := 0; run < 5; run++ {
+			_, err := replay.Run(context.Background(), s.Model(), s.Src, replay.Options{Mode: replay.Propagated})
+			if err == nil || !strings.Contains(err.Error(), "step 8 layer 3: no x") {
+				t.Fatalf("GOMAXPROCS %d run %d: %v", procs, run, err)
+			}
+		}
+	}
+}
+
+// A GPU whose indexer query skips the Hadamard rotation, dumping only its
+// index scores and its top-k (consistent with those scores): judged against
+// its own scores the selection would pass; judged against the reference's
+// scores (from the dumped cq, x and icache) it selects other rows, which is
+// reported as a divergence of index_score with the rows and both scores,
+// and hypothesis "no-hadamard" reproduces the GPU's scores bit for bit.
+func TestSelectionJudgedBothWays(t *testing.T) {
+	found := 0
+	for seed := uint64(1); seed <= 6 && found == 0; seed++ {
+		s, err := fault.Synthesize(fault.SynthOptions{Prefill: 75, Steps: 1, Seed: seed})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := s.Model()
+		p := int64(75)
+		for _, l := range []int{1, 3} {
+			ix := m.Weights[l].Indexer
+			get := func(n string) engine.Tensor { return s.Src.Values[replay.StageKey{Step: p, Layer: l, Stage: n}] }
+			roped, ic, iw := get("iq_roped"), get("icache"), get("iw")
+			iq := make([]float32, len(roped.F))
+			ix.Query(iq, roped.F) // FQ4 without the rotation
+			tc := ic.Shape[0]
+			qk := make([]float32, ix.NHeads*tc)
+			indexer.IndexQK(qk, iq, ic.F, ix.NHeads, ix.HeadDim)
+			sc := make([]float32, tc)
+			indexer.IndexScore(sc, qk, iw.F)
+			k := ix.K(tc)
+			sel, _ := indexer.TopK(sc, k)
+			ref := get("index_score").F
+			if d := indexer.CompareSelection(sel, ref, k); d.Verdict != indexer.Diverged {
+				continue // the rotation does not change this step's selection
+			}
+			found++
+			for _, n := range []string{"iq_b", "iq_roped", "iq_had", "iq", "index_qk", "index_sel", "topk_idxs", "o", "o_inv", "u", "y"} {
+				delete(s.Src.Values, replay.StageKey{Step: p, Layer: l, Stage: n})
+			}
+			s.Src.Put(p, l, "index_score", engine.FromF(engine.KindBF16, sc, tc))
+			s.Src.Put(p, l, "index_topk", engine.FromI(engine.KindI64, sel, k))
+			rep := replaySynth(t, s)
+			d := rep.First
+			if d == nil || d.Step != p || d.Layer != l || d.Stage != "index_score" || d.Kind != replay.KindIndexScore {
+				t.Fatalf("seed %d layer %d: first divergence %+v", seed, l, d)
+			}
+			if !strings.Contains(d.Why, "the reference selects row") || !strings.Contains(d.Why, "GPU score") {
+				t.Fatalf("seed %d layer %d: %s", seed, l, d.Why)
+			}
+			if d.Hypothesis == nil || d.Hypothesis.Best == nil || d.Hypothesis.Best.Name != "no-hadamard" || !d.Hypothesis.Best.Exact {
+				t.Fatalf("seed %d layer %d: hypothesis %+v\n%s", seed, l, d.Hypothesis, d.Why)
+			}
+			t.Logf("%s", d.Text)
+			break
+		}
+	}
+	if found == 0 {
+		t.Fatal("no synthetic step where skipping the Hadamard rotation changes the selection")
+	}
+}
+
+// A new K written to the wrong window slot (slot p+1: the oldest row
+// overwritten early, slot p stale) is a cache-write error, named by its
+// hypothesis — not a prefix-cache hit, which the dump does not record.
+func TestCacheWriteWrongSlot(t *testing.T) {
+	s, err := fault.Synthesize(fault.SynthOptions{Prefill: 6, Steps: 4, Seed: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, l := int64(8), 1
+	key := replay.StageKey{Step: p, Layer: l, Stage: "kv_cache"}
+	kc := s.Src.Values[key].Clone()
+	prev := s.Src.Values[replay.StageKey{Step: p - 1, Layer: l, Stage: "kv_cache"}]
+	kv := s.Src.Values[replay.StageKey{Step: p, Layer: l, Stage: "kv"}]
+	D, W := kc.Shape[1], s.Cfg.WindowSize
+	slot := int(p) % W
+	copy(kc.F[slot*D:(slot+1)*D], prev.F[slot*D:(slot+1)*D]) // slot p keeps its old row
+	copy(kc.F[(slot+1)*D:(slot+2)*D], kv.F)                  // the new K lands in slot p+1
+	s.Src.Values[key] = kc
+	// Later steps read the dumped cache of step 8 as their previous cache.
+	for q := p + 1; q < 10; q++ {
+		delete(s.Src.Values, replay.StageKey{Step: q, Layer: l, Stage: "kv_cache"})
+	}
+	rep := replaySynth(t, s)
+	d := rep.First
+	if d == nil || d.Step != p || d.Layer != l || d.Stage != "kv_cache" || d.Kind != replay.KindCacheWrite {
+		t.Fatalf("first divergence %+v", d)
+	}
+	if d.Hypothesis == nil || d.Hypothesis.Best == nil || d.Hypothesis.Best.Name != "window-slot p+1" || !strings.Contains(d.Why, "instead") {
+		t.Fatalf("hypothesis %+v: %s", d.Hypothesis, d.Why)
+	}
+	t.Log(d.Text)
+}
+
+// A window K the GPU never FP8-quantised is said to be that (hypothesis
+// no-fq8), not "not FQ8 with a power-of-two neighbour of the scale".
+func TestUnquantisedKV(t *testing.T) {
+	s, err := fault.Synthesize(fault.SynthOptions{Prefill: 6, Steps: 3, Seed: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, l := int64(7), 2
+	roped := s.Src.Values[replay.StageKey{Step: p, Layer: l, Stage: "kv_roped"}]
+	s.Src.Put(p, l, "kv", roped.Clone())
+	rep := replaySynth(t, s)
+	d := rep.First
+	if d == nil || d.Step != p || d.Layer != l || d.Stage != "kv" || d.Kind != replay.KindFP8Cache {
+		t.Fatalf("first divergence %+v", d)
+	}
+	if exact := d.Hypothesis; exact == nil || exact.Best == nil || exact.Best.Name != "no-fq8" || !exact.Best.Exact ||
+		strings.Contains(d.Why, "power-of-two neighbour") || !strings.Contains(d.Why, `hypothesis "no-fq8"`) {
+		t.Fatalf("%s", d.Text)
+	}
 }

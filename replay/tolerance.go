@@ -1,6 +1,8 @@
 package replay
 
 import (
+	"sparsemla/engine"
+
 	"bytes"
 	"encoding/json"
 	"fmt"
@@ -234,6 +236,9 @@ func (t *Tolerance) LoadToleranceFile(path string) error {
 	sort.Strings(names)
 	for _, n := range names {
 		st := f.Stages[n]
+		if !KnownStage(n) {
+			return fmt.Errorf("tolerance file %s: unknown stage %q (%s)", path, n, knownStagesHint(n))
+		}
 		if !st.Mode.valid() {
 			return fmt.Errorf("tolerance file %s: stage %q: unknown mode %q (exact, ulp, close, set)", path, n, st.Mode)
 		}
@@ -254,6 +259,84 @@ func (t *Tolerance) LoadToleranceFile(path string) error {
 	return nil
 }
 
+// KnownStage reports whether name is a stage a tolerance can apply to: a
+// stage of the reference's stage graph (any layer kind, emitting or not), a
+// stage DefaultTolerance names (lse), or "*" (the fallback). Tolerance
+// inputs naming anything else are refused: a typo would otherwise leave the
+// stage on its default tolerance while the user believes it overridden.
+func KnownStage(name string) bool {
+	if name == "*" {
+		return true
+	}
+	if _, ok := DefaultTolerance().Stages[name]; ok {
+		return true
+	}
+	return graphStages()[name]
+}
+
+// graphStages is the set of stage names of the stage graph over every layer
+// kind (the tiny preset has r = 0, 4 and 128) at emitting and non-emitting
+// positions.
+func graphStages() map[string]bool {
+	set := map[string]bool{}
+	cfg, err := engine.Preset("tiny")
+	if err != nil {
+		return set
+	}
+	for l := 0; l < cfg.NLayers; l++ {
+		for _, p := range []int64{5, 127} {
+			for _, d := range engine.Stages(cfg, l, p) {
+				set[d.Name] = true
+			}
+		}
+	}
+	return set
+}
+
+// knownStagesHint names the closest known stage (by edit distance) for an
+// error message, or lists where the names are documented.
+func knownStagesHint(name string) string {
+	var all []string
+	for n := range DefaultTolerance().Stages {
+		all = append(all, n)
+	}
+	for n := range graphStages() {
+		all = append(all, n)
+	}
+	sort.Strings(all)
+	best, bd := "", 1<<30
+	for _, n := range all {
+		if d := editDistance(name, n); d < bd {
+			best, bd = n, d
+		}
+	}
+	if best != "" && bd <= 3 {
+		return fmt.Sprintf("did you mean %q? stage names: docs/replay-json.md", best)
+	}
+	return "stage names: docs/replay-json.md"
+}
+
+// editDistance is the Levenshtein distance of a and b (bytes).
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			c := 1
+			if a[i-1] == b[j-1] {
+				c = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+c)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
+}
+
 // ParseStageTol parses the --tol-stage flag form
 //
 //	STAGE=MODE[,max_ulp=N][,max_ulp_no_gpu_table=N][,abs=X][,rel=X][,cos=X]
@@ -263,6 +346,9 @@ func ParseStageTol(s string) (string, StageTol, error) {
 	name, spec, ok := strings.Cut(s, "=")
 	if !ok || name == "" {
 		return "", StageTol{}, fmt.Errorf("tolerance %q: want STAGE=MODE[,key=value...]", s)
+	}
+	if !KnownStage(name) {
+		return "", StageTol{}, fmt.Errorf("tolerance %q: unknown stage %q (%s)", s, name, knownStagesHint(name))
 	}
 	parts := strings.Split(spec, ",")
 	st := StageTol{Mode: TolMode(parts[0]), Why: "command line"}
@@ -340,7 +426,7 @@ func (st StageTol) Judge(m Metrics, gpuTable bool) (bool, string) {
 	case TolULP:
 		allow := st.allowedULP(gpuTable)
 		if m.MaxULP > int64(allow) {
-			return false, fmt.Sprintf("max %d bf16 ulps (allowed %d) at %v", m.MaxULP, allow, m.MaxAbsAt)
+			return false, fmt.Sprintf("max %d bf16 ulps (allowed %d) at %v: GPU %g, reference %g", m.MaxULP, allow, m.MaxULPAt, float64(m.MaxULPGPU), float64(m.MaxULPRef))
 		}
 	case TolClose:
 		if m.CloseFail > 0 {

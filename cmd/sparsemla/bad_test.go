@@ -420,6 +420,45 @@ func editModelArgs(key string, value any) func(*dump.Header) {
 // returns the input path given to the command.
 var badMakers = map[string]func(t *testing.T, base, dir, file string) string{
 	"clean": func(t *testing.T, base, dir, _ string) string { return derive(t, base, dir, nil, nil) },
+	// Another run: the base's steps with other seeded weights and inputs.
+	"other-seed": func(t *testing.T, _, dir, _ string) string {
+		out := filepath.Join(dir, "other")
+		if code, _, e := rpRun("synth", "--out", out, "--steps", "3", "--seed", "4"); code != exitOK {
+			t.Fatal(e)
+		}
+		return out
+	},
+	// The same run dumped for fewer steps.
+	"other-steps": func(t *testing.T, _, dir, _ string) string {
+		out := filepath.Join(dir, "fewer")
+		if code, _, e := rpRun("synth", "--out", out, "--steps", "2", "--seed", "3"); code != exitOK {
+			t.Fatal(e)
+		}
+		return out
+	},
+	// The base with another rope_theta in its header's ModelArgs.
+	"other-config": func(t *testing.T, base, dir, _ string) string {
+		return derive(t, base, dir, func(h *dump.Header) {
+			var m map[string]any
+			if err := json.Unmarshal([]byte(h.ModelArgs), &m); err != nil {
+				t.Fatal(err)
+			}
+			m["rope_theta"] = 20000.0
+			b, err := json.Marshal(m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			h.ModelArgs = string(b)
+		}, nil)
+	},
+	// A tolerance file naming a stage that does not exist (a typo).
+	"tol-unknown-stage": func(t *testing.T, _, dir, _ string) string {
+		p := filepath.Join(dir, "tol.json")
+		if err := os.WriteFile(p, []byte(`{"stages": {"kvcache": {"mode": "exact"}}}`), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	},
 	// A step missing its inputs: layer 1's x at step 8 is not in the dump.
 	"missing-x": func(t *testing.T, base, dir, _ string) string {
 		return derive(t, base, dir, nil, func(r *dump.Record) bool { return !at(r, 8, 1, "x") })

@@ -16,20 +16,25 @@ func init() {
 	})
 }
 
-const bisectDoc = `Binary search over the decode steps of DUMP for the first diverging step,
-replaying one step per probe in local mode (and checking that the cache after
-the step still holds the rows the dump recorded when they were written: the
-cache summarises every earlier step). It then names the layer and stage of that
-step's first divergence and prints how many steps it replayed. It assumes a
-divergence persists once it appears (a kernel bug past some context length, a
-corrupted cache row): a divergence confined to one step and leaving nothing in
-the cache can be missed — 'replay' scans every step.
-Exit status: 0 agree, 1 diverged, 2 error.`
+const bisectDoc = `Finds the first diverging decode step of DUMP with few replays. A binary search
+over the steps probes one step at a time in local mode (and checks that the
+cache after the step still holds the rows the dump recorded when they were
+written: the cache summarises every earlier step), which finds a divergence
+that persists once it appears (a kernel bug past some context length, a
+corrupted cache row) with about log2(steps) replays. A divergence confined to
+one step and leaving nothing in the cache is not seen by the probes, so the
+steps before the first diverging probe that were not probed (every step when
+none diverged) are then replayed too: the verdict, step, layer and stage are
+those of 'replay' in local mode, and the steps after the first persistent
+divergence are saved. --assume-persistent skips that scan and says which steps
+it did not check (verdict 'incomplete' when no probe diverged).
+Exit status: 0 agree (every step replayed), 1 diverged, 2 error, 3 incomplete.`
 
 func runBisect(args []string, stdout, stderr io.Writer) int {
 	var f replayFlags
-	fs := rpFlagSet("bisect", "bisect DUMP [--weights DIR] [--map FILE] [--tol FILE] [--json] [--reference]", bisectDoc, stderr)
+	fs := rpFlagSet("bisect", "bisect DUMP [--weights DIR] [--map FILE] [--tol FILE] [--json] [--reference] [--assume-persistent]", bisectDoc, stderr)
 	f.register(fs, false)
+	persistent := fs.Bool("assume-persistent", false, "probe only (binary search), without replaying the steps it did not probe; the report lists them as not checked")
 	pos, code, ok := rpArgs(fs, args, 1, nil)
 	if !ok {
 		return code
@@ -43,7 +48,7 @@ func runBisect(args []string, stdout, stderr io.Writer) int {
 		return rpFail(stderr, "bisect", err)
 	}
 	defer o.Close()
-	rep, err := replay.Bisect(context.Background(), o.model, o.src, tol)
+	rep, err := replay.BisectWith(context.Background(), o.model, o.src, replay.BisectOptions{Tol: tol, AssumePersistent: *persistent})
 	if err != nil {
 		return rpFail(stderr, "bisect", err)
 	}
@@ -53,7 +58,7 @@ func runBisect(args []string, stdout, stderr io.Writer) int {
 		}
 		return rpExit(rep)
 	}
-	fmt.Fprintf(stdout, "bisect %s: replayed %d of %d steps (", rep.Dump, rep.StepsReplayed, len(rep.Steps))
+	fmt.Fprintf(stdout, "bisect %s: replayed %d of %d steps (probes: ", rep.Dump, rep.StepsReplayed, len(rep.Steps))
 	for i, p := range rep.Probes {
 		if i > 0 {
 			fmt.Fprint(stdout, ", ")
@@ -64,14 +69,23 @@ func runBisect(args []string, stdout, stderr io.Writer) int {
 		}
 		fmt.Fprintf(stdout, "step %d %s", p.Step, v)
 	}
-	fmt.Fprintln(stdout, ")")
-	if rep.First == nil {
-		fmt.Fprintln(stdout, "agree: the last step and the cache it holds agree with the reference")
-		return rpExit(rep)
+	if len(rep.Scanned) > 0 {
+		fmt.Fprintf(stdout, "; then scanned steps %s", replay.StepList(rep.Scanned))
 	}
-	fmt.Fprintln(stdout, rep.First.Text)
-	for _, line := range rep.First.Detail {
-		fmt.Fprintln(stdout, "  "+line)
+	fmt.Fprintln(stdout, ")")
+	if line := rep.CoverageLine(); line != "" {
+		fmt.Fprintln(stdout, "  not checked: "+line)
+	}
+	switch {
+	case rep.First != nil:
+		fmt.Fprintln(stdout, rep.First.Text)
+		for _, line := range rep.First.Detail {
+			fmt.Fprintln(stdout, "  "+line)
+		}
+	case rep.Incomplete():
+		fmt.Fprintln(stdout, "incomplete: no persistent divergence among the steps probed, and the steps it did not probe were not checked")
+	default:
+		fmt.Fprintf(stdout, "agree: every one of the %d steps was replayed, no stage out of tolerance\n", rep.StepsReplayed)
 	}
 	return rpExit(rep)
 }

@@ -21,8 +21,13 @@ const diffDoc = `Compares two dumps of the same run (same model, same tokens, e.
 or two kernel versions) stage by stage in replay order and names the first stage
 where B leaves A's tolerance. When the weights are found (beside A, or
 --weights), the reference referees: it recomputes that stage from A's inputs and
-says which side it agrees with, and replays both dumps. Exit status: 0 the dumps
-agree, 1 they differ, 2 error.`
+says which side it agrees with, and replays both dumps. Two dumps of different
+runs (another model config, no decode step in common, other layers, other
+tokens or positions at a step, an unrelated attention input) are refused: their
+first difference would be the runs', not a kernel's. Steps only one dump holds
+are reported as not checked. Exit status: 0 the dumps agree at every step, 1 they
+differ, 2 error (also: not the same run), 3 incomplete (no difference among the
+common steps, but steps only one dump holds).`
 
 func runDiff(args []string, stdout, stderr io.Writer) int {
 	var f replayFlags
@@ -48,6 +53,9 @@ func runDiff(args []string, stdout, stderr io.Writer) int {
 		return rpFail(stderr, "diff", err)
 	}
 	defer b.Close()
+	if err := replay.SameRun(a.src, b.src); err != nil {
+		return rpFail(stderr, "diff", err)
+	}
 	var cfg *engine.Config
 	if a.model != nil {
 		cfg = a.model.Cfg

@@ -80,7 +80,7 @@ func FuzzReplay(f *testing.F) {
 			mode = "propagated"
 		}
 		code, out, e := rpRun("replay", "--json", "--mode", mode, dir)
-		if code < 0 || code > 2 {
+		if code < 0 || code > 3 {
 			t.Fatalf("exit %d", code)
 		}
 		if strings.Contains(e, "goroutine ") || strings.Contains(e, "panic") {

@@ -5,7 +5,9 @@
 //
 //	sparsemla <command> [flags] [args]
 //
-// Exit status: 0 = agree (or the command succeeded), 1 = diverged, 2 = error.
+// Exit status: 0 = agree (or the command succeeded), 1 = diverged, 2 = error,
+// 3 = incomplete (nothing out of tolerance, but not everything the dump holds
+// was compared: the report says what and why).
 // Run `sparsemla help` for the list of commands and `sparsemla <command> --help`
 // for the flags of one.
 package main
@@ -22,6 +24,9 @@ const (
 	exitOK       = 0 // agree / success
 	exitDiverged = 1 // a divergence was found
 	exitError    = 2 // bad input, bad flags, I/O error
+	// exitIncomplete: no divergence among what was compared, but something
+	// the dump holds was not compared (verdict "incomplete").
+	exitIncomplete = 3
 )
 
 // command is one entry of the subcommand table. Each command lives in its own
@@ -80,5 +85,5 @@ func usage(w io.Writer) {
 	for _, n := range names {
 		fmt.Fprintf(w, "  %-10s %s\n", n, commands[n].summary)
 	}
-	fmt.Fprintln(w, "\nExit status: 0 agree, 1 diverged, 2 error. 'sparsemla <command> --help' for flags.")
+	fmt.Fprintln(w, "\nExit status: 0 agree, 1 diverged, 2 error, 3 incomplete (not everything the dump holds was\ncompared). 'sparsemla <command> --help' for flags.")
 }

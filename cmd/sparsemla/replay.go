@@ -285,8 +285,11 @@ func rpParseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
 
 // exitFor maps a report to the exit code.
 func rpExit(r *replay.Report) int {
-	if r.Diverged() {
+	switch {
+	case r.Diverged():
 		return exitDiverged
+	case r.Incomplete():
+		return exitIncomplete
 	}
 	return exitOK
 }
@@ -305,7 +308,10 @@ DUMP is a native dump (.smd file or directory), a safetensors/npz directory
 with a name map (e.g. the official-v4-tiny layout), or any format 'inspect'
 reads. The stages run on the prepared fast kernels (weights packed once, the
 same bits as the reference loops); --reference runs the plain reference loops.
-Exit status: 0 agree, 1 diverged, 2 error.`
+Exit status: 0 agree (every stage the dump holds at the steps asked for was
+compared, none out of tolerance), 1 diverged, 2 error (also: --steps naming a
+step the dump does not hold), 3 incomplete (nothing out of tolerance, but some
+stage the dump holds could not be compared; the report names them and why).`
 
 func runReplay(args []string, stdout, stderr io.Writer) int {
 	var f replayFlags

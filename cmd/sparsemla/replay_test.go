@@ -112,7 +112,7 @@ func TestReplayCommandJSON(t *testing.T) {
 	if err := json.Unmarshal([]byte(a), &rep); err != nil {
 		t.Fatal(err)
 	}
-	if rep.Schema != "sparsemla.replay/v1" || rep.First.Step != 8 || rep.First.Layer != 2 || rep.First.Stage != "o" || rep.First.Kind != "attention kernel" {
+	if rep.Schema != "sparsemla.replay/v2" || rep.First.Step != 8 || rep.First.Layer != 2 || rep.First.Stage != "o" || rep.First.Kind != "attention kernel" {
 		t.Fatalf("JSON report %+v", rep)
 	}
 }
@@ -126,14 +126,20 @@ func TestDiffBisectReportCommands(t *testing.T) {
 	if code, out, e := rpRun("diff", clean, clean); code != exitOK {
 		t.Fatalf("diff clean clean: exit %d\n%s%s", code, out, e)
 	}
-	// bisect needs a divergence that persists (a stale page stays in the cache).
+	// A divergence that persists (a stale page stays in the cache) is found
+	// by the probes; the steps before it are then scanned (bisect names what
+	// replay names), or, with --assume-persistent, left unchecked and said so.
 	stale := filepath.Join(t.TempDir(), "stale")
 	if code, _, e := rpRun("synth", "--out", stale, "--steps", "8", "--fault", "stale-prefix@9,3"); code != 0 {
 		t.Fatal(e)
 	}
 	code, out, e = rpRun("bisect", stale)
-	if code != exitDiverged || !strings.Contains(out, "replayed 4 of 8 steps") || !strings.Contains(out, "decode step 9, layer 3, stage kv_cache") {
+	if code != exitDiverged || !strings.Contains(out, "replayed 5 of 8 steps") || !strings.Contains(out, "then scanned steps 6") || !strings.Contains(out, "decode step 9, layer 3, stage kv_cache") {
 		t.Fatalf("bisect: exit %d\n%s%s", code, out, e)
+	}
+	code, out, e = rpRun("bisect", "--assume-persistent", stale)
+	if code != exitDiverged || !strings.Contains(out, "replayed 4 of 8 steps") || !strings.Contains(out, "not checked: ") || !strings.Contains(out, "decode step 9, layer 3, stage kv_cache") {
+		t.Fatalf("bisect --assume-persistent: exit %d\n%s%s", code, out, e)
 	}
 	html := filepath.Join(t.TempDir(), "r.html")
 	code, out, e = rpRun("report", bad, "--html", html)
@@ -160,7 +166,7 @@ func TestDemoCommand(t *testing.T) {
 	if code != exitOK {
 		t.Fatalf("demo: exit %d\n%s%s", code, out, e)
 	}
-	for _, want := range []string{"== clean dump", "agree: no stage out of tolerance", "== faulty dump",
+	for _, want := range []string{"== clean dump", "agree: every one of the", "== faulty dump",
 		"first divergence: decode step 9, layer 3, stage kv_cache — prefix cache"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("demo output lacks %q:\n%s", want, out)
@@ -199,7 +205,7 @@ func TestReplayPagesAndBadInput(t *testing.T) {
 	}
 	ga, gb := filepath.Join("..", "..", "testdata", "official-v4-tiny"), filepath.Join("..", "..", "testdata", "gpu-v4-tiny-long")
 	if _, err := os.Stat(gb); err == nil {
-		if code, _, e := rpRun("diff", ga, gb); code != exitError || !strings.Contains(e, "no decode step") {
+		if code, _, e := rpRun("diff", ga, gb); code != exitError || !strings.Contains(e, "none in common") {
 			t.Errorf("diff of dumps with no common step: exit %d, want %d (%s)", code, exitError, e)
 		}
 	}

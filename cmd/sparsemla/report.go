@@ -22,7 +22,7 @@ const reportDoc = `Replays DUMP (as 'replay' does) and writes a self-contained H
 verdict and first-divergence diagnosis, a heatmap of the worst stage error by
 layer x step, one plot per stage of its metric (bf16 ulps, cos_diff or values
 differing) over the steps, and the table of failing and tied stages. Images
-are inline SVG. Exit status: 0 agree, 1 diverged, 2 error.`
+are inline SVG. Exit status: 0 agree, 1 diverged, 2 error, 3 incomplete.`
 
 func runReport(args []string, stdout, stderr io.Writer) int {
 	var f replayFlags

@@ -1,0 +1,33 @@
+// Package attribute names what a GPU did when one of its stages diverges from
+// the reference: for each stage it keeps a short list of hypotheses — the
+// stage computed the way a known engine ships it or the way a known bug
+// computes it (bf16 logits or softmax in attention, split-K merges without
+// rescaling or without the sink, window K without FQ8, another FP8 scale
+// rule, FP8 linears as bf16 GEMMs, an indexer without Hadamard or FQ4, an
+// fp32 scorer, bf16 compressor GEMMs, a wrong RoPE table or position, a
+// cache write to the wrong slot, …) — runs each on the stage's inputs (the
+// dumped ones in a teacher-forced replay) and reports the one that
+// reproduces the GPU's tensor bit for bit, or the closest one when it is
+// closer to the GPU than the reference is.
+//
+// # Overview
+//
+//	c := &attribute.Call{Ctx: ctx, Def: def, In: in, Ref: ref, Get: get}
+//	v := attribute.Attribute(c, gpu)   // v.Best: the reproducing hypothesis, v.Exact: all that do
+//
+// Hypotheses(stage) lists what is tried for a stage. Each hypothesis is a
+// named function of the attention, indexer, quant and kvcache packages
+// (their hypotheses*.go / writes.go files), wired here to the stage's inputs
+// and weights; a hypothesis that needs a value the stage does not read
+// (split_bounds, the state before the step) asks Call.Get for it and is
+// skipped when it is absent.
+//
+// # Invariants
+//
+// A hypothesis never changes its inputs. Results are deterministic: the
+// hypotheses run in list order and ties keep the first. A hypothesis that
+// cannot run (a missing input, weights in the compact form it cannot read)
+// is reported as skipped with the reason, never as a match. The distance is
+// the number of elements whose bits differ from the GPU's, then the largest
+// bf16 ulp distance among them (integer tensors: differing entries).
+package attribute
