@@ -34,24 +34,21 @@ func HasAssembly() bool { return hasAVX2 }
 func useAsm() bool { return UseAssembly && hasAVX2 }
 
 // parallelFor runs f over [0, n) in contiguous chunks that the caller and
-// up to GOMAXPROCS−1 helper goroutines take from a shared counter (so a
-// goroutine the OS delays does not hold the others up), no helper when work
-// is small. Helpers are drawn from one process-wide budget of GOMAXPROCS−1
-// (helpers): calls made concurrently (the branches of a layer step, the
-// layers of a model step) share the cores instead of each starting
-// GOMAXPROCS goroutines, and a call that finds the budget spent runs on its
-// caller alone. Callers only write disjoint outputs per index and compute
-// each index the same way whoever runs it, so results do not depend on the
-// split or the number of goroutines.
+// min(GOMAXPROCS, n)−1 helper goroutines, started for this call, take from a
+// shared counter (so a goroutine the OS delays does not hold the others up),
+// no helper when work is small. Every call gets its own helpers, also when
+// other calls run concurrently (the branches of a layer step, the layers of
+// a model step): the Go scheduler shares the cores among all of them. (A
+// process-wide budget of GOMAXPROCS−1 helpers, tried before, starved
+// concurrent calls: the first call took every helper and a long call that
+// started meanwhile — the indexer's scoring, the 32 MiB wq_b — ran on its
+// caller alone or with one helper to its end, so a CSA-layer step at 16
+// threads was no faster than at 4.) Callers only write disjoint outputs per
+// index and compute each index the same way whoever runs it, so results do
+// not depend on the split or the number of goroutines.
 func parallelFor(n int, work int, f func(lo, hi int)) {
-	procs := runtime.GOMAXPROCS(0)
-	workers := min(procs, n)
+	workers := min(runtime.GOMAXPROCS(0), n)
 	if workers <= 1 || work < 1<<16 {
-		f(0, n)
-		return
-	}
-	extra := helpers.take(workers-1, procs-1)
-	if extra == 0 {
 		f(0, n)
 		return
 	}
@@ -67,37 +64,12 @@ func parallelFor(n int, work int, f func(lo, hi int)) {
 		}
 	}
 	var wg sync.WaitGroup
-	for range extra {
-		wg.Go(func() {
-			defer helpers.give(1)
-			loop()
-		})
+	for range workers - 1 {
+		wg.Go(loop)
 	}
 	loop()
 	wg.Wait()
 }
-
-// helperBudget counts the helper goroutines parallelFor has running.
-type helperBudget struct{ busy atomic.Int64 }
-
-var helpers helperBudget
-
-// take reserves up to want helpers while fewer than limit are busy and
-// returns how many it got.
-func (h *helperBudget) take(want, limit int) int {
-	for {
-		busy := h.busy.Load()
-		n := min(int64(want), int64(limit)-busy)
-		if n <= 0 {
-			return 0
-		}
-		if h.busy.CompareAndSwap(busy, busy+n) {
-			return int(n)
-		}
-	}
-}
-
-func (h *helperBudget) give(n int) { h.busy.Add(-int64(n)) }
 
 // FP8Panels is an FP8 weight [Rows, Cols] (E4M3 codes, UE8M0 128×128 block
 // scales) repacked for the fast FP8Linear: Codes is [ceil(Rows/64)][Cols][64]
@@ -494,9 +466,22 @@ func (j *fp8Job) run(ilo, ihi int) {
 	}
 }
 
+// referencePanels counts the panels FP8Panels products computed with the
+// reference loop (ReferencePanels).
+var referencePanels atomic.Int64
+
+// ReferencePanels is the number of 64-row panels that FP8Panels.Linear,
+// LinearPlain and WoAPanels.WoA have computed with the reference loop
+// instead of the kernels since the process started (inputs outside the
+// kernels' proven range: NaN codes, extreme scales or activations). The bits
+// are the same either way, but the reference is ~20× slower: a test or a
+// benchmark whose inputs the kernels cover checks that it does not grow.
+func ReferencePanels() int64 { return referencePanels.Load() }
+
 // reference computes the rows of panel pi with the reference loops on the
 // rows' exact dequantisation.
 func (j *fp8Job) reference(pi int) {
+	referencePanels.Add(1)
 	p, x, sx, y, cb := j.p, j.x, j.sx, j.y, j.cb
 	n0 := pi * PanelRows
 	rb := n0 / 128

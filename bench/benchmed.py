@@ -59,9 +59,10 @@ def main(out):
     if not ms:
         print("not run\n")
     else:
-        print("| threads | ms/step | GB/s | floor (bytes read / streaming read) | × floor | target |")
-        print("|---|---|---|---|---|---|")
-        for (n, procs), d in sorted(ms.items(), key=lambda kv: -kv[0][1]):
+        print("| FP8 codes | threads | ms/step | GB/s | cpu-ms/step | cores busy | floor (bytes read / streaming read) | × floor | target |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for (n, procs), d in sorted(ms.items(), key=lambda kv: ("/uniform/" in kv[0][0], -kv[0][1])):
+            codes = "uniform" if "/uniform/" in n else "checkpoint"
             t, gbs = med(d, "ms/step"), med(d, "GB/s")
             target = {16: 75, 2: 450}.get(procs)
             floor = ""
@@ -70,8 +71,11 @@ def main(out):
                 fl = t * gbs / stream[procs]
                 floor, x = f"{fl:.1f} ms ({stream[procs]:.1f} GB/s)", f"{t / fl:.2f}×"
             tg = f"≤ {target} ms: {'met' if t <= target else 'missed'}" if target else ""
-            print(f"| {procs} | {t:.1f} | {gbs:.1f} | {floor} | {x} | {tg} |")
-        print("\nTarget at 16 threads: within 1.2× of the floor.\n")
+            cpu, cores = med(d, "cpu-ms/step"), med(d, "cores")
+            cpu = f"{cpu:.0f}" if cpu is not None else ""
+            cores = f"{cores:.1f}" if cores is not None else ""
+            print(f"| {codes} | {procs} | {t:.1f} | {gbs:.1f} | {cpu} | {cores} | {floor} | {x} | {tg} |")
+        print("\nTarget at 16 threads: within 1.2× of the floor. cores busy = process CPU seconds per wall second (≪ threads: cores left idle).\n")
     print("## FP8 GEMVs (GB/s of weight bytes; %stream = share of the same process's streaming read)\n")
     if not kern:
         print("not run\n")

@@ -13,7 +13,7 @@
 #
 #   bash bench/gpuhost.sh run [OUTDIR]        (default $OUT, else /tmp/gpuhost)
 #
-# runs, in about 5 minutes (each part has its own timeout; at most 8):
+# runs, in about 6 minutes (each part has its own timeout; at most 9.5):
 #  1. the V4-Flash CSA-layer step at context 65,536 (layer 2): csastep -serve
 #     writes the inputs and stays up; bench/torch_step.py --go-server
 #     interleaves, for 3 rounds × threads 16, 2, 8, 4, 1, 10 sparsemla steps
@@ -21,7 +21,8 @@
 #     torch.compile of the bf16 step), then compares the outputs (sparsemla
 #     bit-identical at every thread count; cosine to each PyTorch variant);
 #  2. the whole 43-layer attention-path step at 64K (engine
-#     BenchmarkPreparedModelStep) at 16 and 2 threads;
+#     BenchmarkPreparedModelStep, checkpoint-like FP8 codes) at 16 and 2
+#     threads, and with uniform codes at 16;
 #  3. the FP8 GEMVs for each code distribution beside the streaming read of
 #     the same process, at 2, 8 and 16 threads (%stream: target ≥ 80);
 #  4. the KV page decode on one core (target ≥ 2 GB/s).
@@ -82,6 +83,10 @@ run)
 	# (each test binary runs in its package's directory, as go test does)
 	(cd engine && SPARSEMLA_BENCH_BIG=$big timeout 120 $B/engine.test -test.run '^$' -test.bench 'PreparedModelStep/ctx=65536' \
 		-test.cpu 16,2 -test.benchtime 5x -test.count 1 -test.timeout 0 >"$out/model_step.txt" 2>&1)
+	echo "exit $? after $(( $(date +%s) - t0 )) s"
+	# the uniform codes the earlier runs drew, 16 threads (a worse case for the widening)
+	(cd engine && SPARSEMLA_BENCH_BIG=$big timeout 90 $B/engine.test -test.run '^$' -test.bench 'PreparedModelStep/uniform/ctx=65536' \
+		-test.cpu 16 -test.benchtime 5x -test.count 1 -test.timeout 0 >>"$out/model_step.txt" 2>&1)
 	echo "exit $? after $(( $(date +%s) - t0 )) s"; grep Benchmark "$out/model_step.txt"
 	echo "=== 3. FP8 GEMVs and the streaming read ($(date -u +%T))"
 	(cd attention && timeout 90 $B/attention.test -test.run '^$' -test.bench 'StreamRead/scan/allcores|FP8PanelsLinear|FP8PanelsWoA' \

@@ -1,0 +1,7 @@
+//go:build !linux
+
+package engine
+
+// processCPU is unavailable off Linux: the step benchmarks then report
+// wall-clock figures only.
+func processCPU() (float64, bool) { return 0, false }
