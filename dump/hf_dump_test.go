@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"fmt"
 	"math"
-	"strings"
 	"testing"
 
 	"sparsemla/dump"
@@ -36,10 +35,8 @@ func TestHFGraphDumpIdenticalToEager(t *testing.T) {
 	if len(e.Entries) != len(g.Entries) || len(e.Entries) < 200 {
 		t.Fatalf("%d eager records, %d graph records", len(e.Entries), len(g.Entries))
 	}
-	// Replay stops at the number format: the header's ModelArgs say dtype
-	// bf16 (HF's weights), and the engine implements the FP8 checkpoint only
-	// (issue 14 item 3, numerics policies, is not built yet).
-	if _, err := engine.ParseConfig([]byte(e.Header.ModelArgs)); err == nil || !strings.Contains(err.Error(), "FP8 checkpoint") {
+	// The header's ModelArgs say dtype bf16: HF's weights, a bf16 checkpoint.
+	if c, err := engine.ParseConfig([]byte(e.Header.ModelArgs)); err != nil || !c.BF16Checkpoint() {
 		t.Errorf("engine.ParseConfig(HF dump ModelArgs): %v", err)
 	}
 	stages := map[string]bool{}
@@ -84,7 +81,7 @@ func TestHFDumpRMSNormRoundsTwice(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	w, err := dump.OpenSafetensors("../testdata/hf-v4-tiny/weights_l01.safetensors")
+	w, err := dump.OpenSafetensors("../testdata/hf-v4-tiny/ckpt_l01/model.safetensors")
 	if err != nil {
 		t.Fatal(err)
 	}

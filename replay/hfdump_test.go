@@ -1,0 +1,84 @@
+package replay_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+	"testing"
+
+	"sparsemla/dump"
+	"sparsemla/replay"
+)
+
+// testdata/hf-v4-tiny: transformers 5.17's DeepseekV4ForCausalLM on an H200,
+// captured eagerly (hf_eager) and decoding under CUDA-graph replay
+// (hf_graph), with its bf16 weights (ckpt_l01, save_pretrained names). Both
+// replay against the official reference on the bf16 checkpoint: the same
+// report, and every stage that diverges is one where HF's code computes
+// something else than model.py — each reproduced element for element from
+// the dump by HF's own code in package dump's tests:
+//
+//	q_pe_prerope  DeepseekV4UnweightedRMSNorm rounds the rsqrt factor once (TestHFDumpAgainstOfficialStages)
+//	kv_cache      no FQ8 of the window K nor of the compressed row (TestHFDumpAgainstOfficialStages)
+//	cmp_a, cmp_b, icmp_a, icmp_b  bf16 nn.Linear on bf16 x, model.py's compressor projects fp32 x in fp32 (same test)
+//	o_inv         HF's eager attention: bf16 logits and probabilities, sink as a logit, row max subtracted (TestHFDumpAttentionIsHFs)
+func TestReplayHFDumps(t *testing.T) {
+	run := func(dir string) *replay.Report {
+		d, err := dump.Open("../testdata/hf-v4-tiny/" + dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer d.Close()
+		src, err := replay.NewDumpSource(d, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := replay.LoadModelWith(d, src, replay.LoadOptions{Weights: "../testdata/hf-v4-tiny/ckpt_l01", Prepared: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rep, err := replay.Run(context.Background(), m, src, replay.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rep
+	}
+	eager, graph := run("hf_eager"), run("hf_graph")
+	if eager.Kernels != "reference" {
+		t.Errorf("kernels %q: a bf16 checkpoint runs the reference loops", eager.Kernels)
+	}
+	eb, _ := json.Marshal(eager.Results)
+	gb, _ := json.Marshal(graph.Results)
+	if string(eb) != string(gb) || eager.Summary != graph.Summary || eager.Verdict != graph.Verdict {
+		t.Errorf("the CUDA-graph dump replays differently: eager %s %+v, graph %s %+v", eager.Verdict, eager.Summary, graph.Verdict, graph.Summary)
+	}
+	if eager.StepsReplayed != 4 || fmt.Sprint(eager.Layers) != "[0 1]" || eager.Summary.Pass < 70 {
+		t.Errorf("replayed %d steps of layers %v: %+v", eager.StepsReplayed, eager.Layers, eager.Summary)
+	}
+	explained := map[string]bool{"q_pe_prerope": true, "kv_cache": true, "cmp_a": true, "cmp_b": true, "icmp_a": true, "icmp_b": true, "o_inv": true}
+	failed := map[string]bool{}
+	for _, r := range eager.Results {
+		if r.Status != replay.StatusFail {
+			continue
+		}
+		key := fmt.Sprintf("L%d %s", r.Layer, r.Stage)
+		failed[key] = true
+		if !explained[r.Stage] {
+			t.Errorf("step %d %s diverged (%s): not one of HF's known differences", r.Step, key, r.Reason)
+		}
+	}
+	var got []string
+	for k := range failed {
+		got = append(got, k)
+	}
+	sort.Strings(got)
+	want := "L0 kv_cache,L0 o_inv,L0 q_pe_prerope,L1 cmp_a,L1 cmp_b,L1 icmp_a,L1 icmp_b,L1 kv_cache,L1 o_inv"
+	if strings.Join(got, ",") != want {
+		t.Errorf("diverged stages %v, want %s", got, want)
+	}
+	if f := eager.First; eager.Verdict != "diverged" || f == nil || f.Step != 2 || f.Layer != 0 || f.Stage != "q_pe_prerope" {
+		t.Errorf("verdict %s, first divergence %+v", eager.Verdict, f)
+	}
+}
