@@ -24,13 +24,16 @@ type Config struct {
 	ScaleFmt     string `json:"scale_fmt"`   // "ue8m0": power-of-two scales
 	ExpertDType  string `json:"expert_dtype"`
 	ScaleDType   string `json:"scale_dtype"`
-	VocabSize    int    `json:"vocab_size"`
-	Dim          int    `json:"dim"` // hidden size: width of the attention input x
-	MoEInterDim  int    `json:"moe_inter_dim"`
-	NLayers      int    `json:"n_layers"`
-	NHashLayers  int    `json:"n_hash_layers"`
-	NMTPLayers   int    `json:"n_mtp_layers"`
-	NHeads       int    `json:"n_heads"` // query heads H (one shared KV head)
+	// Policy is the numerics policy (SetPolicy; "" = PolicyOfficial); not a
+	// ModelArgs field.
+	Policy      string `json:"-"`
+	VocabSize   int    `json:"vocab_size"`
+	Dim         int    `json:"dim"` // hidden size: width of the attention input x
+	MoEInterDim int    `json:"moe_inter_dim"`
+	NLayers     int    `json:"n_layers"`
+	NHashLayers int    `json:"n_hash_layers"`
+	NMTPLayers  int    `json:"n_mtp_layers"`
+	NHeads      int    `json:"n_heads"` // query heads H (one shared KV head)
 
 	NRoutedExperts    int     `json:"n_routed_experts"`
 	NSharedExperts    int     `json:"n_shared_experts"`

@@ -9,13 +9,15 @@ import (
 	"testing"
 
 	"sparsemla/dump"
+	"sparsemla/engine"
 	"sparsemla/replay"
 )
 
 // testdata/hf-v4-tiny: transformers 5.17's DeepseekV4ForCausalLM on an H200,
 // captured eagerly (hf_eager) and decoding under CUDA-graph replay
 // (hf_graph), with its bf16 weights (ckpt_l01, save_pretrained names). Both
-// replay against the official reference on the bf16 checkpoint: the same
+// replay against the official reference on the bf16 checkpoint (policy
+// official forced: their header names hf-eager): the same
 // report, and every stage that diverges is one where HF's code computes
 // something else than model.py — each reproduced element for element from
 // the dump by HF's own code in package dump's tests:
@@ -25,7 +27,7 @@ import (
 //	cmp_a, cmp_b, icmp_a, icmp_b  bf16 nn.Linear on bf16 x, model.py's compressor projects fp32 x in fp32 (same test)
 //	o_inv         HF's eager attention: bf16 logits and probabilities, sink as a logit, row max subtracted (TestHFDumpAttentionIsHFs)
 func TestReplayHFDumps(t *testing.T) {
-	run := func(dir string) *replay.Report {
+	run := func(dir, policy string) *replay.Report {
 		d, err := dump.Open("../testdata/hf-v4-tiny/" + dir)
 		if err != nil {
 			t.Fatal(err)
@@ -35,7 +37,7 @@ func TestReplayHFDumps(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		m, err := replay.LoadModelWith(d, src, replay.LoadOptions{Weights: "../testdata/hf-v4-tiny/ckpt_l01", Prepared: true})
+		m, err := replay.LoadModelWith(d, src, replay.LoadOptions{Weights: "../testdata/hf-v4-tiny/ckpt_l01", Prepared: true, Policy: policy})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -45,7 +47,7 @@ func TestReplayHFDumps(t *testing.T) {
 		}
 		return rep
 	}
-	eager, graph := run("hf_eager"), run("hf_graph")
+	eager, graph := run("hf_eager", engine.PolicyOfficial), run("hf_graph", engine.PolicyOfficial)
 	if eager.Kernels != "reference" {
 		t.Errorf("kernels %q: a bf16 checkpoint runs the reference loops", eager.Kernels)
 	}
@@ -80,5 +82,62 @@ func TestReplayHFDumps(t *testing.T) {
 	}
 	if f := eager.First; eager.Verdict != "diverged" || f == nil || f.Step != 2 || f.Layer != 0 || f.Stage != "q_pe_prerope" {
 		t.Errorf("verdict %s, first divergence %+v", eager.Verdict, f)
+	}
+}
+
+// Under their header's policy, hf-eager (transformers' eager bf16 path), the
+// HF dumps agree on every compared stage: HF's head norm and RMSNorm, no FQ8
+// in the cache, the bf16 compressor projections, HF's eager attention (o_inv
+// from the reference's o). Not compared here, as the dumps lack their
+// inputs or values: the compressor pooling from a state (HF keeps no
+// official state: skipped), the indexer's iw / index_qk / index_score (not
+// hooked), and index_topk only with Tc <= 1.
+func TestReplayHFDumpsHFEagerPolicy(t *testing.T) {
+	for _, dir := range []string{"hf_eager", "hf_graph"} {
+		d, err := dump.Open("../testdata/hf-v4-tiny/" + dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		src, err := replay.NewDumpSource(d, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := replay.LoadModelWith(d, src, replay.LoadOptions{Weights: "../testdata/hf-v4-tiny/ckpt_l01"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rep, err := replay.Run(context.Background(), m, src, replay.Options{})
+		d.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep.Policy != engine.PolicyHFEager || rep.Verdict != "agree" || rep.Summary.Fail != 0 || rep.Summary.Pass != 109 {
+			t.Errorf("%s: policy %q, %s %+v", dir, rep.Policy, rep.Verdict, rep.Summary)
+		}
+		pass := map[string]bool{}
+		for _, r := range rep.Results {
+			if r.Status == replay.StatusPass {
+				pass[r.Stage] = true
+			}
+		}
+		// the stages where the official policy diverged now pass
+		for _, s := range []string{"q_pe_prerope", "kv_cache", "cmp_a", "cmp_b", "icmp_a", "icmp_b", "o_inv"} {
+			if !pass[s] {
+				t.Errorf("%s: %s does not pass under hf-eager", dir, s)
+			}
+		}
+	}
+	// the policy needs a bf16 checkpoint: the official FP8 dump refuses it
+	d, err := dump.Open("../testdata/official-v4-tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	src, err := replay.NewDumpSource(d, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := replay.LoadModelWith(d, src, replay.LoadOptions{Policy: engine.PolicyHFEager}); err == nil || !strings.Contains(err.Error(), "bf16 checkpoint") {
+		t.Errorf("hf-eager on the FP8 dump: %v", err)
 	}
 }

@@ -114,6 +114,9 @@ func Run(ctx context.Context, m *engine.Model, src Source, opt Options) (*Report
 	}
 	rep := newReport(src.Name(), string(opt.Mode), m.GPURope, steps, layers)
 	rep.Kernels = m.Kernels()
+	if p := m.Cfg.PolicyName(); p != engine.PolicyOfficial {
+		rep.Policy = p
+	}
 	var units []unitResult
 	var err error
 	switch opt.Mode {
