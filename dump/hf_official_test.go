@@ -432,3 +432,117 @@ func dot32(a, b []float32) float32 {
 	}
 	return s
 }
+
+// TestHFDumpCompressorPoolIsHFEager: engine.PolicyHFEager's compressor pool
+// and norm reproduce HF's first compressed entries of layer 1 (CSA, r = 4)
+// at step 3 from HF's own state — the raw token projections it buffers
+// (hf_buffer_kv_* / hf_buffer_gate_* after step 2, tokens 0..2) laid into the
+// official state layout (current group rows 4..7, score = gate + ape; the
+// previous group empty: kv 0, score -inf, as HF's first window), plus step
+// 3's cmp_a / cmp_b: the dumped cmp_normed and icmp_normed, element for
+// element. (HF's pooled value itself is not hooked, only kv_norm's output.)
+func TestHFDumpCompressorPoolIsHFEager(t *testing.T) {
+	d, err := dump.Open("../testdata/hf-v4-tiny/hf_eager")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	ws, err := dump.OpenSafetensors("../testdata/hf-v4-tiny/ckpt_l01/model.safetensors")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.Close()
+	cfg, err := engine.ParseConfig([]byte(d.Header.ModelArgs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.SetPolicy(engine.PolicyHFEager); err != nil {
+		t.Fatal(err)
+	}
+	const l, p = 1, 3
+	wt := func(name string) []float32 {
+		f, _, err := ws.Float32(fmt.Sprintf("model.layers.%d.attn.%s", l, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	cmp := func(pre string, dd int, rotate bool) *attention.Compressor {
+		return &attention.Compressor{Ratio: 4, HeadDim: dd, Dim: cfg.Dim, Rotate: rotate, Eps: float32(cfg.NormEps),
+			Wkv: wt(pre + "wkv.weight"), Wgate: wt(pre + "wgate.weight"), Ape: wt(pre + "ape"), Norm: wt(pre + "norm.weight")}
+	}
+	lw := &engine.LayerWeights{Layer: l, Ratio: 4, Compressor: cmp("compressor.", cfg.HeadDim, false),
+		Indexer: &indexer.Indexer{NHeads: cfg.IndexNHeads, HeadDim: cfg.IndexHeadDim, TopK: cfg.IndexTopK,
+			Compressor: cmp("indexer.compressor.", cfg.IndexHeadDim, true)}}
+	ctx := &engine.StepContext{Cfg: cfg, Layer: l, Pos: p, W: lw}
+	defs := map[string]engine.StageDef{}
+	for _, def := range engine.Stages(cfg, l, p) {
+		defs[def.Name] = def
+	}
+	for _, c := range []struct {
+		pre, buf string
+		comp     *attention.Compressor
+	}{{"cmp_", "compressor", lw.Compressor}, {"icmp_", "indexer", lw.Indexer.Compressor}} {
+		w := c.comp.Width()
+		bkv := get(t, d, p-1, l, "hf_buffer_kv_"+c.buf)
+		bg := get(t, d, p-1, l, "hf_buffer_gate_"+c.buf)
+		if len(bkv) != 3*w || len(bg) != 3*w {
+			t.Fatalf("%s buffers: %d, %d values, want 3 tokens of %d", c.buf, len(bkv), len(bg), w)
+		}
+		kv := make([]float32, 8*w)
+		score := make([]float32, 8*w)
+		for i := range score {
+			score[i] = float32(math.Inf(-1))
+		}
+		for tok := 0; tok < 3; tok++ {
+			for j := 0; j < w; j++ {
+				kv[(4+tok)*w+j] = bkv[tok*w+j]
+				score[(4+tok)*w+j] = bg[tok*w+j] + c.comp.Ape[tok*w+j]
+			}
+		}
+		in := map[string]engine.Tensor{
+			engine.PrevPrefix + c.pre + "kv_state":    engine.FromF(engine.KindF32, kv, 8, w),
+			engine.PrevPrefix + c.pre + "score_state": engine.FromF(engine.KindF32, score, 8, w),
+			c.pre + "a": engine.FromF(engine.KindBF16, get(t, d, p, l, c.pre+"a"), w),
+			c.pre + "b": engine.FromF(engine.KindBF16, get(t, d, p, l, c.pre+"b"), w),
+		}
+		pooled, err := defs[c.pre+"pooled"].Compute(ctx, in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		normed, err := defs[c.pre+"normed"].Compute(ctx, map[string]engine.Tensor{c.pre + "pooled": pooled})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := get(t, d, p, l, c.pre+"normed")
+		same := 0
+		for i, v := range normed.F {
+			if v == want[i] {
+				same++
+			}
+		}
+		// the official pool (fp32 weights, one rounding) on the same state
+		off := *cfg
+		off.Policy = ""
+		var offDef engine.StageDef
+		for _, def := range engine.Stages(&off, l, p) {
+			if def.Name == c.pre+"pooled" {
+				offDef = def
+			}
+		}
+		op, err := offDef.Compute(&engine.StepContext{Cfg: &off, Layer: l, Pos: p, W: lw}, in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		differ := 0
+		for i, v := range op.F {
+			if v != pooled.F[i] {
+				differ++
+			}
+		}
+		t.Logf("%snormed: %d of %d values are hf-eager's; the official pool differs from HF's on %d of %d", c.pre, same, len(want), differ, len(op.F))
+		if same != len(want) {
+			t.Errorf("%snormed: hf-eager reproduces %d of %d dumped values", c.pre, same, len(want))
+		}
+	}
+}
