@@ -99,6 +99,7 @@ func Run(ctx context.Context, m *engine.Model, src Source, opt Options) (*Report
 			opt.Tol = PropagatedTolerance()
 		}
 	}
+	opt.Tol = policyTolerance(opt.Tol, opt.Mode, m.Cfg.PolicyName())
 	steps := src.Steps()
 	if opt.Steps != nil {
 		if err := checkStepSelection(src, opt.Steps); err != nil {
