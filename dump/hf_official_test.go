@@ -546,3 +546,43 @@ func TestHFDumpCompressorPoolIsHFEager(t *testing.T) {
 		}
 	}
 }
+
+// TestHFDumpRopeTables: HF's RoPE tables (as its forward uses them,
+// DeepseekV4RotaryEmbedding returning `cos.to(dtype=x.dtype)` for the bf16
+// inputs_embeds) are the config's tables with cos and sin rounded to bf16,
+// every value; replay's rope_table check names that table.
+func TestHFDumpRopeTables(t *testing.T) {
+	d, err := dump.Open("../testdata/hf-v4-tiny/hf_eager")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	cfg, err := engine.ParseConfig([]byte(d.Header.ModelArgs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for l, name := range map[int]string{0: "freqs_cis_r0", 1: "freqs_cis_cmp"} {
+		r, err := d.Get(dump.Key{Step: dump.NoStep, Layer: dump.Global, Stage: name}, dump.KindTable)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, err := r.Float32()
+		if err != nil {
+			t.Fatal(err)
+		}
+		tb := attention.RopeTableFromCis(f, r.Shape[0], name)
+		ref := engine.LayerRope(cfg, l, tb.T)
+		same, fp32 := 0, 0
+		for i := range tb.Cos {
+			if tb.Cos[i] == quant.BF16Round(ref.Cos[i]) && tb.Sin[i] == quant.BF16Round(ref.Sin[i]) {
+				same++
+			}
+			if tb.Cos[i] == ref.Cos[i] && tb.Sin[i] == ref.Sin[i] {
+				fp32++
+			}
+		}
+		if same != len(tb.Cos) || fp32 > len(tb.Cos)/2 {
+			t.Errorf("%s: %d of %d (cos, sin) are the config's rounded to bf16, %d the fp32 ones", name, same, len(tb.Cos), fp32)
+		}
+	}
+}

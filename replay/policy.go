@@ -1,7 +1,9 @@
 package replay
 
 import (
+	"sparsemla/attention"
 	"sparsemla/engine"
+	"sparsemla/quant"
 )
 
 // hfEagerTol are the local-mode tolerances of the stages whose value under
@@ -33,4 +35,29 @@ func policyTolerance(t *Tolerance, mode Mode, policy string) *Tolerance {
 		}
 	}
 	return out
+}
+
+// ropeBF16Name names the RoPE table whose cos and sin are the config's
+// rounded to bf16: transformers' DeepseekV4RotaryEmbedding returns
+// `cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)` for a bf16 x.
+const ropeBF16Name = "cos/sin rounded to bf16 (transformers: DeepseekV4RotaryEmbedding returns cos.to(x.dtype))"
+
+// ropeBF16Diff compares tb with the table p implies, its cos and sin rounded
+// to bf16: Differ counts entries whose bits differ, Over those more than one
+// bf16 ulp off in cos or sin (one ulp: CUDA's cos/sin before the rounding);
+// the angle fields stay zero.
+func ropeBF16Diff(tb *engine.RopeTable, p attention.RopeParams) attention.RopeDiff {
+	ref := attention.NewRopeTable(p, tb.T)
+	d := attention.RopeDiff{T: tb.T, Pairs: attention.RopePairs}
+	for k := range tb.Cos {
+		wc, ws := quant.BF16Round(ref.Cos[k]), quant.BF16Round(ref.Sin[k])
+		if tb.Cos[k] != wc || tb.Sin[k] != ws {
+			d.Differ++
+		}
+		uc, us := quant.BF16ULPDistance(tb.Cos[k], wc), quant.BF16ULPDistance(tb.Sin[k], ws)
+		if uc > 1 || uc < -1 || us > 1 || us < -1 {
+			d.Over++
+		}
+	}
+	return d
 }
