@@ -3,7 +3,6 @@ package dump_test
 import (
 	"encoding/json"
 	"os"
-	"strings"
 	"testing"
 
 	"sparsemla/dump"
@@ -22,10 +21,8 @@ func TestModelArgsFromHF(t *testing.T) {
 	if !dump.IsHFConfig(hf) {
 		t.Fatal("not recognised as an HF DeepSeek-V4 config")
 	}
-	// The engine converts it itself; a bf16 HF config is then refused for its
-	// number format (the reference implements the FP8 checkpoint), not for
-	// HF's field names.
-	if _, err := engine.ParseConfig(hf); err == nil || !strings.Contains(err.Error(), "FP8 checkpoint") {
+	// The engine converts it itself: a bf16 checkpoint (engine.Config.BF16Checkpoint).
+	if c, err := engine.ParseConfig(hf); err != nil || !c.BF16Checkpoint() {
 		t.Fatalf("engine.ParseConfig(HF config.json): %v", err)
 	}
 	ma, err := dump.ModelArgsFromHF(hf)
@@ -34,8 +31,8 @@ func TestModelArgsFromHF(t *testing.T) {
 	}
 	var got, want map[string]interface{}
 	json.Unmarshal(ma, &got)
-	// The engine implements the FP8 checkpoint only (a bf16 numerics policy is
-	// not built yet): every other field must be accepted as converted.
+	// The same config with the FP8 checkpoint's number formats: every other
+	// field must be accepted as converted.
 	fp8 := map[string]interface{}{}
 	for k, v := range got {
 		fp8[k] = v

@@ -20,17 +20,20 @@ import (
 type Config struct {
 	MaxBatchSize int    `json:"max_batch_size"`
 	MaxSeqLen    int    `json:"max_seq_len"` // cache sizing only
-	DType        string `json:"dtype"`       // "fp8": FP8 E4M3 linears
+	DType        string `json:"dtype"`       // "fp8": FP8 E4M3 linears; "bf16": a bf16 checkpoint (BF16Checkpoint)
 	ScaleFmt     string `json:"scale_fmt"`   // "ue8m0": power-of-two scales
 	ExpertDType  string `json:"expert_dtype"`
 	ScaleDType   string `json:"scale_dtype"`
-	VocabSize    int    `json:"vocab_size"`
-	Dim          int    `json:"dim"` // hidden size: width of the attention input x
-	MoEInterDim  int    `json:"moe_inter_dim"`
-	NLayers      int    `json:"n_layers"`
-	NHashLayers  int    `json:"n_hash_layers"`
-	NMTPLayers   int    `json:"n_mtp_layers"`
-	NHeads       int    `json:"n_heads"` // query heads H (one shared KV head)
+	// Policy is the numerics policy (SetPolicy; "" = PolicyOfficial); not a
+	// ModelArgs field.
+	Policy      string `json:"-"`
+	VocabSize   int    `json:"vocab_size"`
+	Dim         int    `json:"dim"` // hidden size: width of the attention input x
+	MoEInterDim int    `json:"moe_inter_dim"`
+	NLayers     int    `json:"n_layers"`
+	NHashLayers int    `json:"n_hash_layers"`
+	NMTPLayers  int    `json:"n_mtp_layers"`
+	NHeads      int    `json:"n_heads"` // query heads H (one shared KV head)
 
 	NRoutedExperts    int     `json:"n_routed_experts"`
 	NSharedExperts    int     `json:"n_shared_experts"`
@@ -155,8 +158,8 @@ func (c *Config) Validate() error {
 	if c.NHeads > 0 && c.OGroups > 0 && c.NHeads%c.OGroups != 0 {
 		bad("n_heads = %d is not a multiple of o_groups = %d", c.NHeads, c.OGroups)
 	}
-	if c.DType != "fp8" {
-		bad("dtype = %q: the reference implements the FP8 checkpoint (\"fp8\")", c.DType)
+	if c.DType != "fp8" && c.DType != "bf16" {
+		bad("dtype = %q: the reference implements the FP8 checkpoint (\"fp8\") and a bf16 one (\"bf16\")", c.DType)
 	}
 	if c.ScaleFmt != "ue8m0" {
 		bad("scale_fmt = %q: the reference implements power-of-two scales (\"ue8m0\")", c.ScaleFmt)
@@ -307,3 +310,13 @@ func flashRatios(n int) []int {
 	}
 	return r
 }
+
+// BF16Checkpoint reports whether the config names a bf16 checkpoint (dtype
+// "bf16"): model.py's Linear then holds bf16 weights and its linear() is
+// F.linear(x, weight) — a bf16 GEMM with fp32 accumulation, one rounding to
+// bf16, no FP8 activation quantisation (attention.BF16Linear) — for wq_a,
+// wq_b, wkv, wo_b and the indexer's wq_b. Everything else is the FP8
+// checkpoint's computation: model.py applies the FQ8 of the KV rows, the
+// indexer's Hadamard and FP4, the fp32 compressors and the bf16 wo_a whatever
+// the weights' dtype.
+func (c *Config) BF16Checkpoint() bool { return c.DType == "bf16" }

@@ -64,7 +64,7 @@ func TestConfigErrors(t *testing.T) {
 		{`{"rope_head_dim": 32}`, "64 rotated dims"},
 		{`{"dim": 4096, "no_such_key": 1}`, "no_such_key"},
 		{`{"n_layers": 9}`, "compress_ratios has 8 entries"},
-		{`{"dtype": "bf16"}`, "dtype"},
+		{`{"dtype": "fp16"}`, "dtype"},
 		{`{"dim": "wide"}`, "dim"},
 	} {
 		_, err := ParseConfig([]byte(c.json))

@@ -108,6 +108,23 @@
 // 65,536 takes about 0.35 s for a CSA layer and 0.2 s for an HCA layer on two
 // cores (go test ./engine -run '^$' -bench DecodeStepFlash -benchtime 3x).
 //
+// # Numerics policies
+//
+// The rounding points above are model.py's on the FP8 checkpoint, the
+// default. Config.DType "bf16" is model.py on a bf16 checkpoint
+// (Config.BF16Checkpoint: the five FP8 linears become F.linear on bf16
+// weights, attention.BF16Linear; reference loops only). Config.SetPolicy
+// selects another path's rounding points: PolicyHFEager is transformers'
+// DeepseekV4ForCausalLM run eagerly in bf16 (HFEagerStages lists the 22
+// stages it changes, with HF's code; PolicyDiff and 'sparsemla explain
+// --policy' show them). Validated against an H200 run of transformers 5.17
+// (testdata/hf-v4-tiny; go test -run 'TestHFDump|TestReplayHF' ./dump
+// ./replay): every stage that run dumps agrees bit for bit or within the
+// GEMM's ulp, the compressor pool on HF's first window; NOT validated
+// against GPU output (derived from HF's code only): the indexer's iw /
+// index_qk / index_score (not hooked there), the pool of a window with an
+// overlap from the previous one, and windows past 128 tokens.
+//
 // # Fast path
 //
 // Prepare packs a layer's weights once (FP8 codes + block scales, bf16 panels;

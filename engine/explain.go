@@ -53,6 +53,17 @@ func Explain(w io.Writer, cfg *Config, name string, l int, p int64, seed uint64,
 	ctx := &StepContext{Cfg: cfg, Layer: l, Pos: p, W: W, Rope: rope}
 
 	fmt.Fprintf(w, "sparsemla explain: one decode step of one DeepSeek-V4 attention layer, in the order of model.py\n\n")
+	if diff := PolicyDiff(cfg, l, p); len(diff) > 0 {
+		ck := "FP8"
+		if cfg.BF16Checkpoint() {
+			ck = "bf16"
+		}
+		fmt.Fprintf(w, "numerics policy %s on a %s checkpoint: %d stages differ from model.py on the FP8 checkpoint\n", cfg.PolicyName(), ck, len(diff))
+		for _, d := range diff {
+			fmt.Fprintf(w, "  %s\n", d)
+		}
+		fmt.Fprintln(w)
+	}
 	fmt.Fprintf(w, "config %s: dim %d, %d query heads × %d (%d nope + %d rope), ONE shared KV head; q_lora_rank %d; o_groups %d × o_lora_rank %d; window %d\n",
 		name, cfg.Dim, cfg.NHeads, cfg.HeadDim, cfg.NopeDim(), cfg.RopeHeadDim, cfg.QLoraRank, cfg.OGroups, cfg.OLoraRank, cfg.WindowSize)
 	kind := map[int]string{0: "SWA: sliding window only", 4: fmt.Sprintf("CSA: window + the indexer's top-%d compressed rows (one row per 4 tokens)", cfg.IndexTopK),

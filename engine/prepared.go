@@ -51,6 +51,9 @@ func (p *PreparedLayer) packedOf(w *attention.FP8Weight) *attention.FP8Panels { 
 // only the PreparedLayer lets them be collected (the compressors and the
 // indexer struct are shared).
 func Prepare(cfg *Config, w *LayerWeights) *PreparedLayer {
+	if cfg.BF16Checkpoint() {
+		panic("engine: Prepare: the fast kernels pack FP8 weights; a bf16 checkpoint runs the reference loops (PrepareLayer leaves it unprepared)")
+	}
 	p := &PreparedLayer{Layer: w.Layer, Ratio: w.Ratio,
 		WqA: attention.PackFP8Weight(w.WqA), WqB: attention.PackFP8Weight(w.WqB),
 		Wkv: attention.PackFP8Weight(w.Wkv), WoB: attention.PackFP8Weight(w.WoB),

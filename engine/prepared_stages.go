@@ -19,7 +19,8 @@ import (
 // A compact layer (LoadLayerWeightsPrepared: its fp32 wo_a is gone) keeps
 // its packed weights: they are the only copy of wo_a.
 func PrepareLayer(cfg *Config, w *LayerWeights) {
-	if w.Compact() {
+	if w.Compact() || cfg.BF16Checkpoint() {
+		// a bf16 checkpoint has no FP8 weights to pack: reference loops
 		return
 	}
 	w.Fast = nil
@@ -73,6 +74,10 @@ func (ctx *StepContext) fast() *PreparedLayer {
 // fp8Lin is FP8Linear(w, x), on the packed copy of w when the layer is prepared.
 func (ctx *StepContext) fp8Lin(w *attention.FP8Weight, x []float32) []float32 {
 	y := make([]float32, w.Rows)
+	if ctx.Cfg.BF16Checkpoint() {
+		attention.BF16Linear(y, x, w.W, w.Rows, w.Cols)
+		return y
+	}
 	if p := ctx.fast(); p != nil {
 		if pw := p.packedOf(w); pw != nil {
 			pw.Linear(y, x)
@@ -85,6 +90,10 @@ func (ctx *StepContext) fp8Lin(w *attention.FP8Weight, x []float32) []float32 {
 
 // indexerQueryB is Indexer.QueryB (iq_b).
 func (ctx *StepContext) indexerQueryB(dst, cq []float32) {
+	if w := ctx.W.Indexer.WqB; ctx.Cfg.BF16Checkpoint() {
+		attention.BF16Linear(dst, cq, w.W, w.Rows, w.Cols)
+		return
+	}
 	if p := ctx.fast(); p != nil && p.IWqB != nil {
 		p.IWqB.Linear(dst, cq)
 		return

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"strings"
 
 	"sparsemla/attention"
 )
@@ -111,6 +112,12 @@ func Stages(cfg *Config, layer int, pos int64) []StageDef {
 	add("o_inv", "o_inv = o with RoPE⁻¹(dims nope:, p)", stageOInv, "o")
 	add("u", "u[g] = bf16(wo_a[g] · o_inv[heads of group g])", stageU, "o_inv")
 	add("y", "y = FP8Lin(wo_b, u)", stageY, "u")
+	applyPolicy(cfg, defs)
+	if cfg.BF16Checkpoint() {
+		for i := range defs {
+			defs[i].Equation = strings.ReplaceAll(defs[i].Equation, "FP8Lin(", "BF16Lin(")
+		}
+	}
 	return defs
 }
 

@@ -197,7 +197,11 @@ func SyntheticState(cfg *Config, w *LayerWeights, rope *RopeTable, next int64, s
 	xOf := func(t int64) []float32 { return SyntheticInput(cfg, t, seed).F }
 	for t := max(0, next-win); t < next; t++ {
 		k := make([]float32, D)
-		attention.FP8Linear(k, xOf(t), w.Wkv)
+		if cfg.BF16Checkpoint() {
+			attention.BF16Linear(k, xOf(t), w.Wkv.W, w.Wkv.Rows, w.Wkv.Cols)
+		} else {
+			attention.FP8Linear(k, xOf(t), w.Wkv)
+		}
 		attention.RMSNorm(k, k, w.KVNorm, float32(cfg.NormEps))
 		rope.Apply(k[cfg.NopeDim():], t)
 		quant.FQ8(k[:cfg.NopeDim()], 64)

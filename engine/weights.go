@@ -77,6 +77,11 @@ func LoadLayerWeights(cfg *Config, layer int, st dump.WeightSource) (*LayerWeigh
 // reads WoA of a prepared layer; the reference loops cannot run on such a
 // layer without its Fast (the wo_a stage panics), so keep it set.
 func LoadLayerWeightsPrepared(cfg *Config, layer int, st dump.WeightSource) (*LayerWeights, error) {
+	if cfg.BF16Checkpoint() {
+		// the fast kernels pack FP8 weights: a bf16 checkpoint runs the
+		// reference loops (Model.Kernels says "reference")
+		return loadLayerWeights(cfg, layer, st, false)
+	}
 	lw, err := loadLayerWeights(cfg, layer, st, true)
 	if err != nil {
 		return nil, err
@@ -143,6 +148,15 @@ func loadLayerWeights(cfg *Config, layer int, st dump.WeightSource, compact bool
 		return v, finite(name, v)
 	}
 	fp8 := func(name string, rows, cols int) (*attention.FP8Weight, error) {
+		if cfg.BF16Checkpoint() {
+			// a bf16 checkpoint: the weight's values only (W), no codes or
+			// scales; the stages run attention.BF16Linear on them
+			v, err := f32(name+".weight", rows, cols)
+			if err != nil {
+				return nil, err
+			}
+			return &attention.FP8Weight{Rows: rows, Cols: cols, W: v}, nil
+		}
 		w, err := read(name+".weight", []int{rows, cols}, dump.E4M3, dump.U8)
 		if err != nil {
 			return nil, err

@@ -68,6 +68,9 @@ func BisectWith(ctx context.Context, m *engine.Model, src Source, opt BisectOpti
 	rep := newReport(src.Name(), string(Local), m.GPURope, steps, src.Layers())
 	rep.Command = "bisect"
 	rep.Kernels = m.Kernels()
+	if p := m.Cfg.PolicyName(); p != engine.PolicyOfficial {
+		rep.Policy = p
+	}
 	rep.Probes = []Probe{}
 	rep.Scanned = []int64{}
 	byStep := map[int64]*Report{}      // local replay of each step replayed

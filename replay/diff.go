@@ -41,6 +41,9 @@ func Diff(ctx context.Context, cfg *engine.Config, m *engine.Model, a, b Source,
 	}
 	if m != nil {
 		rep.Kernels = m.Kernels()
+		if p := m.Cfg.PolicyName(); p != engine.PolicyOfficial {
+			rep.Policy = p
+		}
 	}
 	for _, p := range steps {
 		for _, l := range layers {

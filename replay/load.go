@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"sparsemla/attention"
 	"sparsemla/dump"
@@ -34,6 +35,11 @@ type LoadOptions struct {
 	// once. False keeps the full reference weights (LoadLayerWeights) and the
 	// plain reference loops.
 	Prepared bool
+	// Policy is the numerics policy (engine.PolicyNames): "" takes the
+	// dump header's dtype_policy["policy"] when it names one of them (the
+	// capture helper writes "hf-eager" for transformers' model), else
+	// engine.PolicyOfficial.
+	Policy string
 }
 
 // LoadModelWith is LoadModel with options (LoadOptions).
@@ -48,6 +54,13 @@ func LoadModelWith(d *dump.Dump, src Source, opt LoadOptions) (*engine.Model, er
 	}
 	cfg, err := engine.ParseConfig([]byte(d.Header.ModelArgs))
 	if err != nil {
+		return nil, fmt.Errorf("dump %s: %w", d.Path, err)
+	}
+	policy := opt.Policy
+	if policy == "" && slices.Contains(engine.PolicyNames(), d.Header.DTypePolicy["policy"]) {
+		policy = d.Header.DTypePolicy["policy"]
+	}
+	if err := cfg.SetPolicy(policy); err != nil {
 		return nil, fmt.Errorf("dump %s: %w", d.Path, err)
 	}
 	wpath, err := FindWeights(d.Path, weights)

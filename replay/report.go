@@ -26,6 +26,7 @@ type Report struct {
 	Mode          string        `json:"mode"`              // local | propagated
 	GPURope       bool          `json:"gpu_rope_table"`    // RoPE from the GPU's own table
 	Kernels       string        `json:"kernels,omitempty"` // prepared | reference | mixed (Model.Kernels); empty: no reference ran
+	Policy        string        `json:"policy,omitempty"`  // numerics policy other than engine.PolicyOfficial (e.g. hf-eager)
 	Steps         []int64       `json:"steps"`             // decode steps in the dump
 	Layers        []int         `json:"layers"`
 	StepsReplayed int           `json:"steps_replayed"`
@@ -301,6 +302,9 @@ func (r *Report) WriteText(w io.Writer) {
 		r.Command, r.Dump, r.Mode, len(r.Steps), len(r.Layers), s.Compared, s.Pass, s.Tie, s.Fail, s.Missing, s.Skipped)
 	if !r.GPURope {
 		fmt.Fprintln(w, "  (no GPU RoPE table in the dump: RoPE stages allowed one bf16 ulp)")
+	}
+	if r.Policy != "" {
+		fmt.Fprintf(w, "  numerics policy %s: the reference follows that path's rounding points, not model.py's (explain --policy %s)\n", r.Policy, r.Policy)
 	}
 	for _, sr := range r.Results {
 		if sr.Status == StatusTie {

@@ -50,6 +50,17 @@ func ropeResults(m *engine.Model, steps []int64, layers []int) (map[int]StageRes
 			}
 			yarn := attention.RopeParams{Base: cfg.CompressRopeTheta, OriginalSeqLen: cfg.OriginalSeqLen, Factor: cfg.RopeFactor, BetaFast: cfg.BetaFast, BetaSlow: cfg.BetaSlow}
 			c = attention.CheckRopeTable(prefixTable(tb, int(last)+2), p, attention.RopeHypotheses(p, other, yarn))
+			if !c.Diff.OK() {
+				// HF's table: the config's with cos/sin rounded to bf16 —
+				// the expected table under hf-eager, else a named hypothesis
+				if bd := ropeBF16Diff(prefixTable(tb, int(last)+2), p); bd.OK() {
+					if cfg.PolicyName() == engine.PolicyHFEager {
+						c = attention.RopeCheck{Diff: bd}
+					} else {
+						c.Best, c.BestDiff, c.Matches = ropeBF16Name, bd, true
+					}
+				}
+			}
 			seen[k] = c
 		}
 		sr := StageResult{Step: first, Layer: l, Stage: RopeStage, Tol: "angle",

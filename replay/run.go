@@ -99,6 +99,7 @@ func Run(ctx context.Context, m *engine.Model, src Source, opt Options) (*Report
 			opt.Tol = PropagatedTolerance()
 		}
 	}
+	opt.Tol = policyTolerance(opt.Tol, opt.Mode, m.Cfg.PolicyName())
 	steps := src.Steps()
 	if opt.Steps != nil {
 		if err := checkStepSelection(src, opt.Steps); err != nil {
@@ -114,6 +115,9 @@ func Run(ctx context.Context, m *engine.Model, src Source, opt Options) (*Report
 	}
 	rep := newReport(src.Name(), string(opt.Mode), m.GPURope, steps, layers)
 	rep.Kernels = m.Kernels()
+	if p := m.Cfg.PolicyName(); p != engine.PolicyOfficial {
+		rep.Policy = p
+	}
 	var units []unitResult
 	var err error
 	switch opt.Mode {

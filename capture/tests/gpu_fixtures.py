@@ -47,6 +47,57 @@ H, D, IH, ID, G = 4, 512, 4, 128, 2
 STATE = {}
 
 
+_TORCH_TENSOR = torch.tensor
+
+
+def _graph_safe_tensor(data, *args, **kwargs):
+    """torch.tensor, except that a Python scalar put on a CUDA device while a
+    CUDA graph is captured becomes torch.full((), data) on that device: the
+    same value, made by a fill kernel the graph can record, where torch.tensor
+    copies it from pageable host memory, which capture refuses ("Cannot copy
+    between CPU and CUDA tensors during CUDA graph capture"). transformers'
+    masking_utils.eager_mask does `torch.where(mask, torch.tensor(0.0,
+    device=mask.device, dtype=dtype), min_dtype)` in every forward."""
+    dev = kwargs.get("device")
+    if (isinstance(data, (bool, int, float)) and not args and dev is not None
+            and torch.device(dev).type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        dt = kwargs.get("dtype")
+        if dt is None:
+            dt = torch.bool if isinstance(data, bool) else (torch.int64 if isinstance(data, int)
+                                                               else torch.get_default_dtype())
+        GRAPH_SAFE_USED.add(dt)
+        return torch.full((), data, dtype=dt, device=dev)
+    return _TORCH_TENSOR(data, *args, **kwargs)
+
+
+GRAPH_SAFE_USED = set()
+
+
+class graph_safe_scalars:
+    """Within the block, torch.tensor(<scalar>, device=cuda) is capturable."""
+
+    def __enter__(self):
+        torch.tensor = _graph_safe_tensor
+
+    def __exit__(self, *exc):
+        torch.tensor = _TORCH_TENSOR
+
+
+def cache_tensors(cache):
+    """Every tensor HF's cache holds now: kept referenced across a graph capture
+    and its replays, so that memory the graph reads (the previous step's cache
+    rows, which the captured step replaces in the cache object) is not handed
+    out again by the caching allocator before the replays are done."""
+    out = []
+    for lay in getattr(cache, "layers", []):
+        for v in vars(lay).values():
+            if torch.is_tensor(v):
+                out.append(v)
+            elif isinstance(v, dict):
+                out += [t for t in v.values() if torch.is_tensor(t)]
+    return out
+
+
 class Log:
     def __init__(self, part):
         self.f = open(os.path.join(LOGS, part + ".log"), "w")
@@ -56,6 +107,15 @@ class Log:
         print(msg, flush=True)
         self.f.write(msg + "\n")
         self.f.flush()
+
+
+def tar(name, paths):
+    fn = os.path.join(OUT, name)
+    with tarfile.open(fn, "w:gz") as t:
+        for p in paths:
+            if os.path.exists(p):
+                t.add(p, arcname=os.path.relpath(p, WORK))
+    print("tar", name, os.path.getsize(fn), flush=True)
 
 
 def part(fn):
@@ -195,12 +255,12 @@ def hf_build(log):
                 torch.cuda.current_stream().wait_stream(s)
                 g = torch.cuda.CUDAGraph()
                 sid, spos = torch.tensor([[toks[S]]], device=DEV), torch.tensor([[S]], device=DEV)  # static inputs:
-                with torch.cuda.graph(g):  # made before the capture (a host->device copy cannot be captured)
+                with graph_safe_scalars(), torch.cuda.graph(g):  # made before the capture (a host->device copy cannot be captured)
                     model(input_ids=sid, position_ids=spos, past_key_values=wc, use_cache=True)
                 g.replay()
                 torch.cuda.synchronize()
                 del g, wc
-            log("graph capture probe ok:", attempt)
+            log("graph capture probe ok:", attempt, "torch.tensor scalars made capturable:", sorted(map(str, GRAPH_SAFE_USED)))
             break
         except Exception as e:
             log("graph capture probe failed (%s): %r" % (attempt, e))
@@ -277,8 +337,11 @@ def dump_cache(d, model, cache, p, kind, log=None):
 
 
 def rope_tables(d, model):
+    """HF's cos/sin as its forward uses them: DeepseekV4RotaryEmbedding returns
+    `cos.to(dtype=x.dtype)` for x = inputs_embeds (bf16), so the tables are the
+    bf16-rounded cos/sin, stored as f32 (exact)."""
     T = model.config.max_position_embeddings
-    x = torch.zeros(1, T, 8, device=DEV, dtype=torch.float32)
+    x = torch.zeros(1, T, 8, device=DEV, dtype=model.model.embed_tokens.weight.dtype)
     pos = torch.arange(T, device=DEV)[None]
     for lt, name in (("main", "freqs_cis_r0"), ("compress", "freqs_cis_cmp")):
         cos, sin = model.model.rotary_emb(x, position_ids=pos, layer_type=lt)
@@ -397,8 +460,9 @@ def hf_graph(log):
             sid = torch.tensor([[toks[p]]], device=DEV)
             spos = torch.tensor([[p]], device=DEV)
             g = torch.cuda.CUDAGraph()
+            keep = cache_tensors(cache)
             with d.graph_capture("decode"):
-                with torch.cuda.graph(g):
+                with graph_safe_scalars(), torch.cuda.graph(g):
                     o = model(input_ids=sid, position_ids=spos, past_key_values=cache, use_cache=True).logits
             nbuf = len(d._graph_bufs["decode"])
             g.replay()
@@ -418,7 +482,7 @@ def hf_graph(log):
                 dump_cache(d, model, cache, p, "stage")
             logits.append(first)
             log("step", p, "graph buffers", nbuf, "second replay identical", refill[-1])
-            del g
+            del g, keep
     for h in hs:
         h.remove()
     d.close()
@@ -427,6 +491,50 @@ def hf_graph(log):
     if el is not None:
         log("graph vs eager logits bit-identical:", torch.equal(gl, el), "max abs diff", (gl - el).abs().max().item())
     log("errors:", d.errors, "all second replays identical:", all(refill))
+
+
+@part
+def compare(log):
+    """The CUDA-graph dump against the eager one, record for record and byte for byte."""
+    from sparsemla_capture import read
+    ea, gr = os.path.join(WORK, "hf_eager"), os.path.join(WORK, "hf_graph")
+    fe, fg = sorted(os.listdir(ea)), sorted(os.listdir(gr))
+    log("files eager", fe, "graph", fg)
+    bad = 0
+    for f in sorted(set(fe) | set(fg)):
+        if f not in fe or f not in fg:
+            log("only in one:", f)
+            bad += 1
+            continue
+        he, re_, _, ce = read(os.path.join(ea, f))
+        hg, rg, _, cg = read(os.path.join(gr, f))
+        ke = {(m["request"], m["step"], m["layer"], m["stage"], m["kind"]): (m["dtype"], t) for m, t in re_}
+        kg = {(m["request"], m["step"], m["layer"], m["stage"], m["kind"]): (m["dtype"], t) for m, t in rg}
+        if set(ke) != set(kg):
+            log(f, "record keys differ: eager only", sorted(set(ke) - set(kg))[:10], "graph only",
+                sorted(set(kg) - set(ke))[:10])
+            bad += 1
+        nd = 0
+        for k in sorted(set(ke) & set(kg)):
+            (de, te), (dg, tg) = ke[k], kg[k]
+            if de != dg or list(te.shape) != list(tg.shape) or \
+                    te.contiguous().view(-1).view(torch.uint8).tolist() != tg.contiguous().view(-1).view(torch.uint8).tolist():
+                nd += 1
+                if nd <= 5:
+                    log(f, "differs:", k, de, dg, list(te.shape), list(tg.shape))
+        bad += nd
+        log(f, "records", len(ke), len(kg), "differing", nd, "complete", ce, cg)
+    log("graph dump vs eager dump:", "IDENTICAL" if bad == 0 else "%d differences" % bad)
+
+
+for _name, _paths in (("hf_dumps.tgz", [os.path.join(WORK, x) for x in ("hf_eager", "hf_graph", "hf_tp2", "hf_batch2")]),
+                      ("hf_ckpt.tgz", [os.path.join(WORK, "hf_ckpt_bf16")]),
+                      ("logs.tgz", [LOGS, os.path.join(WORK, "hf_state_dict.json"), os.path.join(WORK, "hf_named_modules.json"),
+                 os.path.join(WORK, "hf_loaded_dtypes.json"), os.path.join(WORK, "tokens.json")])):
+    try:  # the HF fixtures come back even if a later part hangs
+        tar(_name, _paths)
+    except Exception:
+        traceback.print_exc()
 
 
 @part
@@ -539,16 +647,6 @@ def pt_zoo(log):
     log("zoo:", sorted(zoo))
 
 
-def tar(name, paths):
-    fn = os.path.join(OUT, name)
-    with tarfile.open(fn, "w:gz") as t:
-        for p in paths:
-            if os.path.exists(p):
-                t.add(p, arcname=os.path.relpath(p, WORK))
-    print("tar", name, os.path.getsize(fn), flush=True)
-
-
-@part
 def smoke(log):
     import subprocess
     env = dict(os.environ, OUT=os.path.join(WORK, "smoke"))
@@ -559,6 +657,8 @@ def smoke(log):
         raise RuntimeError("gpu_smoke.py failed")
 
 
+if os.environ.get("SMOKE"):
+    part(smoke)
 summary = {k: v for k, v in STATE.items() if isinstance(v, str)}
 json.dump(summary, open(os.path.join(LOGS, "summary.json"), "w"))
 print("SUMMARY", summary, flush=True)

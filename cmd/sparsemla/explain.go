@@ -29,8 +29,9 @@ func runExplain(args []string, stdout, stderr io.Writer) int {
 	step := fs.Int64("step", 255, "decode position p (> 0); the state holds tokens 0 … p−1")
 	seed := fs.Uint64("seed", 1, "seed of the synthetic weights, state and input")
 	nvals := fs.Int("values", 4, "values printed per stage")
+	policy := fs.String("policy", "official", "numerics policy: official (model.py, FP8 checkpoint), bf16 (model.py on a bf16 checkpoint) or hf-eager (transformers' eager bf16 path); other than official, the stages that differ are listed first")
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: sparsemla explain [--config tiny|flash|pro] [--layer L] [--step P] [--seed N]\n\n%s", explainDoc)
+		fmt.Fprintf(stderr, "Usage: sparsemla explain [--config tiny|flash|pro] [--layer L] [--step P] [--seed N] [--policy official|bf16|hf-eager]\n\n%s", explainDoc)
 		fs.PrintDefaults()
 	}
 	pos, err := rpParseArgs(fs, args)
@@ -47,6 +48,20 @@ func runExplain(args []string, stdout, stderr io.Writer) int {
 	cfg, err := engine.Preset(*cfgName)
 	if err != nil {
 		return rpFail(stderr, "explain", err)
+	}
+	switch *policy {
+	case "official":
+	case "bf16":
+		cfg.DType = "bf16"
+	case engine.PolicyHFEager:
+		cfg.DType = "bf16" // HF runs bf16 weights: the synthetic ones serve as such
+		if err := cfg.SetPolicy(*policy); err != nil {
+			fmt.Fprintf(stderr, "explain: %v\n", err)
+			return exitError
+		}
+	default:
+		fmt.Fprintf(stderr, "explain: --policy %q: official, bf16 or hf-eager\n", *policy)
+		return exitError
 	}
 	if *layer < 0 {
 		for l := 0; l < cfg.NLayers; l++ {

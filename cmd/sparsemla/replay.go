@@ -37,6 +37,7 @@ type replayFlags struct {
 	// reference runs the plain reference loops on the full fp32 weights
 	// instead of the prepared fast kernels on compact weights (same bits).
 	reference bool
+	policy    string
 }
 
 // referenceUsage documents --reference (every command that runs the reference).
@@ -59,6 +60,7 @@ func (f *replayFlags) register(fs *flag.FlagSet, withMode bool) {
 	fs.StringVar(&f.request, "request", "", "request to replay when the dump holds several (default: the first)")
 	fs.BoolVar(&f.json, "json", false, "write the report as JSON (schema "+replay.SchemaVersion+")")
 	fs.BoolVar(&f.reference, "reference", false, referenceUsage)
+	fs.StringVar(&f.policy, "policy", "", "numerics policy: official (model.py, the dump's checkpoint dtype) or hf-eager (transformers' eager bf16 path); default: the dump header's dtype_policy, else official")
 }
 
 // tolerance builds the policy: defaults, then --tol, then --tol-stage.
@@ -116,7 +118,7 @@ func rpOpenDump(path string, f *replayFlags, needModel bool) (*rpOpened, error) 
 		o.Close()
 		return nil, err
 	}
-	o.model, err = replay.LoadModelWith(d, o.src, replay.LoadOptions{Weights: f.weights, Prepared: !f.reference})
+	o.model, err = replay.LoadModelWith(d, o.src, replay.LoadOptions{Weights: f.weights, Prepared: !f.reference, Policy: f.policy})
 	if err != nil {
 		if needModel {
 			o.Close()
