@@ -64,12 +64,23 @@ func parallelFor(n int, work int, f func(lo, hi int)) {
 		}
 	}
 	var wg sync.WaitGroup
+	helpersStarted.Add(int64(workers - 1))
 	for range workers - 1 {
 		wg.Go(loop)
 	}
 	loop()
 	wg.Wait()
 }
+
+// helpersStarted counts the helper goroutines parallelFor has started since
+// the process began (ParallelHelpers).
+var helpersStarted atomic.Int64
+
+// ParallelHelpers is the number of helper goroutines the fast paths'
+// parallel loops have started since the process began: the tests check that
+// a product on checkpoint-like weights spreads over as many goroutines as one
+// on any other codes (the split depends on the shapes and GOMAXPROCS only).
+func ParallelHelpers() int64 { return helpersStarted.Load() }
 
 // FP8Panels is an FP8 weight [Rows, Cols] (E4M3 codes, UE8M0 128×128 block
 // scales) repacked for the fast FP8Linear: Codes is [ceil(Rows/64)][Cols][64]

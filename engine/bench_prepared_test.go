@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime"
+	"runtime/metrics"
 	"sync"
 	"testing"
 
@@ -214,24 +215,58 @@ func stepCost(cfg *Config, p *PreparedLayer, tc int) (flop, bytes float64) {
 	return 2 * macs, bytes
 }
 
-// stepClock measures the process CPU time of a benchmark's timed loop
-// (start it right after b.ResetTimer).
+// stepClock measures the CPU time of a benchmark's timed loop: the
+// process's (getrusage), the Go scheduler's (runtime/metrics) and the
+// machine's (/proc/stat).
 type stepClock struct {
-	cpu0 float64
-	ok   bool
+	cpu0, busy0, steal0 float64
+	user0, total0       float64
+	ok, sysOK           bool
 }
 
-func startStepClock() stepClock {
-	c, ok := processCPU()
-	return stepClock{c, ok}
+// startStepClock runs a GC (the Go scheduler's CPU classes are brought up to
+// date at GC time), resets the benchmark timer and starts the clocks: call
+// it right before the timed loop.
+func startStepClock(b *testing.B) stepClock {
+	var c stepClock
+	c.user0, c.total0 = goCPU()
+	b.ResetTimer()
+	c.cpu0, c.ok = processCPU()
+	c.busy0, c.steal0, c.sysOK = systemCPU()
+	return c
+}
+
+// goCPU is the Go scheduler's estimate of the time its Ps have spent
+// running goroutines (/cpu/classes/user:cpu-seconds: wall time of Ps that had
+// work, whether or not the OS ran their threads) and of all Ps' time
+// (/cpu/classes/total: GOMAXPROCS × wall), after a GC brings them up to date.
+func goCPU() (user, total float64) {
+	runtime.GC()
+	s := []metrics.Sample{{Name: "/cpu/classes/user:cpu-seconds"}, {Name: "/cpu/classes/total:cpu-seconds"}}
+	metrics.Read(s)
+	if s[0].Value.Kind() != metrics.KindFloat64 || s[1].Value.Kind() != metrics.KindFloat64 {
+		return 0, 0
+	}
+	return s[0].Value.Float64(), s[1].Value.Float64()
 }
 
 // reportStep reports ms/step, GB/s and GFLOP/s of the timed loop, and from
 // the process CPU time cpu-ms/step (what the step costs, whatever the load)
 // and cores (CPU seconds per wall second: how many cores the step kept busy,
-// at most GOMAXPROCS).
+// at most GOMAXPROCS). Three more figures per wall second tell why cores is
+// below GOMAXPROCS:
+//   - procs: Ps that had a goroutine to run, as the Go scheduler counts them
+//     (runtime/metrics). procs ≪ GOMAXPROCS: the step left the cores idle
+//     (too little parallel work, a serial stage, a lock); procs ≈ GOMAXPROCS
+//     with cores ≪ procs: the goroutines were ready but the OS did not run
+//     their threads (other processes, a CPU quota, the hypervisor);
+//   - syscores: every process's busy CPU time on the machine (/proc/stat),
+//     this one included: syscores − cores is other work;
+//   - stealcores: time the hypervisor ran something else while a virtual
+//     CPU wanted to run (/proc/stat steal).
 func reportStep(b *testing.B, c stepClock, flop, bytes float64) {
-	s := b.Elapsed().Seconds() / float64(b.N)
+	wall := b.Elapsed().Seconds()
+	s := wall / float64(b.N)
 	b.ReportMetric(s*1e3, "ms/step")
 	b.ReportMetric(bytes/s/1e9, "GB/s")
 	b.ReportMetric(flop/s/1e9, "GFLOP/s")
@@ -239,6 +274,16 @@ func reportStep(b *testing.B, c stepClock, flop, bytes float64) {
 		per := (cpu - c.cpu0) / float64(b.N)
 		b.ReportMetric(per*1e3, "cpu-ms/step")
 		b.ReportMetric(per/s, "cores")
+	}
+	busy, steal, ok := systemCPU()
+	b.StopTimer()
+	if ok && c.sysOK {
+		b.ReportMetric((busy-c.busy0)/wall, "syscores")
+		b.ReportMetric((steal-c.steal0)/wall, "stealcores")
+	}
+	if u, tot := goCPU(); tot > c.total0 {
+		// the share of all Ps' time that ran goroutines, times GOMAXPROCS
+		b.ReportMetric(float64(runtime.GOMAXPROCS(0))*(u-c.user0)/(tot-c.total0), "procs")
 	}
 }
 
@@ -260,8 +305,7 @@ func BenchmarkPreparedLayerStep(b *testing.B) {
 				b.Run(distPrefix(dist)+fmt.Sprintf("%s/ctx=%d", cfg.LayerKind(layer), ctx), func(b *testing.B) {
 					p, st, rope, x, pos := benchLayer(cfg, dist, layer, ctx, 1)
 					flop, bytes := stepCost(cfg, p, st.Rows())
-					b.ResetTimer()
-					c := startStepClock()
+					c := startStepClock(b)
 					for b.Loop() {
 						st.Next = pos
 						if _, err := p.Step(cfg, rope, st, x, pos); err != nil {
@@ -321,8 +365,7 @@ func BenchmarkPreparedModelStep(b *testing.B) {
 				var ms runtime.MemStats
 				runtime.ReadMemStats(&ms)
 				ref0 := attention.ReferencePanels()
-				b.ResetTimer()
-				c := startStepClock()
+				c := startStepClock(b)
 				for b.Loop() {
 					for _, st := range states {
 						st.Next = pos

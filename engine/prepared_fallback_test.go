@@ -153,3 +153,33 @@ func TestGoldenLinearsNoReferenceFallback(t *testing.T) {
 		}
 	}
 }
+
+// TestPreparedStepSplitIndependentOfCodes: a prepared V4-Flash CSA-layer step
+// at GOMAXPROCS 2 starts the same number of helper goroutines
+// (attention.ParallelHelpers) on checkpoint-like FP8 codes as on uniformly
+// random ones, and more than one per FP8 weight: the work split depends on
+// the shapes and GOMAXPROCS, never on the code values (issue 15 measured the
+// 43-layer step on checkpoint-like codes with 2 cores busy at 16 threads).
+func TestPreparedStepSplitIndependentOfCodes(t *testing.T) {
+	requireKernels(t)
+	if testing.Short() {
+		t.Skip("V4-Flash dims")
+	}
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
+	runtime.GOMAXPROCS(2)
+	flash, _ := Preset("flash")
+	helpers := map[string]int64{}
+	for _, dist := range stepDists {
+		p, st, rope, x, pos := benchLayer(flash, dist, 2, 4096, 1)
+		h0 := attention.ParallelHelpers()
+		if _, err := p.Step(flash, rope, st, x, pos); err != nil {
+			t.Fatal(err)
+		}
+		helpers[dist] = attention.ParallelHelpers() - h0
+	}
+	t.Logf("helper goroutines of one CSA step at GOMAXPROCS 2: %v", helpers)
+	// wq_a, wq_b, wkv, indexer wq_b, wo_a, wo_b: at least one helper each
+	if c, u := helpers["checkpoint"], helpers["uniform"]; c != u || c < 6 {
+		t.Errorf("helper goroutines of one CSA step at GOMAXPROCS 2: checkpoint codes %d, uniform codes %d (want equal, ≥ 6)", c, u)
+	}
+}

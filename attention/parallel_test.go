@@ -1,0 +1,64 @@
+package attention
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"testing"
+)
+
+// TestFP8ProductsSpreadOverGoroutines: an FP8 product (Linear, LinearPlain,
+// WoA) on checkpoint-like codes starts as many helper goroutines as on
+// uniform or all-subnormal codes — GOMAXPROCS−1 per call for a weight of
+// the V4-Flash sizes, so more than one goroutine at GOMAXPROCS 2 — and none
+// of its panels takes the reference loop. The split must depend on the
+// shapes and GOMAXPROCS only, never on the code values (the 43-layer step
+// on checkpoint-like codes was measured with only 2 cores busy at 16
+// threads; this test rules out the code values as the cause).
+func TestFP8ProductsSpreadOverGoroutines(t *testing.T) {
+	if !HasAssembly() {
+		t.Skip("no AVX2 kernels on this machine/build")
+	}
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
+	const rows, cols = 1024, 4096 // wq_a and one wo_a group of V4-Flash
+	rng := rand.New(rand.NewPCG(31, 32))
+	x := bf16Vec(rng, cols, 2)
+	o := bf16Vec(rng, 8*cols, 0.5)
+	counts := map[string]int64{}
+	for _, dist := range fp8Dists {
+		codes, scale := distCodes(rng, dist, rows, cols)
+		p := PackFP8(codes, scale, rows, cols)
+		woa := &WoAPanels{Groups: 8, Rank: rows}
+		for range woa.Groups {
+			woa.FP8 = append(woa.FP8, p)
+		}
+		y, u := make([]float32, rows), make([]float32, 8*rows)
+		for _, procs := range []int{2, 16} {
+			runtime.GOMAXPROCS(procs)
+			for _, c := range []struct {
+				name string
+				f    func()
+			}{
+				{"Linear", func() { p.Linear(y, x) }},
+				{"LinearPlain", func() { p.LinearPlain(y, x) }},
+				{"WoA", func() { woa.WoA(u, o) }},
+			} {
+				r0, h0 := ReferencePanels(), ParallelHelpers()
+				c.f()
+				h, r := ParallelHelpers()-h0, ReferencePanels()-r0
+				what := fmt.Sprintf("%s codes, %s, GOMAXPROCS %d", dist, c.name, procs)
+				if r != 0 {
+					t.Errorf("%s: %d panels ran the reference loop", what, r)
+				}
+				if h != int64(procs-1) {
+					t.Errorf("%s: %d helper goroutines, want %d (one call, split over GOMAXPROCS)", what, h, procs-1)
+				}
+				key := fmt.Sprint(c.name, procs)
+				if want, ok := counts[key]; ok && h != want {
+					t.Errorf("%s: %d helper goroutines, %s codes gave %d", what, h, fp8Dists[0], want)
+				}
+				counts[key] = h
+			}
+		}
+	}
+}
