@@ -1,11 +1,11 @@
 // Package attention holds the numeric steps of one DeepSeek-V4 attention
 // sub-layer at decode time, each a small function named after the official
-// model.py concept it mirrors: RMSNorm (q_norm, kv_norm), the FP8 / bf16 / fp32
-// linears (wq_a, wq_b, wkv, wo_b; weights_proj, wo_a; compressor wkv/wgate),
-// the per-head query norm (HeadRMS), RoPE with YaRN (RopeTable), the window
-// index list (WindowIdx, get_window_topk_idxs), sparse attention with the
-// attention sink (SparseAttn, sparse_attn) and the grouped output projection
-// (WoA). The compressor lives in compressor*.go.
+// model.py concept it mirrors. They are RMSNorm (q_norm, kv_norm), the FP8 /
+// bf16 / fp32 linears (wq_a, wq_b, wkv, wo_b; weights_proj, wo_a; compressor
+// wkv/wgate), the per-head query norm (HeadRMS), RoPE with YaRN (RopeTable),
+// the window index list (WindowIdx, get_window_topk_idxs), the compressor
+// (compressor*.go), sparse attention with the attention sink (SparseAttn,
+// sparse_attn) and the grouped output projection (WoA).
 //
 // # Overview
 //

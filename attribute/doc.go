@@ -1,14 +1,16 @@
 // Package attribute names what a GPU did when one of its stages diverges from
-// the reference: for each stage it keeps a short list of hypotheses — the
-// stage computed the way a known engine ships it or the way a known bug
-// computes it (bf16 logits or softmax in attention, split-K merges without
-// rescaling or without the sink, window K without FQ8, another FP8 scale
-// rule, FP8 linears as bf16 GEMMs, an indexer without Hadamard or FQ4, an
-// fp32 scorer, bf16 compressor GEMMs, a wrong RoPE table or position, a
-// cache write to the wrong slot, …) — runs each on the stage's inputs (the
-// dumped ones in a teacher-forced replay) and reports the one that
-// reproduces the GPU's tensor bit for bit, or the closest one when it is
-// closer to the GPU than the reference is.
+// the reference. For each stage it runs a short list of hypotheses (the stage
+// computed the way a known engine ships it or a known bug computes it) on the
+// stage's inputs and reports the one that reproduces the GPU's tensor bit for
+// bit, or the closest one when it is closer to the GPU than the reference is.
+//
+// The hypotheses include bf16 logits or softmax in attention, split-K merges
+// without rescaling or without the sink, window K without FQ8, another FP8
+// scale rule, FP8 linears as bf16 GEMMs, an indexer without Hadamard or FQ4,
+// an fp32 scorer, bf16 compressor GEMMs, a wrong RoPE table or position and a
+// cache write to the wrong slot; in a teacher-forced replay the inputs are the
+// dumped ones. Package replay calls it when it diagnoses a diverging stage;
+// it imports engine, attention, indexer, kvcache and quant, and reads no dump.
 //
 // # Overview
 //
@@ -20,7 +22,11 @@
 // (their hypotheses*.go / writes.go files), wired here to the stage's inputs
 // and weights; a hypothesis that needs a value the stage does not read
 // (split_bounds, the state before the step) asks Call.Get for it and is
-// skipped when it is absent.
+// skipped when it is absent. The wiring is grouped by stage kind:
+// hypotheses.go (the registry; FP8 linears, norms, FQ8/FQ4, wo_a),
+// hypotheses_rope.go (RoPE tables, pairing, positions) and
+// hypotheses_attention.go (indexer scores, attention, cache writes, the
+// index list).
 //
 // # Invariants
 //

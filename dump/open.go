@@ -86,48 +86,98 @@ func OpenMapped(path string, m *NameMap) (*Dump, error) {
 		return nil, fmt.Errorf("dump: %w", err)
 	}
 	d := &Dump{Path: path, byKey: map[entryID]int{}}
-	var files []string // relative paths
-	root := path
-	if fi.IsDir() {
-		err := filepath.WalkDir(path, func(p string, de fs.DirEntry, err error) error {
-			if err != nil {
-				return err
-			}
-			rel, _ := filepath.Rel(path, p)
-			if de.IsDir() {
-				if strings.Count(filepath.ToSlash(rel), "/") >= 2 {
-					return filepath.SkipDir
-				}
-				return nil
-			}
-			switch strings.ToLower(filepath.Ext(p)) {
-			case ".smd", ".safetensors", ".npy", ".npz", ".pt", ".pth":
-				files = append(files, rel)
+	root, files, err := dumpFiles(path, fi.IsDir())
+	if err != nil {
+		return nil, err
+	}
+	files, sniffed, formats, err := sniffFormats(path, root, files, fi.IsDir())
+	if err != nil {
+		return nil, err
+	}
+	if !formats["native"] {
+		if err := d.foreignSetup(path, fi.IsDir(), m); err != nil {
+			return nil, err
+		}
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			d.Close()
+		}
+	}()
+	prevFix, err := d.addFiles(root, files, sniffed, formats)
+	if err != nil {
+		return nil, err
+	}
+	if len(prevFix) > 0 && d.Map != nil && d.Map.StepStage != "" {
+		return nil, fmt.Errorf("dump: %s: name map %s: state_after_prev files cannot be combined with step_stage", path, d.Map.Name)
+	}
+	if err := d.finishForeign(path, root); err != nil {
+		return nil, err
+	}
+	if len(prevFix) > 0 {
+		if err := d.fixPrevSteps(path, prevFix); err != nil {
+			return nil, err
+		}
+	}
+	if err := d.mergeShards(); err != nil {
+		return nil, err
+	}
+	if err := d.indexKeys(); err != nil {
+		return nil, err
+	}
+	ok = true
+	return d, nil
+}
+
+// dumpFiles lists the files of the dump at path, relative to root: the file
+// itself, or a directory's dump files (two levels deep at most), sorted.
+func dumpFiles(path string, isDir bool) (root string, files []string, err error) {
+	if !isDir {
+		return filepath.Dir(path), []string{filepath.Base(path)}, nil
+	}
+	err = filepath.WalkDir(path, func(p string, de fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(path, p)
+		if de.IsDir() {
+			if strings.Count(filepath.ToSlash(rel), "/") >= 2 {
+				return filepath.SkipDir
 			}
 			return nil
-		})
-		if err != nil {
-			return nil, fmt.Errorf("dump: %w", userfile.Describe(path, err))
 		}
-		sort.Strings(files)
-		if len(files) == 0 {
-			return nil, fmt.Errorf("dump: %s: no .smd, .safetensors, .npy, .npz or .pt files", path)
+		switch strings.ToLower(filepath.Ext(p)) {
+		case ".smd", ".safetensors", ".npy", ".npz", ".pt", ".pth":
+			files = append(files, rel)
 		}
-	} else {
-		root = filepath.Dir(path)
-		files = []string{filepath.Base(path)}
+		return nil
+	})
+	if err != nil {
+		return "", nil, fmt.Errorf("dump: %w", userfile.Describe(path, err))
 	}
+	sort.Strings(files)
+	if len(files) == 0 {
+		return "", nil, fmt.Errorf("dump: %s: no .smd, .safetensors, .npy, .npz or .pt files", path)
+	}
+	return path, files, nil
+}
+
+// sniffFormats reads the format of every file (relative path -> format) and
+// the set of formats; the model weights beside a native dump's records are
+// dropped from files, and native files mixed with other formats are refused.
+func sniffFormats(path, root string, files []string, isDir bool) ([]string, map[string]string, map[string]bool, error) {
 	formats := map[string]bool{}
 	sniffed := map[string]string{} // relative path -> format
 	for _, f := range files {
 		format, err := formatOf(filepath.Join(root, f))
 		if err != nil {
-			return nil, fmt.Errorf("dump: %w", err)
+			return nil, nil, nil, fmt.Errorf("dump: %w", err)
 		}
 		sniffed[f] = format
 		formats[format] = true
 	}
-	if formats["native"] && fi.IsDir() {
+	if formats["native"] && isDir {
 		// A native dump directory may hold the model weights beside the
 		// .smd files (as synth and fault write it): they are not records.
 		kept := files[:0]
@@ -143,44 +193,50 @@ func OpenMapped(path string, m *NameMap) (*Dump, error) {
 		}
 	}
 	if formats["native"] && len(formats) > 1 {
-		return nil, fmt.Errorf("dump: %s: mixes native .smd files with other formats", path)
+		return nil, nil, nil, fmt.Errorf("dump: %s: mixes native .smd files with other formats", path)
 	}
-	if !formats["native"] {
-		if m == nil && fi.IsDir() {
-			m = DetectNameMap(path)
-			d.Detect = detectReport(path, m)
-		}
-		if m == nil {
-			m, _ = BuiltinNameMap("generic")
-		}
-		d.Map = m
-		if err := d.loadSidecar(path, fi.IsDir()); err != nil {
-			return nil, err
-		}
-		if m.Config != "" && fi.IsDir() {
-			// A missing config is not an error here (the replay says what it
-			// needs); one that is there but unreadable is.
-			p := filepath.Join(path, m.Config)
-			if _, err := os.Lstat(p); err == nil {
-				cfg, err := userfile.ReadFile(p, MaxConfigJSON)
-				if err != nil {
-					return nil, fmt.Errorf("dump: %w", err)
-				}
-				if cfg, err = d.configArgs(cfg, p); err != nil {
-					return nil, err
-				}
-				d.Header.ModelArgs = string(cfg)
-				d.Header.CompressRatios = compressRatios(cfg)
+	return files, sniffed, formats, nil
+}
+
+// foreignSetup prepares the reading of a foreign dump: its name map (m, else
+// detected for a directory, else generic), the sidecar and the model config
+// the map names.
+func (d *Dump) foreignSetup(path string, isDir bool, m *NameMap) error {
+	if m == nil && isDir {
+		m = DetectNameMap(path)
+		d.Detect = detectReport(path, m)
+	}
+	if m == nil {
+		m, _ = BuiltinNameMap("generic")
+	}
+	d.Map = m
+	if err := d.loadSidecar(path, isDir); err != nil {
+		return err
+	}
+	if m.Config != "" && isDir {
+		// A missing config is not an error here (the replay says what it
+		// needs); one that is there but unreadable is.
+		p := filepath.Join(path, m.Config)
+		if _, err := os.Lstat(p); err == nil {
+			cfg, err := userfile.ReadFile(p, MaxConfigJSON)
+			if err != nil {
+				return fmt.Errorf("dump: %w", err)
 			}
+			if cfg, err = d.configArgs(cfg, p); err != nil {
+				return err
+			}
+			d.Header.ModelArgs = string(cfg)
+			d.Header.CompressRatios = compressRatios(cfg)
 		}
 	}
-	ok := false
-	defer func() {
-		if !ok {
-			d.Close()
-		}
-	}()
-	var prevFix []int // entries whose step is "the step before the first dumped step"
+	return nil
+}
+
+// addFiles reads the records of every file in its format and sets d.Format;
+// it returns the entries whose step is "the step before the first dumped
+// step" (fixed by fixPrevSteps).
+func (d *Dump) addFiles(root string, files []string, sniffed map[string]string, formats map[string]bool) ([]int, error) {
+	var prevFix []int
 	for _, rel := range files {
 		full := filepath.Join(root, rel)
 		format := sniffed[rel]
@@ -212,40 +268,39 @@ func OpenMapped(path string, m *NameMap) (*Dump, error) {
 			d.Format = f
 		}
 	}
-	if len(prevFix) > 0 && d.Map != nil && d.Map.StepStage != "" {
-		return nil, fmt.Errorf("dump: %s: name map %s: state_after_prev files cannot be combined with step_stage", path, d.Map.Name)
-	}
-	if err := d.finishForeign(path, root); err != nil {
-		return nil, err
-	}
-	if len(prevFix) > 0 {
-		first := -1
-		for _, e := range d.Entries {
-			if e.Kind == KindStage && e.Step != NoStep && (first < 0 || e.Step < first) {
-				first = e.Step
-			}
-		}
-		if first < 0 {
-			return nil, fmt.Errorf("dump: %s: state files are valid 'after the step before the first dumped step', but no step was dumped", path)
-		}
-		for _, i := range prevFix {
-			d.Entries[i].Step = first - 1
+	return prevFix, nil
+}
+
+// fixPrevSteps gives the entries of prevFix the step before the first dumped
+// step.
+func (d *Dump) fixPrevSteps(path string, prevFix []int) error {
+	first := -1
+	for _, e := range d.Entries {
+		if e.Kind == KindStage && e.Step != NoStep && (first < 0 || e.Step < first) {
+			first = e.Step
 		}
 	}
-	if err := d.mergeShards(); err != nil {
-		return nil, err
+	if first < 0 {
+		return fmt.Errorf("dump: %s: state files are valid 'after the step before the first dumped step', but no step was dumped", path)
 	}
+	for _, i := range prevFix {
+		d.Entries[i].Step = first - 1
+	}
+	return nil
+}
+
+// indexKeys indexes the entries by key and kind, refusing duplicates.
+func (d *Dump) indexKeys() error {
 	for i := range d.Entries {
 		e := &d.Entries[i]
 		id := entryID{e.Key, e.Kind}
 		if j, dup := d.byKey[id]; dup {
 			p := &d.Entries[j]
-			return nil, fmt.Errorf("dump: %s: record %d (%s) at offset %d: duplicate of %s record %d (%s %s)", e.File, e.Record, e.Name, e.Offset, p.File, p.Record, id.Key, id.Kind)
+			return fmt.Errorf("dump: %s: record %d (%s) at offset %d: duplicate of %s record %d (%s %s)", e.File, e.Record, e.Name, e.Offset, p.File, p.Record, id.Key, id.Kind)
 		}
 		d.byKey[id] = i
 	}
-	ok = true
-	return d, nil
+	return nil
 }
 
 // MaxConfigJSON bounds the config.json a name map names (a real one is a

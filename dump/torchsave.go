@@ -3,12 +3,10 @@ package dump
 import (
 	"archive/zip"
 	"bytes"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"math"
-	"math/big"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -22,22 +20,11 @@ import (
 // protocol 2 by default) + <prefix>/data/<key> (one raw little-endian member
 // per storage, stored uncompressed) + byteorder / version members.
 //
-// The pickle is decoded by gopickle under a strict allow-list: the only
-// globals it may name are the tensor rebuild functions
-// (torch._utils._rebuild_tensor_v2 / _v3 / _rebuild_parameter), the storage
-// classes of each dtype (torch.FloatStorage, ..., torch.storage.UntypedStorage),
-// torch dtypes (torch.bfloat16, torch.float8_e4m3fn, ...) and
-// collections.OrderedDict. Nothing is constructed but Go values (dicts, lists,
-// tuples, strings, numbers, tensors described by their storage, offset,
-// shape and strides): a .pt from the internet can only fail. Before gopickle
-// runs, every length the pickle claims (strings, bytes, frames) is checked
-// against the bytes that are left, so nothing is allocated by claim.
+// The pickle (data.pkl) is decoded in torchsave_pickle.go under a strict
+// allow-list; this file reads the zip archive, its storages and tensors.
 
 // maxPickle bounds the data.pkl member read into memory.
 const maxPickle = 256 << 20
-
-// maxPickleDepth bounds the nesting of containers walked after decoding.
-const maxPickleDepth = 64
 
 // ptStorage is one storage of a torch.save file: a zip member of raw bytes.
 type ptStorage struct {
@@ -58,87 +45,6 @@ type ptTensor struct {
 	span    int64 // bytes of storage from the first to one past the last element
 	contig  bool
 	fp4x2   bool // float4_e2m1fn_x2: one byte holds two codes
-}
-
-// torch storage class names -> dtype.
-var ptStorageTypes = map[string]DType{
-	"FloatStorage": F32, "DoubleStorage": F64, "HalfStorage": F16, "BFloat16Storage": BF16,
-	"CharStorage": I8, "ShortStorage": I16, "IntStorage": I32, "LongStorage": I64,
-	"ByteStorage": U8, "BoolStorage": Bool,
-}
-
-// torch dtype attribute names -> dtype (fp4x2 handled apart).
-var ptDTypes = map[string]DType{
-	"float32": F32, "float": F32, "float64": F64, "double": F64, "float16": F16, "half": F16,
-	"bfloat16": BF16, "int8": I8, "int16": I16, "short": I16, "int32": I32, "int": I32,
-	"int64": I64, "long": I64, "uint8": U8, "bool": Bool, "uint16": U16, "uint32": U32, "uint64": U64,
-	"float8_e4m3fn": E4M3, "float8_e5m2": E5M2, "float8_e8m0fnu": E8M0,
-}
-
-type ptDTypeValue struct {
-	dt    DType
-	fp4x2 bool
-	name  string
-}
-
-type ptStorageClass struct {
-	name string
-	dt   DType // Invalid for UntypedStorage
-}
-
-// ptRebuild is torch._utils._rebuild_tensor_v2 / _v3 / _rebuild_parameter.
-type ptRebuild struct{ name string }
-
-func (r *ptRebuild) Call(args ...interface{}) (interface{}, error) {
-	switch r.name {
-	case "_rebuild_parameter", "_rebuild_parameter_with_state":
-		if len(args) < 1 {
-			return nil, fmt.Errorf("%s: no tensor argument", r.name)
-		}
-		t, ok := args[0].(*ptTensor)
-		if !ok {
-			return nil, fmt.Errorf("%s: argument is %T, not a tensor", r.name, args[0])
-		}
-		return t, nil
-	}
-	// (storage, storage_offset, size, stride, requires_grad, backward_hooks[, dtype (v3)][, metadata])
-	if len(args) < 4 {
-		return nil, fmt.Errorf("%s: %d arguments, want at least 4", r.name, len(args))
-	}
-	st, ok := args[0].(*ptStorage)
-	if !ok {
-		return nil, fmt.Errorf("%s: storage argument is %T", r.name, args[0])
-	}
-	dt, fp4 := st.dtype, false
-	if r.name == "_rebuild_tensor_v3" {
-		if len(args) < 7 {
-			return nil, fmt.Errorf("%s: %d arguments, want 7", r.name, len(args))
-		}
-		dv, ok := args[6].(*ptDTypeValue)
-		if !ok {
-			return nil, fmt.Errorf("%s: dtype argument is %T", r.name, args[6])
-		}
-		dt, fp4 = dv.dt, dv.fp4x2
-	}
-	if dt == Invalid {
-		return nil, fmt.Errorf("%s: untyped storage without a dtype", r.name)
-	}
-	off, err := ptInt(args[1])
-	if err != nil || off < 0 {
-		return nil, fmt.Errorf("%s: storage offset %v", r.name, args[1])
-	}
-	size, err := ptInts(args[2])
-	if err != nil {
-		return nil, fmt.Errorf("%s: size: %w", r.name, err)
-	}
-	stride, err := ptInts(args[3])
-	if err != nil {
-		return nil, fmt.Errorf("%s: stride: %w", r.name, err)
-	}
-	if len(size) != len(stride) {
-		return nil, fmt.Errorf("%s: size %v and stride %v differ in rank", r.name, size, stride)
-	}
-	return newPtTensor(st, dt, fp4, off, size, stride)
 }
 
 func newPtTensor(st *ptStorage, dt DType, fp4 bool, off int64, size, stride []int64) (*ptTensor, error) {
@@ -209,83 +115,6 @@ func newPtTensor(st *ptStorage, dt DType, fp4 bool, off int64, size, stride []in
 		t.span = (last+1)*esz - off*esz
 	}
 	return t, nil
-}
-
-func (c *ptStorageClass) Call(args ...interface{}) (interface{}, error) {
-	return nil, fmt.Errorf("torch storage class %s called directly (only persistent ids may name storages)", c.name)
-}
-
-func ptInt(v interface{}) (int64, error) {
-	switch x := v.(type) {
-	case int:
-		return int64(x), nil
-	case int64:
-		return x, nil
-	case *big.Int:
-		if x.IsInt64() {
-			return x.Int64(), nil
-		}
-	case bool:
-		if x {
-			return 1, nil
-		}
-		return 0, nil
-	}
-	return 0, fmt.Errorf("%v (%T) is not an integer", v, v)
-}
-
-func ptInts(v interface{}) ([]int64, error) {
-	var items []interface{}
-	switch x := v.(type) {
-	case *types.Tuple:
-		items = *x
-	case *types.List:
-		items = *x
-	default:
-		return nil, fmt.Errorf("%T is not a tuple", v)
-	}
-	if len(items) > 64 {
-		return nil, fmt.Errorf("rank %d", len(items))
-	}
-	out := make([]int64, len(items))
-	for i, it := range items {
-		n, err := ptInt(it)
-		if err != nil {
-			return nil, err
-		}
-		out[i] = n
-	}
-	return out, nil
-}
-
-// ptAllowed resolves the globals a tensor file may name; anything else fails.
-func ptAllowed(module, name string) (interface{}, error) {
-	switch module {
-	case "torch._utils":
-		switch name {
-		case "_rebuild_tensor_v2", "_rebuild_tensor_v3", "_rebuild_parameter":
-			return &ptRebuild{name: name}, nil
-		}
-	case "torch":
-		if dt, ok := ptStorageTypes[name]; ok {
-			return &ptStorageClass{name: name, dt: dt}, nil
-		}
-		if dt, ok := ptDTypes[name]; ok {
-			return &ptDTypeValue{dt: dt, name: name}, nil
-		}
-		if name == "float4_e2m1fn_x2" {
-			return &ptDTypeValue{dt: FP4, fp4x2: true, name: name}, nil
-		}
-	case "torch.storage":
-		if name == "UntypedStorage" {
-			return &ptStorageClass{name: name}, nil
-		}
-	case "collections":
-		if name == "OrderedDict" {
-			return &types.OrderedDictClass{}, nil
-		}
-	}
-	return nil, fmt.Errorf("pickle names global %s.%s, which a tensor file may not name (allowed: torch._utils._rebuild_tensor_v2/_v3/_rebuild_parameter, torch storage classes and dtypes, collections.OrderedDict)", module, name)
 }
 
 // ptArchive is an opened torch.save zip.
@@ -436,91 +265,6 @@ func (a *ptArchive) persistentLoad(pid interface{}) (interface{}, error) {
 	return st, nil
 }
 
-// ptDict is an ordered dict of a decoded pickle.
-type ptDict struct {
-	keys []string
-	vals map[string]interface{}
-}
-
-// ptValue converts gopickle's values into the closed set a tensor file may hold.
-func ptValue(v interface{}, depth int) (interface{}, error) {
-	if depth > maxPickleDepth {
-		return nil, fmt.Errorf("containers nested deeper than %d", maxPickleDepth)
-	}
-	switch x := v.(type) {
-	case nil, string, bool, float64, *ptTensor:
-		return x, nil
-	case int:
-		return int64(x), nil
-	case int64:
-		return x, nil
-	case *big.Int:
-		if x.IsInt64() {
-			return x.Int64(), nil
-		}
-		return x.String(), nil
-	case *types.Tuple:
-		return ptList(*x, depth)
-	case *types.List:
-		return ptList(*x, depth)
-	case *types.Dict:
-		d := &ptDict{vals: map[string]interface{}{}}
-		for _, e := range *x {
-			if err := d.set(e.Key, e.Value, depth); err != nil {
-				return nil, err
-			}
-		}
-		return d, nil
-	case *types.OrderedDict:
-		d := &ptDict{vals: map[string]interface{}{}}
-		for e := x.List.Front(); e != nil; e = e.Next() {
-			oe := e.Value.(*types.OrderedDictEntry)
-			if err := d.set(oe.Key, oe.Value, depth); err != nil {
-				return nil, err
-			}
-		}
-		return d, nil
-	case *ptDTypeValue:
-		return "torch." + x.name, nil
-	}
-	return nil, fmt.Errorf("pickle constructs a %T, which a tensor file may not hold", v)
-}
-
-func ptList(items []interface{}, depth int) ([]interface{}, error) {
-	out := make([]interface{}, len(items))
-	for i, it := range items {
-		v, err := ptValue(it, depth+1)
-		if err != nil {
-			return nil, err
-		}
-		out[i] = v
-	}
-	return out, nil
-}
-
-func (d *ptDict) set(k, v interface{}, depth int) error {
-	var key string
-	switch x := k.(type) {
-	case string:
-		key = x
-	case int:
-		key = strconv.Itoa(x)
-	case int64:
-		key = strconv.FormatInt(x, 10)
-	default:
-		return fmt.Errorf("dict key of type %T", k)
-	}
-	val, err := ptValue(v, depth+1)
-	if err != nil {
-		return err
-	}
-	if _, dup := d.vals[key]; !dup {
-		d.keys = append(d.keys, key)
-	}
-	d.vals[key] = val
-	return nil
-}
-
 // ptFlatten lists the tensors of a decoded value as (name, tensor), names
 // joined with "." (dict keys, list indexes), and the non-tensor leaves as
 // "name" -> printed value.
@@ -622,126 +366,6 @@ func readPT(t *ptTensor, srcFile io.ReaderAt, buf []byte) ([]byte, error) {
 	return buf, nil
 }
 
-// scanPickle walks the opcodes of a pickle and checks that every length it
-// claims (strings, bytes, frames) fits in the bytes left, that every opcode
-// is one a torch.save pickle may use, and that every text GLOBAL is on the
-// allow-list. It runs before gopickle so that gopickle never allocates a
-// claimed length larger than the file.
-func scanPickle(b []byte) error {
-	le := binary.LittleEndian
-	i := 0
-	need := func(n uint64) error {
-		if n > uint64(len(b)-i) {
-			return fmt.Errorf("pickle opcode at offset %d claims %d bytes, %d left", i, n, len(b)-i)
-		}
-		return nil
-	}
-	line := func() (string, error) {
-		j := bytes.IndexByte(b[i:], '\n')
-		if j < 0 {
-			return "", fmt.Errorf("pickle: unterminated line at offset %d", i)
-		}
-		s := string(b[i : i+j])
-		i += j + 1
-		return s, nil
-	}
-	for i < len(b) {
-		op := b[i]
-		at := i
-		i++
-		switch op {
-		case '(', '.', '0', '1', '2', 'N', 'Q', 'R', 'a', 'b', 'd', '}', 'e', 'l', ']', 's', 't', ')', 'u',
-			0x85, 0x86, 0x87, 0x88, 0x89, 0x8f, 0x90, 0x91, 0x93, 0x94:
-			if op == '.' {
-				return nil
-			}
-		case 'K', 'h', 'q', 0x80:
-			if err := need(1); err != nil {
-				return err
-			}
-			i++
-		case 'M':
-			if err := need(2); err != nil {
-				return err
-			}
-			i += 2
-		case 'J', 'j', 'r':
-			if err := need(4); err != nil {
-				return err
-			}
-			i += 4
-		case 'G':
-			if err := need(8); err != nil {
-				return err
-			}
-			i += 8
-		case 0x95: // FRAME
-			if err := need(8); err != nil {
-				return err
-			}
-			n := le.Uint64(b[i:])
-			i += 8
-			if err := need(n); err != nil {
-				return err
-			}
-		case 'U', 'C', 0x8c, 0x8a: // 1-byte length
-			if err := need(1); err != nil {
-				return err
-			}
-			n := uint64(b[i])
-			i++
-			if err := need(n); err != nil {
-				return err
-			}
-			i += int(n)
-		case 'T', 'B', 'X', 0x8b: // 4-byte length
-			if err := need(4); err != nil {
-				return err
-			}
-			n := uint64(le.Uint32(b[i:]))
-			if op == 'T' || op == 0x8b {
-				if int32(le.Uint32(b[i:])) < 0 {
-					return fmt.Errorf("pickle opcode at offset %d: negative length", at)
-				}
-			}
-			i += 4
-			if err := need(n); err != nil {
-				return err
-			}
-			i += int(n)
-		case 0x8d, 0x8e, 0x96: // 8-byte length
-			if err := need(8); err != nil {
-				return err
-			}
-			n := le.Uint64(b[i:])
-			i += 8
-			if err := need(n); err != nil {
-				return err
-			}
-			i += int(n)
-		case 'I', 'L', 'F', 'S', 'V', 'g', 'p':
-			if _, err := line(); err != nil {
-				return err
-			}
-		case 'c': // GLOBAL module\nname\n
-			mod, err := line()
-			if err != nil {
-				return err
-			}
-			name, err := line()
-			if err != nil {
-				return err
-			}
-			if _, err := ptAllowed(mod, name); err != nil {
-				return fmt.Errorf("offset %d: %w", at, err)
-			}
-		default:
-			return fmt.Errorf("pickle opcode 0x%02x at offset %d is not allowed in a tensor file", op, at)
-		}
-	}
-	return errors.New("pickle has no STOP opcode")
-}
-
 // addPT indexes the tensors of a torch.save file.
 func (d *Dump) addPT(path, rel string, prevFix *[]int) error {
 	f, size, src, err := d.addSource(path)
@@ -821,15 +445,4 @@ func ptMetaKeys(m map[string]string) []string {
 	}
 	sort.Strings(ks)
 	return ks
-}
-
-// loadPickle runs gopickle, turning a panic inside it (e.g. an unhashable
-// OrderedDict key in a hostile file) into an error.
-func loadPickle(u *pickle.Unpickler) (obj interface{}, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			obj, err = nil, fmt.Errorf("malformed pickle: %v", r)
-		}
-	}()
-	return u.Load()
 }

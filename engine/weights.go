@@ -106,152 +106,39 @@ func loadLayerWeights(cfg *Config, layer int, st dump.WeightSource, compact bool
 		return nil, fmt.Errorf("engine: weights: layer %d outside the model (%d layers)", layer, cfg.NLayers)
 	}
 	r := cfg.Ratio(layer)
-	pre := fmt.Sprintf("layers.%d.attn.", layer)
+	wr := &weightReader{cfg: cfg, st: st, pre: fmt.Sprintf("layers.%d.attn.", layer), compact: compact}
 	H, D, dim := cfg.NHeads, cfg.HeadDim, cfg.Dim
 	lw := &LayerWeights{Layer: layer, Ratio: r}
-
-	read := func(name string, shape []int, kinds ...dump.DType) (dump.Record, error) {
-		e, ok := st.Lookup(pre + name)
-		if !ok {
-			return dump.Record{}, fmt.Errorf("engine: weights %s: no tensor %s%s", st.Name(), pre, name)
-		}
-		if !sameInts(e.Shape, shape) {
-			return dump.Record{}, fmt.Errorf("engine: weights %s: %s%s has shape %v, the config needs %v", st.Name(), pre, name, e.Shape, shape)
-		}
-		okKind := false
-		for _, k := range kinds {
-			okKind = okKind || e.DType == k
-		}
-		if !okKind {
-			return dump.Record{}, fmt.Errorf("engine: weights %s: %s%s has dtype %s, want one of %v", st.Name(), pre, name, e.DType, kinds)
-		}
-		return st.Read(pre + name)
-	}
-	// finite refuses a weight holding NaN or ±inf: weights are outside
-	// input, and a non-finite one would make the reference non-finite and
-	// the replay blame a GPU kernel for it.
-	finite := func(name string, v []float32) error {
-		if i := firstNonFinite(v); i >= 0 {
-			return fmt.Errorf("engine: weights %s: %s%s[%d] is %g (a weight must be finite)", st.Name(), pre, name, i, v[i])
-		}
-		return nil
-	}
-	f32 := func(name string, shape ...int) ([]float32, error) {
-		rec, err := read(name, shape, dump.F32, dump.BF16)
-		if err != nil {
-			return nil, err
-		}
-		v, err := rec.Float32()
-		if err != nil {
-			return nil, err
-		}
-		return v, finite(name, v)
-	}
-	fp8 := func(name string, rows, cols int) (*attention.FP8Weight, error) {
-		if cfg.BF16Checkpoint() {
-			// a bf16 checkpoint: the weight's values only (W), no codes or
-			// scales; the stages run attention.BF16Linear on them
-			v, err := f32(name+".weight", rows, cols)
-			if err != nil {
-				return nil, err
-			}
-			return &attention.FP8Weight{Rows: rows, Cols: cols, W: v}, nil
-		}
-		w, err := read(name+".weight", []int{rows, cols}, dump.E4M3, dump.U8)
-		if err != nil {
-			return nil, err
-		}
-		s, err := read(name+".scale", fp8Scale(rows, cols), dump.E8M0, dump.U8, dump.F32)
-		if err != nil {
-			return nil, err
-		}
-		if s.DType == dump.F32 {
-			// an HF checkpoint's weight_scale_inv: fp32 block scales, which
-			// must be powers of two (UE8M0) for the official FP8 GEMM
-			if s, err = e8m0FromF32(s); err != nil {
-				return nil, fmt.Errorf("engine: weights %s: %s%s.scale: %w", st.Name(), pre, name, err)
-			}
-		}
-		for i, b := range s.Data {
-			if b == quant.UE8M0NaN {
-				return nil, fmt.Errorf("engine: weights %s: %s%s.scale[%d] is the UE8M0 NaN byte", st.Name(), pre, name, i)
-			}
-		}
-		// E4M3 has NaN codes (S.1111.111) and no inf; with every scale
-		// finite (checked above), no NaN code means finite values.
-		if i := firstE4M3NaN(w.Data); i >= 0 {
-			return nil, fmt.Errorf("engine: weights %s: %s%s.weight[%d] is the E4M3 NaN code 0x%02X (a weight must be finite)", st.Name(), pre, name, i, w.Data[i])
-		}
-		if compact {
-			return attention.NewFP8WeightCodes(w.Data, s.Data, rows, cols), nil
-		}
-		return attention.NewFP8Weight(w.Data, s.Data, rows, cols), nil
-	}
 	var err error
 	steps := []func() error{
-		func() error { lw.WqA, err = fp8("wq_a", cfg.QLoraRank, dim); return err },
-		func() error { lw.QNorm, err = f32("q_norm.weight", cfg.QLoraRank); return err },
-		func() error { lw.WqB, err = fp8("wq_b", H*D, cfg.QLoraRank); return err },
-		func() error { lw.Wkv, err = fp8("wkv", D, dim); return err },
-		func() error { lw.KVNorm, err = f32("kv_norm.weight", D); return err },
-		func() error {
-			// wo_a is bf16 after convert.py; a checkpoint may still hold it as FP8
-			// codes + .scale, which dequantise exactly to the same bf16 values.
-			rows, cols := cfg.OGroups*cfg.OLoraRank, H*D/cfg.OGroups
-			if e, ok := st.Lookup(pre + "wo_a.weight"); ok && e.DType == dump.E4M3 {
-				w, err := fp8("wo_a", rows, cols)
-				if err != nil {
-					return err
-				}
-				if w.W == nil { // compact: dequantised here, packed and dropped by the caller
-					w.W = make([]float32, rows*cols)
-					quant.DequantFP8Weight(w.W, w.Codes, w.Scale, rows, cols)
-				}
-				lw.WoA = w.W
-				return nil
-			}
-			lw.WoA, err = f32("wo_a.weight", rows, cols)
-			return err
-		},
-		func() error { lw.WoB, err = fp8("wo_b", dim, cfg.OGroups*cfg.OLoraRank); return err },
-		func() error { lw.AttnSink, err = f32("attn_sink", H); return err },
-	}
-	loadCmp := func(prefix string, d int, rotate bool, dst **attention.Compressor) func() error {
-		return func() error {
-			c := &attention.Compressor{Ratio: r, HeadDim: d, Dim: dim, Rotate: rotate, Eps: float32(cfg.NormEps)}
-			w := Coff(r) * d
-			if c.Wkv, err = f32(prefix+"wkv.weight", w, dim); err != nil {
-				return err
-			}
-			if c.Wgate, err = f32(prefix+"wgate.weight", w, dim); err != nil {
-				return err
-			}
-			if c.Ape, err = f32(prefix+"ape", r, w); err != nil {
-				return err
-			}
-			if c.Norm, err = f32(prefix+"norm.weight", d); err != nil {
-				return err
-			}
-			*dst = c
-			return nil
-		}
+		func() error { lw.WqA, err = wr.fp8("wq_a", cfg.QLoraRank, dim); return err },
+		func() error { lw.QNorm, err = wr.f32("q_norm.weight", cfg.QLoraRank); return err },
+		func() error { lw.WqB, err = wr.fp8("wq_b", H*D, cfg.QLoraRank); return err },
+		func() error { lw.Wkv, err = wr.fp8("wkv", D, dim); return err },
+		func() error { lw.KVNorm, err = wr.f32("kv_norm.weight", D); return err },
+		func() error { lw.WoA, err = wr.woA(); return err },
+		func() error { lw.WoB, err = wr.fp8("wo_b", dim, cfg.OGroups*cfg.OLoraRank); return err },
+		func() error { lw.AttnSink, err = wr.f32("attn_sink", H); return err },
 	}
 	if r > 0 {
-		steps = append(steps, loadCmp("compressor.", D, false, &lw.Compressor))
+		steps = append(steps, func() error { lw.Compressor, err = wr.compressor("compressor.", r, D, false); return err })
 	}
 	if r == 4 {
 		ix := &indexer.Indexer{NHeads: cfg.IndexNHeads, HeadDim: cfg.IndexHeadDim, TopK: cfg.IndexTopK}
 		lw.Indexer = ix
 		steps = append(steps,
 			func() error {
-				ix.WqB, err = fp8("indexer.wq_b", cfg.IndexNHeads*cfg.IndexHeadDim, cfg.QLoraRank)
+				ix.WqB, err = wr.fp8("indexer.wq_b", cfg.IndexNHeads*cfg.IndexHeadDim, cfg.QLoraRank)
 				return err
 			},
 			func() error {
-				ix.WeightsProj, err = f32("indexer.weights_proj.weight", cfg.IndexNHeads, dim)
+				ix.WeightsProj, err = wr.f32("indexer.weights_proj.weight", cfg.IndexNHeads, dim)
 				return err
 			},
-			loadCmp("indexer.compressor.", cfg.IndexHeadDim, true, &ix.Compressor))
+			func() error {
+				ix.Compressor, err = wr.compressor("indexer.compressor.", r, cfg.IndexHeadDim, true)
+				return err
+			})
 	}
 	for _, s := range steps {
 		if err := s(); err != nil {
@@ -259,6 +146,144 @@ func loadLayerWeights(cfg *Config, layer int, st dump.WeightSource, compact bool
 		}
 	}
 	return lw, nil
+}
+
+// weightReader reads the tensors of one layer's attention (names under pre)
+// from a weight source, checking each tensor's shape, dtype and finiteness.
+type weightReader struct {
+	cfg     *Config
+	st      dump.WeightSource
+	pre     string // "layers.L.attn."
+	compact bool   // FP8 weights keep their codes only (NewFP8WeightCodes)
+}
+
+// read reads tensor pre+name, which must have the shape and one of the kinds.
+func (wr *weightReader) read(name string, shape []int, kinds ...dump.DType) (dump.Record, error) {
+	st, pre := wr.st, wr.pre
+	e, ok := st.Lookup(pre + name)
+	if !ok {
+		return dump.Record{}, fmt.Errorf("engine: weights %s: no tensor %s%s", st.Name(), pre, name)
+	}
+	if !sameInts(e.Shape, shape) {
+		return dump.Record{}, fmt.Errorf("engine: weights %s: %s%s has shape %v, the config needs %v", st.Name(), pre, name, e.Shape, shape)
+	}
+	okKind := false
+	for _, k := range kinds {
+		okKind = okKind || e.DType == k
+	}
+	if !okKind {
+		return dump.Record{}, fmt.Errorf("engine: weights %s: %s%s has dtype %s, want one of %v", st.Name(), pre, name, e.DType, kinds)
+	}
+	return st.Read(pre + name)
+}
+
+// finite refuses a weight holding NaN or ±inf: weights are outside
+// input, and a non-finite one would make the reference non-finite and
+// the replay blame a GPU kernel for it.
+func (wr *weightReader) finite(name string, v []float32) error {
+	if i := firstNonFinite(v); i >= 0 {
+		return fmt.Errorf("engine: weights %s: %s%s[%d] is %g (a weight must be finite)", wr.st.Name(), wr.pre, name, i, v[i])
+	}
+	return nil
+}
+
+// f32 reads an fp32 or bf16 tensor as float32 values.
+func (wr *weightReader) f32(name string, shape ...int) ([]float32, error) {
+	rec, err := wr.read(name, shape, dump.F32, dump.BF16)
+	if err != nil {
+		return nil, err
+	}
+	v, err := rec.Float32()
+	if err != nil {
+		return nil, err
+	}
+	return v, wr.finite(name, v)
+}
+
+// fp8 reads an FP8 linear (name.weight E4M3 codes, name.scale UE8M0 block
+// scales), or the bf16 values of a bf16 checkpoint.
+func (wr *weightReader) fp8(name string, rows, cols int) (*attention.FP8Weight, error) {
+	st, pre := wr.st, wr.pre
+	if wr.cfg.BF16Checkpoint() {
+		// a bf16 checkpoint: the weight's values only (W), no codes or
+		// scales; the stages run attention.BF16Linear on them
+		v, err := wr.f32(name+".weight", rows, cols)
+		if err != nil {
+			return nil, err
+		}
+		return &attention.FP8Weight{Rows: rows, Cols: cols, W: v}, nil
+	}
+	w, err := wr.read(name+".weight", []int{rows, cols}, dump.E4M3, dump.U8)
+	if err != nil {
+		return nil, err
+	}
+	s, err := wr.read(name+".scale", fp8Scale(rows, cols), dump.E8M0, dump.U8, dump.F32)
+	if err != nil {
+		return nil, err
+	}
+	if s.DType == dump.F32 {
+		// an HF checkpoint's weight_scale_inv: fp32 block scales, which
+		// must be powers of two (UE8M0) for the official FP8 GEMM
+		if s, err = e8m0FromF32(s); err != nil {
+			return nil, fmt.Errorf("engine: weights %s: %s%s.scale: %w", st.Name(), pre, name, err)
+		}
+	}
+	for i, b := range s.Data {
+		if b == quant.UE8M0NaN {
+			return nil, fmt.Errorf("engine: weights %s: %s%s.scale[%d] is the UE8M0 NaN byte", st.Name(), pre, name, i)
+		}
+	}
+	// E4M3 has NaN codes (S.1111.111) and no inf; with every scale
+	// finite (checked above), no NaN code means finite values.
+	if i := firstE4M3NaN(w.Data); i >= 0 {
+		return nil, fmt.Errorf("engine: weights %s: %s%s.weight[%d] is the E4M3 NaN code 0x%02X (a weight must be finite)", st.Name(), pre, name, i, w.Data[i])
+	}
+	if wr.compact {
+		return attention.NewFP8WeightCodes(w.Data, s.Data, rows, cols), nil
+	}
+	return attention.NewFP8Weight(w.Data, s.Data, rows, cols), nil
+}
+
+// woA reads wo_a: bf16 after convert.py; a checkpoint may still hold it as
+// FP8 codes + .scale, which dequantise exactly to the same bf16 values.
+func (wr *weightReader) woA() ([]float32, error) {
+	cfg := wr.cfg
+	rows, cols := cfg.OGroups*cfg.OLoraRank, cfg.NHeads*cfg.HeadDim/cfg.OGroups
+	if e, ok := wr.st.Lookup(wr.pre + "wo_a.weight"); ok && e.DType == dump.E4M3 {
+		w, err := wr.fp8("wo_a", rows, cols)
+		if err != nil {
+			return nil, err
+		}
+		if w.W == nil { // compact: dequantised here, packed and dropped by the caller
+			w.W = make([]float32, rows*cols)
+			quant.DequantFP8Weight(w.W, w.Codes, w.Scale, rows, cols)
+		}
+		return w.W, nil
+	}
+	return wr.f32("wo_a.weight", rows, cols)
+}
+
+// compressor reads a compressor of ratio r and head dim d (wkv, wgate, ape,
+// norm under prefix).
+func (wr *weightReader) compressor(prefix string, r, d int, rotate bool) (*attention.Compressor, error) {
+	cfg := wr.cfg
+	dim := cfg.Dim
+	c := &attention.Compressor{Ratio: r, HeadDim: d, Dim: dim, Rotate: rotate, Eps: float32(cfg.NormEps)}
+	w := Coff(r) * d
+	var err error
+	if c.Wkv, err = wr.f32(prefix+"wkv.weight", w, dim); err != nil {
+		return nil, err
+	}
+	if c.Wgate, err = wr.f32(prefix+"wgate.weight", w, dim); err != nil {
+		return nil, err
+	}
+	if c.Ape, err = wr.f32(prefix+"ape", r, w); err != nil {
+		return nil, err
+	}
+	if c.Norm, err = wr.f32(prefix+"norm.weight", d); err != nil {
+		return nil, err
+	}
+	return c, nil
 }
 
 // firstNonFinite returns the index of the first NaN or ±inf in v, or -1.

@@ -22,9 +22,10 @@
 //     attention index list in the reference's index space (window slots, then
 //     128 + j, -1 empty), and rebuilds the reference's kv_cache / kv_state
 //     tensors from them.
-//   - Radix prefix cache (radix.go, resume.go): token-keyed, page-aligned, in
-//     namespaces (LoRA adapter, cache salt), with lock references, LRU eviction
-//     of unlocked leaves (indexed heaps: O(log n) a node, no tree walk),
+//   - Radix prefix cache (radix.go; eviction and removal in radix_lru.go;
+//     resume.go): token-keyed, page-aligned, in namespaces (LoRA adapter,
+//     cache salt), with lock references, LRU eviction of unlocked leaves
+//     (indexed heaps: O(log n) a node, no tree walk),
 //     removal of a page and its extensions (an engine's recorded eviction),
 //     and explicit V4 resume points: a prefix is only resumable where the
 //     window rows and compressor state needed to continue are kept.

@@ -310,3 +310,20 @@ func TestRadixRemoveAgainstModel(t *testing.T) {
 		}
 	}
 }
+
+// LRU: the least recently matched leaf goes first.
+func TestRadixLRUOrder(t *testing.T) {
+	c := NewRadixCache(2, Schedule{Window: 2}, Sizes{})
+	for _, s := range []string{"aaaa", "bbbb", "cccc"} {
+		c.Insert(toks(s), iota64(0, 4), nil)
+	}
+	c.MatchPrefix(toks("aaaa"), false) // b is now the oldest, then c, then a
+	ev := c.Evict(1)
+	if len(ev) != 1 || string(rune(ev[0].Prefix[0])) != "b" {
+		t.Fatalf("evicted %v, want the b branch", ev)
+	}
+	ev = c.Evict(1)
+	if len(ev) != 1 || string(rune(ev[0].Prefix[0])) != "c" {
+		t.Fatalf("evicted %v, want the c branch", ev)
+	}
+}

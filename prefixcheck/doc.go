@@ -1,7 +1,10 @@
 // Package prefixcheck runs a radix prefix cache as ground truth over a serving
 // run's requests and judges the prefix-cache decisions the engine recorded.
+// It reads its input through dump (or as a KV-cache event stream), imports
+// kvcache for the radix cache, and is used by cmd/sparsemla, fault and
+// htmlreport.
 //
-// A replay (package engine) checks the rows a GPU served for a prefix hit; this
+// A replay (package replay) checks the rows a GPU served for a prefix hit; this
 // package checks the decision itself: which prefix a request may reuse, from
 // whom, and where a DeepSeek-V4 request can resume. For every request, in
 // arrival order, it looks the request's token stream up in a

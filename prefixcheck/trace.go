@@ -91,6 +91,12 @@ type Config struct {
 	Brief bool
 }
 
+// SetSchedule sets the sliding window and the per-layer compress ratios (0, 4
+// or 128) of the correct cache, replacing both; Run validates them.
+func (c *Config) SetSchedule(window int, ratios []int) {
+	c.Schedule = kvcache.Schedule{Window: window, Ratios: ratios}
+}
+
 func (c Config) validate() error {
 	if c.PageSize <= 0 {
 		return fmt.Errorf("prefixcheck: page size %d: must be positive", c.PageSize)

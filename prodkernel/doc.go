@@ -1,8 +1,12 @@
-// Package prodkernel replays the outputs of real production kernels — vLLM's
-// and SGLang's DeepSeek-V4 Triton kernels and FlashMLA's sparse FP8 decode,
-// run unmodified on a GPU over the golden's dumped inputs by
-// capture/prodkernels/harness.py — against the reference, so a correct serving
-// kernel is not a false alarm and a faulty one is named.
+// Package prodkernel replays the outputs of real production kernels against
+// the reference, so that a correct serving kernel is not a false alarm and a
+// faulty one is named. The kernels are vLLM's and SGLang's DeepSeek-V4 Triton
+// kernels and FlashMLA's sparse FP8 decode, run unmodified on a GPU over the
+// golden's dumped inputs by capture/prodkernels/harness.py.
+//
+// It sits beside fault, on top of replay (it imports replay, engine, kvcache
+// and dump); no command imports it: its tests replay the committed kernel
+// runs in testdata/kernels.
 //
 // Kernel outputs come as kernels-*.safetensors with a kernels-*.json of what
 // ran (testdata/kernels/README.md). Overlay turns them into a replay.Source:

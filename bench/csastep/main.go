@@ -1,19 +1,3 @@
-// Command csastep times one V4-Flash CSA-layer decode step (layer 2, real
-// dims, context 65,536 tokens) with sparsemla's prepared fast path and writes
-// the step's exact inputs (FP8 codes + scales, bf16/fp32 weights, caches,
-// compressor states, x, RoPE cos/sin) and its output y to a directory, so that
-// bench/torch_step.py can time the same step in PyTorch on the same inputs.
-// bench/compare.sh runs both.
-//
-//	go run ./bench/csastep -out /tmp/csastep [-ctx 65536] [-runs 20]
-//
-// It prints the median step time and writes manifest.json beside the inputs.
-//
-// With -serve it then stays up for bench/torch_step.py --go-server, which
-// interleaves sparsemla's and PyTorch's runs: each line "run T N" on stdin
-// sets GOMAXPROCS to T, runs one untimed and N timed steps from the same
-// state and answers one JSON line {"threads", "ms", "same_bits"} (same_bits:
-// y is bit-identical to the first step's y, whatever T); "quit" ends it.
 package main
 
 import (
@@ -72,6 +56,50 @@ func run(dir string, ctx, runs int, ref, serve bool) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
+	b := newBench(dir, ctx)
+	if err := b.writeInputs(); err != nil {
+		return err
+	}
+	y, err := b.timeSteps(runs)
+	if err != nil {
+		return err
+	}
+	if ref {
+		if err := b.checkReference(y); err != nil {
+			return err
+		}
+	}
+	out, err := json.MarshalIndent(b.m, "", " ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "manifest.json"), out, 0o644); err != nil {
+		return err
+	}
+	if !serve {
+		return nil
+	}
+	return b.serve(slices.Clone(y))
+}
+
+// bench is one CSA layer's decode step: its weights, the state it starts
+// from, its input, the prepared path, and the manifest of what was written.
+type bench struct {
+	dir   string
+	cfg   *engine.Config
+	layer int
+	pos   int64
+	w     *engine.LayerWeights
+	rope  *engine.RopeTable
+	st0   *engine.LayerState // the state every step starts from
+	st    *engine.LayerState // the state a step runs on
+	x     []float32
+	p     *engine.PreparedLayer
+	m     manifest
+}
+
+// newBench generates V4-Flash layer 2's weights and a ctx-token state.
+func newBench(dir string, ctx int) *bench {
 	cfg, _ := engine.Preset("flash")
 	const layer = 2
 	pos := int64(ctx + 1) // (pos+1) mod 4 ≠ 0: no compressed row is emitted, so the step repeats on one state
@@ -81,28 +109,36 @@ func run(dir string, ctx, runs int, ref, serve bool) error {
 	st0 := engine.SyntheticState(cfg, w, rope, pos, 1)
 	x := engine.SyntheticInput(cfg, pos, 1).F
 	p := engine.Prepare(cfg, w)
-
 	m := manifest{Pos: pos, Layer: layer, Eps: cfg.NormEps, Scale: cfg.SoftmaxScale(), IndexScale: cfg.IndexWeightScale(),
 		Window: cfg.WindowSize, TopK: cfg.IndexTopK, GOMAXPROCS: runtime.GOMAXPROCS(0), PackedBytes: p.PackedBytes()}
-	put := func(name string, v any, shape ...int) error {
-		e := entry{Name: name, Shape: shape, File: name + ".bin"}
-		switch v.(type) {
-		case []uint8:
-			e.DType = "u8"
-		case []float32:
-			e.DType = "f32"
-		}
-		f, err := os.Create(filepath.Join(dir, e.File))
-		if err != nil {
-			return err
-		}
-		if err := binary.Write(f, binary.LittleEndian, v); err != nil {
-			f.Close()
-			return err
-		}
-		m.Tensors = append(m.Tensors, e)
-		return f.Close()
+	return &bench{dir: dir, cfg: cfg, layer: layer, pos: pos, w: w, rope: rope, st0: st0, x: x, p: p, m: m}
+}
+
+// put writes one tensor as raw little-endian bytes and lists it in the manifest.
+func (b *bench) put(name string, v any, shape ...int) error {
+	e := entry{Name: name, Shape: shape, File: name + ".bin"}
+	switch v.(type) {
+	case []uint8:
+		e.DType = "u8"
+	case []float32:
+		e.DType = "f32"
 	}
+	f, err := os.Create(filepath.Join(b.dir, e.File))
+	if err != nil {
+		return err
+	}
+	if err := binary.Write(f, binary.LittleEndian, v); err != nil {
+		f.Close()
+		return err
+	}
+	b.m.Tensors = append(b.m.Tensors, e)
+	return f.Close()
+}
+
+// writeInputs writes the step's weights, caches, compressor states, x and
+// RoPE cos/sin.
+func (b *bench) writeInputs() error {
+	cfg, w, st0, pos := b.cfg, b.w, b.st0, b.pos
 	H, D, dim := cfg.NHeads, cfg.HeadDim, cfg.Dim
 	ix := w.Indexer
 	c, ic := w.Compressor, ix.Compressor
@@ -125,79 +161,83 @@ func run(dir string, ctx, runs int, ref, serve bool) error {
 		{"kv_cache", st0.KV, []int{len(st0.KV) / D, D}}, {"icache", st0.ICache, []int{len(st0.ICache) / 128, 128}},
 		{"cmp_kv_state", st0.Cmp.KV, []int{8, c.Width()}}, {"cmp_score_state", st0.Cmp.Score, []int{8, c.Width()}},
 		{"icmp_kv_state", st0.ICmp.KV, []int{8, ic.Width()}}, {"icmp_score_state", st0.ICmp.Score, []int{8, ic.Width()}},
-		{"x", x, []int{dim}}, {"cos", cosSin(rope.Cos), []int{32}}, {"sin", cosSin(rope.Sin), []int{32}},
+		{"x", b.x, []int{dim}}, {"cos", cosSin(b.rope.Cos), []int{32}}, {"sin", cosSin(b.rope.Sin), []int{32}},
 	} {
-		if err := put(t.name, t.v, t.shape...); err != nil {
+		if err := b.put(t.name, t.v, t.shape...); err != nil {
 			return err
 		}
 	}
+	return nil
+}
 
-	// timed steps of the prepared path, each from the same state; the garbage
-	// of the generation is collected first so that no GC cycle overlaps them
+// step runs the prepared step once from the starting state and times it (ms).
+func (b *bench) step() ([]float32, float64, error) {
+	st, st0 := b.st, b.st0
+	copy(st.Cmp.KV, st0.Cmp.KV)
+	copy(st.Cmp.Score, st0.Cmp.Score)
+	copy(st.ICmp.KV, st0.ICmp.KV)
+	copy(st.ICmp.Score, st0.ICmp.Score)
+	st.Next = b.pos
+	t0 := time.Now()
+	yy, err := b.p.Step(b.cfg, b.rope, st, b.x, b.pos)
+	return yy, float64(time.Since(t0).Nanoseconds()) / 1e6, err
+}
+
+// timeSteps runs 3 untimed and runs timed steps of the prepared path, each
+// from the same state; the garbage of the generation is collected first so
+// that no GC cycle overlaps them. It writes and returns the last y.
+func (b *bench) timeSteps(runs int) ([]float32, error) {
 	runtime.GC()
 	var y []float32
-	st := st0.Clone()
-	step := func() ([]float32, float64, error) {
-		copy(st.Cmp.KV, st0.Cmp.KV)
-		copy(st.Cmp.Score, st0.Cmp.Score)
-		copy(st.ICmp.KV, st0.ICmp.KV)
-		copy(st.ICmp.Score, st0.ICmp.Score)
-		st.Next = pos
-		t0 := time.Now()
-		yy, err := p.Step(cfg, rope, st, x, pos)
-		return yy, float64(time.Since(t0).Nanoseconds()) / 1e6, err
-	}
+	b.st = b.st0.Clone()
 	for i := 0; i < 3+runs; i++ {
-		yy, ms, err := step()
+		yy, ms, err := b.step()
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if i >= 3 {
-			m.GoRuns = append(m.GoRuns, ms)
+			b.m.GoRuns = append(b.m.GoRuns, ms)
 		}
 		y = yy
 	}
-	m.GoMedianMs = median(m.GoRuns)
-	if err := put("y_go", y, dim); err != nil {
-		return err
+	b.m.GoMedianMs = median(b.m.GoRuns)
+	if err := b.put("y_go", y, b.cfg.Dim); err != nil {
+		return nil, err
 	}
 	fmt.Printf("sparsemla prepared step: median %.1f ms over %d runs [%.1f-%.1f] (GOMAXPROCS %d, packed weights %.0f MiB)\n",
-		m.GoMedianMs, runs, slices.Min(m.GoRuns), slices.Max(m.GoRuns), m.GOMAXPROCS, float64(m.PackedBytes)/(1<<20))
-	if ref {
-		t0 := time.Now()
-		out, _, err := engine.RunStep(&engine.StepContext{Cfg: cfg, Layer: layer, Pos: pos, W: w, Rope: rope}, engine.FromF(engine.KindBF16, x, dim), st0)
-		if err != nil {
-			return err
-		}
-		m.GoRefMs = float64(time.Since(t0).Microseconds()) / 1e3
-		same := true
-		for i, v := range out["y"].F {
-			same = same && math.Float32bits(v) == math.Float32bits(y[i])
-		}
-		fmt.Printf("sparsemla reference RunStep: %.0f ms (y bit-identical to the prepared step: %v)\n", m.GoRefMs, same)
-		if !same {
-			return fmt.Errorf("the prepared step and the reference disagree")
-		}
-		idx := out["topk_idxs"].I
-		f := make([]float32, len(idx))
-		for i, v := range idx {
-			f[i] = float32(v)
-		}
-		if err := put("topk_idxs", f, len(f)); err != nil {
-			return err
-		}
-	}
-	b, err := json.MarshalIndent(m, "", " ")
+		b.m.GoMedianMs, runs, slices.Min(b.m.GoRuns), slices.Max(b.m.GoRuns), b.m.GOMAXPROCS, float64(b.m.PackedBytes)/(1<<20))
+	return y, nil
+}
+
+// checkReference times the reference RunStep once, checks that its y is
+// bit-identical to the prepared step's y and writes its top-k indices.
+func (b *bench) checkReference(y []float32) error {
+	cfg := b.cfg
+	t0 := time.Now()
+	out, _, err := engine.RunStep(&engine.StepContext{Cfg: cfg, Layer: b.layer, Pos: b.pos, W: b.w, Rope: b.rope}, engine.FromF(engine.KindBF16, b.x, cfg.Dim), b.st0)
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(dir, "manifest.json"), b, 0o644); err != nil {
-		return err
+	b.m.GoRefMs = float64(time.Since(t0).Microseconds()) / 1e3
+	same := true
+	for i, v := range out["y"].F {
+		same = same && math.Float32bits(v) == math.Float32bits(y[i])
 	}
-	if !serve {
-		return nil
+	fmt.Printf("sparsemla reference RunStep: %.0f ms (y bit-identical to the prepared step: %v)\n", b.m.GoRefMs, same)
+	if !same {
+		return fmt.Errorf("the prepared step and the reference disagree")
 	}
-	y0 := slices.Clone(y)
+	idx := out["topk_idxs"].I
+	f := make([]float32, len(idx))
+	for i, v := range idx {
+		f[i] = float32(v)
+	}
+	return b.put("topk_idxs", f, len(f))
+}
+
+// serve answers "run T N" lines on stdin (see the command's doc); y0 is the
+// first steps' y.
+func (b *bench) serve(y0 []float32) error {
 	fmt.Println("ready")
 	in := bufio.NewScanner(os.Stdin)
 	for in.Scan() {
@@ -216,7 +256,7 @@ func run(dir string, ctx, runs int, ref, serve bool) error {
 			SameBits bool      `json:"same_bits"`
 		}{Threads: threads, SameBits: true}
 		for i := 0; i < 1+n; i++ {
-			yy, ms, err := step()
+			yy, ms, err := b.step()
 			if err != nil {
 				return err
 			}
@@ -227,11 +267,11 @@ func run(dir string, ctx, runs int, ref, serve bool) error {
 				r.SameBits = r.SameBits && math.Float32bits(v) == math.Float32bits(y0[k])
 			}
 		}
-		b, err := json.Marshal(r)
+		out, err := json.Marshal(r)
 		if err != nil {
 			return err
 		}
-		fmt.Println(string(b))
+		fmt.Println(string(out))
 	}
 	return in.Err()
 }

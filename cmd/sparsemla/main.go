@@ -1,15 +1,3 @@
-// Command sparsemla replays DeepSeek-V4 sparse-attention dumps from a GPU decode
-// path through an exact CPU reference and names the first divergence.
-//
-// Usage:
-//
-//	sparsemla <command> [flags] [args]
-//
-// Exit status: 0 = agree (or the command succeeded), 1 = diverged, 2 = error,
-// 3 = incomplete (nothing out of tolerance, but not everything the dump holds
-// was compared: the report says what and why).
-// Run `sparsemla help` for the list of commands and `sparsemla <command> --help`
-// for the flags of one.
 package main
 
 import (

@@ -12,7 +12,6 @@ import (
 	"sparsemla/dump"
 	"sparsemla/engine"
 	"sparsemla/htmlreport"
-	"sparsemla/kvcache"
 	"sparsemla/prefixcheck"
 	"sparsemla/userfile"
 )
@@ -150,7 +149,7 @@ func runPrefix(args []string, stdout, stderr io.Writer) int {
 				return fail(err)
 			}
 		}
-		cfg.Schedule = kvcache.Schedule{Window: mc.WindowSize, Ratios: mc.CompressRatios}
+		cfg.SetSchedule(mc.WindowSize, mc.CompressRatios)
 	}
 	if *window >= 0 {
 		cfg.Schedule.Window = *window
@@ -164,7 +163,7 @@ func runPrefix(args []string, stdout, stderr io.Writer) int {
 			}
 			rs = append(rs, r)
 		}
-		cfg.Schedule = kvcache.Schedule{Window: cfg.Schedule.Window, Ratios: rs}
+		cfg.SetSchedule(cfg.Schedule.Window, rs)
 	}
 	if *capacity > 0 && tr.EvictionsRecorded {
 		return fail(fmt.Errorf("--capacity: %s records the engine's evictions, which the correct cache follows", in))
