@@ -28,13 +28,22 @@ type Shared struct {
 //	h = SwiGLU(g, u, limit, w)
 //	out = FP4Linear(w2, h)
 func (e *Expert) Forward(out, x []float32, w, limit float32) {
+	e.forward(out, x, w, limit, FP4Linear)
+}
+
+// ForwardFast is Forward with FP4LinearFast: the same bits.
+func (e *Expert) ForwardFast(out, x []float32, w, limit float32) {
+	e.forward(out, x, w, limit, FP4LinearFast)
+}
+
+func (e *Expert) forward(out, x []float32, w, limit float32, linear func(y, x []float32, w *FP4Weight)) {
 	g := make([]float32, e.W1.Rows)
 	u := make([]float32, e.W3.Rows)
-	FP4Linear(g, x, e.W1)
-	FP4Linear(u, x, e.W3)
+	linear(g, x, e.W1)
+	linear(u, x, e.W3)
 	h := make([]float32, len(g))
 	SwiGLU(h, g, u, limit, w, true)
-	FP4Linear(out, h, e.W2)
+	linear(out, h, e.W2)
 }
 
 // Forward is the shared expert's Expert.forward: FP8 linears, no clamp, no

@@ -122,7 +122,8 @@ func ulp32(a, b float32) int64 {
 //     the GPU and CUDA's expf/log1pf are not correctly rounded);
 //   - ffn_out from the dumped route (the routed FP4 experts, the FP8 shared
 //     expert, the fp32 sum): bit-exact on every value, and bit-exact as well
-//     from the reference's own route.
+//     from the reference's own route; the fast routed experts (MoE.Fast)
+//     give the reference's bits.
 //
 // (ffn_in = ffn_norm(ffn_norm_in) is checked in package mhc.)
 func TestGoldenMoETeacherForced(t *testing.T) {
@@ -176,6 +177,17 @@ func TestGoldenMoETeacherForced(t *testing.T) {
 			own, err := moes[l].Combine(x, r.Indices, r.Weights)
 			if err != nil {
 				t.Fatal(err)
+			}
+			moes[l].Fast = true
+			fast, err := moes[l].Combine(x, idx, gpuW)
+			moes[l].Fast = false
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range out {
+				if math.Float32bits(fast[i]) != math.Float32bits(out[i]) {
+					t.Fatalf("step %d L%d: fast ffn_out[%d] = %v, reference %v", P, l, i, fast[i], out[i])
+				}
 			}
 			for i := range want {
 				nOut++

@@ -14,6 +14,9 @@ type MoE struct {
 	// SwigluLimit is f32(swiglu_limit), applied to the routed experts only
 	// (0: no clamp).
 	SwigluLimit float32
+	// Fast runs the routed experts on FP4LinearFast (the same bits as the
+	// reference loops, several times faster).
+	Fast bool
 }
 
 // Result is one token's MoE: the route and the output.
@@ -76,7 +79,11 @@ func (m *MoE) Combine(x []float32, indices []int32, weights []float32) ([]float3
 		if ex == nil {
 			return nil, fmt.Errorf("moe: routed expert %d has no weights", e)
 		}
-		ex.Forward(out, x, weights[slot], m.SwigluLimit)
+		if m.Fast {
+			ex.ForwardFast(out, x, weights[slot], m.SwigluLimit)
+		} else {
+			ex.Forward(out, x, weights[slot], m.SwigluLimit)
+		}
 		for i, v := range out {
 			y[i] += v
 		}
