@@ -8,8 +8,12 @@ import (
 
 // MoE is the FFN of one layer (MoE, R-M:619-687).
 type MoE struct {
-	Gate    Gate
-	Experts []*Expert // [E] routed experts; an entry may be nil when no step routes to it
+	Gate Gate
+	// Experts [E] are the routed experts held in memory. An entry may be nil:
+	// Source then supplies it when a token is routed to it (a checkpoint read
+	// lazily; without a Source a nil expert is an error).
+	Experts []*Expert
+	Source  ExpertSource
 	Shared  *Shared
 	// SwigluLimit is f32(swiglu_limit), applied to the routed experts only
 	// (0: no clamp).
@@ -17,6 +21,23 @@ type MoE struct {
 	// Fast runs the routed experts on FP4LinearFast (the same bits as the
 	// reference loops, several times faster).
 	Fast bool
+}
+
+// ExpertSource supplies routed experts on demand (MoE.Source). It must be
+// safe for concurrent use: replays compute several layers and steps at once.
+type ExpertSource interface {
+	Expert(e int) (*Expert, error)
+}
+
+// expert returns routed expert e from Experts or the Source.
+func (m *MoE) expert(e int) (*Expert, error) {
+	if e < len(m.Experts) && m.Experts[e] != nil {
+		return m.Experts[e], nil
+	}
+	if m.Source != nil {
+		return m.Source.Expert(e)
+	}
+	return nil, fmt.Errorf("moe: routed expert %d has no weights", e)
 }
 
 // Result is one token's MoE: the route and the output.
@@ -52,20 +73,20 @@ func (m *MoE) Forward(x []float32, tok int64) (Result, error) {
 // `y[idx] += …` indexes the same row twice and only one of the two
 // contributions survives (which one is unspecified on CUDA); the reference
 // keeps the later slot's. An index outside [0, E) or a routed expert without
-// weights is an error.
+// weights (neither in Experts nor from Source) is an error.
 func (m *MoE) Combine(x []float32, indices []int32, weights []float32) ([]float32, error) {
 	if len(indices) != len(weights) {
 		return nil, fmt.Errorf("moe: %d routing indices but %d weights", len(indices), len(weights))
 	}
 	for t, id := range indices {
-		if id < 0 || int(id) >= len(m.Experts) {
-			return nil, fmt.Errorf("moe: routing index %d (slot %d) outside [0, %d)", id, t, len(m.Experts))
+		if id < 0 || int(id) >= m.Gate.Experts {
+			return nil, fmt.Errorf("moe: routing index %d (slot %d) outside [0, %d)", id, t, m.Gate.Experts)
 		}
 	}
 	dim := len(x)
 	y := make([]float32, dim)
 	out := make([]float32, dim)
-	for e := range m.Experts {
+	for e := 0; e < m.Gate.Experts; e++ {
 		slot := -1
 		for t, id := range indices {
 			if int(id) == e {
@@ -75,9 +96,9 @@ func (m *MoE) Combine(x []float32, indices []int32, weights []float32) ([]float3
 		if slot < 0 {
 			continue
 		}
-		ex := m.Experts[e]
-		if ex == nil {
-			return nil, fmt.Errorf("moe: routed expert %d has no weights", e)
+		ex, err := m.expert(e)
+		if err != nil {
+			return nil, err
 		}
 		if m.Fast {
 			ex.ForwardFast(out, x, weights[slot], m.SwigluLimit)

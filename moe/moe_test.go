@@ -233,7 +233,7 @@ func TestSwiGLUClamp(t *testing.T) {
 func TestCombine(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	const dim, inter = 128, 128
-	m := &MoE{SwigluLimit: 10}
+	m := &MoE{SwigluLimit: 10, Gate: Gate{Experts: 3}}
 	for e := 0; e < 3; e++ {
 		m.Experts = append(m.Experts, &Expert{W1: randFP4(rng, inter, dim), W2: randFP4(rng, dim, inter), W3: randFP4(rng, inter, dim)})
 	}
@@ -279,8 +279,30 @@ func TestCombine(t *testing.T) {
 	if _, err := m.Combine(x, []int32{3}, []float32{1}); err == nil {
 		t.Error("Combine accepted expert id 3 of 3")
 	}
+	held := m.Experts[1]
 	m.Experts[1] = nil
 	if _, err := m.Combine(x, []int32{1}, []float32{1}); err == nil {
 		t.Error("Combine accepted a routed expert without weights")
 	}
+	src := &countingSource{e: held}
+	m.Source = src
+	lazy, err := m.Combine(x, []int32{1}, []float32{0.9})
+	if err != nil || src.calls != 1 {
+		t.Fatalf("Combine with a Source: %v, %d calls", err, src.calls)
+	}
+	for i := range lazy {
+		if lazy[i] != later[i] {
+			t.Fatalf("expert from the Source: out[%d] = %v, want %v", i, lazy[i], later[i])
+		}
+	}
+}
+
+type countingSource struct {
+	e     *Expert
+	calls int
+}
+
+func (s *countingSource) Expert(e int) (*Expert, error) {
+	s.calls++
+	return s.e, nil
 }
