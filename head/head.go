@@ -24,6 +24,27 @@ func Embed(e, table []float32, tok int64) error {
 	return nil
 }
 
+// Embedding is the token embedding embed.weight [vocab][dim] as the step
+// reads it: one row per token. Table holds a whole table; a large checkpoint
+// may read rows on demand instead. Row must be safe for concurrent use.
+type Embedding interface {
+	Row(e []float32, tok int64) error
+}
+
+// Table is an embedding table held in memory: W [vocab][Dim] (bf16 values).
+type Table struct {
+	Dim int
+	W   []float32
+}
+
+// Row implements Embedding with Embed.
+func (t *Table) Row(e []float32, tok int64) error {
+	if len(e) != t.Dim {
+		return fmt.Errorf("head: embedding row of %d values, the table has dim %d", len(e), t.Dim)
+	}
+	return Embed(e, t.W, tok)
+}
+
 // Head holds the parameters of ParallelHead and the model's head collapse
 // (Transformer.hc_head_*, norm, head), all fp32.
 type Head struct {

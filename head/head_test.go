@@ -12,6 +12,13 @@ func TestEmbed(t *testing.T) {
 	if err := Embed(e, table, 2); err != nil || e[0] != 5 || e[1] != 6 {
 		t.Errorf("Embed row 2 = %v, %v", e, err)
 	}
+	tb := &Table{Dim: 2, W: table}
+	if err := tb.Row(e, 1); err != nil || e[0] != 3 || e[1] != 4 {
+		t.Errorf("Table.Row(1) = %v, %v", e, err)
+	}
+	if err := tb.Row(make([]float32, 3), 1); err == nil {
+		t.Error("Table.Row accepted a row of the wrong width")
+	}
 	for _, tok := range []int64{-1, 3} {
 		if err := Embed(e, table, tok); err == nil || !strings.Contains(err.Error(), "outside the vocabulary") {
 			t.Errorf("Embed(%d) = %v, want an out-of-vocabulary error", tok, err)
