@@ -119,6 +119,13 @@ func TestFaultedCopyGPUDumps(t *testing.T) {
 				if r.Status != replay.StatusFail {
 					continue
 				}
+				// The copy recomputes the fault's layer only: where its
+				// h_out changed, the next layer's dumped h_in (the GPU's,
+				// unchanged) no longer equals it, and the local check of
+				// that link says so.
+				if r.Stage == "h_in" && r.Layer == f.Layer+1 && r.Step >= f.Step {
+					continue
+				}
 				fails++
 				if r.Layer != f.Layer || r.Step < f.Step {
 					t.Errorf("step %d layer %d stage %s fails: outside the fault's layer and later steps", r.Step, r.Layer, r.Stage)

@@ -155,10 +155,10 @@ func upstreamInput(d DiagnoseInput) string {
 			return fmt.Sprintf("its input %s (%s) was already out of tolerance", in.Name, in.From)
 		}
 	}
-	if d.Mode != Propagated {
+	if d.Mode == Local {
 		return ""
 	}
-	// Propagated: compare the reference's own inputs with the dumped ones.
+	// Propagated, chained: compare the reference's own inputs with the dumped ones.
 	tol := d.Tol
 	if tol == nil {
 		tol = PropagatedTolerance()

@@ -124,6 +124,13 @@ func LoadModelWith(d *dump.Dump, src Source, opt LoadOptions) (*engine.Model, er
 		if err != nil {
 			return nil, err
 		}
+		if engine.HasBlockWeights(st, l) {
+			// The whole layer: mHC, norms, MoE (a file with the attention
+			// path only leaves Block nil and the replay compares that part).
+			if lw.Block, err = engine.LoadBlockWeights(cfg, l, st); err != nil {
+				return nil, err
+			}
+		}
 		m.Weights[l] = lw
 		name := "freqs_cis_r0"
 		if cfg.Ratio(l) > 0 {
@@ -134,6 +141,11 @@ func LoadModelWith(d *dump.Dump, src Source, opt LoadOptions) (*engine.Model, er
 		} else {
 			m.GPURope = false
 			m.Rope[l] = engine.LayerRope(cfg, l, T)
+		}
+	}
+	if engine.HasHeadWeights(st) {
+		if m.Head, err = engine.LoadHeadWeights(cfg, st); err != nil {
+			return nil, err
 		}
 	}
 	if err := checkDumpShapes(cfg, d); err != nil {
