@@ -65,6 +65,10 @@ func TestFaultedCopyGPUDumps(t *testing.T) {
 		// The late row lands at step 4: the cache differs there too.
 		{"official-v4-tiny", "compressor-late@3,1", 2},
 		{"official-v4-tiny", "window-order@2,0", 1},
+		// Faults of the whole layer (hyper-connections, MoE).
+		{"official-v4-tiny", "expert-nibble@4,2", 1},
+		{"official-v4-tiny", "router-bias@2,2", 1},
+		{"official-v4-tiny", "hc-post-transposed@7,3", 1},
 		{"gpu-v4-tiny-long", "topk-off-by-one@255,1", 1},
 		// Carried across the state-only step 254 into step 255.
 		{"gpu-v4-tiny-long", "fp8-scale@128,0", 1},

@@ -48,6 +48,9 @@ func planFault(d *dump.Dump, src *replay.DumpSource, m *engine.Model, opt Option
 	if err := f.Check(m.Cfg, steps[0], steps[len(steps)-1]); err != nil {
 		return nil, err
 	}
+	if f.NeedsBlock() && (m.Weights[f.Layer] == nil || m.Weights[f.Layer].Block == nil) {
+		return nil, fmt.Errorf("fault %s: needs the whole layer's weights (hyper-connections, MoE); the weights of layer %d hold the attention path only", f, f.Layer)
+	}
 	if !containsStep(steps, f.Step) {
 		return nil, fmt.Errorf("fault %s: step %d is not a dumped decode step (dumped: %s)", f, f.Step, replay.StepList(steps))
 	}
