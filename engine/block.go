@@ -40,36 +40,42 @@ type HeadWeights struct {
 // HasBlockWeights reports whether st holds layer l's block parameters
 // (its hc_attn_fn): a checkpoint or dump weights file with the whole layer,
 // not only the attention path.
-func HasBlockWeights(st *dump.Safetensors, layer int) bool {
-	return st.Has(fmt.Sprintf("layers.%d.hc_attn_fn", layer))
+func HasBlockWeights(st dump.WeightSource, layer int) bool {
+	_, ok := st.Lookup(fmt.Sprintf("layers.%d.hc_attn_fn", layer))
+	return ok
 }
 
 // HasHeadWeights reports whether st holds the embedding and the head.
-func HasHeadWeights(st *dump.Safetensors) bool {
-	return st.Has("embed.weight") && st.Has("head.weight") && st.Has("hc_head_fn")
+func HasHeadWeights(st dump.WeightSource) bool {
+	for _, n := range []string{"embed.weight", "head.weight", "hc_head_fn"} {
+		if _, ok := st.Lookup(n); !ok {
+			return false
+		}
+	}
+	return true
 }
 
 // weightReader reads checked tensors of one weights file: the dtype and the
 // shape are compared with what the config needs before the bytes are read,
 // and float values must be finite.
 type weightReader struct {
-	st *dump.Safetensors
+	st dump.WeightSource
 }
 
 func (r weightReader) read(name string, shape []int, kinds ...dump.DType) (dump.Record, error) {
-	e, ok := r.st.Entry(name)
+	e, ok := r.st.Lookup(name)
 	if !ok {
-		return dump.Record{}, fmt.Errorf("engine: weights %s: no tensor %s", r.st.Path, name)
+		return dump.Record{}, fmt.Errorf("engine: weights %s: no tensor %s", r.st.Name(), name)
 	}
 	if !sameInts(e.Shape, shape) {
-		return dump.Record{}, fmt.Errorf("engine: weights %s: %s has shape %v, the config needs %v", r.st.Path, name, e.Shape, shape)
+		return dump.Record{}, fmt.Errorf("engine: weights %s: %s has shape %v, the config needs %v", r.st.Name(), name, e.Shape, shape)
 	}
 	for _, k := range kinds {
 		if e.DType == k {
 			return r.st.Read(name)
 		}
 	}
-	return dump.Record{}, fmt.Errorf("engine: weights %s: %s has dtype %s, want one of %v", r.st.Path, name, e.DType, kinds)
+	return dump.Record{}, fmt.Errorf("engine: weights %s: %s has dtype %s, want one of %v", r.st.Name(), name, e.DType, kinds)
 }
 
 // f32 reads a float tensor (F32 or BF16) and refuses non-finite values.
@@ -80,23 +86,31 @@ func (r weightReader) f32(name string, shape ...int) ([]float32, error) {
 	}
 	v, err := rec.Float32()
 	if err != nil {
-		return nil, fmt.Errorf("engine: weights %s: %s: %w", r.st.Path, name, err)
+		return nil, fmt.Errorf("engine: weights %s: %s: %w", r.st.Name(), name, err)
 	}
 	if i := firstNonFinite(v); i >= 0 {
-		return nil, fmt.Errorf("engine: weights %s: %s[%d] is %g (a weight must be finite)", r.st.Path, name, i, v[i])
+		return nil, fmt.Errorf("engine: weights %s: %s[%d] is %g (a weight must be finite)", r.st.Name(), name, i, v[i])
 	}
 	return v, nil
 }
 
-// scaleBytes reads a UE8M0 scale tensor and refuses the NaN byte.
+// scaleBytes reads a UE8M0 scale tensor (or fp32 power-of-two scales) and
+// refuses the NaN byte.
 func (r weightReader) scaleBytes(name string, shape ...int) ([]uint8, error) {
-	s, err := r.read(name, shape, dump.E8M0, dump.U8)
+	s, err := r.read(name, shape, dump.E8M0, dump.U8, dump.F32)
 	if err != nil {
 		return nil, err
 	}
+	if s.DType == dump.F32 {
+		// an HF checkpoint's weight_scale_inv: fp32 scales, which must be
+		// powers of two (UE8M0) for the official FP8 / FP4 GEMMs
+		if s, err = e8m0FromF32(s); err != nil {
+			return nil, fmt.Errorf("engine: weights %s: %s: %w", r.st.Name(), name, err)
+		}
+	}
 	for i, b := range s.Data {
 		if b == quant.UE8M0NaN {
-			return nil, fmt.Errorf("engine: weights %s: %s[%d] is the UE8M0 NaN byte", r.st.Path, name, i)
+			return nil, fmt.Errorf("engine: weights %s: %s[%d] is the UE8M0 NaN byte", r.st.Name(), name, i)
 		}
 	}
 	return s.Data, nil
@@ -113,7 +127,7 @@ func (r weightReader) fp8(name string, rows, cols int) (*attention.FP8Weight, er
 		return nil, err
 	}
 	if i := firstE4M3NaN(w.Data); i >= 0 {
-		return nil, fmt.Errorf("engine: weights %s: %s.weight[%d] is the E4M3 NaN code 0x%02X (a weight must be finite)", r.st.Path, name, i, w.Data[i])
+		return nil, fmt.Errorf("engine: weights %s: %s.weight[%d] is the E4M3 NaN code 0x%02X (a weight must be finite)", r.st.Name(), name, i, w.Data[i])
 	}
 	return attention.NewFP8Weight(w.Data, s, rows, cols), nil
 }
@@ -122,12 +136,12 @@ func (r weightReader) fp8(name string, rows, cols int) (*attention.FP8Weight, er
 // [rows, cols/32]). E2M1 has no NaN or inf code.
 func (r weightReader) fp4(name string, rows, cols int) (*moe.FP4Weight, error) {
 	if cols%attention.ActBlock != 0 {
-		return nil, fmt.Errorf("engine: weights %s: %s: %d columns, the FP4 GEMM needs a multiple of %d", r.st.Path, name, cols, attention.ActBlock)
+		return nil, fmt.Errorf("engine: weights %s: %s: %d columns, the FP4 GEMM needs a multiple of %d", r.st.Name(), name, cols, attention.ActBlock)
 	}
 	// Raw bytes [rows, cols/2] (U8 / I8, as the golden and the converted
 	// checkpoint store float4_e2m1fn_x2), or FP4 elements [rows, cols].
 	shape := []int{rows, cols / 2}
-	if e, ok := r.st.Entry(name + ".weight"); ok && e.DType == dump.FP4 {
+	if e, ok := r.st.Lookup(name + ".weight"); ok && e.DType == dump.FP4 {
 		shape = []int{rows, cols}
 	}
 	w, err := r.read(name+".weight", shape, dump.U8, dump.I8, dump.FP4)
@@ -145,7 +159,7 @@ func (r weightReader) fp4(name string, rows, cols int) (*moe.FP4Weight, error) {
 // open safetensors file with official names, checking every dtype and shape
 // against the config and every value for finiteness. The routed experts
 // must be FP4 (expert_dtype "fp4").
-func LoadBlockWeights(cfg *Config, layer int, st *dump.Safetensors) (*BlockWeights, error) {
+func LoadBlockWeights(cfg *Config, layer int, st dump.WeightSource) (*BlockWeights, error) {
 	if layer < 0 || layer >= cfg.NLayers {
 		return nil, fmt.Errorf("engine: weights: layer %d outside the model (%d layers)", layer, cfg.NLayers)
 	}
@@ -202,12 +216,12 @@ func LoadBlockWeights(cfg *Config, layer int, st *dump.Safetensors) (*BlockWeigh
 		}
 		ids, err := rec.Int64()
 		if err != nil {
-			return nil, fmt.Errorf("engine: weights %s: %sgate.tid2eid: %w", st.Path, f, err)
+			return nil, fmt.Errorf("engine: weights %s: %sgate.tid2eid: %w", st.Name(), f, err)
 		}
 		m.Gate.TID2EID = make([]int32, len(ids))
 		for i, id := range ids {
 			if id < 0 || id >= int64(E) {
-				return nil, fmt.Errorf("engine: weights %s: %sgate.tid2eid[%d] = %d is not an expert id (0 … %d)", st.Path, f, i, id, E-1)
+				return nil, fmt.Errorf("engine: weights %s: %sgate.tid2eid[%d] = %d is not an expert id (0 … %d)", st.Name(), f, i, id, E-1)
 			}
 			m.Gate.TID2EID[i] = int32(id)
 		}
@@ -245,7 +259,7 @@ func LoadBlockWeights(cfg *Config, layer int, st *dump.Safetensors) (*BlockWeigh
 
 // LoadHeadWeights reads the embedding and the head (HeadWeights) with the
 // same checks as LoadBlockWeights.
-func LoadHeadWeights(cfg *Config, st *dump.Safetensors) (*HeadWeights, error) {
+func LoadHeadWeights(cfg *Config, st dump.WeightSource) (*HeadWeights, error) {
 	if err := cfg.validateBlock(); err != nil {
 		return nil, err
 	}
