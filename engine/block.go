@@ -2,6 +2,8 @@ package engine
 
 import (
 	"fmt"
+	"slices"
+	"sync"
 
 	"sparsemla/attention"
 	"sparsemla/dump"
@@ -116,7 +118,9 @@ func (r weightReader) scaleBytes(name string, shape ...int) ([]uint8, error) {
 	return s.Data, nil
 }
 
-// fp8 reads an FP8 weight [rows, cols] with its 128×128 block scales.
+// fp8 reads an FP8 weight [rows, cols] with its 128×128 block scales, kept as
+// codes (attention.NewFP8WeightCodes: FP8Linear dequantises a row at a time,
+// the same values, a fifth of the memory of the fp32 copy).
 func (r weightReader) fp8(name string, rows, cols int) (*attention.FP8Weight, error) {
 	w, err := r.read(name+".weight", []int{rows, cols}, dump.E4M3, dump.U8)
 	if err != nil {
@@ -129,7 +133,7 @@ func (r weightReader) fp8(name string, rows, cols int) (*attention.FP8Weight, er
 	if i := firstE4M3NaN(w.Data); i >= 0 {
 		return nil, fmt.Errorf("engine: weights %s: %s.weight[%d] is the E4M3 NaN code 0x%02X (a weight must be finite)", r.st.Name(), name, i, w.Data[i])
 	}
-	return attention.NewFP8Weight(w.Data, s, rows, cols), nil
+	return attention.NewFP8WeightCodes(w.Data, s, rows, cols), nil
 }
 
 // fp4 reads an FP4 weight [rows, cols] (packed [rows, cols/2], scales
@@ -158,8 +162,33 @@ func (r weightReader) fp4(name string, rows, cols int) (*moe.FP4Weight, error) {
 // LoadBlockWeights reads layer l's block parameters (BlockWeights) from an
 // open safetensors file with official names, checking every dtype and shape
 // against the config and every value for finiteness. The routed experts
-// must be FP4 (expert_dtype "fp4").
+// must be FP4 (expert_dtype "fp4"). It is LoadBlockWeightsWith with every
+// expert read at once.
 func LoadBlockWeights(cfg *Config, layer int, st dump.WeightSource) (*BlockWeights, error) {
+	return LoadBlockWeightsWith(cfg, layer, st, BlockLoadOptions{})
+}
+
+// BlockLoadOptions configure LoadBlockWeightsWith.
+type BlockLoadOptions struct {
+	// LazyExperts leaves the routed experts in the weights file: each is read
+	// (and checked) the first time a token is routed to it, through the MoE's
+	// ExpertSource, which keeps at most ExpertCache of them (default 32) and
+	// reads st until the program ends — st must stay open. At load only the
+	// presence, dtype and shape of every expert tensor are checked. A
+	// V4-Flash layer's 256 experts take 3.2 GiB; a decode step routes 6.
+	LazyExperts bool
+	ExpertCache int
+}
+
+// ExpertBytes is the size of one layer's routed FP4 expert weights and
+// scales in bytes (for choosing BlockLoadOptions.LazyExperts).
+func (c *Config) ExpertBytes() int64 {
+	per := int64(c.MoEInterDim) * int64(c.Dim) * 3
+	return int64(c.NRoutedExperts) * (per/2 + per/int64(moe.FP4Block))
+}
+
+// LoadBlockWeightsWith is LoadBlockWeights with options.
+func LoadBlockWeightsWith(cfg *Config, layer int, st dump.WeightSource, opt BlockLoadOptions) (*BlockWeights, error) {
 	if layer < 0 || layer >= cfg.NLayers {
 		return nil, fmt.Errorf("engine: weights: layer %d outside the model (%d layers)", layer, cfg.NLayers)
 	}
@@ -228,16 +257,28 @@ func LoadBlockWeights(cfg *Config, layer int, st dump.WeightSource) (*BlockWeigh
 	} else if m.Gate.Bias, err = r.f32(f+"gate.bias", E); err != nil {
 		return nil, err
 	}
-	for e := 0; e < E; e++ {
-		ex := &moe.Expert{}
-		p := fmt.Sprintf("%sexperts.%d.", f, e)
-		if ex.W1, err = r.fp4(p+"w1", inter, dim); err != nil {
-			return nil, err
+	if opt.LazyExperts {
+		for e := 0; e < E; e++ {
+			p := fmt.Sprintf("%sexperts.%d.", f, e)
+			for _, w := range []struct {
+				name       string
+				rows, cols int
+			}{{"w1", inter, dim}, {"w2", dim, inter}, {"w3", inter, dim}} {
+				if err := r.checkFP4(p+w.name, w.rows, w.cols); err != nil {
+					return nil, err
+				}
+			}
 		}
-		if ex.W2, err = r.fp4(p+"w2", dim, inter); err != nil {
-			return nil, err
+		n := opt.ExpertCache
+		if n <= 0 {
+			n = 32
 		}
-		if ex.W3, err = r.fp4(p+"w3", inter, dim); err != nil {
+		m.Experts = make([]*moe.Expert, E)
+		m.Source = &checkpointExperts{r: r, prefix: f, dim: dim, inter: inter, max: n, cache: map[int]*moe.Expert{}}
+	}
+	for e := 0; e < E && !opt.LazyExperts; e++ {
+		ex, err := readExpert(r, f, e, dim, inter)
+		if err != nil {
 			return nil, err
 		}
 		m.Experts = append(m.Experts, ex)
@@ -255,6 +296,88 @@ func LoadBlockWeights(cfg *Config, layer int, st dump.WeightSource) (*BlockWeigh
 	m.Shared = sh
 	bw.MoE = m
 	return bw, nil
+}
+
+// readExpert reads routed expert e of the MoE whose tensors are named
+// prefix + "experts.E.w{1,2,3}".
+func readExpert(r weightReader, prefix string, e, dim, inter int) (*moe.Expert, error) {
+	ex := &moe.Expert{}
+	p := fmt.Sprintf("%sexperts.%d.", prefix, e)
+	var err error
+	if ex.W1, err = r.fp4(p+"w1", inter, dim); err != nil {
+		return nil, err
+	}
+	if ex.W2, err = r.fp4(p+"w2", dim, inter); err != nil {
+		return nil, err
+	}
+	if ex.W3, err = r.fp4(p+"w3", inter, dim); err != nil {
+		return nil, err
+	}
+	return ex, nil
+}
+
+// checkFP4 checks that an FP4 weight and its scales are in the file with
+// the dtype and shape they need, reading nothing.
+func (r weightReader) checkFP4(name string, rows, cols int) error {
+	for _, c := range []struct {
+		name  string
+		shape []int
+		kinds []dump.DType
+	}{
+		{name + ".weight", []int{rows, cols / 2}, []dump.DType{dump.U8, dump.I8}},
+		{name + ".scale", []int{rows, cols / moe.FP4Block}, []dump.DType{dump.E8M0, dump.U8, dump.F32}},
+	} {
+		e, ok := r.st.Lookup(c.name)
+		if !ok {
+			return fmt.Errorf("engine: weights %s: no tensor %s", r.st.Name(), c.name)
+		}
+		shape := c.shape
+		if e.DType == dump.FP4 {
+			shape, c.kinds = []int{rows, cols}, []dump.DType{dump.FP4}
+		}
+		if !sameInts(e.Shape, shape) || !slices.Contains(c.kinds, e.DType) {
+			return fmt.Errorf("engine: weights %s: %s is %s %v, the config needs %v %v", r.st.Name(), c.name, e.DType, e.Shape, c.kinds, shape)
+		}
+	}
+	return nil
+}
+
+// checkpointExperts reads routed experts from the weights file on demand
+// (BlockLoadOptions.LazyExperts) and keeps the last max of them.
+type checkpointExperts struct {
+	r          weightReader
+	prefix     string
+	dim, inter int
+	max        int
+	mu         sync.Mutex
+	cache      map[int]*moe.Expert
+	order      []int // least recently used first
+}
+
+// Expert implements moe.ExpertSource.
+func (c *checkpointExperts) Expert(e int) (*moe.Expert, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if ex, ok := c.cache[e]; ok {
+		c.touch(e)
+		return ex, nil
+	}
+	ex, err := readExpert(c.r, c.prefix, e, c.dim, c.inter)
+	if err != nil {
+		return nil, err
+	}
+	if len(c.order) >= c.max {
+		delete(c.cache, c.order[0])
+		c.order = c.order[1:]
+	}
+	c.cache[e] = ex
+	c.order = append(c.order, e)
+	return ex, nil
+}
+
+func (c *checkpointExperts) touch(e int) {
+	i := slices.Index(c.order, e)
+	c.order = append(append(c.order[:i:i], c.order[i+1:]...), e)
 }
 
 // LoadHeadWeights reads the embedding and the head (HeadWeights) with the

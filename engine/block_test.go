@@ -2,6 +2,7 @@ package engine
 
 import (
 	"bytes"
+	"fmt"
 	"math"
 	"path/filepath"
 	"slices"
@@ -222,5 +223,79 @@ func TestRunLayerSynthetic(t *testing.T) {
 	}
 	if changed < len(h.F)/2 {
 		t.Errorf("h_out differs from h_in in only %d of %d values", changed, len(h.F))
+	}
+}
+
+// TestLazyExperts: routed experts read on demand (one kept at a time) give
+// the bits of the experts read at load, on every step and layer of the
+// golden; a missing expert tensor is still an error at load.
+func TestLazyExperts(t *testing.T) {
+	st, err := dump.OpenSafetensors(filepath.Join(goldenTiny, "weights.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	cfg, _ := Preset("tiny")
+	if cfg.ExpertBytes() != 4*3*256*256/2+4*3*256*256/32 {
+		t.Errorf("ExpertBytes = %d", cfg.ExpertBytes())
+	}
+	for l := 0; l < cfg.NLayers; l++ {
+		eager, err := LoadBlockWeights(cfg, l, st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lazy, err := LoadBlockWeightsWith(cfg, l, st, BlockLoadOptions{LazyExperts: true, ExpertCache: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range lazy.MoE.Experts {
+			if e != nil {
+				t.Fatal("lazy load read an expert")
+			}
+		}
+		for P := 2; P <= 7; P++ {
+			sst, err := dump.OpenSafetensors(filepath.Join(goldenTiny, fmt.Sprintf("step_%d.safetensors", P)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			x, _, _ := sst.Float32(fmt.Sprintf("L%d.ffn_in", l))
+			ids, _, _ := sst.Int64(fmt.Sprintf("L%d.moe_indices", l))
+			w, _, _ := sst.Float32(fmt.Sprintf("L%d.moe_weights", l))
+			sst.Close()
+			idx := []int32{int32(ids[0]), int32(ids[1])}
+			a, err := eager.MoE.Combine(x, idx, w)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := lazy.MoE.Combine(x, idx, w)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(a, b) {
+				t.Fatalf("layer %d step %d: lazy experts give other bits", l, P)
+			}
+		}
+	}
+	src := st
+	var recs []dump.Record
+	for _, n := range src.Names() {
+		if strings.HasPrefix(n, "layers.1.") && n != "layers.1.ffn.experts.3.w2.scale" {
+			r, err := src.Read(n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			recs = append(recs, r)
+		}
+	}
+	var buf bytes.Buffer
+	if err := dump.WriteSafetensors(&buf, recs, nil); err != nil {
+		t.Fatal(err)
+	}
+	edited, err := dump.NewSafetensors(bytes.NewReader(buf.Bytes()), int64(buf.Len()), "edited")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadBlockWeightsWith(cfg, 1, edited, BlockLoadOptions{LazyExperts: true}); err == nil || !strings.Contains(err.Error(), "experts.3.w2.scale") {
+		t.Errorf("lazy load without an expert scale: %v", err)
 	}
 }
