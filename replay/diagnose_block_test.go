@@ -257,3 +257,37 @@ func diagnoseAt(t *testing.T, m *engine.Model, src Source, rep *Report, p int64,
 	t.Fatalf("no result for p%d L%d %s", p, l, stage)
 	return nil
 }
+
+// TestRouterNearTie: a different expert whose score + bias is within
+// routerTieRel of the k-th is a tie; a clear gap, or the same experts in
+// another order, stays a divergence.
+func TestRouterNearTie(t *testing.T) {
+	cfg, _ := engine.Preset("tiny")
+	mk := func(bias1 float32) *engine.Model {
+		g := moe.Gate{Experts: 3, TopK: 1, Dim: 1, Func: moe.Sigmoid, RouteScale: 1,
+			Weight: []float32{1, 1, 0}, Bias: []float32{0, bias1, 0}}
+		return &engine.Model{Cfg: cfg, Weights: map[int]*engine.LayerWeights{
+			1: {Block: &engine.BlockWeights{MoE: &moe.MoE{Gate: g}}}}}
+	}
+	in := map[string]engine.Tensor{"ffn_in": engine.FromF(engine.KindBF16, []float32{1}, 1)}
+	ref := engine.FromI(engine.KindI64, []int64{1}, 1)
+	gpu := engine.FromI(engine.KindI64, []int64{0}, 1)
+	for _, c := range []struct {
+		bias float32
+		want string
+	}{{1e-7, StatusTie}, {1e-2, StatusFail}} {
+		sr := StageResult{Stage: "moe_indices", Status: StatusFail}
+		routerNearTie(&sr, mk(c.bias), 1, in, ref, gpu)
+		if sr.Status != c.want {
+			t.Errorf("bias %g: status %s (%s), want %s", c.bias, sr.Status, sr.Reason, c.want)
+		}
+	}
+	// Same set, other order (k = 2): stays a divergence.
+	m := mk(1e-7)
+	m.Weights[1].Block.MoE.Gate.TopK = 2
+	sr := StageResult{Stage: "moe_indices", Status: StatusFail}
+	routerNearTie(&sr, m, 1, in, engine.FromI(engine.KindI64, []int64{1, 0}, 2), engine.FromI(engine.KindI64, []int64{0, 1}, 2))
+	if sr.Status != StatusFail {
+		t.Errorf("same experts in another order: %s", sr.Status)
+	}
+}
