@@ -138,8 +138,8 @@
 //	chained (layer 0 from the token, each layer from the chain's own h_out):
 //	  across 4 layers the FP8/FP4 activation quantisation turns last-bit drift
 //	  into cos_diff up to 5e-5 (y), 1.2e-3 (ffn_out of the last layer), 1.4e-4
-//	  (h_out), 1.1e-4 (logits); the routing (moe_indices) equals the GPU's
-//	  at every step.
+//	  (h_out), 1.1e-4 (logits); the routing (moe_indices) and the greedy
+//	  token equal the GPU's at every step (replay TestWholeModelGreedyToken).
 //
 // The tests enforce these bounds (goldenTol, propagatedTol; the golden tests
 // of packages mhc, moe, head; the replay tolerances). With RoPE tables

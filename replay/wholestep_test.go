@@ -7,6 +7,7 @@ import (
 
 	"sparsemla/dump"
 	"sparsemla/engine"
+	"sparsemla/head"
 )
 
 // TestReplayWholeStepEveryStage: on the official-v4-tiny golden (every stage
@@ -79,6 +80,43 @@ func TestReplayChainedNeedsWholeModel(t *testing.T) {
 	for _, r := range rep.Results {
 		if strings.HasPrefix(r.Stage, "hc_") || strings.HasPrefix(r.Stage, "moe_") || r.Stage == "h_mid" {
 			t.Fatalf("attention-only model compared %s", r.Stage)
+		}
+	}
+}
+
+// TestWholeModelGreedyToken: the reference run as the whole model (layer 0
+// from the embedding of the dumped token, every layer on the layer below's
+// own h_out, each carrying its own state from the prefill) picks the GPU's
+// greedy token at every decode step of the official golden.
+func TestWholeModelGreedyToken(t *testing.T) {
+	m, src := openReplayGolden(t, "official-v4-tiny")
+	st := map[int]*engine.LayerState{}
+	for _, l := range src.Layers() {
+		s, _, _, err := src.State(l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st[l], err = engine.LoadState(m.Cfg, l, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, p := range src.Steps() {
+		tok, _, _ := src.Stage(p, dump.Global, "tok")
+		var out map[string]engine.Tensor
+		for _, l := range src.Layers() {
+			seeds := map[string]engine.Tensor{engine.GlobalPrefix + "tok": tok}
+			if l > 0 {
+				seeds["h_in"] = out["h_out"]
+			}
+			ctx := &engine.StepContext{Cfg: m.Cfg, Layer: l, Pos: p, W: m.Weights[l], Rope: m.Rope[l], Head: m.Head}
+			var err error
+			if out, st[l], err = engine.RunLayer(ctx, seeds, st[l]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		gpu, _, _ := src.Stage(p, dump.Global, "logits")
+		if got, want := head.Greedy(out["logits"].F), head.Greedy(gpu.F); got != want {
+			t.Errorf("step %d: greedy token %d, the GPU's %d", p, got, want)
 		}
 	}
 }
