@@ -192,7 +192,7 @@ func LoadBlockWeightsWith(cfg *Config, layer int, st dump.WeightSource, opt Bloc
 	if layer < 0 || layer >= cfg.NLayers {
 		return nil, fmt.Errorf("engine: weights: layer %d outside the model (%d layers)", layer, cfg.NLayers)
 	}
-	if err := cfg.validateBlock(); err != nil {
+	if err := cfg.ValidateBlock(); err != nil {
 		return nil, err
 	}
 	r := weightReader{st}
@@ -383,7 +383,7 @@ func (c *checkpointExperts) touch(e int) {
 // LoadHeadWeights reads the embedding and the head (HeadWeights) with the
 // same checks as LoadBlockWeights.
 func LoadHeadWeights(cfg *Config, st dump.WeightSource) (*HeadWeights, error) {
-	if err := cfg.validateBlock(); err != nil {
+	if err := cfg.ValidateBlock(); err != nil {
 		return nil, err
 	}
 	r := weightReader{st}
@@ -419,9 +419,9 @@ func LoadHeadWeights(cfg *Config, st dump.WeightSource) (*HeadWeights, error) {
 // Gate.hash).
 func (c *Config) HashLayer(layer int) bool { return layer < c.NHashLayers }
 
-// validateBlock checks the config fields the block, the MoE and the head
+// ValidateBlock checks the config fields the block, the MoE and the head
 // read (Validate checks the attention path's).
-func (c *Config) validateBlock() error {
+func (c *Config) ValidateBlock() error {
 	switch {
 	case c.HCMult <= 0:
 		return fmt.Errorf("engine: invalid config: hc_mult = %d must be positive", c.HCMult)

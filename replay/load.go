@@ -137,9 +137,11 @@ func LoadModelWith(d *dump.Dump, src Source, opt LoadOptions) (*engine.Model, er
 		if err != nil {
 			return nil, err
 		}
-		if engine.HasBlockWeights(st, l) {
+		if engine.HasBlockWeights(st, l) && cfg.ValidateBlock() == nil {
 			// The whole layer: mHC, norms, MoE (a file with the attention
-			// path only leaves Block nil and the replay compares that part).
+			// path only, or a model whose MoE the reference does not
+			// implement — bf16 experts, an inter dim that is not a multiple
+			// of 128 — leaves Block nil and the replay compares that part).
 			if lw.Block, err = engine.LoadBlockWeightsWith(cfg, l, st, engine.BlockLoadOptions{LazyExperts: lazy}); err != nil {
 				return nil, err
 			}
@@ -157,7 +159,7 @@ func LoadModelWith(d *dump.Dump, src Source, opt LoadOptions) (*engine.Model, er
 			m.Rope[l] = engine.LayerRope(cfg, l, T)
 		}
 	}
-	if engine.HasHeadWeights(st) {
+	if engine.HasHeadWeights(st) && cfg.ValidateBlock() == nil {
 		if m.Head, err = engine.LoadHeadWeights(cfg, st); err != nil {
 			return nil, err
 		}
