@@ -1,5 +1,6 @@
-// Package engine is the DeepSeek-V4 reference model: the attention sub-layer's
-// config, weights and state, and one decode step as a graph of named stage
+// Package engine is the DeepSeek-V4 reference model: the config, the weights
+// and state of each layer, and one decode step of a layer — hyper-connections,
+// attention, MoE, and on the last layer the head — as a graph of named stage
 // tensors. It runs that step on plain reference loops or on prepared fast
 // kernels with the same bits, and knows nothing of replays, reports,
 // tolerances or faults (packages replay and fault build on it).
@@ -29,6 +30,24 @@
 //	  [→ cmp_pooled → cmp_normed → cmp_roped → cmp_row]  at emitting steps
 //	kv_cache → o → o_inv → u → y                         cache write, sparse attention, output
 //
+// BlockStages wraps them into the whole layer when its LayerWeights carry
+// Block (BlockWeights: hc_attn_* / hc_ffn_*, attn_norm / ffn_norm, the MoE;
+// packages mhc and moe hold the arithmetic) — the official Block.forward:
+//
+//	[h_in]                                               layer 0: Expand(embed[tok]) (HeadWeights.Embed)
+//	hc_attn_mixes → hc_attn_pre/post/comb → attn_norm_in → x     hc_pre, attn_norm
+//	… the stages above … y
+//	h_mid                                                hc_post: post·y + comb-mixed h_in
+//	hc_ffn_mixes → hc_ffn_pre/post/comb → ffn_norm_in → ffn_in   hc_pre, ffn_norm
+//	moe_indices → moe_weights → ffn_out                  router (top-k or tid2eid), experts
+//	h_out                                                hc_post; the next layer's h_in
+//	[logits]                                             last layer: hc_head, norm, head (HeadWeights.Head)
+//
+// Inputs named GlobalPrefix+"tok" are the step's token id (a value of no
+// layer); logits is a Global stage (dumped at no layer). RunLayer chains the
+// whole layer from h_in (and the token) as RunStep chains the attention part
+// from x.
+//
 // The names are the key suffixes of the golden GPU dumps. Two ways to run them
 // (package replay does both against a dump):
 //
@@ -48,9 +67,11 @@
 //
 // A Model is what a decode step needs besides its inputs: the Config, the
 // LayerWeights of each layer and each layer's RoPE table (RopeTable; LayerRope
-// computes one, spec §3.6). Weights load from safetensors files in the
-// checkpoint's layout (LoadLayerWeights, LoadLayerWeightsPrepared, from a
-// dump.Safetensors); LayerWeightRecords writes them back as records under the
+// computes one, spec §3.6), and the embedding and head (HeadWeights). Weights
+// load from safetensors files in the checkpoint's layout (LoadLayerWeights,
+// LoadLayerWeightsPrepared; LoadBlockWeights, LoadHeadWeights for the rest of
+// the model, HasBlockWeights / HasHeadWeights say whether a file has them; from
+// a dump.Safetensors); LayerWeightRecords writes them back as records under the
 // official names. TensorFromRecord, TensorRecord and RecordLike convert
 // between dump records and Tensors.
 //
@@ -99,7 +120,29 @@
 //	  kv, cmp_row, icmp_row, icache and kv_cache stay 100 % bit-exact, and the
 //	  index sets equal the GPU's up to ties.
 //
-// The tests enforce these bounds (goldenTol, propagatedTol). With RoPE tables
+// The whole layer (official-v4-tiny, every step and layer; gpu-v4-tiny-long
+// dumps only h_in, hc_attn_*, attn_norm_in, x and y of the block; go test
+// ./mhc ./moe ./head -v, and the replays' JSON):
+//
+//	teacher-forced: 100 % bit-exact for h_in (layer 0: the embedding; layers
+//	  1-3: = h_out below), attn_norm_in, x, h_mid, ffn_norm_in, ffn_in,
+//	  moe_indices, ffn_out (FP4 routed + FP8 shared experts, also from the
+//	  reference's own route), h_out; and
+//	    hc_*_pre, hc_*_post      83-93 % exact, max 2 fp32 ulps (CUDA expf)
+//	    hc_*_comb                28-33 % exact, max 8 fp32 ulps (20 Sinkhorn iterations carry expf's bits)
+//	    hc_*_mixes               ~2 % exact, max |Δ| 6.9e-6, ≤ 5.7 u·ρ·Σ|terms| (cuBLAS fp32 GEMM order)
+//	    moe_weights              69 % exact, max 2 fp32 ulps (gate GEMV order, expf/log1pf)
+//	    logits                   29 % exact, max |Δ| 9.5e-7 of |logits| ≤ 3.8 (fp32 head GEMV); greedy token equal
+//	propagated (RunLayer from each layer's dumped h_in): attn_norm_in, x,
+//	  h_mid, h_out 99.97-99.996 % exact, max 1-2 bf16 ulps; the rest as above.
+//	chained (layer 0 from the token, each layer from the chain's own h_out):
+//	  across 4 layers the FP8/FP4 activation quantisation turns last-bit drift
+//	  into cos_diff up to 5e-5 (y), 1.2e-3 (ffn_out of the last layer), 1.4e-4
+//	  (h_out), 1.1e-4 (logits); the routing (moe_indices) and the greedy
+//	  token equal the GPU's at every step (replay TestWholeModelGreedyToken).
+//
+// The tests enforce these bounds (goldenTol, propagatedTol; the golden tests
+// of packages mhc, moe, head; the replay tolerances). With RoPE tables
 // computed on the CPU instead of the GPU's own, 15842 of 65536 (cos, sin)
 // entries differ (CUDA pow/cos/sin are not correctly rounded), but no rotated
 // value at the golden's positions changes; allow 1 ulp on rotated stages.

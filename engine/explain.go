@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"sparsemla/attention"
+	"sparsemla/head"
 )
 
 // explainSections groups the stages into the parts of the algorithm, each with
@@ -15,6 +16,10 @@ var explainSections = []struct {
 	title, why string
 	match      func(stage string) bool
 }{
+	{"Hyper-connections in (attention side)", "the layer carries hc_mult = 4 residual streams h; hc_pre reads them: 24 mixes from the fp32 RMS-scaled streams, split into pre (sigmoid + eps), post (2·sigmoid) and comb (row softmax, then Sinkhorn: rows and columns normalised hc_sinkhorn_iters times), and the streams collapsed to one bf16 vector by pre, then attn_norm.",
+		func(s string) bool {
+			return s == "h_in" || strings.HasPrefix(s, "hc_attn_") || s == "attn_norm_in" || s == "x"
+		}},
 	{"Query", "low-rank query: x → wq_a → q_norm → wq_b, then every 512-d head is divided by its RMS (V4 only, each op rounded to bf16) and its last 64 dims rotated to position p.",
 		func(s string) bool { return s == "q_a" || s == "cq" || s == "q_b" || s == "q_pe_prerope" || s == "q" }},
 	{"Window K (= V) of the new token", "one 512-d latent per token serves as key AND value (MQA, one KV head); dims 0..447 are snapped to the FP8 grid (FQ8, blocks of 64, power-of-two scales) as QAT trained them, the 64 rope dims stay bf16.",
@@ -35,24 +40,53 @@ var explainSections = []struct {
 		func(s string) bool { return s == "o" || s == "o_inv" }},
 	{"Output projection", "grouped low rank: heads are split into o_groups groups, each projected by its block of wo_a (bf16 GEMM) to o_lora_rank dims, then wo_b (FP8) maps all groups back to dim.",
 		func(s string) bool { return s == "u" || s == "y" }},
+	{"Hyper-connections out (attention side)", "hc_post writes the sub-layer output back: stream j becomes post_j · y plus Σ_k comb[k][j] · h_k (fp32, bf16 out) — the residual connection, mixed across the streams.",
+		func(s string) bool { return s == "h_mid" }},
+	{"Hyper-connections in (FFN side)", "the same hc_pre with the FFN's own hc_ffn_* parameters, then ffn_norm.",
+		func(s string) bool { return strings.HasPrefix(s, "hc_ffn_") || s == "ffn_norm_in" || s == "ffn_in" }},
+	{"Router", "the gate scores every routed expert, sqrt(softplus(W_g · ffn_in)) in fp32; a bias shifts the scores for the choice only; the first n_hash_layers layers take their experts from tid2eid[token] instead; the chosen scores are normalised to sum 1 and scaled by route_scale.",
+		func(s string) bool { return strings.HasPrefix(s, "moe_") }},
+	{"Experts", "each chosen expert is a SwiGLU with FP4 weights (E2M1 codes, a UE8M0 scale per 32) on the FP8-quantised input, up clamped to ±swiglu_limit and gate from above, weighted; the shared FP8 expert (no clamp) is added; the sum is fp32, in expert-id order, bf16 out.",
+		func(s string) bool { return s == "ffn_out" }},
+	{"Hyper-connections out (FFN side)", "hc_post again, with the FFN's post and comb: h_out, the next layer's h_in.",
+		func(s string) bool { return s == "h_out" }},
+	{"Head (last layer)", "hc_head collapses the last streams (sigmoid weights, no Sinkhorn), the final norm, then fp32 logits over the vocabulary; the greedy token is their argmax.",
+		func(s string) bool { return s == "logits" }},
 }
 
 // Explain writes the teaching view of one decode step of layer l at position
-// p of the model cfg (preset name): every stage of Stages in spec order with
-// its equation, shape, dtype and the first nvals values and RMS, grouped into
-// the parts of the algorithm with the sentence that says why each exists.
-// Weights, the state of tokens 0 … p−1 and x are synthetic
-// (RandomLayerWeights, SyntheticState, SyntheticInput with seed); the
-// arithmetic is the reference's. It is what 'sparsemla explain' prints.
+// p of the model cfg (preset name): every stage of the whole layer
+// (BlockStages: hc_pre, attention, hc_post, hc_pre, MoE, hc_post, and the head
+// on the last layer) in model order with its equation, shape, dtype and the
+// first nvals values and RMS, grouped into the parts of the algorithm with the
+// sentence that says why each exists. Weights, the state of tokens 0 … p−1,
+// the token and the layer input are synthetic (RandomLayerWeights,
+// RandomBlockWeights, RandomEmbedding, RandomHead, SyntheticState,
+// SyntheticInput with seed); the arithmetic is the reference's. It is what
+// 'sparsemla explain' prints.
 func Explain(w io.Writer, cfg *Config, name string, l int, p int64, seed uint64, nvals int) error {
 	r := cfg.Ratio(l)
 	rope := LayerRope(cfg, l, int(p)+1)
 	W := RandomLayerWeights(cfg, l, seed)
 	st := SyntheticState(cfg, W, rope, p, seed)
-	x := SyntheticInput(cfg, p, seed)
-	ctx := &StepContext{Cfg: cfg, Layer: l, Pos: p, W: W, Rope: rope}
+	W.Block = RandomBlockWeights(cfg, l, seed)
+	hw := &HeadWeights{Embed: RandomEmbedding(cfg, seed)}
+	if l == cfg.NLayers-1 && int64(cfg.VocabSize)*int64(cfg.Dim) <= explainMaxHead {
+		hw.Head = RandomHead(cfg, seed)
+	}
+	ctx := &StepContext{Cfg: cfg, Layer: l, Pos: p, W: W, Rope: rope, Head: hw}
+	// The layer's input: the embedding of a token on layer 0, else four
+	// synthetic bf16 streams.
+	tok := FromI(KindI64, []int64{int64(seed % uint64(cfg.VocabSize))}, 1)
+	var hIn Tensor
+	if l > 0 {
+		hIn = NewF(KindBF16, cfg.HCMult, cfg.Dim)
+		for j := 0; j < cfg.HCMult; j++ {
+			copy(hIn.F[j*cfg.Dim:], SyntheticInput(cfg, p, seed+uint64(j)).F)
+		}
+	}
 
-	fmt.Fprintf(w, "sparsemla explain: one decode step of one DeepSeek-V4 attention layer, in the order of model.py\n\n")
+	fmt.Fprintf(w, "sparsemla explain: one decode step of one DeepSeek-V4 layer (hyper-connections, attention, MoE), in the order of model.py\n\n")
 	if diff := PolicyDiff(cfg, l, p); len(diff) > 0 {
 		ck := "FP8"
 		if cfg.BF16Checkpoint() {
@@ -95,18 +129,27 @@ func Explain(w io.Writer, cfg *Config, name string, l int, p int64, seed uint64,
 			fmt.Fprintf(w, "\n  no row completes here: the next one appears at p = %d", attention.EmissionPos(attention.VisibleRows(p, r), r))
 		}
 	}
-	fmt.Fprintf(w, "\nsynthetic: weights, the %d earlier tokens' state and x (seed %d); dims and arithmetic are the model's\n", p, seed)
+	fmt.Fprintf(w, "\nresidual: %d streams (mHC); MoE: %d routed FP4 experts, %d per token (%s), + 1 shared FP8 expert, inter dim %d",
+		cfg.HCMult, cfg.NRoutedExperts, cfg.NActivatedExperts, cfg.ScoreFunc, cfg.MoEInterDim)
+	if cfg.HashLayer(l) {
+		fmt.Fprintf(w, "; this layer routes by token id (hash, layer < n_hash_layers = %d)", cfg.NHashLayers)
+	}
+	fmt.Fprintf(w, "\nsynthetic: weights, the %d earlier tokens' state and the layer input (seed %d); dims and arithmetic are the model's\n", p, seed)
 
 	fmt.Fprintf(w, "\n%-16s %-4s %-10s %s\n", "stage", "type", "shape", "equation / first values and RMS")
-	fmt.Fprintf(w, "%-16s %-4s %-10s %s\n", "x", x.Kind, shapeStr(x.Shape), "attention input = attn_norm(hc_pre(h)), bf16")
-	fmt.Fprintf(w, "%-16s %-4s %-10s %s\n", "", "", "", valuesStr(x, 0, nvals))
-
-	avail := map[string]Tensor{"x": x}
+	fmt.Fprintf(w, "%-16s %-4s %-10s %s\n", "tok", tok.Kind, shapeStr(tok.Shape), "token id fed at this step (synthetic)")
+	fmt.Fprintf(w, "%-16s %-4s %-10s %s\n", "", "", "", valuesStr(tok, 0, nvals))
+	avail := map[string]Tensor{GlobalPrefix + "tok": tok}
+	if l > 0 {
+		fmt.Fprintf(w, "%-16s %-4s %-10s %s\n", "h_in", hIn.Kind, shapeStr(hIn.Shape), "layer input: the streams h_out of layer "+fmt.Sprint(l-1)+" (synthetic)")
+		fmt.Fprintf(w, "%-16s %-4s %-10s %s\n", "", "", "", valuesStr(hIn, 0, nvals))
+		avail["h_in"] = hIn
+	}
 	for n, t := range st.StateTensors() {
 		avail[PrevPrefix+n] = t
 	}
 	section := -1
-	for _, def := range Stages(cfg, l, p) {
+	for _, def := range BlockStages(cfg, l, p, W, hw) {
 		for i, s := range explainSections {
 			if s.match(def.Name) {
 				if i != section {
@@ -128,9 +171,19 @@ func Explain(w io.Writer, cfg *Config, name string, l int, p int64, seed uint64,
 		fmt.Fprintf(w, "%-16s %-4s %-10s %s\n", def.Name, t.Kind, shapeStr(t.Shape), def.Equation)
 		fmt.Fprintf(w, "%-16s %-4s %-10s %s\n", "", "", "", stageValues(def.Name, t, nvals, cfg.WindowSize))
 	}
-	fmt.Fprintf(w, "\ny (bf16 [%d]) goes to hc_post, which mixes it back into the 4 residual streams.\n", cfg.Dim)
+	if lg, ok := avail["logits"]; ok {
+		fmt.Fprintf(w, "\ngreedy token: %d (argmax of the logits)\n", head.Greedy(lg.F))
+	} else if l == cfg.NLayers-1 {
+		fmt.Fprintf(w, "\nh_out goes to the head (not shown: a synthetic %d × %d head table is too large here).\n", cfg.VocabSize, cfg.Dim)
+	} else {
+		fmt.Fprintf(w, "\nh_out (bf16 [%d, %d]) is layer %d's input h_in.\n", cfg.HCMult, cfg.Dim, l+1)
+	}
 	return nil
 }
+
+// explainMaxHead is the largest vocab × dim head explain synthesises (the
+// tiny preset's is 131072; V4-Flash's 530 M would take 2 GiB).
+const explainMaxHead = 1 << 24
 
 func shapeStr(s []int) string {
 	p := make([]string, len(s))

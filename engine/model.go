@@ -8,6 +8,9 @@ type Model struct {
 	Cfg     *Config
 	Weights map[int]*LayerWeights
 	Rope    map[int]*RopeTable
+	// Head holds the embedding and the head (LoadHeadWeights); nil when the
+	// weights have none: h_in of layer 0 and the logits are then not computed.
+	Head *HeadWeights
 	// GPURope says the tables are the GPU's own (read from a dump), not
 	// computed by LayerRope; package replay then holds RoPE stages to their
 	// exact tolerance instead of one bf16 ulp.

@@ -18,6 +18,7 @@ type StepContext struct {
 	Pos   int64         // p, absolute position of the decoded token (p > 0)
 	W     *LayerWeights // attention-path weights of this layer
 	Rope  *RopeTable    // this layer's cos/sin table (the GPU's own when a dump carries one)
+	Head  *HeadWeights  // embedding and head (nil: none; h_in of layer 0 and logits are then not computed)
 }
 
 // Check validates the context once before a step: the layer exists, the
@@ -53,6 +54,9 @@ type StageDef struct {
 	Inputs   []string // stages it reads: same-step names ("cq"), or "prev:<name>" for the value after the previous step / the start state
 	Equation string   // one line, e.g. "q_a = FP8Lin(wq_a, x)", for explain and reports
 	Compute  func(ctx *StepContext, in map[string]Tensor) (Tensor, error)
+	// Global says the stage's dumped value belongs to no layer (logits, at
+	// dump layer Global); it is computed, and reported, with its layer.
+	Global bool
 }
 
 // PrevPrefix marks an input read from the state before the step ("prev:kv_cache").
@@ -207,18 +211,42 @@ type StageHook func(def StageDef, in map[string]Tensor, t Tensor) (Tensor, error
 // propagated replay compares each stage with the dump there, and follows the
 // GPU's selection where it is a legal top-k tie choice.
 func RunStepHooked(ctx *StepContext, x Tensor, st *LayerState, hook StageHook) (map[string]Tensor, *LayerState, error) {
+	return runDefs(ctx, Stages(ctx.Cfg, ctx.Layer, ctx.Pos), map[string]Tensor{"x": x}, st, hook)
+}
+
+// RunLayer is RunStep for the whole layer (BlockStages): from seeds — h_in
+// (bf16 [hc, dim]) and the token (GlobalPrefix+"tok", i64 [1]); on layer 0
+// with head weights the token alone, h_in being its embedding — and the
+// state before the step it chains every stage on the reference's own
+// outputs up to h_out (and the logits on the last layer when ctx.Head is
+// set). st is not modified.
+func RunLayer(ctx *StepContext, seeds map[string]Tensor, st *LayerState) (map[string]Tensor, *LayerState, error) {
+	return RunLayerHooked(ctx, seeds, st, nil)
+}
+
+// RunLayerHooked is RunLayer with a hook after each stage (nil: none).
+func RunLayerHooked(ctx *StepContext, seeds map[string]Tensor, st *LayerState, hook StageHook) (map[string]Tensor, *LayerState, error) {
+	return runDefs(ctx, BlockStages(ctx.Cfg, ctx.Layer, ctx.Pos, ctx.W, ctx.Head), seeds, st, hook)
+}
+
+// runDefs chains the stages defs from the seed values and the state before
+// the step (the "prev:<state>" inputs).
+func runDefs(ctx *StepContext, defs []StageDef, seeds map[string]Tensor, st *LayerState, hook StageHook) (map[string]Tensor, *LayerState, error) {
 	if err := ctx.Check(); err != nil {
 		return nil, nil, err
 	}
 	if st.Next != 0 && st.Next != ctx.Pos {
 		return nil, nil, fmt.Errorf("engine: layer %d: the state is at position %d, the step decodes position %d", ctx.Layer, st.Next, ctx.Pos)
 	}
-	avail := map[string]Tensor{"x": x}
+	avail := make(map[string]Tensor, len(seeds))
+	for name, t := range seeds {
+		avail[name] = t
+	}
 	for name, t := range st.StateTensors() {
 		avail[PrevPrefix+name] = t
 	}
 	out := make(map[string]Tensor)
-	for _, def := range Stages(ctx.Cfg, ctx.Layer, ctx.Pos) {
+	for _, def := range defs {
 		in := make(map[string]Tensor, len(def.Inputs))
 		for _, name := range def.Inputs {
 			t, ok := avail[name]

@@ -42,6 +42,10 @@ type LayerWeights struct {
 	AttnSink           []float32
 	Compressor         *attention.Compressor // nil for r = 0
 	Indexer            *indexer.Indexer      // nil unless r = 4
+	// Block holds the parameters around the attention sub-layer (mHC, the
+	// norms, the MoE; LoadBlockWeights); nil when the weights file holds the
+	// attention path only (BlockStages is then Stages).
+	Block *BlockWeights
 
 	// Fast, when set (PrepareLayer, Model.PrepareFast), holds packed copies
 	// of these weights and makes the stage computations run the fast kernels,

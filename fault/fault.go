@@ -54,8 +54,13 @@ type Copy struct {
 //     directly or through other stages, is recomputed with the reference
 //     from the changed values (a local replay recomputes each stage from the
 //     dump's own inputs, so the first divergence is exactly the injected
-//     stage and every later stage agrees); stages upstream of the fault and
-//     stages that read no changed value keep their dumped bytes;
+//     stage and every later stage agrees); with the whole layer's weights
+//     this includes the block stages after it (h_mid … h_out, and the
+//     logits on the last layer: engine.BlockStages); stages upstream of the
+//     fault and stages that read no changed value keep their dumped bytes.
+//     The layers above keep theirs too, so where the layer's h_out changed,
+//     the next layer's dumped h_in no longer equals it and a local replay's
+//     check of that link fails as well (after the fault's own stage);
 //   - when the fault lives in the cache (kv, kv_cache), later steps of the
 //     layer carry it: their kv_cache is recomputed from the faulty one, and
 //     across steps the dump does not hold (a state-only step, a gap) the

@@ -108,6 +108,8 @@ func kindApplies(cfg *engine.Config, kind Kind, l int) bool {
 		return r == 4
 	case CompressorLate:
 		return r > 0
+	case RouterBias:
+		return !cfg.HashLayer(l) // hash layers have no selection bias
 	}
 	return true
 }
@@ -115,6 +117,9 @@ func kindApplies(cfg *engine.Config, kind Kind, l int) bool {
 // matrixCell injects kind at layer l of source s at the first step where it
 // is visible and checks the cell; false when the source has no such step.
 func matrixCell(t *testing.T, cfg *engine.Config, s matrixSource, kind Kind, l int) bool {
+	if s.golden == "" && (Fault{Kind: kind}).NeedsBlock() {
+		return false // synthetic models hold the attention path only
+	}
 	var steps []int64
 	if s.golden != "" {
 		_, src, _ := openFaultInput(t, s.golden)

@@ -48,6 +48,9 @@ func planFault(d *dump.Dump, src *replay.DumpSource, m *engine.Model, opt Option
 	if err := f.Check(m.Cfg, steps[0], steps[len(steps)-1]); err != nil {
 		return nil, err
 	}
+	if f.NeedsBlock() && (m.Weights[f.Layer] == nil || m.Weights[f.Layer].Block == nil) {
+		return nil, fmt.Errorf("fault %s: needs the whole layer's weights (hyper-connections, MoE); the weights of layer %d hold the attention path only", f, f.Layer)
+	}
 	if !containsStep(steps, f.Step) {
 		return nil, fmt.Errorf("fault %s: step %d is not a dumped decode step (dumped: %s)", f, f.Step, replay.StepList(steps))
 	}
@@ -154,7 +157,7 @@ func (pl *faultPlan) prevInput(p int64, name string) (t engine.Tensor, ok, chang
 // at its stage, the reference for every stage reading a changed value.
 func (pl *faultPlan) fullStep(p int64) error {
 	cfg, l := pl.cfg, pl.layer
-	ctx := &engine.StepContext{Cfg: cfg, Layer: l, Pos: p, W: pl.m.Weights[l], Rope: pl.m.Rope[l]}
+	ctx := &engine.StepContext{Cfg: cfg, Layer: l, Pos: p, W: pl.m.Weights[l], Rope: pl.m.Rope[l], Head: pl.m.Head}
 	if err := ctx.Check(); err != nil {
 		return fmt.Errorf("fault %s: step %d: %w", pl.f, p, err)
 	}
@@ -166,7 +169,11 @@ func (pl *faultPlan) fullStep(p int64) error {
 			return err
 		}
 	}
-	for _, def := range engine.Stages(cfg, l, p) {
+	// The whole layer when its weights hold it: the block stages after a
+	// fault are recomputed from the faulty values as well (h_mid … h_out,
+	// and the logits on the last layer).
+	defs := engine.BlockStages(cfg, l, p, pl.m.Weights[l], pl.m.Head)
+	for _, def := range defs {
 		in := make(map[string]engine.Tensor, len(def.Inputs))
 		fromChanged, missing := false, false
 		for _, name := range def.Inputs {
@@ -186,7 +193,11 @@ func (pl *faultPlan) fullStep(p int64) error {
 				in[name], fromChanged = t, true
 				continue
 			}
-			t, ok, err := pl.src.Stage(p, l, name)
+			inLayer, inName := l, name
+			if base, ok := strings.CutPrefix(name, engine.GlobalPrefix); ok {
+				inLayer, inName = dump.Global, base // the token
+			}
+			t, ok, err := pl.src.Stage(p, inLayer, inName)
 			if err != nil {
 				return err
 			}
@@ -198,7 +209,11 @@ func (pl *faultPlan) fullStep(p int64) error {
 			}
 			in[name] = t
 		}
-		gpu, dumped, err := pl.src.Stage(p, l, def.Name)
+		defLayer := l
+		if def.Global {
+			defLayer = dump.Global
+		}
+		gpu, dumped, err := pl.src.Stage(p, defLayer, def.Name)
 		if err != nil {
 			return err
 		}
@@ -248,9 +263,17 @@ func (pl *faultPlan) fullStep(p int64) error {
 	if err := pl.splitPartials(p, changed); err != nil {
 		return err
 	}
+	global := map[string]bool{}
+	for _, def := range defs {
+		global[def.Name] = def.Global
+	}
 	for name, t := range changed {
-		if _, ok, _ := pl.src.Stage(p, l, name); ok {
-			pl.patch[replay.StageKey{Step: p, Layer: l, Stage: name}] = t
+		layer := l
+		if global[name] {
+			layer = dump.Global // logits
+		}
+		if _, ok, _ := pl.src.Stage(p, layer, name); ok {
+			pl.patch[replay.StageKey{Step: p, Layer: layer, Stage: name}] = t
 		}
 	}
 	pl.endStep(p, changed)

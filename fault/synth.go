@@ -50,11 +50,34 @@ const (
 	// padding first (the V4.1 layout, spec §11 item 9) in a V4 model; steps
 	// p < W-1 only (later windows have no padding).
 	WindowOrder Kind = "window-order"
+	// ExpertNibble: the routed experts' FP4 GEMM reads the even column of
+	// each packed byte from the HIGH nibble (float4_e2m1fn_x2 keeps it in the
+	// low one): ffn_out is computed with every routed weight's nibbles
+	// swapped. Needs the whole layer's weights.
+	ExpertNibble Kind = "expert-nibble"
+	// RouterBias: the router ranks the experts by their scores without the
+	// selection bias (gate.bias), so moe_indices is top-k of the plain
+	// scores. Score layers only (not the first n_hash_layers); refused where
+	// the bias does not change the choice. Needs the whole layer's weights.
+	RouterBias Kind = "router-bias"
+	// HCPostTransposed: the attention-side hc_post mixes the residual
+	// streams with comb transposed (out_j = post_j·y + Σ_k comb[j][k]·h_k):
+	// h_mid. Needs the whole layer's weights.
+	HCPostTransposed Kind = "hc-post-transposed"
 )
 
 // Kinds lists every injectable fault.
 func Kinds() []Kind {
-	return []Kind{SplitKMerge, WrongLSE, FP8Scale, ScaleByte, TopKOffByOne, StalePrefix, CompressorLate, WindowOrder}
+	return []Kind{SplitKMerge, WrongLSE, FP8Scale, ScaleByte, TopKOffByOne, StalePrefix, CompressorLate, WindowOrder,
+		ExpertNibble, RouterBias, HCPostTransposed}
+}
+
+// NeedsBlock reports whether the fault lives around the attention sub-layer
+// (hyper-connections, MoE): it needs a model with the whole layer's weights
+// (a dump of the official layout with its weights), which synthetic models
+// do not have.
+func (f Fault) NeedsBlock() bool {
+	return f.Kind == ExpertNibble || f.Kind == RouterBias || f.Kind == HCPostTransposed
 }
 
 // Fault is one injected fault at decode step Step, layer Layer.
@@ -106,6 +129,12 @@ func (f Fault) Stage() string {
 		return "index_topk"
 	case WindowOrder:
 		return "topk_idxs"
+	case ExpertNibble:
+		return "ffn_out"
+	case RouterBias:
+		return "moe_indices"
+	case HCPostTransposed:
+		return "h_mid"
 	}
 	return "kv_cache"
 }
@@ -123,6 +152,12 @@ func (f Fault) Diagnosis() string {
 		return replay.KindPrefix
 	case WindowOrder:
 		return replay.KindIndexList
+	case ExpertNibble:
+		return replay.KindExperts
+	case RouterBias:
+		return replay.KindRouter
+	case HCPostTransposed:
+		return replay.KindHyperConn
 	}
 	return replay.KindCompressor
 }
@@ -159,6 +194,10 @@ func (f Fault) Check(cfg *engine.Config, first, last int64) error {
 	case WindowOrder:
 		if f.Step >= int64(cfg.WindowSize-1) {
 			return fmt.Errorf("fault %s: the window list has no -1 padding at step >= %d", f, cfg.WindowSize-1)
+		}
+	case RouterBias:
+		if cfg.HashLayer(f.Layer) {
+			return fmt.Errorf("fault %s: layer %d routes by token id (hash, layer < n_hash_layers = %d): it has no selection bias", f, f.Layer, cfg.NHashLayers)
 		}
 	}
 	return nil
@@ -228,6 +267,9 @@ func Synthesize(opt SynthOptions) (*Synth, error) {
 		return nil, fmt.Errorf("synth: %d positions exceed max_seq_len %d", last+1, cfg.MaxSeqLen)
 	}
 	if opt.Fault != nil {
+		if opt.Fault.NeedsBlock() {
+			return nil, fmt.Errorf("fault %s: needs the whole layer (hyper-connections, MoE); synthetic models hold the attention path only: inject it into a copy of a dump of the official layout (fault --in)", *opt.Fault)
+		}
 		if err := opt.Fault.Check(cfg, first, last); err != nil {
 			return nil, err
 		}
@@ -565,6 +607,8 @@ func (j *faultInjector) corrupt(ctx *engine.StepContext, out engine.Tensor, in m
 		}
 		copy(bad.I, append(pad, valid...))
 		return bad, nil
+	case ExpertNibble, RouterBias, HCPostTransposed:
+		return corruptBlock(ctx, j.fault, out, in)
 	case CompressorLate:
 		e := attention.EmittedRow(j.fault.Step, cfg.Ratio(j.fault.Layer))
 		row := bad.F[(W+e)*D : (W+e+1)*D]

@@ -92,6 +92,13 @@ func TestSynthFaultsFound(t *testing.T) {
 		perKind = 1
 	}
 	for _, kind := range Kinds() {
+		if (Fault{Kind: kind}).NeedsBlock() {
+			// Synthetic models hold the attention path only.
+			if _, err := Synthesize(SynthOptions{Prefill: prefill, Steps: steps, Fault: &Fault{Kind: kind, Step: first, Layer: 1}}); err == nil || !strings.Contains(err.Error(), "whole layer") {
+				t.Errorf("%s: Synthesize accepted a fault of the whole layer: %v", kind, err)
+			}
+			continue
+		}
 		pos := faultPositions(cfg, kind, first, last)
 		if len(pos) == 0 {
 			t.Fatalf("%s: no valid position in steps %d..%d", kind, first, last)

@@ -49,7 +49,7 @@ func (pl *faultPlan) write(out io.Writer, path, wpath string) (records, pages in
 			return fail(err)
 		}
 		buf = rec.Data[:0]
-		if e.Kind == dump.KindStage && e.Request == pl.src.Request && e.Layer == pl.layer {
+		if e.Kind == dump.KindStage && e.Request == pl.src.Request && (e.Layer == pl.layer || e.Layer == dump.Global) {
 			k := replay.StageKey{Step: int64(e.Step), Layer: e.Layer, Stage: e.Stage}
 			if pl.drop[k] {
 				continue

@@ -98,6 +98,10 @@ func Diagnose(d DiagnoseInput) *Divergence {
 	case "topk_idxs":
 		diagnoseIndexList(d, div)
 	default:
+		if blockKind(sr.Stage, sr.Layer) != "" {
+			diagnoseBlock(d, div) // hyper-connections, router, experts, head
+			return div
+		}
 		div.Kind = stageKind(sr.Stage)
 		div.Why = fmt.Sprintf("%s; %s, so %s itself differs (%s)", sr.Reason, inputsPhrase(sr.Inputs), sr.Stage, orEq(sr.Equation))
 	}
@@ -129,6 +133,9 @@ func orEq(eq string) string {
 
 // stageKind is the diagnosis kind a stage belongs to by default.
 func stageKind(stage string) string {
+	if k := blockKind(stage, 0); k != "" {
+		return k
+	}
 	switch {
 	case stage == "o" || stage == "lse":
 		return KindAttention
@@ -155,10 +162,10 @@ func upstreamInput(d DiagnoseInput) string {
 			return fmt.Sprintf("its input %s (%s) was already out of tolerance", in.Name, in.From)
 		}
 	}
-	if d.Mode != Propagated {
+	if d.Mode == Local {
 		return ""
 	}
-	// Propagated: compare the reference's own inputs with the dumped ones.
+	// Propagated, chained: compare the reference's own inputs with the dumped ones.
 	tol := d.Tol
 	if tol == nil {
 		tol = PropagatedTolerance()

@@ -50,20 +50,43 @@ func Diff(ctx context.Context, cfg *engine.Config, m *engine.Model, a, b Source,
 			if err := ctx.Err(); err != nil {
 				return nil, err
 			}
-			names := []string{"x"}
-			defs := map[string]engine.StageDef{}
+			// Every stage of the whole layer (the block stages are compared
+			// where either dump holds them); the referee computes a stage
+			// when the model has its weights.
+			attn := map[string]bool{"x": true}
 			for _, d := range engine.Stages(cfg, l, p) {
-				names = append(names, d.Name)
-				defs[d.Name] = d
+				attn[d.Name] = true
 			}
+			names := engine.WholeStageNames(cfg, l, p)
+			if l > 0 {
+				names = append([]string{"h_in"}, names...)
+			}
+			defs := map[string]engine.StageDef{}
+			if m != nil && m.Weights[l] != nil {
+				for _, d := range engine.BlockStages(cfg, l, p, m.Weights[l], m.Head) {
+					defs[d.Name] = d
+				}
+			} else {
+				for _, d := range engine.Stages(cfg, l, p) {
+					defs[d.Name] = d
+				}
+			}
+			global := map[string]bool{"logits": true}
 			for _, name := range names {
-				ta, okA, err := a.Stage(p, l, name)
+				layer := l
+				if global[name] {
+					layer = dump.Global
+				}
+				ta, okA, err := a.Stage(p, layer, name)
 				if err != nil {
 					return nil, err
 				}
-				tb, okB, err := b.Stage(p, l, name)
+				tb, okB, err := b.Stage(p, layer, name)
 				if err != nil {
 					return nil, err
+				}
+				if !okA && !okB && !attn[name] {
+					continue // a block stage neither dump holds
 				}
 				sr := StageResult{Step: p, Layer: l, Stage: name, Equation: defs[name].Equation, Inputs: []InputInfo{}}
 				if !okA || !okB {

@@ -30,7 +30,11 @@
 // Local mode (teacher-forced, the default) computes each stage from the
 // dump's own values of its inputs, so an error is charged to the stage that
 // made it; Propagated mode chains the reference's own values from each
-// layer's dumped x (engine.RunStepHooked), to show how an error grows.
+// layer's dumped x (engine.RunStepHooked) — or, with the whole layer's
+// weights, from its dumped h_in through hyper-connections, attention and MoE
+// (engine.RunLayerHooked) — to show how an error grows; Chained mode runs the
+// whole model end to end, layer 0 from the embedding of the dumped token and
+// each later layer from the chain's own h_out below it, up to the logits.
 // Bisect finds the first diverging step of a long dump: a binary search with
 // few probes (a local replay of one step plus a check of the cache it
 // leaves) for a persistent divergence, then a replay of the unprobed steps
@@ -47,8 +51,10 @@
 // judged against the reference's own scores), FP8 cache scales, compressor,
 // index list, cache write, prefix cache (only with a recorded hit), KV cache,
 // RoPE table (the GPU's own table against the config's, stage rope_table),
-// upstream, NaN/inf; and the stage's hypotheses (package attribute) name the
-// known alternative computation that reproduces the GPU's value. KV pages are
+// upstream, NaN/inf; around the attention sub-layer (diagnose_block.go)
+// embedding, layer link, hyper-connections, MoE router and experts, head;
+// and the stage's hypotheses (package attribute) name the known alternative
+// computation that reproduces the GPU's value. KV pages are
 // checked byte by byte with the kvcache codecs (RewritePage) and prefix-cache
 // hits row by row with kvcache.VerifyPrefixHit: a library caller of Run gets
 // both with no wiring.

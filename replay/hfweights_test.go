@@ -41,6 +41,9 @@ var hfAttn = []struct{ off, hf string }{
 }
 
 func hfName(off string) string {
+	if !strings.HasPrefix(off, "layers.") {
+		return off // embed, head, hc_head_*, norm: looked up by their official names
+	}
 	rest := strings.TrimPrefix(off, "layers.")
 	i := strings.IndexByte(rest, '.')
 	layer, tail := rest[:i], rest[i+1:]

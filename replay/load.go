@@ -24,6 +24,11 @@ func LoadModel(d *dump.Dump, src Source, weights string) (*engine.Model, error) 
 	return LoadModelWith(d, src, LoadOptions{Weights: weights})
 }
 
+// lazyExpertBytes is the size of one layer's routed experts above which
+// LoadModel leaves them in the weights file, read when a step routes to them
+// (a V4-Flash layer's are 3.2 GiB; the tiny golden's 0.4 MiB).
+const lazyExpertBytes = 256 << 20
+
 // LoadOptions configure LoadModelWith.
 type LoadOptions struct {
 	// Weights is the weights file or directory ("": weights.safetensors next
@@ -79,7 +84,15 @@ func LoadModelWith(d *dump.Dump, src Source, opt LoadOptions) (*engine.Model, er
 	} else if st, err = dump.OpenSafetensors(wpath); err != nil {
 		return nil, err
 	}
-	defer st.Close()
+	// A model whose routed experts are read on demand (a real-size
+	// checkpoint: BlockLoadOptions.LazyExperts) keeps its weights file open.
+	lazy := cfg.ExpertBytes() > lazyExpertBytes
+	keep := false
+	defer func() {
+		if !keep {
+			st.Close()
+		}
+	}()
 	m := &engine.Model{Cfg: cfg, Weights: map[int]*engine.LayerWeights{}, Rope: map[int]*engine.RopeTable{}}
 	T0 := 1 // positions the steps need
 	for _, p := range src.Steps() {
@@ -124,6 +137,16 @@ func LoadModelWith(d *dump.Dump, src Source, opt LoadOptions) (*engine.Model, er
 		if err != nil {
 			return nil, err
 		}
+		if engine.HasBlockWeights(st, l) && cfg.ValidateBlock() == nil {
+			// The whole layer: mHC, norms, MoE (a file with the attention
+			// path only, or a model whose MoE the reference does not
+			// implement — bf16 experts, an inter dim that is not a multiple
+			// of 128 — leaves Block nil and the replay compares that part).
+			if lw.Block, err = engine.LoadBlockWeightsWith(cfg, l, st, engine.BlockLoadOptions{LazyExperts: lazy}); err != nil {
+				return nil, err
+			}
+			keep = keep || lazy
+		}
 		m.Weights[l] = lw
 		name := "freqs_cis_r0"
 		if cfg.Ratio(l) > 0 {
@@ -134,6 +157,11 @@ func LoadModelWith(d *dump.Dump, src Source, opt LoadOptions) (*engine.Model, er
 		} else {
 			m.GPURope = false
 			m.Rope[l] = engine.LayerRope(cfg, l, T)
+		}
+	}
+	if engine.HasHeadWeights(st) && cfg.ValidateBlock() == nil {
+		if m.Head, err = engine.LoadHeadWeights(cfg, st); err != nil {
+			return nil, err
 		}
 	}
 	if err := checkDumpShapes(cfg, d); err != nil {

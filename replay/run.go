@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"sparsemla/dump"
 	"sparsemla/engine"
 )
 
@@ -21,8 +22,16 @@ const (
 	// that made it.
 	Local Mode = "local"
 	// Propagated: RunStep from each layer's dumped x, carrying the reference's
-	// own state across steps, to show how an error grows.
+	// own state across steps, to show how an error grows. With the whole
+	// layer's weights each layer's chain starts from its dumped h_in instead
+	// (engine.RunLayer) and runs to h_out.
 	Propagated Mode = "propagated"
+	// Chained: propagated across layers as well — layer 0 from the embedding
+	// of the dumped token, every later layer from the h_out the chain computed
+	// below it, up to the logits — to find the first divergence over the whole
+	// model and show its growth layer by layer. It needs the whole model's
+	// weights (every layer's block weights and the head).
+	Chained Mode = "chained"
 )
 
 // Options configure one replay.
@@ -95,8 +104,11 @@ func Run(ctx context.Context, m *engine.Model, src Source, opt Options) (*Report
 	}
 	if opt.Tol == nil {
 		opt.Tol = DefaultTolerance()
-		if opt.Mode == Propagated {
+		switch opt.Mode {
+		case Propagated:
 			opt.Tol = PropagatedTolerance()
+		case Chained:
+			opt.Tol = ChainedTolerance()
 		}
 	}
 	opt.Tol = policyTolerance(opt.Tol, opt.Mode, m.Cfg.PolicyName())
@@ -125,8 +137,10 @@ func Run(ctx context.Context, m *engine.Model, src Source, opt Options) (*Report
 		units, err = replayLocal(ctx, m, src, steps, layers, opt)
 	case Propagated:
 		units, err = replayPropagated(ctx, m, src, steps, layers, opt)
+	case Chained:
+		units, err = propagateChained(ctx, m, src, steps, layers, opt)
 	default:
-		return nil, fmt.Errorf("replay: unknown mode %q (local, propagated)", opt.Mode)
+		return nil, fmt.Errorf("replay: unknown mode %q (local, propagated, chained)", opt.Mode)
 	}
 	if err != nil {
 		return nil, err
@@ -154,7 +168,7 @@ func Run(ctx context.Context, m *engine.Model, src Source, opt Options) (*Report
 			rep.First = u.first
 		}
 	}
-	rep.Coverage.NotModelled = notModelled(m.Cfg, src, steps, layers)
+	rep.Coverage.NotModelled = notModelled(m, src, steps, layers)
 	if err := checkWeightsMatch(src, rep.Results); err != nil {
 		return nil, err
 	}
@@ -236,7 +250,7 @@ func checkStepSelection(src Source, want []int64) error {
 // notModelled names the stage tensors src holds at the replayed steps and
 // layers that the reference's stage graph does not define (nil when src
 // cannot list them), sorted.
-func notModelled(cfg *engine.Config, src Source, steps []int64, layers []int) []string {
+func notModelled(m *engine.Model, src Source, steps []int64, layers []int) []string {
 	sl, ok := src.(StageLister)
 	if !ok {
 		return nil
@@ -249,7 +263,10 @@ func notModelled(cfg *engine.Config, src Source, steps []int64, layers []int) []
 				continue
 			}
 			defined := map[string]bool{}
-			for _, d := range engine.Stages(cfg, l, p) {
+			if l > 0 && m.Weights[l].Block != nil {
+				defined["h_in"] = true // checked against h_out of the layer below
+			}
+			for _, d := range engine.BlockStages(m.Cfg, l, p, m.Weights[l], m.Head) {
 				defined[d.Name] = true
 				for _, in := range d.Inputs {
 					defined[in] = true // an input (x): read, not judged here
@@ -361,8 +378,26 @@ func replayLocal(ctx context.Context, m *engine.Model, src Source, steps []int64
 func localUnit(m *engine.Model, src Source, u unit, tol *Tolerance, prevChecked bool) (unitResult, error) {
 	prevStep := u.step - 1
 	var res unitResult
-	ctx := &engine.StepContext{Cfg: m.Cfg, Layer: u.layer, Pos: u.step, W: m.Weights[u.layer], Rope: m.Rope[u.layer]}
-	defs := engine.Stages(m.Cfg, u.layer, u.step)
+	ctx := &engine.StepContext{Cfg: m.Cfg, Layer: u.layer, Pos: u.step, W: m.Weights[u.layer], Rope: m.Rope[u.layer], Head: m.Head}
+	defs := engine.BlockStages(m.Cfg, u.layer, u.step, m.Weights[u.layer], m.Head)
+	if u.layer > 0 && m.Weights[u.layer].Block != nil {
+		sr, def, ok, err := belowInput(src, u)
+		if err != nil {
+			return res, err
+		}
+		if ok {
+			if sr.Status == "" {
+				ref, _, _ := src.Stage(u.step, u.layer-1, "h_out")
+				gpu, _, _ := src.Stage(u.step, u.layer, "h_in")
+				JudgeStage(&sr, ref, gpu, nil, tol.For("h_in"), JudgeContext{m.GPURope, m.Cfg.WindowSize})
+				if sr.Status == StatusFail {
+					res.first = Diagnose(DiagnoseInput{Model: m, Src: src, Def: def, Result: sr, Ref: ref, GPU: gpu,
+						In: map[string]engine.Tensor{def.Inputs[0]: ref}, Own: map[string]engine.Tensor{}, Mode: Local, Tol: tol})
+				}
+			}
+			res.results = append(res.results, sr)
+		}
+	}
 	own := map[string]engine.Tensor{}  // the reference's values at this step
 	status := map[string]string{}      // this step's stage statuses
 	var start map[string]engine.Tensor // loaded on first use
@@ -409,6 +444,18 @@ func localUnit(m *engine.Model, src Source, u unit, tol *Tolerance, prevChecked 
 					break
 				}
 				in[name] = t
+			} else if base, ok := strings.CutPrefix(name, engine.GlobalPrefix); ok {
+				// A value of the step that belongs to no layer (the token).
+				v, ok, err := src.Stage(u.step, dump.Global, base)
+				if err != nil {
+					return res, err
+				}
+				if !ok {
+					missing = fmt.Sprintf("no %s at step %d in the dump", base, u.step)
+					break
+				}
+				in[name] = v
+				info.From, info.Status = FromDump, "unchecked"
 			} else {
 				v, ok, err := src.Stage(u.step, u.layer, name)
 				if err != nil {
@@ -461,7 +508,11 @@ func localUnit(m *engine.Model, src Source, u unit, tol *Tolerance, prevChecked 
 			continue
 		}
 		own[def.Name] = ref
-		gpu, ok, err := src.Stage(u.step, u.layer, def.Name)
+		gpuLayer := u.layer
+		if def.Global {
+			gpuLayer = dump.Global
+		}
+		gpu, ok, err := src.Stage(u.step, gpuLayer, def.Name)
 		if err != nil {
 			return res, err
 		}
@@ -473,6 +524,7 @@ func localUnit(m *engine.Model, src Source, u unit, tol *Tolerance, prevChecked 
 			continue
 		}
 		JudgeStage(&sr, ref, gpu, in, tol.For(def.Name), JudgeContext{m.GPURope, m.Cfg.WindowSize})
+		routerNearTie(&sr, m, u.layer, in, ref, gpu)
 		if def.Name == "index_score" && sr.Status != StatusSkipped {
 			why, err := selectionBothWays(m, src, ctx, defs, nil, gpu, tol)
 			if err != nil {
@@ -645,7 +697,7 @@ func replayPropagated(ctx context.Context, m *engine.Model, src Source, steps []
 	g.SetLimit(runtime.GOMAXPROCS(0))
 	for li, l := range layers {
 		g.Go(func() error {
-			r, p, err := propagateLayer(ctx, m, src, steps, l, opt.Tol)
+			r, p, err := propagateLayer(ctx, m, src, steps, l, opt.Tol, nil)
 			perLayer[li], errs[li], errStep[li] = r, err, p
 			return nil
 		})
@@ -673,10 +725,26 @@ func replayPropagated(ctx context.Context, m *engine.Model, src Source, steps []
 	return out, nil
 }
 
+// chainLink is what a chained replay hands the next layer's chain: the
+// h_out this layer's chain computed at each step, and its status there.
+type chainLink struct {
+	hOut   map[int64]engine.Tensor
+	status map[int64]string
+}
+
 // propagateLayer runs one layer's chain; on an error it also returns the
-// step it stopped at (-1: before the first step).
-func propagateLayer(ctx context.Context, m *engine.Model, src Source, steps []int64, layer int, tol *Tolerance) (_ []unitResult, failStep int64, _ error) {
+// step it stopped at (-1: before the first step). below, in a chained
+// replay, holds the layer below's chain outputs: the layer then starts each
+// step from that h_out (judged against the dumped h_in first) and from the
+// token, and records its own h_out in link (else nil: the dumped x, or h_in
+// and the token with the whole layer's weights).
+func propagateLayer(ctx context.Context, m *engine.Model, src Source, steps []int64, layer int, tol *Tolerance, below *chainLink, link ...*chainLink) (_ []unitResult, failStep int64, _ error) {
 	failStep = -1
+	mode := Propagated
+	if below != nil || len(link) > 0 {
+		mode = Chained
+	}
+	whole := m.Weights[layer].Block != nil
 	stT, after, ok, err := src.State(layer)
 	if err != nil {
 		return nil, failStep, err
@@ -715,15 +783,40 @@ func propagateLayer(ctx context.Context, m *engine.Model, src Source, steps []in
 			}
 			st, stFrom = ns, FromPrevDump
 		}
-		want++
-		x, ok, err := src.Stage(p, layer, "x")
-		if err != nil {
-			return nil, failStep, err
+		want = p + 1
+		// The chain's inputs at this step (seeds): the dumped x, or with
+		// the whole layer the dumped h_in (layer 0: the embedding of the
+		// token, a stage) and the token; chained, the layer below's h_out.
+		names := []string{"x"}
+		if whole {
+			names = []string{"h_in", engine.GlobalPrefix + "tok"}
+			if (layer == 0 && m.Head != nil && m.Head.Embed != nil) || below != nil {
+				names = names[1:]
+			}
 		}
-		if !ok {
-			return nil, failStep, fmt.Errorf("replay %s: step %d layer %d: no x in the dump", src.Name(), p, layer)
+		seeds := map[string]engine.Tensor{}
+		for _, n := range names {
+			sl, base := layer, n
+			if b, ok := strings.CutPrefix(n, engine.GlobalPrefix); ok {
+				sl, base = dump.Global, b
+			}
+			t, ok, err := src.Stage(p, sl, base)
+			if err != nil {
+				return nil, failStep, err
+			}
+			if !ok {
+				return nil, failStep, fmt.Errorf("replay %s: step %d layer %d: no %s in the dump", src.Name(), p, layer, base)
+			}
+			seeds[n] = t
 		}
-		sctx := &engine.StepContext{Cfg: m.Cfg, Layer: layer, Pos: p, W: m.Weights[layer], Rope: m.Rope[layer]}
+		seeded := map[string]bool{} // the whole layer's inputs taken from the dump (h_in, tok)
+		if whole {
+			for n := range seeds {
+				seeded[n] = true
+			}
+		}
+		x := seeds["x"]
+		sctx := &engine.StepContext{Cfg: m.Cfg, Layer: layer, Pos: p, W: m.Weights[layer], Rope: m.Rope[layer], Head: m.Head}
 		var ur unitResult
 		status := map[string]string{}     // this step's stage statuses
 		own := map[string]engine.Tensor{} // the chain's values at this step
@@ -737,7 +830,7 @@ func propagateLayer(ctx context.Context, m *engine.Model, src Source, steps []in
 				// the dump's (start state, or a state-only step after a
 				// gap, both unchecked) at the first step of the chain.
 				info := InputInfo{Name: n, From: FromPropagate, Status: inputStatus(status[n])}
-				if followed[n] {
+				if followed[n] || seeded[n] {
 					info.From = FromDump
 				}
 				if strings.HasPrefix(n, engine.PrevPrefix) {
@@ -745,7 +838,11 @@ func propagateLayer(ctx context.Context, m *engine.Model, src Source, steps []in
 				}
 				sr.Inputs = append(sr.Inputs, info)
 			}
-			gpu, ok, err := src.Stage(p, layer, def.Name)
+			gpuLayer := layer
+			if def.Global {
+				gpuLayer = dump.Global
+			}
+			gpu, ok, err := src.Stage(p, gpuLayer, def.Name)
 			if err != nil {
 				return ref, err
 			}
@@ -767,6 +864,7 @@ func propagateLayer(ctx context.Context, m *engine.Model, src Source, steps []in
 				}
 			}
 			JudgeStage(&sr, ref, gpu, in, tol.For(def.Name), JudgeContext{m.GPURope, m.Cfg.WindowSize})
+			routerNearTie(&sr, m, layer, in, ref, gpu)
 			if def.Name == "index_score" {
 				// The chain's own scores are the reference's.
 				why, err := selectionBothWays(m, src, sctx, nil, ref.F, gpu, tol)
@@ -779,7 +877,7 @@ func propagateLayer(ctx context.Context, m *engine.Model, src Source, steps []in
 			}
 			status[def.Name] = sr.Status
 			next := ref
-			if sel && sr.Status == StatusTie {
+			if (sel || def.Name == "moe_indices") && sr.Status == StatusTie {
 				// The GPU legally picked another member of the boundary
 				// tie: the chain follows its selection (teacher-forced for
 				// this step and layer), so attention is compared on the
@@ -792,7 +890,7 @@ func propagateLayer(ctx context.Context, m *engine.Model, src Source, steps []in
 			}
 			ur.results = append(ur.results, sr)
 			if sr.Status == StatusFail && ur.first == nil {
-				ur.first = Diagnose(DiagnoseInput{Model: m, Src: src, Def: def, Result: sr, Ref: ref, GPU: gpu, In: in, Own: own, Mode: Propagated, Tol: tol})
+				ur.first = Diagnose(DiagnoseInput{Model: m, Src: src, Def: def, Result: sr, Ref: ref, GPU: gpu, In: in, Own: own, Mode: mode, Tol: tol})
 			}
 			if def.Name == "o" {
 				srs, err := splitResults(m.Cfg, src, p, layer, chainIn["q"], chainIn["kv_cache"], chainIn["topk_idxs"], tol, m.GPURope)
@@ -811,9 +909,32 @@ func propagateLayer(ctx context.Context, m *engine.Model, src Source, steps []in
 			}
 			return next, nil
 		}
-		_, next, err := engine.RunStepHooked(sctx, x, st, judge)
+		if below != nil {
+			// The layer's input is the chain's h_out of the layer below.
+			h, ok := below.hOut[p]
+			if !ok {
+				return nil, failStep, fmt.Errorf("replay %s: step %d: the chain of layer %d has no h_out", src.Name(), p, layer-1)
+			}
+			in := fmt.Sprintf("L%d.h_out", layer-1)
+			def := engine.StageDef{Name: "h_in", Inputs: []string{in}, Equation: fmt.Sprintf("h_in = h_out of layer %d", layer-1)}
+			status[in] = below.status[p]
+			seeds["h_in"] = h
+			if _, err := judge(def, map[string]engine.Tensor{in: h}, h); err != nil {
+				return nil, failStep, err
+			}
+		}
+		var outs map[string]engine.Tensor
+		var next *engine.LayerState
+		if whole {
+			outs, next, err = engine.RunLayerHooked(sctx, seeds, st, judge)
+		} else {
+			outs, next, err = engine.RunStepHooked(sctx, x, st, judge)
+		}
 		if err != nil {
 			return nil, failStep, fmt.Errorf("replay %s: step %d layer %d: %w", src.Name(), p, layer, err)
+		}
+		for _, l := range link {
+			l.hOut[p], l.status[p] = outs["h_out"], status["h_out"]
 		}
 		if ur.first != nil {
 			if err := attributeLocally(m, src, &ur, p, layer, prevInSteps(steps, p)); err != nil {
@@ -824,6 +945,72 @@ func propagateLayer(ctx context.Context, m *engine.Model, src Source, steps []in
 		out = append(out, ur)
 	}
 	return out, failStep, nil
+}
+
+// propagateChained is the chained replay (mode Chained): the layers run in
+// order, layer 0 from the embedding of the dumped token and every later
+// layer from the h_out the chain computed for the layer below at the same
+// step (judged against the dumped h_in first), each carrying its own state
+// across the steps, so the first divergence over the whole model and its
+// growth up to the logits are seen end to end.
+func propagateChained(ctx context.Context, m *engine.Model, src Source, steps []int64, layers []int, opt Options) ([]unitResult, error) {
+	for i, l := range layers {
+		if l != i {
+			return nil, fmt.Errorf("replay %s: a chained replay needs the layers 0 … n-1 in the dump (have %v)", src.Name(), layers)
+		}
+		if m.Weights[l].Block == nil {
+			return nil, fmt.Errorf("replay %s: a chained replay needs the whole layer's weights (hc_*, norms, MoE); layer %d has the attention path only", src.Name(), l)
+		}
+	}
+	if m.Head == nil || m.Head.Embed == nil {
+		return nil, fmt.Errorf("replay %s: a chained replay needs the embedding and head weights", src.Name())
+	}
+	perLayer := make([][]unitResult, len(layers))
+	var below *chainLink
+	for li, l := range layers {
+		link := &chainLink{hOut: map[int64]engine.Tensor{}, status: map[int64]string{}}
+		r, _, err := propagateLayer(ctx, m, src, steps, l, opt.Tol, below, link)
+		if err != nil {
+			return nil, err
+		}
+		perLayer[li], below = r, link
+	}
+	var out []unitResult
+	for si := range steps {
+		for li := range layers {
+			out = append(out, perLayer[li][si])
+		}
+		if opt.Progress != nil {
+			opt.Progress(si+1, len(steps))
+		}
+	}
+	return out, nil
+}
+
+// belowInput is the check of a layer's dumped input against the layer below
+// in a local replay: h_in of layer l (l > 0) is layer l-1's h_out, both from
+// the dump. ok is false when the dump holds no h_in there or no h_out below
+// it (h_in is then an input, read and not judged); else sr comes back with no
+// status yet, to be judged.
+func belowInput(src Source, u unit) (sr StageResult, def engine.StageDef, ok bool, err error) {
+	_, has, err := src.Stage(u.step, u.layer, "h_in")
+	if err != nil || !has {
+		return sr, def, false, err
+	}
+	below := fmt.Sprintf("L%d.h_out", u.layer-1)
+	def = engine.StageDef{Name: "h_in", Inputs: []string{below}, Equation: fmt.Sprintf("h_in = h_out of layer %d", u.layer-1)}
+	sr = StageResult{Step: u.step, Layer: u.layer, Stage: "h_in", Equation: def.Equation}
+	_, has, err = src.Stage(u.step, u.layer-1, "h_out")
+	if err != nil {
+		return sr, def, false, err
+	}
+	if !has {
+		// Without the layer below's h_out, h_in is the layer's input only
+		// (read, not judged; the chained mode checks it).
+		return sr, def, false, nil
+	}
+	sr.Inputs = []InputInfo{{Name: below, From: FromDump, Status: "unchecked"}}
+	return sr, def, true, nil
 }
 
 // prevInSteps reports whether step p-1 is among steps.

@@ -44,7 +44,7 @@ func TestReplayGPUDumpsAgree(t *testing.T) {
 			if !m.GPURope {
 				t.Errorf("%s: the dump's GPU RoPE tables were not picked up", name)
 			}
-			for _, mode := range []Mode{Local, Propagated} {
+			for _, mode := range []Mode{Local, Propagated, Chained} {
 				rep, err := Run(context.Background(), m, src, Options{Mode: mode})
 				if err != nil {
 					t.Fatal(err)
@@ -52,7 +52,15 @@ func TestReplayGPUDumpsAgree(t *testing.T) {
 				if rep.Diverged() {
 					t.Errorf("%s %s: %s", name, mode, rep.First.Text)
 				}
-				if rep.Summary.Compared == 0 || rep.Summary.Skipped != 0 {
+				// gpu-v4-tiny-long dumps no h_out: a local replay cannot
+				// check h_in of layers 1-3 against it (the chained mode does).
+				skippedOK := 0
+				for _, r := range rep.Results {
+					if r.Status == StatusSkipped && r.Stage == "h_in" && strings.Contains(r.Reason, "h_out is not in the dump") {
+						skippedOK++
+					}
+				}
+				if rep.Summary.Compared == 0 || rep.Summary.Skipped != skippedOK {
 					t.Errorf("%s %s: summary %+v", name, mode, rep.Summary)
 				}
 				t.Logf("%s %s: %+v", name, mode, rep.Summary)

@@ -35,6 +35,11 @@ dump.smd (native), config.json and a copy of the weights, so
   stale-prefix     the last four window rows come from another request's page (--seed picks its tokens)
   compressor-late  the compressed row is written one step late (CSA/HCA layers, emission steps)
   window-order     the window index list puts its -1 padding first (the V4.1 layout; steps < window-1)
+  expert-nibble    the routed experts' FP4 GEMM reads the even column from the high nibble (ffn_out)
+  router-bias      the router ranks the experts without the selection bias (moe_indices; score layers)
+  hc-post-transposed  the attention hc_post mixes the residual streams with comb transposed (h_mid)
+The last three need the whole layer's weights (hyper-connections, MoE), as the
+official layout's weights file holds them.
 A fault that cannot happen at P, L (or would not change its stage beyond
 tolerance there) is refused with exit status 2. DIR must be new, empty or an
 earlier copy (replaced). Replay DUMP first: if it already diverges before P, its

@@ -13,14 +13,17 @@ import (
 
 // ftDiagnosis is the diagnosis kind, as replay prints it, of each fault.
 var ftDiagnosis = map[string]string{
-	"splitk-merge":    "attention kernel",
-	"wrong-lse":       "attention kernel",
-	"fp8-scale":       "FP8 cache",
-	"scale-byte":      "FP8 cache",
-	"topk-off-by-one": "indexer selection",
-	"stale-prefix":    "prefix cache",
-	"compressor-late": "compressor",
-	"window-order":    "index list",
+	"splitk-merge":       "attention kernel",
+	"wrong-lse":          "attention kernel",
+	"fp8-scale":          "FP8 cache",
+	"scale-byte":         "FP8 cache",
+	"topk-off-by-one":    "indexer selection",
+	"stale-prefix":       "prefix cache",
+	"compressor-late":    "compressor",
+	"window-order":       "index list",
+	"expert-nibble":      "MoE experts",
+	"router-bias":        "MoE router",
+	"hc-post-transposed": "hyper-connections",
 }
 
 // TestFaultCommandGPUDumps: for every fault kind that applies to the GPU
@@ -36,6 +39,9 @@ func TestFaultCommandGPUDumps(t *testing.T) {
 		{"official-v4-tiny", "stale-prefix@6,1", "kv_cache"},
 		{"official-v4-tiny", "compressor-late@3,1", "kv_cache"},
 		{"official-v4-tiny", "window-order@2,0", "topk_idxs"},
+		{"official-v4-tiny", "expert-nibble@4,2", "ffn_out"},
+		{"official-v4-tiny", "router-bias@2,2", "moe_indices"},
+		{"official-v4-tiny", "hc-post-transposed@7,3", "h_mid"},
 		{"gpu-v4-tiny-long", "topk-off-by-one@255,1", "index_topk"},
 		{"gpu-v4-tiny-long", "scale-byte@128,3", "kv_cache"},
 		{"gpu-v4-tiny-long", "compressor-late@255,2", "kv_cache"}, // HCA, r = 128

@@ -52,7 +52,7 @@ func (f *replayFlags) register(fs *flag.FlagSet, withMode bool) {
 	fs.StringVar(&f.weights, "weights", "", "weights: a safetensors file or a directory with weights.safetensors (default: beside the dump)")
 	fs.StringVar(&f.mapFile, "map", "", "name map for non-native dumps: a JSON file or a built-in name (default: detected)")
 	if withMode {
-		fs.StringVar(&f.mode, "mode", "local", "local (teacher-forced: each stage from the dump's own inputs) or propagated (the reference's own chain from each layer's x)")
+		fs.StringVar(&f.mode, "mode", "local", "local (teacher-forced: each stage from the dump's own inputs), propagated (the reference's own chain from each layer's x, or h_in with the whole layer's weights) or chained (the whole model: layer 0 from the token, each layer from the chain's h_out below, up to the logits)")
 		fs.StringVar(&f.steps, "steps", "", "replay only these decode steps: P, A-B or a comma list of both (default: all)")
 	}
 	fs.StringVar(&f.tolFile, "tol", "", "JSON file overriding stage tolerances (docs/replay-json.md)")
@@ -66,8 +66,11 @@ func (f *replayFlags) register(fs *flag.FlagSet, withMode bool) {
 // tolerance builds the policy: defaults, then --tol, then --tol-stage.
 func (f *replayFlags) tolerance() (*replay.Tolerance, error) {
 	t := replay.DefaultTolerance()
-	if f.mode == string(replay.Propagated) {
+	switch f.mode {
+	case string(replay.Propagated):
 		t = replay.PropagatedTolerance()
+	case string(replay.Chained):
+		t = replay.ChainedTolerance()
 	}
 	if f.tolFile != "" {
 		if err := t.LoadToleranceFile(f.tolFile); err != nil {

@@ -4,9 +4,9 @@
 //
 //	go run ./testdata/official-v4-tiny/trim.go -src /work/shared/golden/official-v4-tiny -dst testdata/official-v4-tiny
 //
-// It keeps the attention path only (see README.md) and stores values losslessly
-// in smaller dtypes where the values allow it; it fails if any conversion would
-// change a value.
+// It keeps every tensor of every step and every parameter (see README.md) and
+// stores weights losslessly in smaller dtypes where the values allow it; it
+// fails if any conversion would change a value.
 package main
 
 import (
@@ -18,7 +18,6 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"regexp"
 	"sort"
 	"strings"
 
@@ -31,13 +30,6 @@ var (
 	dst = flag.String("dst", "testdata/official-v4-tiny", "output directory")
 )
 
-// stepKeep are the per-layer stage names of the attention sub-layer kept from
-// each step dump (plus the global pos and tok).
-var stepKeep = regexp.MustCompile(`^(pos|tok|L\d+\.(h_in|attn_norm_in|x|q_a|cq|q_b|q_pe_prerope|q|kv_raw|kv_normed|kv_roped|kv|topk_idxs|o|o_inv|u|y|h_mid|kv_cache|cmp_\w+|iq_b|iq_roped|iq_had|iq|iw_raw|iw|index_\w+|icache|icmp_\w+))$`)
-
-// weightKeep are the weights of the attention sub-layers.
-var weightKeep = regexp.MustCompile(`^layers\.\d+\.(attn\.|attn_norm\.)`)
-
 func main() {
 	flag.Parse()
 	log.SetFlags(0)
@@ -46,17 +38,17 @@ func main() {
 		check(err)
 		check(os.WriteFile(filepath.Join(*dst, f), b, 0o644))
 	}
-	copyFile("rope_tables.safetensors", nil, nil)
-	copyFile("prefill_state.safetensors", nil, nil)
+	copyFile("rope_tables.safetensors", nil)
+	copyFile("prefill_state.safetensors", nil)
 	for P := 2; P <= 7; P++ {
-		copyFile(fmt.Sprintf("step_%d.safetensors", P), stepKeep, nil)
+		copyFile(fmt.Sprintf("step_%d.safetensors", P), nil)
 	}
-	copyFile("weights.safetensors", weightKeep, shrinkWeight)
+	copyFile("weights.safetensors", shrinkWeight)
 }
 
-// copyFile rewrites one safetensors file keeping the names keep matches (all
-// when nil), passing each record through conv (when non-nil).
-func copyFile(name string, keep *regexp.Regexp, conv func(*dump.Record) string) {
+// copyFile rewrites one safetensors file with every tensor and its metadata,
+// passing each record through conv (when non-nil).
+func copyFile(name string, conv func(*dump.Record) string) {
 	in, err := dump.OpenSafetensors(filepath.Join(*src, name))
 	check(err)
 	defer in.Close()
@@ -65,9 +57,6 @@ func copyFile(name string, keep *regexp.Regexp, conv func(*dump.Record) string) 
 	names := in.Names()
 	sort.Strings(names)
 	for _, n := range names {
-		if keep != nil && !keep.MatchString(n) {
-			continue
-		}
 		r, err := in.Read(n)
 		check(err)
 		if m, ok := in.Metadata[n]; ok {
@@ -83,8 +72,8 @@ func copyFile(name string, keep *regexp.Regexp, conv func(*dump.Record) string) 
 	recs = append(recs, pending...)
 	pending = nil
 	for k, v := range in.Metadata {
-		if keep == nil {
-			meta[k] = v
+		if _, set := meta[k]; !set {
+			meta[k] = v // file-level keys (a conversion note wins over a tensor's own)
 		}
 	}
 	var buf bytes.Buffer

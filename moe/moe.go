@@ -1,0 +1,122 @@
+package moe
+
+import (
+	"fmt"
+
+	"sparsemla/quant"
+)
+
+// MoE is the FFN of one layer (MoE, R-M:619-687).
+type MoE struct {
+	Gate Gate
+	// Experts [E] are the routed experts held in memory. An entry may be nil:
+	// Source then supplies it when a token is routed to it (a checkpoint read
+	// lazily; without a Source a nil expert is an error).
+	Experts []*Expert
+	Source  ExpertSource
+	Shared  *Shared
+	// SwigluLimit is f32(swiglu_limit), applied to the routed experts only
+	// (0: no clamp).
+	SwigluLimit float32
+	// Fast runs the routed experts on FP4LinearFast (the same bits as the
+	// reference loops, several times faster).
+	Fast bool
+}
+
+// ExpertSource supplies routed experts on demand (MoE.Source). It must be
+// safe for concurrent use: replays compute several layers and steps at once.
+type ExpertSource interface {
+	Expert(e int) (*Expert, error)
+}
+
+// expert returns routed expert e from Experts or the Source.
+func (m *MoE) expert(e int) (*Expert, error) {
+	if e < len(m.Experts) && m.Experts[e] != nil {
+		return m.Experts[e], nil
+	}
+	if m.Source != nil {
+		return m.Source.Expert(e)
+	}
+	return nil, fmt.Errorf("moe: routed expert %d has no weights", e)
+}
+
+// Result is one token's MoE: the route and the output.
+type Result struct {
+	Route
+	Out []float32 // [dim] bf16 ffn_out
+}
+
+// Forward is MoE.forward for one token: x [dim] is the ffn_norm output (bf16
+// values), tok the token id (hash routing).
+//
+//	route = Gate.Route(x, tok)
+//	Out   = Combine(x, route.Indices, route.Weights)
+func (m *MoE) Forward(x []float32, tok int64) (Result, error) {
+	r, err := m.Gate.Route(x, tok)
+	if err != nil {
+		return Result{Route: r}, err
+	}
+	out, err := m.Combine(x, r.Indices, r.Weights)
+	return Result{Route: r, Out: out}, err
+}
+
+// Combine is the expert half of MoE.forward (R-M:672-687) for given routing
+// indices and weights [k]:
+//
+//	y = 0 (fp32)
+//	for e = 0 .. E-1 ascending, for each slot t with indices[t] = e:  y += Expert_e(x, weights[t])
+//	y += Shared(x)
+//	out = bf16(y)
+//
+// The experts are visited in expert-id order, not slot order (the official
+// loop `for i in range(E)`). If one expert id fills two slots, the official
+// `y[idx] += …` indexes the same row twice and only one of the two
+// contributions survives (which one is unspecified on CUDA); the reference
+// keeps the later slot's. An index outside [0, E) or a routed expert without
+// weights (neither in Experts nor from Source) is an error.
+func (m *MoE) Combine(x []float32, indices []int32, weights []float32) ([]float32, error) {
+	if len(indices) != len(weights) {
+		return nil, fmt.Errorf("moe: %d routing indices but %d weights", len(indices), len(weights))
+	}
+	for t, id := range indices {
+		if id < 0 || int(id) >= m.Gate.Experts {
+			return nil, fmt.Errorf("moe: routing index %d (slot %d) outside [0, %d)", id, t, m.Gate.Experts)
+		}
+	}
+	dim := len(x)
+	y := make([]float32, dim)
+	out := make([]float32, dim)
+	for e := 0; e < m.Gate.Experts; e++ {
+		slot := -1
+		for t, id := range indices {
+			if int(id) == e {
+				slot = t
+			}
+		}
+		if slot < 0 {
+			continue
+		}
+		ex, err := m.expert(e)
+		if err != nil {
+			return nil, err
+		}
+		if m.Fast {
+			ex.ForwardFast(out, x, weights[slot], m.SwigluLimit)
+		} else {
+			ex.Forward(out, x, weights[slot], m.SwigluLimit)
+		}
+		for i, v := range out {
+			y[i] += v
+		}
+	}
+	if m.Shared != nil {
+		m.Shared.Forward(out, x)
+		for i, v := range out {
+			y[i] += v
+		}
+	}
+	for i, v := range y {
+		out[i] = quant.BF16Round(v)
+	}
+	return out, nil
+}
