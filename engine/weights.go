@@ -110,7 +110,7 @@ func loadLayerWeights(cfg *Config, layer int, st dump.WeightSource, compact bool
 		return nil, fmt.Errorf("engine: weights: layer %d outside the model (%d layers)", layer, cfg.NLayers)
 	}
 	r := cfg.Ratio(layer)
-	wr := &weightReader{cfg: cfg, st: st, pre: fmt.Sprintf("layers.%d.attn.", layer), compact: compact}
+	wr := &attnWeightReader{cfg: cfg, st: st, pre: fmt.Sprintf("layers.%d.attn.", layer), compact: compact}
 	H, D, dim := cfg.NHeads, cfg.HeadDim, cfg.Dim
 	lw := &LayerWeights{Layer: layer, Ratio: r}
 	var err error
@@ -152,9 +152,9 @@ func loadLayerWeights(cfg *Config, layer int, st dump.WeightSource, compact bool
 	return lw, nil
 }
 
-// weightReader reads the tensors of one layer's attention (names under pre)
+// attnWeightReader reads the tensors of one layer's attention (names under pre)
 // from a weight source, checking each tensor's shape, dtype and finiteness.
-type weightReader struct {
+type attnWeightReader struct {
 	cfg     *Config
 	st      dump.WeightSource
 	pre     string // "layers.L.attn."
@@ -162,7 +162,7 @@ type weightReader struct {
 }
 
 // read reads tensor pre+name, which must have the shape and one of the kinds.
-func (wr *weightReader) read(name string, shape []int, kinds ...dump.DType) (dump.Record, error) {
+func (wr *attnWeightReader) read(name string, shape []int, kinds ...dump.DType) (dump.Record, error) {
 	st, pre := wr.st, wr.pre
 	e, ok := st.Lookup(pre + name)
 	if !ok {
@@ -184,7 +184,7 @@ func (wr *weightReader) read(name string, shape []int, kinds ...dump.DType) (dum
 // finite refuses a weight holding NaN or ±inf: weights are outside
 // input, and a non-finite one would make the reference non-finite and
 // the replay blame a GPU kernel for it.
-func (wr *weightReader) finite(name string, v []float32) error {
+func (wr *attnWeightReader) finite(name string, v []float32) error {
 	if i := firstNonFinite(v); i >= 0 {
 		return fmt.Errorf("engine: weights %s: %s%s[%d] is %g (a weight must be finite)", wr.st.Name(), wr.pre, name, i, v[i])
 	}
@@ -192,7 +192,7 @@ func (wr *weightReader) finite(name string, v []float32) error {
 }
 
 // f32 reads an fp32 or bf16 tensor as float32 values.
-func (wr *weightReader) f32(name string, shape ...int) ([]float32, error) {
+func (wr *attnWeightReader) f32(name string, shape ...int) ([]float32, error) {
 	rec, err := wr.read(name, shape, dump.F32, dump.BF16)
 	if err != nil {
 		return nil, err
@@ -206,7 +206,7 @@ func (wr *weightReader) f32(name string, shape ...int) ([]float32, error) {
 
 // fp8 reads an FP8 linear (name.weight E4M3 codes, name.scale UE8M0 block
 // scales), or the bf16 values of a bf16 checkpoint.
-func (wr *weightReader) fp8(name string, rows, cols int) (*attention.FP8Weight, error) {
+func (wr *attnWeightReader) fp8(name string, rows, cols int) (*attention.FP8Weight, error) {
 	st, pre := wr.st, wr.pre
 	if wr.cfg.BF16Checkpoint() {
 		// a bf16 checkpoint: the weight's values only (W), no codes or
@@ -250,7 +250,7 @@ func (wr *weightReader) fp8(name string, rows, cols int) (*attention.FP8Weight, 
 
 // woA reads wo_a: bf16 after convert.py; a checkpoint may still hold it as
 // FP8 codes + .scale, which dequantise exactly to the same bf16 values.
-func (wr *weightReader) woA() ([]float32, error) {
+func (wr *attnWeightReader) woA() ([]float32, error) {
 	cfg := wr.cfg
 	rows, cols := cfg.OGroups*cfg.OLoraRank, cfg.NHeads*cfg.HeadDim/cfg.OGroups
 	if e, ok := wr.st.Lookup(wr.pre + "wo_a.weight"); ok && e.DType == dump.E4M3 {
@@ -269,7 +269,7 @@ func (wr *weightReader) woA() ([]float32, error) {
 
 // compressor reads a compressor of ratio r and head dim d (wkv, wgate, ape,
 // norm under prefix).
-func (wr *weightReader) compressor(prefix string, r, d int, rotate bool) (*attention.Compressor, error) {
+func (wr *attnWeightReader) compressor(prefix string, r, d int, rotate bool) (*attention.Compressor, error) {
 	cfg := wr.cfg
 	dim := cfg.Dim
 	c := &attention.Compressor{Ratio: r, HeadDim: d, Dim: dim, Rotate: rotate, Eps: float32(cfg.NormEps)}
