@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 
 	"sparsemla/attention"
@@ -40,6 +41,16 @@ type LoadOptions struct {
 	// capture helper writes "hf-eager" for transformers' model), else
 	// engine.PolicyOfficial.
 	Policy string
+	// From, when set, supplies the layer weights instead of the weights
+	// file: a model loaded earlier (by LoadModelWith) for the same
+	// configuration. Its weights are shared, not copied — Run and the
+	// diagnosis only read a model's weights — so one loaded model serves
+	// any number of dumps of its config (a fuzzer, a tool replaying many
+	// dumps). Everything else is made for this dump as without From: the
+	// config parsed from its header (it must equal From's), its GPU RoPE
+	// tables or computed ones for its positions, its layer and shape
+	// checks. Weights and Prepared are then unused.
+	From *engine.Model
 }
 
 // LoadModelWith is LoadModel with options (LoadOptions).
@@ -63,23 +74,29 @@ func LoadModelWith(d *dump.Dump, src Source, opt LoadOptions) (*engine.Model, er
 	if err := cfg.SetPolicy(policy); err != nil {
 		return nil, fmt.Errorf("dump %s: %w", d.Path, err)
 	}
-	wpath, err := FindWeights(d.Path, weights)
-	if err != nil {
-		return nil, err
-	}
 	var st interface {
 		dump.WeightSource
 		Close() error
 	}
-	if fi, err := os.Stat(wpath); err == nil && fi.IsDir() {
-		st, err = dump.OpenCheckpoint(wpath) // index.json + shards, official or HF names
+	if opt.From != nil {
+		if opt.From.Cfg == nil || !reflect.DeepEqual(*cfg, *opt.From.Cfg) {
+			return nil, fmt.Errorf("dump %s: its config differs from the config of the model given to reuse", d.Path)
+		}
+	} else {
+		wpath, err := FindWeights(d.Path, weights)
 		if err != nil {
 			return nil, err
 		}
-	} else if st, err = dump.OpenSafetensors(wpath); err != nil {
-		return nil, err
+		if fi, err := os.Stat(wpath); err == nil && fi.IsDir() {
+			st, err = dump.OpenCheckpoint(wpath) // index.json + shards, official or HF names
+			if err != nil {
+				return nil, err
+			}
+		} else if st, err = dump.OpenSafetensors(wpath); err != nil {
+			return nil, err
+		}
+		defer st.Close()
 	}
-	defer st.Close()
 	m := &engine.Model{Cfg: cfg, Weights: map[int]*engine.LayerWeights{}, Rope: map[int]*engine.RopeTable{}}
 	T0 := 1 // positions the steps need
 	for _, p := range src.Steps() {
@@ -116,13 +133,19 @@ func LoadModelWith(d *dump.Dump, src Source, opt LoadOptions) (*engine.Model, er
 		if l >= cfg.NLayers {
 			return nil, fmt.Errorf("dump %s: layer %d outside the model (%d layers)", d.Path, l, cfg.NLayers)
 		}
-		load := engine.LoadLayerWeights
-		if opt.Prepared {
-			load = engine.LoadLayerWeightsPrepared
-		}
-		lw, err := load(cfg, l, st)
-		if err != nil {
-			return nil, err
+		var lw *engine.LayerWeights
+		if opt.From != nil {
+			if lw = opt.From.Weights[l]; lw == nil {
+				return nil, fmt.Errorf("dump %s: the model given to reuse has no weights for layer %d", d.Path, l)
+			}
+		} else {
+			load := engine.LoadLayerWeights
+			if opt.Prepared {
+				load = engine.LoadLayerWeightsPrepared
+			}
+			if lw, err = load(cfg, l, st); err != nil {
+				return nil, err
+			}
 		}
 		m.Weights[l] = lw
 		name := "freqs_cis_r0"
