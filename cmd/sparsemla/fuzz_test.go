@@ -34,8 +34,10 @@ import (
 //     a dumped shape it should have checked);
 //   - an error is one line (as the CLI prints it, exit 2);
 //   - a report's exit code, verdict, summary and first divergence agree:
-//     exit 1 ⇔ "diverged" ⇔ a failing stage ⇔ a first divergence naming
-//     the first failing stage;
+//     exit 0/1/3 for "agree"/"diverged"/"incomplete"; "diverged" ⇔ a
+//     first divergence, which names the first failing stage when there
+//     is one (a failing stage is always "diverged"); "agree" only with a
+//     complete coverage;
 //   - the replay is deterministic: a second replay of the same dump on the
 //     same model gives the same JSON (--json), byte for byte, and so the
 //     model was not changed by the first; checked on every fourth input
@@ -172,18 +174,21 @@ func fuzzReplayExec(tb testing.TB) func(t testing.TB, prog []byte) {
 				break
 			}
 		}
-		diverged := rep.Verdict == "diverged"
-		switch {
-		case rep.Verdict != "agree" && !diverged:
+		diverged := rep.Verdict == replay.VerdictDiverged
+		want := map[string]int{replay.VerdictAgree: exitOK, replay.VerdictDiverged: exitDiverged, replay.VerdictIncomplete: exitIncomplete}
+		switch wantCode, ok := want[rep.Verdict]; {
+		case !ok:
 			t.Fatalf("verdict %q", rep.Verdict)
-		case (code == exitDiverged) != diverged:
+		case code != wantCode:
 			t.Fatalf("exit %d with verdict %q", code, rep.Verdict)
-		case diverged != (firstFail >= 0) || diverged != (rep.Summary.Fail > 0):
+		case (rep.Summary.Fail > 0 || firstFail >= 0) && !diverged:
 			t.Fatalf("verdict %q with %d failing stages (first at %d)", rep.Verdict, rep.Summary.Fail, firstFail)
 		case diverged != (rep.First != nil):
 			t.Fatalf("verdict %q with first divergence %v", rep.Verdict, rep.First)
+		case rep.Verdict == replay.VerdictAgree && !rep.Coverage.Complete:
+			t.Fatalf("verdict agree with an incomplete coverage")
 		}
-		if diverged {
+		if firstFail >= 0 {
 			ff := rep.Results[firstFail]
 			if d := rep.First; d.Step != ff.Step || d.Layer != ff.Layer || d.Stage != ff.Stage {
 				t.Fatalf("first divergence at step %d layer %d stage %s, the first failing stage is step %d layer %d stage %s",
