@@ -205,11 +205,18 @@ func (f Fault) Check(cfg *engine.Config, first, last int64) error {
 
 // SynthOptions configure Synthesize.
 type SynthOptions struct {
-	Config  string // preset name (default "tiny")
-	Prefill int    // positions 0..Prefill-1 run before the dump (the start state is valid after Prefill-1)
-	Steps   int    // decode steps dumped: Prefill .. Prefill+Steps-1
-	Seed    uint64
-	Fault   *Fault
+	Config string // preset name (default "tiny")
+	// Cfg, when set, is the configuration instead of a preset (validated;
+	// copied): e.g. the smallest model the engine allows, for a fuzzer.
+	// Config then only names it in the dump's source name (default "custom").
+	Cfg *engine.Config
+	// PageBlock is the entries per KV page Write encodes (0: SynthPageBlock,
+	// the engines' 64; a fuzzer's small model takes 4).
+	PageBlock int
+	Prefill   int // positions 0..Prefill-1 run before the dump (the start state is valid after Prefill-1)
+	Steps     int // decode steps dumped: Prefill .. Prefill+Steps-1
+	Seed      uint64
+	Fault     *Fault
 }
 
 // Synth is a synthetic model and the dump a GPU running it would write.
@@ -220,6 +227,8 @@ type Synth struct {
 	Src     *replay.MemSource // request "B" (the replayed one)
 	Fault   *Fault
 	Seed    uint64
+	// PageBlock is the entries per KV page Write encodes (0: SynthPageBlock).
+	PageBlock int
 }
 
 // Model returns the reference model of the synthetic dump (its RoPE tables
@@ -251,11 +260,22 @@ const (
 func Synthesize(opt SynthOptions) (*Synth, error) {
 	if opt.Config == "" {
 		opt.Config = "tiny"
+		if opt.Cfg != nil {
+			opt.Config = "custom"
+		}
 	}
 	if opt.Steps <= 0 || opt.Prefill < 1 {
 		return nil, fmt.Errorf("synth: need steps >= 1 and prefill >= 1")
 	}
-	cfg, err := engine.Preset(opt.Config)
+	var cfg *engine.Config
+	var err error
+	if opt.Cfg != nil {
+		c := *opt.Cfg
+		c.CompressRatios = append([]int(nil), c.CompressRatios...)
+		cfg, err = &c, c.Validate()
+	} else {
+		cfg, err = engine.Preset(opt.Config)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -274,7 +294,10 @@ func Synthesize(opt SynthOptions) (*Synth, error) {
 			return nil, err
 		}
 	}
-	s := &Synth{Cfg: cfg, Weights: map[int]*engine.LayerWeights{}, Rope: map[int]*engine.RopeTable{}, Fault: opt.Fault, Seed: opt.Seed}
+	if opt.PageBlock < 0 {
+		return nil, fmt.Errorf("synth: page block %d", opt.PageBlock)
+	}
+	s := &Synth{Cfg: cfg, Weights: map[int]*engine.LayerWeights{}, Rope: map[int]*engine.RopeTable{}, Fault: opt.Fault, Seed: opt.Seed, PageBlock: opt.PageBlock}
 	for l := 0; l < cfg.NLayers; l++ {
 		s.Weights[l] = engine.RandomLayerWeights(cfg, l, opt.Seed)
 		s.Rope[l] = engine.LayerRope(cfg, l, cfg.MaxSeqLen)

@@ -209,9 +209,13 @@ func sortStageKeys(k []replay.StageKey) {
 	})
 }
 
-// pageRecords encodes one kv_cache [rows, D] into SynthPageBlock-entry pages.
+// pageRecords encodes one kv_cache [rows, D] into PageBlock-entry pages
+// (SynthPageBlock when 0).
 func (s *Synth) pageRecords(k replay.StageKey, kc engine.Tensor) ([]dump.Record, error) {
 	D, B := kc.Shape[1], SynthPageBlock
+	if s.PageBlock > 0 {
+		B = s.PageBlock
+	}
 	nb := (kc.Shape[0] + B - 1) / B
 	table := make([]int, nb)
 	for b := range table {

@@ -282,12 +282,21 @@ func sortInts(v []int) {
 
 // RowDiff lists the leading-axis rows (e.g. cache rows, heads) in which ref and
 // gpu differ at all, in ascending order, at most limit of them (limit <= 0: all).
+// Tensors of different shapes, or of which one is float and the other
+// integer (a GPU record of another dtype), or whose values do not fill
+// their shape, have no rows to compare: nil.
 func RowDiff(ref, gpu engine.Tensor, limit int) []int {
 	if !engine.SameShape(ref.Shape, gpu.Shape) || len(ref.Shape) == 0 || ref.Shape[0] == 0 {
 		return nil
 	}
+	n := ref.Len()
+	if ref.Kind.IsFloat() != gpu.Kind.IsFloat() ||
+		(ref.Kind.IsFloat() && (len(ref.F) < n || len(gpu.F) < n)) ||
+		(!ref.Kind.IsFloat() && (len(ref.I) < n || len(gpu.I) < n)) {
+		return nil
+	}
 	rows := ref.Shape[0]
-	w := ref.Len() / rows
+	w := n / rows
 	var out []int
 	for r := 0; r < rows; r++ {
 		for k := r * w; k < (r+1)*w; k++ {

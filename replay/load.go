@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 
 	"sparsemla/attention"
@@ -45,6 +46,16 @@ type LoadOptions struct {
 	// capture helper writes "hf-eager" for transformers' model), else
 	// engine.PolicyOfficial.
 	Policy string
+	// From, when set, supplies the layer weights instead of the weights
+	// file: a model loaded earlier (by LoadModelWith) for the same
+	// configuration. Its weights are shared, not copied — Run and the
+	// diagnosis only read a model's weights — so one loaded model serves
+	// any number of dumps of its config (a fuzzer, a tool replaying many
+	// dumps). Everything else is made for this dump as without From: the
+	// config parsed from its header (it must equal From's), its GPU RoPE
+	// tables or computed ones for its positions, its layer and shape
+	// checks. Weights and Prepared are then unused.
+	From *engine.Model
 }
 
 // LoadModelWith is LoadModel with options (LoadOptions).
@@ -68,28 +79,34 @@ func LoadModelWith(d *dump.Dump, src Source, opt LoadOptions) (*engine.Model, er
 	if err := cfg.SetPolicy(policy); err != nil {
 		return nil, fmt.Errorf("dump %s: %w", d.Path, err)
 	}
-	wpath, err := FindWeights(d.Path, weights)
-	if err != nil {
-		return nil, err
-	}
 	var st interface {
 		dump.WeightSource
 		Close() error
 	}
-	if fi, err := os.Stat(wpath); err == nil && fi.IsDir() {
-		st, err = dump.OpenCheckpoint(wpath) // index.json + shards, official or HF names
+	if opt.From != nil {
+		if opt.From.Cfg == nil || !reflect.DeepEqual(*cfg, *opt.From.Cfg) {
+			return nil, fmt.Errorf("dump %s: its config differs from the config of the model given to reuse", d.Path)
+		}
+	} else {
+		wpath, err := FindWeights(d.Path, weights)
 		if err != nil {
 			return nil, err
 		}
-	} else if st, err = dump.OpenSafetensors(wpath); err != nil {
-		return nil, err
+		if fi, err := os.Stat(wpath); err == nil && fi.IsDir() {
+			st, err = dump.OpenCheckpoint(wpath) // index.json + shards, official or HF names
+			if err != nil {
+				return nil, err
+			}
+		} else if st, err = dump.OpenSafetensors(wpath); err != nil {
+			return nil, err
+		}
 	}
 	// A model whose routed experts are read on demand (a real-size
 	// checkpoint: BlockLoadOptions.LazyExperts) keeps its weights file open.
 	lazy := cfg.ExpertBytes() > lazyExpertBytes
 	keep := false
 	defer func() {
-		if !keep {
+		if st != nil && !keep {
 			st.Close()
 		}
 	}()
@@ -129,15 +146,21 @@ func LoadModelWith(d *dump.Dump, src Source, opt LoadOptions) (*engine.Model, er
 		if l >= cfg.NLayers {
 			return nil, fmt.Errorf("dump %s: layer %d outside the model (%d layers)", d.Path, l, cfg.NLayers)
 		}
-		load := engine.LoadLayerWeights
-		if opt.Prepared {
-			load = engine.LoadLayerWeightsPrepared
+		var lw *engine.LayerWeights
+		if opt.From != nil {
+			if lw = opt.From.Weights[l]; lw == nil {
+				return nil, fmt.Errorf("dump %s: the model given to reuse has no weights for layer %d", d.Path, l)
+			}
+		} else {
+			load := engine.LoadLayerWeights
+			if opt.Prepared {
+				load = engine.LoadLayerWeightsPrepared
+			}
+			if lw, err = load(cfg, l, st); err != nil {
+				return nil, err
+			}
 		}
-		lw, err := load(cfg, l, st)
-		if err != nil {
-			return nil, err
-		}
-		if engine.HasBlockWeights(st, l) && cfg.ValidateBlock() == nil {
+		if opt.From == nil && engine.HasBlockWeights(st, l) && cfg.ValidateBlock() == nil {
 			// The whole layer: mHC, norms, MoE (a file with the attention
 			// path only, or a model whose MoE the reference does not
 			// implement — bf16 experts, an inter dim that is not a multiple
@@ -159,7 +182,9 @@ func LoadModelWith(d *dump.Dump, src Source, opt LoadOptions) (*engine.Model, er
 			m.Rope[l] = engine.LayerRope(cfg, l, T)
 		}
 	}
-	if engine.HasHeadWeights(st) && cfg.ValidateBlock() == nil {
+	if opt.From != nil {
+		m.Head = opt.From.Head // shared, like the layers' weights (Block included)
+	} else if engine.HasHeadWeights(st) && cfg.ValidateBlock() == nil {
 		if m.Head, err = engine.LoadHeadWeights(cfg, st); err != nil {
 			return nil, err
 		}

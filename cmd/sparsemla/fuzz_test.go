@@ -1,65 +1,132 @@
 package main
 
 import (
+	"bufio"
+	"bytes"
+	"context"
 	"encoding/binary"
+	"hash/crc32"
 	"math"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 
 	"sparsemla/dump"
+	"sparsemla/engine"
+	"sparsemla/fault"
+	"sparsemla/replay"
 )
 
-// FuzzReplay mutates the records of a small clean synthetic dump (a program
-// of byte-coded edits: flip data bytes, write NaN/inf, reshape, change the
-// dtype, move a record to another step/layer/stage, drop it) and replays the
-// result through the CLI in local and propagated mode. Whatever the dump
-// holds, the command must end with exit 0, 1 or 2, never panic, print one
-// error line for exit 2, and never owe a skipped stage to a recovered
-// runtime panic (a reason naming "runtime error" means a stage trusted a
-// dumped shape it should have checked).
+// FuzzReplay fuzzes what the replay does with hostile dump content. An
+// input is a scope byte and a program of 4-byte edits applied to the
+// records of a small clean synthetic dump: flip data bytes, write NaN/inf
+// or extreme integers, reshape, change the dtype, move a record to another
+// step/layer/stage/request, drop it, edit a KV page's layout/id/block
+// table, add prefix-hit frames. The dump is written, opened and replayed
+// (local or propagated, by the scope byte's top bit) on a model loaded
+// once (replay.LoadOptions.From: the weights are loaded and packed before
+// the fuzzing, everything made from the dump — config, RoPE tables, layer
+// and shape checks — is made from each execution's dump). Whatever the
+// dump holds:
+//   - nothing panics, and no stage owes a skipped result to a recovered
+//     runtime panic (a reason naming "runtime error" means a stage trusted
+//     a dumped shape it should have checked);
+//   - an error is one line (as the CLI prints it, exit 2);
+//   - a report's exit code, verdict, summary and first divergence agree:
+//     exit 0/1/3 for "agree"/"diverged"/"incomplete"; "diverged" ⇔ a
+//     first divergence, which names the first failing stage when there
+//     is one (a failing stage is always "diverged"); "agree" only with a
+//     complete coverage;
+//   - the replay is deterministic: a second replay of the same dump on the
+//     same model gives the same JSON (--json), byte for byte, and so the
+//     model was not changed by the first; checked on every fourth input
+//     (by a checksum of its bytes, so that a failing input fails again),
+//     as it doubles an execution's time; the other inputs are not
+//     encoded as JSON.
 //
-// Each execution writes and replays a whole synthetic dump (about 100 ms:
-// the weights are loaded and packed every time), so the target runs 13 to
-// 60 executions in .ci/run's 10 s on the 2-core VM (the baseline coverage
-// of its corpus takes 2-6 s of it), not the 10k of the decoders: it is a
-// smoke test of the replay on mutated dumps, not a fuzzer that explores;
-// its own minimum only says that it executed at all:
-// fuzz: min-execs 5
+// The model is the smallest the engine replays every stage and page record
+// of (fuzzReplayCfg), loaded once. One execution still costs about 2.3 ms of
+// CPU (6-7 ms under -fuzz instrumentation: writing and re-opening the dump
+// is ~45 % of it), so the target runs ~1-1.4k executions in .ci/run's 10 s
+// on a loaded 2-core machine (an estimated ~3k idle), short of the 10k the
+// other targets reach; opening a dump from memory is the next lever.
+// fuzz: min-execs 500 (see above: an execution replays a whole dump)
 func FuzzReplay(f *testing.F) {
-	f.Add([]byte{})
-	f.Add([]byte{0, 10, 3, 200})
-	f.Add([]byte{1, 40, 0, 5, 1, 41, 1, 9})
-	f.Add([]byte{2, 7, 1, 3, 2, 90, 0, 0})
-	f.Add([]byte{3, 12, 5, 1, 4, 13, 2, 2})
-	f.Add([]byte{5, 77, 0, 1, 6, 3, 0, 0, 7, 100, 1, 1})
-	f.Add([]byte{6, 30, 9, 0, 6, 31, 14, 1, 6, 32, 20, 2})
-	base := fuzzBase(f)
-	dir := f.TempDir()
-	for _, n := range []string{"config.json", "weights.safetensors"} {
-		if err := os.Symlink(filepath.Join(base.dir, n), filepath.Join(dir, n)); err != nil {
-			f.Fatal(err)
-		}
+	// Scope byte: bits 0-1 the layers kept (0 SWA, 1 CSA, 2 HCA, 3 all),
+	// bits 2-3 the decode steps kept (0 and 2 the first, 1 the second, 3
+	// both: one step of one layer is the cheap common case), bit 7
+	// propagated mode.
+	for _, scope := range []byte{0, 1, 2, 3, 4, 5, 6, 12, 13, 14, 15, 0x80, 0x81, 0x82, 0x8c, 0x8d, 0x8e} {
+		f.Add([]byte{scope})
 	}
-	f.Fuzz(func(t *testing.T, prog []byte) {
-		if len(prog) > 64 {
+	f.Add([]byte{1, 0, 10, 3, 200})
+	f.Add([]byte{0x81, 1, 40, 0, 5, 1, 41, 1, 9})
+	f.Add([]byte{2, 2, 7, 1, 3, 2, 90, 0, 0})
+	f.Add([]byte{1, 3, 12, 5, 1, 4, 13, 2, 2})
+	f.Add([]byte{3, 5, 77, 0, 1, 6, 3, 0, 0, 7, 100, 1, 1})
+	f.Add([]byte{1, 6, 30, 9, 0, 6, 31, 14, 1, 6, 32, 20, 2})
+	f.Add([]byte{0, 8, 250, 0, 3, 8, 251, 2, 200, 8, 252, 3, 1})
+	f.Add([]byte{0x81, 9, 0, 1, 7, 9, 0, 2, 19, 10, 20, 1, 1})
+	exec := fuzzReplayExec(f)
+	f.Fuzz(func(t *testing.T, prog []byte) { exec(t, prog) })
+}
+
+// fuzzReplayExec prepares FuzzReplay (the base dump and its model, loaded
+// once) and returns one execution.
+func fuzzReplayExec(tb testing.TB) func(t testing.TB, prog []byte) {
+	base := fuzzReplayBase(tb)
+	p := filepath.Join(tb.TempDir(), "dump.smd")
+	dir := filepath.Dir(p)
+	var enc bytes.Buffer
+	bw := bufio.NewWriterSize(&enc, 1<<20)
+	return func(t testing.TB, prog []byte) {
+		if len(prog) == 0 || len(prog) > 65 {
 			return
 		}
-		recs := make([]dump.Record, len(base.recs))
-		for i, r := range base.recs {
+		scope, edits := prog[0], prog[1:]
+		var recs []dump.Record
+		for _, r := range base.recs {
+			if l := scope & 3; l != 3 && r.Layer != dump.Global && r.Layer != int(l) {
+				continue
+			}
+			if st := scope >> 2 & 3; st != 3 && r.Kind == dump.KindStage && r.Step != base.first+int(st&1) {
+				continue
+			}
+			recs = append(recs, r)
+		}
+		prefix := append([]dump.PrefixHit(nil), base.prefix...)
+		// The records share the base's bytes until an edit touches one:
+		// it is then copied first (own).
+		owned := map[int]bool{}
+		own := func(i int) {
+			if owned[i] {
+				return
+			}
+			owned[i] = true
+			r := &recs[i]
 			r.Data = append([]byte(nil), r.Data...)
 			r.Shape = append([]int(nil), r.Shape...)
-			recs[i] = r
+			if r.Page != nil {
+				pg := *r.Page
+				pg.BlockTable = append([]int(nil), pg.BlockTable...)
+				r.Page = &pg
+			}
 		}
 		drop := map[int]bool{}
-		for i := 0; i+3 < len(prog); i += 4 {
-			op, ri, a, b := prog[i], int(prog[i+1])*len(recs)/256, int(prog[i+2]), int(prog[i+3])
-			mutate(&recs[ri], op%8, a, b, drop, ri)
+		for i := 0; i+3 < len(edits); i += 4 {
+			op, ri, a, b := edits[i], int(edits[i+1])*len(recs)/256, int(edits[i+2]), int(edits[i+3])
+			if op%11 == 9 { // add a prefix-hit frame
+				prefix = append(prefix, dump.PrefixHit{Request: []string{"", "A", "B"}[a%3], Source: []string{"", "A", "B", "C"}[b%4], Tokens: b%24 - 2})
+				continue
+			}
+			own(ri)
+			mutate(&recs[ri], op%11, a, b, drop, ri)
 		}
-		p := filepath.Join(dir, "dump.smd")
-		w, err := dump.Create(p, base.header)
+		// Encoded in memory through one reused 1 MiB buffer (NewWriter
+		// takes it as its own), then written as one file.
+		enc.Reset()
+		w, err := dump.NewWriter(bw, base.header)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -69,31 +136,117 @@ func FuzzReplay(f *testing.F) {
 			}
 			_ = w.Write(&recs[i]) // the writer refuses invalid records and duplicate keys: skip them
 		}
-		for _, ph := range base.prefix {
+		for _, ph := range prefix {
 			_ = w.WritePrefix(ph)
 		}
 		if err := w.Close(); err != nil {
 			t.Fatal(err)
 		}
-		mode := "local"
-		if len(prog) > 0 && prog[0]&0x80 != 0 {
-			mode = "propagated"
+		if err := os.WriteFile(p, enc.Bytes(), 0o644); err != nil {
+			t.Fatal(err)
 		}
-		code, out, e := rpRun("replay", "--json", "--mode", mode, dir)
-		if code < 0 || code > 3 {
-			t.Fatalf("exit %d", code)
+		mode := replay.Local
+		if scope&0x80 != 0 {
+			mode = replay.Propagated
 		}
-		if strings.Contains(e, "goroutine ") || strings.Contains(e, "panic") {
-			t.Fatalf("panic:\n%s", e)
+		// Every fourth input (by a checksum of its bytes, so that a
+		// failing input fails again) is replayed twice, with its JSON.
+		twice := crc32.ChecksumIEEE(prog)%4 == 0
+		code, rep, out, e := fuzzReplayOnce(dir, base.model, mode, twice)
+		if code == exitError {
+			if strings.Count(strings.TrimRight(e, "\n"), "\n") != 0 {
+				t.Fatalf("exit 2 with %d stderr lines:\n%s", strings.Count(e, "\n"), e)
+			}
+			return
 		}
-		if code == exitError && strings.Count(strings.TrimRight(e, "\n"), "\n") != 0 {
-			t.Fatalf("exit 2 with %d stderr lines:\n%s", strings.Count(e, "\n"), e)
+		texts := []string{}
+		for _, r := range rep.Results {
+			texts = append(texts, r.Reason)
 		}
-		if code != exitError && strings.Contains(out, "runtime error") {
-			i := strings.Index(out, "runtime error")
-			t.Fatalf("a stage recovered from a runtime panic on dumped data: ...%s...", out[max(0, i-200):min(len(out), i+200)])
+		if d := rep.First; d != nil {
+			texts = append(append(texts, d.Why, d.Text), d.Detail...)
 		}
-	})
+		for _, s := range texts {
+			if strings.Contains(s, "runtime error") {
+				t.Fatalf("a stage recovered from a runtime panic on dumped data: %s", s)
+			}
+		}
+		firstFail := -1
+		for i, r := range rep.Results {
+			if r.Status == replay.StatusFail {
+				firstFail = i
+				break
+			}
+		}
+		diverged := rep.Verdict == replay.VerdictDiverged
+		want := map[string]int{replay.VerdictAgree: exitOK, replay.VerdictDiverged: exitDiverged, replay.VerdictIncomplete: exitIncomplete}
+		switch wantCode, ok := want[rep.Verdict]; {
+		case !ok:
+			t.Fatalf("verdict %q", rep.Verdict)
+		case code != wantCode:
+			t.Fatalf("exit %d with verdict %q", code, rep.Verdict)
+		case (rep.Summary.Fail > 0 || firstFail >= 0) && !diverged:
+			t.Fatalf("verdict %q with %d failing stages (first at %d)", rep.Verdict, rep.Summary.Fail, firstFail)
+		case diverged != (rep.First != nil):
+			t.Fatalf("verdict %q with first divergence %v", rep.Verdict, rep.First)
+		case rep.Verdict == replay.VerdictAgree && !rep.Coverage.Complete:
+			t.Fatalf("verdict agree with an incomplete coverage")
+		}
+		if firstFail >= 0 {
+			ff := rep.Results[firstFail]
+			if d := rep.First; d.Step != ff.Step || d.Layer != ff.Layer || d.Stage != ff.Stage {
+				t.Fatalf("first divergence at step %d layer %d stage %s, the first failing stage is step %d layer %d stage %s",
+					d.Step, d.Layer, d.Stage, ff.Step, ff.Layer, ff.Stage)
+			}
+		}
+		if !twice {
+			return
+		}
+		code2, _, out2, e2 := fuzzReplayOnce(dir, base.model, mode, true)
+		if code2 != code || out2 != out || e2 != e {
+			t.Fatalf("a second replay of the same dump differs: exit %d then %d, stderr %q then %q, reports equal: %v", code, code2, e, e2, out == out2)
+		}
+	}
+}
+
+// fuzzReplayOnce does what 'sparsemla replay --json --mode MODE DIR' does
+// after parsing its flags (rpOpenDump, replay.Run, rpWrite, rpExit,
+// rpFail), with the layer weights taken from m instead of the weights file.
+// The report comes back (nil for exit 2), with its JSON as stdout when
+// asJSON (encoding it is a third of an execution's time under the fuzzer's
+// instrumentation).
+func fuzzReplayOnce(dir string, m *engine.Model, mode replay.Mode, asJSON bool) (code int, rep *replay.Report, stdout, stderr string) {
+	var out, errw bytes.Buffer
+	fail := func(err error) (int, *replay.Report, string, string) {
+		return rpFail(&errw, "replay", err), nil, out.String(), errw.String()
+	}
+	d, err := dump.OpenMapped(dir, nil)
+	if err != nil {
+		return fail(err)
+	}
+	defer d.Close()
+	src, err := replay.NewDumpSource(d, "")
+	if err != nil {
+		return fail(err)
+	}
+	model, err := replay.LoadModelWith(d, src, replay.LoadOptions{From: m})
+	if err != nil {
+		return fail(err)
+	}
+	tol := replay.DefaultTolerance()
+	if mode == replay.Propagated {
+		tol = replay.PropagatedTolerance()
+	}
+	rep, err = replay.Run(context.Background(), model, src, replay.Options{Mode: mode, Tol: tol})
+	if err != nil {
+		return fail(err)
+	}
+	if asJSON {
+		if err := rpWrite(&out, rep, true); err != nil {
+			return fail(err)
+		}
+	}
+	return rpExit(rep), rep, out.String(), errw.String()
 }
 
 // mutate applies one coded edit to r.
@@ -150,6 +303,26 @@ func mutate(r *dump.Record, op byte, a, b int, drop map[int]bool, idx int) {
 		r.Stage = st[(a*7+b)%len(st)].Name
 	case 7: // drop the record
 		drop[idx] = true
+	case 8: // edit a KV page's meta: layout, page id, block size, block table
+		if r.Page == nil {
+			return
+		}
+		switch a % 4 {
+		case 0:
+			r.Page.Layout = []string{dump.LayoutV4Model1, dump.LayoutV32, dump.LayoutIndexerFP8, dump.LayoutMXFP4, "bf16", "", "v9"}[b%7]
+		case 1:
+			r.Page.PageID = b%8 - 2
+		case 2:
+			r.Page.BlockSize = []int{0, 1, 4, 63, 64, 65, 128, -1}[b%8]
+		case 3:
+			if len(r.Page.BlockTable) > 0 && b%2 == 0 {
+				r.Page.BlockTable[b/2%len(r.Page.BlockTable)] = b%9 - 3
+			} else {
+				r.Page.BlockTable = append(r.Page.BlockTable, b%9-3)
+			}
+		}
+	case 10: // move the record to another request
+		r.Request = []string{"", "A", "B", "C"}[b%4]
 	}
 }
 
@@ -174,29 +347,62 @@ func resize(r *dump.Record) {
 	r.Data = data
 }
 
-type fuzzBaseDump struct {
-	dir    string
+// fuzzReplayCfg is the smallest model whose every stage and KV page record
+// the replay runs: the tiny preset with one query and one indexer head,
+// 128-wide projections (the FP8 activation block), a 4-token window, top-2
+// selection and 16 positions; three layers, one of each kind (SWA, CSA,
+// HCA). head_dim stays 512: the v4-model1 KV pages the dump carries have
+// 448 FP8 + 64 bf16 values per entry.
+func fuzzReplayCfg() *engine.Config {
+	c, err := engine.Preset("tiny")
+	if err != nil {
+		panic(err)
+	}
+	c.Dim, c.NHeads, c.QLoraRank, c.OGroups, c.OLoraRank = 128, 1, 128, 1, 128
+	c.WindowSize, c.IndexNHeads, c.IndexTopK, c.MaxSeqLen = 4, 1, 2, 16
+	c.NLayers, c.CompressRatios = 3, []int{0, 4, 128}
+	return c
+}
+
+type fuzzReplayBaseDump struct {
 	header dump.Header
 	recs   []dump.Record
 	prefix []dump.PrefixHit
+	first  int           // the first decode step
+	model  *engine.Model // loaded once from the dump's weights, as the CLI does (prepared)
 }
 
-var (
-	fuzzBaseOnce sync.Once
-	fuzzBaseVal  fuzzBaseDump
-)
-
-// fuzzBase is a clean synthetic dump of two decode steps (7 and 8: an
-// emission step of the ratio-4 layers and the one after), read into memory.
-func fuzzBase(f *testing.F) *fuzzBaseDump {
+// fuzzReplayBase is a clean synthetic dump of fuzzReplayCfg, two decode
+// steps (11, an emission step of the CSA layer with 3 compressed rows for
+// its top-2, and 12), read into memory, and its model.
+func fuzzReplayBase(f testing.TB) *fuzzReplayBaseDump {
 	f.Helper()
-	fuzzBaseOnce.Do(func() {
-		dir := filepath.Join(f.TempDir(), "base")
-		if code, _, e := rpRun("synth", "--out", dir, "--steps", "2", "--prefill", "7", "--seed", "5"); code != exitOK {
-			f.Fatal("synth: " + e)
-		}
-		h, recs, prefix := readAll(f, filepath.Join(dir, "dump.smd"))
-		fuzzBaseVal = fuzzBaseDump{dir: dir, header: h, recs: recs, prefix: prefix}
-	})
-	return &fuzzBaseVal
+	const prefill = 11
+	s, err := fault.Synthesize(fault.SynthOptions{Cfg: fuzzReplayCfg(), PageBlock: 4, Steps: 2, Prefill: prefill, Seed: 5})
+	if err != nil {
+		f.Fatal(err)
+	}
+	dir := filepath.Join(f.TempDir(), "base")
+	if err := s.Write(dir); err != nil {
+		f.Fatal(err)
+	}
+	h, recs, prefix := readAll(f, filepath.Join(dir, fault.SynthDumpFile))
+	d, err := dump.Open(dir)
+	if err != nil {
+		f.Fatal(err)
+	}
+	defer d.Close()
+	src, err := replay.NewDumpSource(d, "")
+	if err != nil {
+		f.Fatal(err)
+	}
+	m, err := replay.LoadModelWith(d, src, replay.LoadOptions{Prepared: true})
+	if err != nil {
+		f.Fatal(err)
+	}
+	rep, err := replay.Run(context.Background(), m, src, replay.Options{})
+	if err != nil || rep.Diverged() {
+		f.Fatalf("the clean base dump does not replay clean: %v %v", err, rep.First)
+	}
+	return &fuzzReplayBaseDump{header: h, recs: recs, prefix: prefix, first: prefill, model: m}
 }
