@@ -77,115 +77,24 @@ func replayLocal(ctx context.Context, m *engine.Model, src Source, steps []int64
 // step), else the start state when it is valid after p-1. prevChecked says
 // whether step p-1 is replayed too (its values are then checked there).
 func localUnit(m *engine.Model, src Source, u unit, tol *Tolerance, prevChecked bool) (unitResult, error) {
-	prevStep := u.step - 1
 	var res unitResult
 	ctx := &engine.StepContext{Cfg: m.Cfg, Layer: u.layer, Pos: u.step, W: m.Weights[u.layer], Rope: m.Rope[u.layer], Head: m.Head}
 	defs := engine.BlockStages(m.Cfg, u.layer, u.step, m.Weights[u.layer], m.Head)
 	if u.layer > 0 && m.Weights[u.layer].Block != nil {
-		sr, def, ok, err := belowInput(src, u)
+		if err := localBelow(m, src, u, tol, &res); err != nil {
+			return res, err
+		}
+	}
+	own := map[string]engine.Tensor{} // the reference's values at this step
+	status := map[string]string{}     // this step's stage statuses
+	start := &startState{}            // loaded on first use
+	for _, def := range defs {
+		sr := StageResult{Step: u.step, Layer: u.layer, Stage: def.Name, Equation: def.Equation}
+		in, infos, missing, err := localInputs(src, u, def, prevChecked, start, status, own)
 		if err != nil {
 			return res, err
 		}
-		if ok {
-			if sr.Status == "" {
-				ref, _, _ := src.Stage(u.step, u.layer-1, "h_out")
-				gpu, _, _ := src.Stage(u.step, u.layer, "h_in")
-				JudgeStage(&sr, ref, gpu, nil, tol.For("h_in"), JudgeContext{m.GPURope, m.Cfg.WindowSize})
-				if sr.Status == StatusFail {
-					res.first = Diagnose(DiagnoseInput{Model: m, Src: src, Def: def, Result: sr, Ref: ref, GPU: gpu,
-						In: map[string]engine.Tensor{def.Inputs[0]: ref}, Own: map[string]engine.Tensor{}, Mode: Local, Tol: tol})
-				}
-			}
-			res.results = append(res.results, sr)
-		}
-	}
-	own := map[string]engine.Tensor{}  // the reference's values at this step
-	status := map[string]string{}      // this step's stage statuses
-	var start map[string]engine.Tensor // loaded on first use
-	var startAfter int64
-	startOK, startLoaded := false, false
-	for _, def := range defs {
-		sr := StageResult{Step: u.step, Layer: u.layer, Stage: def.Name, Equation: def.Equation}
-		in := make(map[string]engine.Tensor, len(def.Inputs))
-		missing := ""
-		for _, name := range def.Inputs {
-			info := InputInfo{Name: name}
-			if base, ok := strings.CutPrefix(name, "prev:"); ok {
-				var t engine.Tensor
-				found := false
-				if prevStep >= 0 {
-					v, ok, err := src.Stage(prevStep, u.layer, base)
-					if err != nil {
-						return res, err
-					}
-					if ok {
-						t, found = v, true
-						info.From, info.Status = FromPrevDump, "unchecked"
-						if prevChecked {
-							info.Status = "matched" // compared there; an earlier divergence would be reported first
-						}
-					}
-				}
-				if !found {
-					if !startLoaded {
-						var err error
-						start, startAfter, startOK, err = src.State(u.layer)
-						if err != nil {
-							return res, err
-						}
-						startLoaded = true
-					}
-					if v, ok := start[base]; ok && startOK && startAfter == u.step-1 {
-						t, found = v, true
-						info.From, info.Status = FromStart, "unchecked"
-					}
-				}
-				if !found {
-					missing = fmt.Sprintf("no value of %s after step %d in the dump", base, u.step-1)
-					break
-				}
-				in[name] = t
-			} else if base, ok := strings.CutPrefix(name, engine.GlobalPrefix); ok {
-				// A value of the step that belongs to no layer (the token).
-				v, ok, err := src.Stage(u.step, dump.Global, base)
-				if err != nil {
-					return res, err
-				}
-				if !ok {
-					missing = fmt.Sprintf("no %s at step %d in the dump", base, u.step)
-					break
-				}
-				in[name] = v
-				info.From, info.Status = FromDump, "unchecked"
-			} else {
-				v, ok, err := src.Stage(u.step, u.layer, name)
-				if err != nil {
-					return res, err
-				}
-				switch {
-				case ok:
-					in[name] = v
-					info.From = FromDump
-					switch status[name] {
-					case StatusPass, StatusTie:
-						info.Status = "matched"
-					case StatusFail:
-						info.Status = "diverged"
-					default:
-						info.Status = "unchecked"
-					}
-				case hasTensor(own, name):
-					in[name] = own[name]
-					info.From, info.Status = FromReference, "unchecked"
-				default:
-					missing = fmt.Sprintf("input %s is neither dumped nor computed", name)
-				}
-				if missing != "" {
-					break
-				}
-			}
-			sr.Inputs = append(sr.Inputs, info)
-		}
+		sr.Inputs = infos
 		var ref engine.Tensor
 		if missing == "" {
 			var err error
@@ -276,6 +185,129 @@ func localUnit(m *engine.Model, src Source, u unit, tol *Tolerance, prevChecked 
 		}
 	}
 	return res, nil
+}
+
+// localBelow judges, in a local replay, the dumped h_in of layer u.layer
+// (> 0) against the dumped h_out of the layer below (belowInput) and adds
+// the result to res (diagnosed when it fails); nothing when the dump holds
+// no such pair.
+func localBelow(m *engine.Model, src Source, u unit, tol *Tolerance, res *unitResult) error {
+	sr, def, ok, err := belowInput(src, u)
+	if err != nil {
+		return err
+	}
+	if ok {
+		if sr.Status == "" {
+			ref, _, _ := src.Stage(u.step, u.layer-1, "h_out")
+			gpu, _, _ := src.Stage(u.step, u.layer, "h_in")
+			JudgeStage(&sr, ref, gpu, nil, tol.For("h_in"), JudgeContext{m.GPURope, m.Cfg.WindowSize})
+			if sr.Status == StatusFail {
+				res.first = Diagnose(DiagnoseInput{Model: m, Src: src, Def: def, Result: sr, Ref: ref, GPU: gpu,
+					In: map[string]engine.Tensor{def.Inputs[0]: ref}, Own: map[string]engine.Tensor{}, Mode: Local, Tol: tol})
+			}
+		}
+		res.results = append(res.results, sr)
+	}
+	return nil
+}
+
+// startState is a layer's start state in the dump, read on first use.
+type startState struct {
+	t      map[string]engine.Tensor
+	after  int64 // the step the state is valid after
+	ok     bool  // the dump holds a start state
+	loaded bool
+}
+
+// localInputs gathers the inputs of stage def at unit u in a local replay,
+// each with where it came from: "prev:X" the dumped X of step p-1, else the
+// start state (when it is valid after p-1); a global input (the token) this
+// step's dumped value; any other this step's dumped value, else the
+// reference's own (own). status holds this step's stage statuses so far.
+// missing, when not empty, says why an input has no value; infos then lists
+// the inputs before it.
+func localInputs(src Source, u unit, def engine.StageDef, prevChecked bool, start *startState, status map[string]string, own map[string]engine.Tensor) (in map[string]engine.Tensor, infos []InputInfo, missing string, err error) {
+	prevStep := u.step - 1
+	in = make(map[string]engine.Tensor, len(def.Inputs))
+	for _, name := range def.Inputs {
+		info := InputInfo{Name: name}
+		if base, ok := strings.CutPrefix(name, "prev:"); ok {
+			var t engine.Tensor
+			found := false
+			if prevStep >= 0 {
+				v, ok, err := src.Stage(prevStep, u.layer, base)
+				if err != nil {
+					return in, infos, missing, err
+				}
+				if ok {
+					t, found = v, true
+					info.From, info.Status = FromPrevDump, "unchecked"
+					if prevChecked {
+						info.Status = "matched" // compared there; an earlier divergence would be reported first
+					}
+				}
+			}
+			if !found {
+				if !start.loaded {
+					var err error
+					start.t, start.after, start.ok, err = src.State(u.layer)
+					if err != nil {
+						return in, infos, missing, err
+					}
+					start.loaded = true
+				}
+				if v, ok := start.t[base]; ok && start.ok && start.after == u.step-1 {
+					t, found = v, true
+					info.From, info.Status = FromStart, "unchecked"
+				}
+			}
+			if !found {
+				missing = fmt.Sprintf("no value of %s after step %d in the dump", base, u.step-1)
+				break
+			}
+			in[name] = t
+		} else if base, ok := strings.CutPrefix(name, engine.GlobalPrefix); ok {
+			// A value of the step that belongs to no layer (the token).
+			v, ok, err := src.Stage(u.step, dump.Global, base)
+			if err != nil {
+				return in, infos, missing, err
+			}
+			if !ok {
+				missing = fmt.Sprintf("no %s at step %d in the dump", base, u.step)
+				break
+			}
+			in[name] = v
+			info.From, info.Status = FromDump, "unchecked"
+		} else {
+			v, ok, err := src.Stage(u.step, u.layer, name)
+			if err != nil {
+				return in, infos, missing, err
+			}
+			switch {
+			case ok:
+				in[name] = v
+				info.From = FromDump
+				switch status[name] {
+				case StatusPass, StatusTie:
+					info.Status = "matched"
+				case StatusFail:
+					info.Status = "diverged"
+				default:
+					info.Status = "unchecked"
+				}
+			case hasTensor(own, name):
+				in[name] = own[name]
+				info.From, info.Status = FromReference, "unchecked"
+			default:
+				missing = fmt.Sprintf("input %s is neither dumped nor computed", name)
+			}
+			if missing != "" {
+				break
+			}
+		}
+		infos = append(infos, info)
+	}
+	return in, infos, missing, nil
 }
 
 // isSelectionStage reports whether a stage is a top-k selection judged as a

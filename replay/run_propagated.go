@@ -103,49 +103,16 @@ func propagateLayer(ctx context.Context, m *engine.Model, src Source, steps []in
 			return nil, failStep, err
 		}
 		if p != want {
-			// A gap: re-seed the chain from the state the dump holds after
-			// p-1 (a state-only step), as a replay would from a start state.
-			seed := map[string]engine.Tensor{}
-			for name := range engine.NewLayerState(m.Cfg, layer).StateTensors() {
-				t, ok, err := src.Stage(p-1, layer, name)
-				if err != nil {
-					return nil, failStep, err
-				}
-				if ok {
-					seed[name] = t
-				}
-			}
-			ns, err := engine.LoadState(m.Cfg, layer, seed)
+			ns, err := reseedChain(m, src, layer, p, want)
 			if err != nil {
-				return nil, failStep, fmt.Errorf("replay %s: propagated mode: steps %d..%d are not in the dump and no state after step %d is: %w", src.Name(), want, p-1, p-1, err)
+				return nil, failStep, err
 			}
 			st, stFrom = ns, FromPrevDump
 		}
 		want = p + 1
-		// The chain's inputs at this step (seeds): the dumped x, or with
-		// the whole layer the dumped h_in (layer 0: the embedding of the
-		// token, a stage) and the token; chained, the layer below's h_out.
-		names := []string{"x"}
-		if whole {
-			names = []string{"h_in", engine.GlobalPrefix + "tok"}
-			if (layer == 0 && m.Head != nil && m.Head.Embed != nil) || below != nil {
-				names = names[1:]
-			}
-		}
-		seeds := map[string]engine.Tensor{}
-		for _, n := range names {
-			sl, base := layer, n
-			if b, ok := strings.CutPrefix(n, engine.GlobalPrefix); ok {
-				sl, base = dump.Global, b
-			}
-			t, ok, err := src.Stage(p, sl, base)
-			if err != nil {
-				return nil, failStep, err
-			}
-			if !ok {
-				return nil, failStep, fmt.Errorf("replay %s: step %d layer %d: no %s in the dump", src.Name(), p, layer, base)
-			}
-			seeds[n] = t
+		seeds, err := chainSeeds(m, src, p, layer, whole, below != nil)
+		if err != nil {
+			return nil, failStep, err
 		}
 		seeded := map[string]bool{} // the whole layer's inputs taken from the dump (h_in, tok)
 		if whole {
@@ -155,97 +122,12 @@ func propagateLayer(ctx context.Context, m *engine.Model, src Source, steps []in
 		}
 		x := seeds["x"]
 		sctx := &engine.StepContext{Cfg: m.Cfg, Layer: layer, Pos: p, W: m.Weights[layer], Rope: m.Rope[layer], Head: m.Head}
-		var ur unitResult
-		status := map[string]string{}     // this step's stage statuses
-		own := map[string]engine.Tensor{} // the chain's values at this step
-		followed := map[string]bool{}     // selection stages the chain took from the dump (a tie)
-		judge := func(def engine.StageDef, chainIn map[string]engine.Tensor, ref engine.Tensor) (engine.Tensor, error) {
-			own[def.Name] = ref
-			sr := StageResult{Step: p, Layer: layer, Stage: def.Name, Equation: def.Equation}
-			for _, n := range def.Inputs {
-				// The chain's own value; same-step inputs were compared
-				// with the dump just before. The state before the step is
-				// the dump's (start state, or a state-only step after a
-				// gap, both unchecked) at the first step of the chain.
-				info := InputInfo{Name: n, From: FromPropagate, Status: inputStatus(status[n])}
-				if followed[n] || seeded[n] {
-					info.From = FromDump
-				}
-				if strings.HasPrefix(n, engine.PrevPrefix) {
-					info.From = stFrom
-				}
-				sr.Inputs = append(sr.Inputs, info)
-			}
-			gpuLayer := layer
-			if def.Global {
-				gpuLayer = dump.Global
-			}
-			gpu, ok, err := src.Stage(p, gpuLayer, def.Name)
-			if err != nil {
-				return ref, err
-			}
-			if !ok {
-				sr.Status, sr.Shape = StatusMissing, ref.Shape
-				ur.results = append(ur.results, sr)
-				return ref, nil
-			}
-			// The chain's own inputs (for the diagnosis); a top-k set is
-			// judged against the dumped scores, as in a local replay.
-			in := map[string]engine.Tensor{}
-			for _, n := range def.Inputs {
-				in[n] = chainIn[n]
-			}
-			sel := isSelectionStage(def.Name)
-			if sel {
-				if s, ok, _ := src.Stage(p, layer, "index_score"); ok {
-					in["index_score"] = s
-				}
-			}
-			JudgeStage(&sr, ref, gpu, in, tol.For(def.Name), JudgeContext{m.GPURope, m.Cfg.WindowSize})
-			routerNearTie(&sr, m, layer, in, ref, gpu)
-			if def.Name == "index_score" {
-				// The chain's own scores are the reference's.
-				why, err := selectionBothWays(m, src, sctx, nil, ref.F, gpu, tol)
-				if err != nil {
-					return ref, err
-				}
-				if why != "" {
-					markSelection(&sr, why)
-				}
-			}
-			status[def.Name] = sr.Status
-			next := ref
-			if (sel || def.Name == "moe_indices") && sr.Status == StatusTie {
-				// The GPU legally picked another member of the boundary
-				// tie: the chain follows its selection (teacher-forced for
-				// this step and layer), so attention is compared on the
-				// keys the GPU really read. A real divergence keeps the
-				// reference's own choice.
-				next = gpu
-				own[def.Name] = gpu
-				followed[def.Name] = true
-				sr.Reason += "; the propagated chain follows the GPU's selection at this step"
-			}
-			ur.results = append(ur.results, sr)
-			if sr.Status == StatusFail && ur.first == nil {
-				ur.first = Diagnose(DiagnoseInput{Model: m, Src: src, Def: def, Result: sr, Ref: ref, GPU: gpu, In: in, Own: own, Mode: mode, Tol: tol})
-			}
-			if def.Name == "o" {
-				srs, err := splitResults(m.Cfg, src, p, layer, chainIn["q"], chainIn["kv_cache"], chainIn["topk_idxs"], tol, m.GPURope)
-				if err != nil {
-					return next, err
-				}
-				for _, r := range srs {
-					for i := range r.Inputs {
-						r.Inputs[i].From = FromPropagate
-					}
-					ur.results = append(ur.results, r)
-					if r.Status == StatusFail && ur.first == nil {
-						ur.first = splitDivergence(r, Propagated)
-					}
-				}
-			}
-			return next, nil
+		cs := &chainStep{
+			m: m, src: src, tol: tol, mode: mode, p: p, layer: layer, sctx: sctx, stFrom: stFrom,
+			status:   map[string]string{},
+			own:      map[string]engine.Tensor{},
+			followed: map[string]bool{},
+			seeded:   seeded,
 		}
 		if below != nil {
 			// The layer's input is the chain's h_out of the layer below.
@@ -255,34 +137,198 @@ func propagateLayer(ctx context.Context, m *engine.Model, src Source, steps []in
 			}
 			in := fmt.Sprintf("L%d.h_out", layer-1)
 			def := engine.StageDef{Name: "h_in", Inputs: []string{in}, Equation: fmt.Sprintf("h_in = h_out of layer %d", layer-1)}
-			status[in] = below.status[p]
+			cs.status[in] = below.status[p]
 			seeds["h_in"] = h
-			if _, err := judge(def, map[string]engine.Tensor{in: h}, h); err != nil {
+			if _, err := cs.judge(def, map[string]engine.Tensor{in: h}, h); err != nil {
 				return nil, failStep, err
 			}
 		}
 		var outs map[string]engine.Tensor
 		var next *engine.LayerState
 		if whole {
-			outs, next, err = engine.RunLayerHooked(sctx, seeds, st, judge)
+			outs, next, err = engine.RunLayerHooked(sctx, seeds, st, cs.judge)
 		} else {
-			outs, next, err = engine.RunStepHooked(sctx, x, st, judge)
+			outs, next, err = engine.RunStepHooked(sctx, x, st, cs.judge)
 		}
 		if err != nil {
 			return nil, failStep, fmt.Errorf("replay %s: step %d layer %d: %w", src.Name(), p, layer, err)
 		}
 		for _, l := range link {
-			l.hOut[p], l.status[p] = outs["h_out"], status["h_out"]
+			l.hOut[p], l.status[p] = outs["h_out"], cs.status["h_out"]
 		}
-		if ur.first != nil {
-			if err := attributeLocally(m, src, &ur, p, layer, prevInSteps(steps, p)); err != nil {
+		if cs.ur.first != nil {
+			if err := attributeLocally(m, src, &cs.ur, p, layer, prevInSteps(steps, p)); err != nil {
 				return nil, failStep, err
 			}
 		}
 		st, stFrom = next, FromPropagate
-		out = append(out, ur)
+		out = append(out, cs.ur)
 	}
 	return out, failStep, nil
+}
+
+// reseedChain bridges a gap in a layer's chain (steps want..p-1 are not in
+// the dump): it re-seeds the chain from the state the dump holds after p-1
+// (a state-only step), as a replay would from a start state.
+func reseedChain(m *engine.Model, src Source, layer int, p, want int64) (*engine.LayerState, error) {
+	seed := map[string]engine.Tensor{}
+	for name := range engine.NewLayerState(m.Cfg, layer).StateTensors() {
+		t, ok, err := src.Stage(p-1, layer, name)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			seed[name] = t
+		}
+	}
+	ns, err := engine.LoadState(m.Cfg, layer, seed)
+	if err != nil {
+		return nil, fmt.Errorf("replay %s: propagated mode: steps %d..%d are not in the dump and no state after step %d is: %w", src.Name(), want, p-1, p-1, err)
+	}
+	return ns, nil
+}
+
+// chainSeeds reads the chain's inputs at step p (seeds) from the dump: the
+// dumped x, or with the whole layer the dumped h_in (layer 0: the embedding
+// of the token, a stage) and the token; chained (chained true), the layer
+// below's h_out, which the caller adds.
+func chainSeeds(m *engine.Model, src Source, p int64, layer int, whole, chained bool) (map[string]engine.Tensor, error) {
+	names := []string{"x"}
+	if whole {
+		names = []string{"h_in", engine.GlobalPrefix + "tok"}
+		if (layer == 0 && m.Head != nil && m.Head.Embed != nil) || chained {
+			names = names[1:]
+		}
+	}
+	seeds := map[string]engine.Tensor{}
+	for _, n := range names {
+		sl, base := layer, n
+		if b, ok := strings.CutPrefix(n, engine.GlobalPrefix); ok {
+			sl, base = dump.Global, b
+		}
+		t, ok, err := src.Stage(p, sl, base)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			return nil, fmt.Errorf("replay %s: step %d layer %d: no %s in the dump", src.Name(), p, layer, base)
+		}
+		seeds[n] = t
+	}
+	return seeds, nil
+}
+
+// chainStep is one step of one layer's chain, as its stages are judged:
+// the statuses and values so far, the selections the chain took from the
+// dump and the results.
+type chainStep struct {
+	m      *engine.Model
+	src    Source
+	tol    *Tolerance
+	mode   Mode
+	p      int64
+	layer  int
+	sctx   *engine.StepContext
+	stFrom string // where the state before the step came from
+
+	ur       unitResult
+	status   map[string]string        // this step's stage statuses
+	own      map[string]engine.Tensor // the chain's values at this step
+	followed map[string]bool          // selection stages the chain took from the dump (a tie)
+	seeded   map[string]bool          // the whole layer's inputs taken from the dump (h_in, tok)
+}
+
+// judge is the chain's hook (engine.RunLayerHooked, RunStepHooked): it judges
+// the stage def the chain just computed (ref, from chainIn) against the dump
+// and returns the value the chain continues from — ref, or the GPU's
+// selection where a top-k set is judged a tie.
+func (c *chainStep) judge(def engine.StageDef, chainIn map[string]engine.Tensor, ref engine.Tensor) (engine.Tensor, error) {
+	c.own[def.Name] = ref
+	sr := StageResult{Step: c.p, Layer: c.layer, Stage: def.Name, Equation: def.Equation}
+	for _, n := range def.Inputs {
+		// The chain's own value; same-step inputs were compared
+		// with the dump just before. The state before the step is
+		// the dump's (start state, or a state-only step after a
+		// gap, both unchecked) at the first step of the chain.
+		info := InputInfo{Name: n, From: FromPropagate, Status: inputStatus(c.status[n])}
+		if c.followed[n] || c.seeded[n] {
+			info.From = FromDump
+		}
+		if strings.HasPrefix(n, engine.PrevPrefix) {
+			info.From = c.stFrom
+		}
+		sr.Inputs = append(sr.Inputs, info)
+	}
+	gpuLayer := c.layer
+	if def.Global {
+		gpuLayer = dump.Global
+	}
+	gpu, ok, err := c.src.Stage(c.p, gpuLayer, def.Name)
+	if err != nil {
+		return ref, err
+	}
+	if !ok {
+		sr.Status, sr.Shape = StatusMissing, ref.Shape
+		c.ur.results = append(c.ur.results, sr)
+		return ref, nil
+	}
+	// The chain's own inputs (for the diagnosis); a top-k set is
+	// judged against the dumped scores, as in a local replay.
+	in := map[string]engine.Tensor{}
+	for _, n := range def.Inputs {
+		in[n] = chainIn[n]
+	}
+	sel := isSelectionStage(def.Name)
+	if sel {
+		if s, ok, _ := c.src.Stage(c.p, c.layer, "index_score"); ok {
+			in["index_score"] = s
+		}
+	}
+	JudgeStage(&sr, ref, gpu, in, c.tol.For(def.Name), JudgeContext{c.m.GPURope, c.m.Cfg.WindowSize})
+	routerNearTie(&sr, c.m, c.layer, in, ref, gpu)
+	if def.Name == "index_score" {
+		// The chain's own scores are the reference's.
+		why, err := selectionBothWays(c.m, c.src, c.sctx, nil, ref.F, gpu, c.tol)
+		if err != nil {
+			return ref, err
+		}
+		if why != "" {
+			markSelection(&sr, why)
+		}
+	}
+	c.status[def.Name] = sr.Status
+	next := ref
+	if (sel || def.Name == "moe_indices") && sr.Status == StatusTie {
+		// The GPU legally picked another member of the boundary
+		// tie: the chain follows its selection (teacher-forced for
+		// this step and layer), so attention is compared on the
+		// keys the GPU really read. A real divergence keeps the
+		// reference's own choice.
+		next = gpu
+		c.own[def.Name] = gpu
+		c.followed[def.Name] = true
+		sr.Reason += "; the propagated chain follows the GPU's selection at this step"
+	}
+	c.ur.results = append(c.ur.results, sr)
+	if sr.Status == StatusFail && c.ur.first == nil {
+		c.ur.first = Diagnose(DiagnoseInput{Model: c.m, Src: c.src, Def: def, Result: sr, Ref: ref, GPU: gpu, In: in, Own: c.own, Mode: c.mode, Tol: c.tol})
+	}
+	if def.Name == "o" {
+		srs, err := splitResults(c.m.Cfg, c.src, c.p, c.layer, chainIn["q"], chainIn["kv_cache"], chainIn["topk_idxs"], c.tol, c.m.GPURope)
+		if err != nil {
+			return next, err
+		}
+		for _, r := range srs {
+			for i := range r.Inputs {
+				r.Inputs[i].From = FromPropagate
+			}
+			c.ur.results = append(c.ur.results, r)
+			if r.Status == StatusFail && c.ur.first == nil {
+				c.ur.first = splitDivergence(r, Propagated)
+			}
+		}
+	}
+	return next, nil
 }
 
 // propagateChained is the chained replay (mode Chained): the layers run in
