@@ -3,7 +3,7 @@
 package attention
 
 // Assembly kernels (kernels_fast_amd64.s). Their contracts are in the .s file and
-// linear_fast.go / sparse_fast.go.
+// linear_fast.go, linear_fast_fp8.go / sparse_fast.go.
 
 func cpuid(eaxArg, ecxArg uint32) (eax, ebx, ecx, edx uint32)
 func xgetbv0() (eax, edx uint32)
