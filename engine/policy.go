@@ -164,45 +164,12 @@ func hfNorm(from, to string) func(*StepContext, map[string]Tensor) (Tensor, erro
 	}
 }
 
-func hfHeadNormed(ctx *StepContext, in map[string]Tensor) ([]float32, error) {
-	qb, err := inF(in, "q_b", ctx.Cfg.NHeads*ctx.Cfg.HeadDim)
-	if err != nil {
-		return nil, err
-	}
-	q := append([]float32(nil), qb...)
-	HFHeadNorm(q, ctx.Cfg.HeadDim, float32(ctx.Cfg.NormEps))
-	return q, nil
-}
-
 func hfQPePrerope(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
-	q, err := hfHeadNormed(ctx, in)
-	if err != nil {
-		return Tensor{}, err
-	}
-	H, D, rd := ctx.Cfg.NHeads, ctx.Cfg.HeadDim, ctx.Cfg.RopeHeadDim
-	pe := make([]float32, 0, H*rd)
-	for h := 0; h < H; h++ {
-		pe = append(pe, q[h*D+D-rd:(h+1)*D]...)
-	}
-	return bf16T(pe, H, rd), nil
+	return qPePreropeWith(ctx, in, HFHeadNorm)
 }
 
 func hfQ(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
-	q, err := hfHeadNormed(ctx, in)
-	if err != nil {
-		return Tensor{}, err
-	}
-	H, D, rd := ctx.Cfg.NHeads, ctx.Cfg.HeadDim, ctx.Cfg.RopeHeadDim
-	pe, err := inF(in, "q_pe_prerope", H*rd)
-	if err != nil {
-		return Tensor{}, err
-	}
-	for h := 0; h < H; h++ {
-		dst := q[h*D+D-rd : (h+1)*D]
-		copy(dst, pe[h*rd:(h+1)*rd])
-		ctx.Rope.Apply(dst, ctx.Pos)
-	}
-	return bf16T(q, H, D), nil
+	return qWith(ctx, in, HFHeadNorm)
 }
 
 // hfCopy passes a stage's input through (a rounding HF does not do); heads > 0

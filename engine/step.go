@@ -80,19 +80,25 @@ func stageQB(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
 	return bf16T(ctx.fp8Lin(ctx.W.WqB, cq), ctx.Cfg.NHeads, ctx.Cfg.HeadDim), nil
 }
 
-// headNormed is HeadRMS applied to a copy of q_b [H][D].
-func headNormed(ctx *StepContext, in map[string]Tensor) ([]float32, error) {
+// headNorm normalises each D-wide head of q in place: attention.HeadRMS for
+// model.py (every op rounds to bf16), HFHeadNorm for Hugging Face's eager path.
+type headNorm func(q []float32, d int, eps float32)
+
+// headNormed is norm applied to a copy of q_b [H][D].
+func headNormed(ctx *StepContext, in map[string]Tensor, norm headNorm) ([]float32, error) {
 	qb, err := inF(in, "q_b", ctx.Cfg.NHeads*ctx.Cfg.HeadDim)
 	if err != nil {
 		return nil, err
 	}
 	q := append([]float32(nil), qb...)
-	attention.HeadRMS(q, ctx.Cfg.HeadDim, float32(ctx.Cfg.NormEps))
+	norm(q, ctx.Cfg.HeadDim, float32(ctx.Cfg.NormEps))
 	return q, nil
 }
 
-func stageQPePrerope(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
-	q, err := headNormed(ctx, in)
+// qPePreropeWith is q_pe_prerope [H][rd]: the last rd dims of each head of
+// norm(q_b), before RoPE.
+func qPePreropeWith(ctx *StepContext, in map[string]Tensor, norm headNorm) (Tensor, error) {
+	q, err := headNormed(ctx, in, norm)
 	if err != nil {
 		return Tensor{}, err
 	}
@@ -104,8 +110,10 @@ func stageQPePrerope(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
 	return bf16T(pe, H, rd), nil
 }
 
-func stageQ(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
-	q, err := headNormed(ctx, in)
+// qWith is q [H][D]: norm(q_b) with the last rd dims of each head replaced by
+// RoPE(q_pe_prerope, p).
+func qWith(ctx *StepContext, in map[string]Tensor, norm headNorm) (Tensor, error) {
+	q, err := headNormed(ctx, in, norm)
 	if err != nil {
 		return Tensor{}, err
 	}
@@ -120,6 +128,14 @@ func stageQ(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
 		ctx.Rope.Apply(dst, ctx.Pos)
 	}
 	return bf16T(q, H, D), nil
+}
+
+func stageQPePrerope(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
+	return qPePreropeWith(ctx, in, attention.HeadRMS)
+}
+
+func stageQ(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
+	return qWith(ctx, in, attention.HeadRMS)
 }
 
 func stageKVRaw(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
