@@ -2,36 +2,30 @@ package replay
 
 import (
 	"fmt"
+	"math"
 	"strings"
 
 	"sparsemla/attention"
 	"sparsemla/engine"
 )
 
-// SplitBounds splits an index list into the two split-K pieces synth dumps:
-// [0, h) and [h, len) where h is the list position after which half of the
-// valid (non −1) entries have been seen, so both splits hold keys. nil when
-// fewer than two entries are valid.
+// SplitBounds is attention.HalfSplit on an int64 index list: the two split-K
+// pieces synth dumps, [0, h) and [h, len) where h is the list position after
+// which half of the valid (non −1) entries have been seen, so both splits hold
+// keys. nil when fewer than two entries are valid.
 func SplitBounds(idx []int64) []int64 {
-	valid := 0
-	for _, v := range idx {
-		if v >= 0 {
-			valid++
-		}
-	}
-	if valid < 2 {
-		return nil
-	}
-	seen := 0
+	i32 := make([]int32, len(idx))
 	for i, v := range idx {
-		if v >= 0 {
-			seen++
-		}
-		if seen == valid/2 {
-			return []int64{0, int64(i + 1), int64(len(idx))}
+		switch {
+		case v < 0:
+			i32[i] = -1 // invalid, whatever its value
+		case v > math.MaxInt32:
+			i32[i] = math.MaxInt32 // valid: only v >= 0 counts
+		default:
+			i32[i] = int32(v)
 		}
 	}
-	return nil
+	return attention.HalfSplit(i32)
 }
 
 // SplitPartials computes the split-K partials of sparse attention over the
