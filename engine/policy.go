@@ -382,26 +382,11 @@ func HFEagerAttn(o, q, kv []float32, d int, idx []int32, sink []float32, scale f
 }
 
 func hfO(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
+	q, kv, idx, err := attnInputs(ctx, in)
+	if err != nil {
+		return Tensor{}, err
+	}
 	H, D := ctx.Cfg.NHeads, ctx.Cfg.HeadDim
-	q, err := inF(in, "q", H*D)
-	if err != nil {
-		return Tensor{}, err
-	}
-	kv, rows, err := inRows(in, "kv_cache", D)
-	if err != nil {
-		return Tensor{}, err
-	}
-	idx64, err := inI(in, "topk_idxs")
-	if err != nil {
-		return Tensor{}, err
-	}
-	idx := make([]int32, len(idx64))
-	for i, v := range idx64 {
-		if v < -1 || v >= int64(rows) {
-			return Tensor{}, fmt.Errorf("topk_idxs[%d] = %d outside the %d cache rows", i, v, rows)
-		}
-		idx[i] = int32(v)
-	}
 	o := make([]float32, H*D)
 	HFEagerAttn(o, q, kv, D, idx, ctx.W.AttnSink, ctx.Cfg.SoftmaxScale())
 	return bf16T(o, H, D), nil

@@ -483,27 +483,37 @@ func stageKVCache(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
 	return bf16T(out, rows, D), nil
 }
 
-func stageO(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
+// attnInputs reads o's inputs: q [H][D], the cache rows kv [rows][D] and the
+// index list (each entry −1 or a row of kv).
+func attnInputs(ctx *StepContext, in map[string]Tensor) (q, kv []float32, idx []int32, err error) {
 	H, D := ctx.Cfg.NHeads, ctx.Cfg.HeadDim
-	q, err := inF(in, "q", H*D)
-	if err != nil {
-		return Tensor{}, err
+	if q, err = inF(in, "q", H*D); err != nil {
+		return nil, nil, nil, err
 	}
 	kv, rows, err := inRows(in, "kv_cache", D)
 	if err != nil {
-		return Tensor{}, err
+		return nil, nil, nil, err
 	}
 	idx64, err := inI(in, "topk_idxs")
 	if err != nil {
-		return Tensor{}, err
+		return nil, nil, nil, err
 	}
-	idx := make([]int32, len(idx64))
+	idx = make([]int32, len(idx64))
 	for i, v := range idx64 {
 		if v < -1 || v >= int64(rows) {
-			return Tensor{}, fmt.Errorf("topk_idxs[%d] = %d outside the %d cache rows", i, v, rows)
+			return nil, nil, nil, fmt.Errorf("topk_idxs[%d] = %d outside the %d cache rows", i, v, rows)
 		}
 		idx[i] = int32(v)
 	}
+	return q, kv, idx, nil
+}
+
+func stageO(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
+	q, kv, idx, err := attnInputs(ctx, in)
+	if err != nil {
+		return Tensor{}, err
+	}
+	H, D := ctx.Cfg.NHeads, ctx.Cfg.HeadDim
 	o := make([]float32, H*D)
 	ctx.sparseAttn(o, q, kv, D, idx, ctx.W.AttnSink, ctx.Cfg.SoftmaxScale())
 	return bf16T(o, H, D), nil
