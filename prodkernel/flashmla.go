@@ -51,9 +51,12 @@ var FlashCases = []FlashCase{
 	{Name: "c1", B: 1, SQ: 1, Window: 128, Cmp: 512, Temp: 3},
 	{Name: "c2", B: 1, SQ: 1, Window: 40, Cmp: 0, Temp: 2},
 	{Name: "c3", B: 1, SQ: 1, Window: 128, Cmp: 200, Temp: 2},
-	{Name: "c4", B: 4, SQ: 1, Window: 128, Cmp: 512, Temp: 2},
-	{Name: "c5", B: 12, SQ: 2, Window: 128, Cmp: 0, Temp: 2},
+	{Name: "c4", B: 2, SQ: 1, Window: 128, Cmp: 512, Temp: 2},
+	{Name: "c5", B: 10, SQ: 2, Window: 128, Cmp: 0, Temp: 2},
 	{Name: "c6", B: 6, SQ: 2, Window: 128, Cmp: 512, Temp: 2},
+	// Early decode as in the goldens: 8 window rows and 2 compressed rows, so
+	// the middle 64-entry block of the list is all −1.
+	{Name: "c7", B: 1, SQ: 1, Window: 8, Cmp: 2, Temp: 2},
 	{Name: "f_wrong_page", B: 1, SQ: 1, Window: 128, Cmp: 512, Temp: 2, Fault: "wrong-page", FaultBlock: 5, FaultPage: 9},
 	{Name: "f_dropped_split", B: 1, SQ: 1, Window: 128, Cmp: 512, Temp: 2, Fault: "dropped-split"},
 }

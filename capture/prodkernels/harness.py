@@ -604,7 +604,7 @@ def flashmla_synth(args):
     cases = sorted(k[:-2] for k in st if k.endswith(".q"))
     outs, info = {}, {"env": {"torch": torch.__version__, "cuda": torch.version.cuda,
                               "gpu": torch.cuda.get_device_name(0),
-                              "sms": torch.cuda.get_device_properties(0).multi_processor_count,
+                              "sms": str(torch.cuda.get_device_properties(0).multi_processor_count),
                               "python": sys.version.split()[0]}, "cases": {}}
     meta = json.loads(open(args.input, "rb").read(8 + struct.unpack("<Q", open(args.input, "rb").read(8))[0])[8:]).get("__metadata__", {})
     for c in cases:
@@ -637,6 +637,7 @@ def flashmla_synth(args):
             outs[c + ".o"] = tbytes(out)  # [B, SQ, H, 512] bf16
             outs[c + ".lse"] = tbytes(lse.contiguous())  # [B, H, SQ] fp32 (natural log, no sink)
             outs[c + ".num_splits"] = tbytes(ns)
+            outs[c + ".sched"] = tbytes(sched)  # [num_sm_parts, 8] int32 DecodingSchedMeta (FlashMLA params.h)
             ci["seconds"] = round(time.time() - t0, 3)
             ci["ok"] = True
             info["cases"][c] = ci
