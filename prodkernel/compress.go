@@ -20,6 +20,12 @@ import (
 // dumped state after step p−1 (rows 0..3, the previous group) and after step
 // p (rows 4..7) for r = 4, after step p for r = 128.
 func CompressWindow(src replay.Source, p int64, l, r int) (kv, score []float32, err error) {
+	return compressWindow(src, p, l, r, "cmp_", 512)
+}
+
+// compressWindow is CompressWindow for the compressor whose stages are named
+// prefix+"kv_state" ("cmp_", "icmp_") and whose head dim is d.
+func compressWindow(src replay.Source, p int64, l, r int, prefix string, d int) (kv, score []float32, err error) {
 	get := func(q int64, stage string) ([]float32, error) {
 		t, ok, err := src.Stage(q, l, stage)
 		if err != nil || !ok {
@@ -28,24 +34,27 @@ func CompressWindow(src replay.Source, p int64, l, r int) (kv, score []float32, 
 		return t.F, nil
 	}
 	if r == 128 {
-		if kv, err = get(p, "cmp_kv_state"); err != nil {
+		if kv, err = get(p, prefix+"kv_state"); err != nil {
 			return nil, nil, err
 		}
-		score, err = get(p, "cmp_score_state")
-		if len(kv) != 128*512 {
+		score, err = get(p, prefix+"score_state")
+		if len(kv) != 128*d {
 			return nil, nil, fmt.Errorf("prodkernel: step %d layer %d: kv_state of %d values at an emission step", p, l, len(kv))
 		}
 		return kv, score, err
 	}
-	w := 2 * 512
-	pk, e1 := get(p-1, "cmp_kv_state")
-	ps, e2 := get(p-1, "cmp_score_state")
-	ck, e3 := get(p, "cmp_kv_state")
-	cs, e4 := get(p, "cmp_score_state")
+	w := 2 * d
+	pk, e1 := get(p-1, prefix+"kv_state")
+	ps, e2 := get(p-1, prefix+"score_state")
+	ck, e3 := get(p, prefix+"kv_state")
+	cs, e4 := get(p, prefix+"score_state")
 	for _, e := range []error{e1, e2, e3, e4} {
 		if e != nil {
 			return nil, nil, e
 		}
+	}
+	if len(pk) != 8*w || len(ck) != 8*w || len(ps) != 8*w || len(cs) != 8*w {
+		return nil, nil, fmt.Errorf("prodkernel: step %d layer %d: %skv_state of %d values, want %d", p, l, prefix, len(ck), 8*w)
 	}
 	kv = append(append([]float32(nil), pk[:4*w]...), ck[4*w:8*w]...)
 	score = append(append([]float32(nil), ps[:4*w]...), cs[4*w:8*w]...)
@@ -233,7 +242,15 @@ type PoolCheck struct {
 }
 
 // CheckSGLangPool builds the PoolCheck of SGLang's rows PREFIX.pP.LL.row.
+// The main compressor's rows (d = 512, RoPE on dims 448..511) are checked
+// against cmp_normed, the indexer compressor's (SGLang prefix "sglang_ipool",
+// d = 128, RoPE on 64..127) against icmp_normed.
 func CheckSGLangPool(src replay.Source, r *Run, prefix string, units []CompressUnit, norm map[int][]float32, eps float32, rope RopeTable) (*PoolCheck, error) {
+	stage, d := "cmp_", 512
+	if prefix == "sglang_ipool" {
+		stage, d = "icmp_", 128
+	}
+	nope := d - 64
 	pc := &PoolCheck{}
 	var ulps, rels, good []float64
 	for _, u := range units {
@@ -241,21 +258,21 @@ func CheckSGLangPool(src replay.Source, r *Run, prefix string, units []CompressU
 		if err != nil {
 			return nil, err
 		}
-		kv, sc, err := CompressWindow(src, u.P, u.Layer, u.Ratio)
+		kv, sc, err := compressWindow(src, u.P, u.Layer, u.Ratio, stage, d)
 		if err != nil {
 			return nil, err
 		}
-		rule := NormF32(PoolF32(kv, sc, u.Ratio, 512), norm[u.Layer], eps)
-		nm, ok, err := src.Stage(u.P, u.Layer, "cmp_normed")
-		if !ok || err != nil || len(k.F) != 512 {
+		rule := NormF32(PoolF32(kv, sc, u.Ratio, d), norm[u.Layer], eps)
+		nm, ok, err := src.Stage(u.P, u.Layer, stage+"normed")
+		if !ok || err != nil || len(k.F) != d {
 			return nil, fmt.Errorf("prodkernel: step %d layer %d: no cmp_normed (%v) or row of %d", u.P, u.Layer, err, len(k.F))
 		}
 		pc.Units++
 		var rmax float64
-		for _, v := range rule[:448] {
+		for _, v := range rule[:nope] {
 			rmax = max(rmax, math.Abs(float64(v)))
 		}
-		for i := 0; i < 448; i++ {
+		for i := 0; i < nope; i++ {
 			ulps = append(ulps, math.Abs(float64(quant.BF16ULPDistance(quant.BF16Round(k.F[i]), nm.F[i]))))
 			rels = append(rels, math.Abs(float64(k.F[i]-rule[i]))/rmax)
 		}
@@ -264,9 +281,9 @@ func CheckSGLangPool(src replay.Source, r *Run, prefix string, units []CompressU
 		var errs []float64
 		for i := 0; i < 32; i++ {
 			c, s := rope.at(pos, i)
-			x, y := rule[448+2*i], rule[449+2*i]
+			x, y := rule[nope+2*i], rule[nope+1+2*i]
 			a, b := x*c-y*s, y*c+x*s
-			e := math.Hypot(float64(a-k.F[448+2*i]), float64(b-k.F[449+2*i])) / math.Hypot(float64(x), float64(y))
+			e := math.Hypot(float64(a-k.F[nope+2*i]), float64(b-k.F[nope+1+2*i])) / math.Hypot(float64(x), float64(y))
 			pc.RopePairs++
 			errs = append(errs, e)
 			if e > 1e-3 {
@@ -285,8 +302,85 @@ func CheckSGLangPool(src replay.Source, r *Run, prefix string, units []CompressU
 }
 
 func fmtUnit(prefix string, p int64, l int) string {
-	if prefix == "vllm_cmp" {
+	if prefix == "vllm_cmp" || prefix == "vllm_icmp8" {
 		return fmt.Sprintf("%s.p%d.L%d.entry", prefix, p, l)
 	}
 	return fmt.Sprintf("%s.p%d.L%d.row", prefix, p, l)
+}
+
+// VLLMIndexerCompressFP8 is vLLM's fused_compress_quant_cache rule for the
+// indexer compressor's FP8 cache (d = 128, one quantisation block, fp32
+// scale) over an fp32 pooled row:
+//
+//	n = NormF32(pooled); dims 64..127: RoPE_fp32(n) at j·r (interleaved pairs)
+//	x = bf16(n); s = 2^ceil(log2(max(max|x|, 1e-4)·(1/448))); code = E4M3(clamp(x/s, ±448))
+//
+// It returns the 128 codes and s. The reference instead rotates by a
+// Hadamard matrix and quantises to FP4 per 32 (icmp_had, icmp_row).
+func VLLMIndexerCompressFP8(pooled, w []float32, eps float32, rope RopeTable, pos int64) ([]byte, float32) {
+	n := NormF32(pooled, w, eps)
+	for i := 0; i < 32; i++ {
+		c, s := rope.at(pos, i)
+		x, y := n[64+2*i], n[65+2*i]
+		n[64+2*i], n[65+2*i] = x*c-y*s, y*c+x*s
+	}
+	var amax float32
+	for i, v := range n {
+		n[i] = quant.BF16Round(v)
+		amax = max(amax, float32(math.Abs(float64(n[i]))))
+	}
+	s := scaleLog2Ceil(max(amax, 1e-4) * float32(1.0/448))
+	codes := make([]byte, len(n))
+	for i, v := range n {
+		codes[i] = quant.EncodeE4M3Sat(v / s)
+	}
+	return codes, s
+}
+
+// CheckVLLMIndexerCompress holds vLLM's indexer-compressor FP8 entries
+// (PREFIX.pP.LL.entry: 128 codes + fp32 scale) against
+// VLLMIndexerCompressFP8 over the dumped icmp window, and measures the
+// dequantised row against the reference's icmp_roped (error / row amax).
+func CheckVLLMIndexerCompress(src replay.Source, r *Run, prefix string, units []CompressUnit, norm map[int][]float32, eps float32, rope RopeTable) (*Check, error) {
+	c := &Check{Kernel: prefix, Rule: "vLLM indexer compressor (FP8): fp32 pool, fp32 RMSNorm, fp32 RoPE, FP8 of bf16 per row", Versus: "icmp_roped"}
+	var errs []float64
+	for _, u := range units {
+		got, _, err := r.Bytes(fmtUnit(prefix, u.P, u.Layer))
+		if err != nil {
+			return nil, err
+		}
+		if len(got) != 132 {
+			return nil, fmt.Errorf("prodkernel: %s p%d L%d: entry of %d bytes, want 132", prefix, u.P, u.Layer, len(got))
+		}
+		kv, sc, err := compressWindow(src, u.P, u.Layer, u.Ratio, "icmp_", 128)
+		if err != nil {
+			return nil, err
+		}
+		pos := u.P / int64(u.Ratio) * int64(u.Ratio)
+		codes, s := VLLMIndexerCompressFP8(PoolF32(kv, sc, u.Ratio, 128), norm[u.Layer], eps, rope, pos)
+		gs := math.Float32frombits(uint32(got[128]) | uint32(got[129])<<8 | uint32(got[130])<<16 | uint32(got[131])<<24)
+		c.Scales++
+		if gs == s {
+			c.ScalesEqual++
+		} else {
+			c.mismatch("p%d L%d: kernel scale %g, rule %g", u.P, u.Layer, gs, s)
+		}
+		ref, ok, err := src.Stage(u.P, u.Layer, "icmp_roped")
+		if err != nil || !ok || len(ref.F) != 128 {
+			return nil, fmt.Errorf("prodkernel: step %d layer %d: no icmp_roped (%v)", u.P, u.Layer, err)
+		}
+		deq := make([]float32, 128)
+		for i := range codes {
+			c.Codes++
+			if got[i] == codes[i] {
+				c.Equal++
+			} else {
+				c.mismatch("p%d L%d dim %d: kernel code 0x%02x, rule 0x%02x", u.P, u.Layer, i, got[i], codes[i])
+			}
+			deq[i] = quant.DecodeE4M3(got[i]) * gs
+		}
+		errs = append(errs, blockErrors(deq, ref.F, 128)...)
+	}
+	c.Dist = newDist(errs)
+	return c, nil
 }

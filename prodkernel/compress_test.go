@@ -31,9 +31,16 @@ func openCompress(t *testing.T, name, tag, prefix string) (*replay.DumpSource, *
 	var units []CompressUnit
 	norm := map[int][]float32{}
 	var eps float32
+	idx := prefix == "vllm_icmp8" || prefix == "sglang_ipool"
 	for _, p := range src.Steps() {
 		for _, l := range src.Layers() {
 			c := m.Weights[l].Compressor
+			if idx {
+				c = nil
+				if ix := m.Weights[l].Indexer; ix != nil {
+					c = ix.Compressor
+				}
+			}
 			if c == nil || (p+1)%int64(c.Ratio) != 0 {
 				continue
 			}
@@ -91,6 +98,41 @@ func TestVLLMCompressScaleFault(t *testing.T) {
 		t.Fatalf("%v\nwant exactly one mismatch at p7 L1 scale 3", c)
 	}
 	t.Logf("%v", c)
+}
+
+// TestVLLMIndexerCompressRule: vLLM's fused_compress_quant_cache for the
+// indexer's FP8 cache (its non-MXFP4 path) is a named difference: no
+// Hadamard rotation and one FP8 scale per row where the reference writes
+// FQ4(Had(icmp_roped), 32) (spec §8.3); its rule over the dumped window
+// reproduces every code and scale.
+func TestVLLMIndexerCompressRule(t *testing.T) {
+	for _, cr := range compressRuns {
+		src, r, units, norm, eps, rope := openCompress(t, cr.dump, cr.tag, "vllm_icmp8")
+		c, err := CheckVLLMIndexerCompress(src, r, "vllm_icmp8", units, norm, eps, rope)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !c.Agrees() {
+			t.Errorf("%s: %v", cr.dump, c)
+		}
+		t.Logf("%s (%d emissions): %v", cr.dump, len(units), c)
+	}
+}
+
+// TestSGLangIndexerPool: SGLang's fused_ape_pool_norm_rope on the indexer
+// compressor (d = 128): the fp32-norm named difference, RoPE pairs right.
+func TestSGLangIndexerPool(t *testing.T) {
+	for _, cr := range compressRuns {
+		src, r, units, norm, eps, rope := openCompress(t, cr.dump, cr.tag, "sglang_ipool")
+		pc, err := CheckSGLangPool(src, r, "sglang_ipool", units, norm, eps, rope)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pc.NopeULP.Max > 1 || pc.NopeRel.Max > 1e-6 || pc.RopeWrong != 0 || pc.RopeRelGood.Max > 1e-6 {
+			t.Errorf("%s: %+v", cr.dump, pc)
+		}
+		t.Logf("%s: %+v", cr.dump, pc)
+	}
 }
 
 // TestSGLangPool: SGLang's fused_ape_pool_norm_rope (its Triton pooling +
