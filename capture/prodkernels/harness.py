@@ -7,6 +7,10 @@ The kernel files themselves are NOT part of this repository: copy them, unmodifi
     python3 capture/prodkernels/harness.py run --src .kern --out OUTDIR \
         testdata/official-v4-tiny testdata/gpu-v4-tiny-long
 
+FlashMLA (sm90 sparse FP8 decode): `flashmla-build` builds its sparse decode path from FlashMLA's
+csrc/ and CUTLASS's headers; `flashmla-synth` runs it on prodkernel's synthetic input; `run --only
+flashmla --flashmla-in DIR` on the goldens' pages (testdata/kernels/README.md has the commands).
+
 It writes OUTDIR/<dump name>/kernels-TAG.safetensors (every kernel output, named below) and
 OUTDIR/<dump name>/kernels-TAG.json (what ran: kernels, source commits, shapes, versions, errors).
 Each kernel runs in its own try/except: one that fails is recorded with its error and the others
