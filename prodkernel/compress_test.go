@@ -1,10 +1,12 @@
 package prodkernel
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
 
+	"sparsemla/dump"
 	"sparsemla/replay"
 )
 
@@ -163,5 +165,56 @@ func TestSGLangPool(t *testing.T) {
 			t.Errorf("%s: RoPE not of the row's own values at %v, want %v", cr.dump, pc.WrongUnits, wrong[cr.dump])
 		}
 		t.Logf("%s: %+v", cr.dump, pc)
+	}
+}
+
+// TestSGLangPoolRepeat: the same SGLang fused_ape_pool_norm_rope call, 50
+// times per emission on the same inputs (a fresh output buffer each time):
+// the no-RoPE dims never change, the RoPE dims do — some calls give the RoPE
+// of the row's own values, others not. The outcome depends on the call, as a
+// read-after-write race between the kernel's store of the normed row and its
+// load of the RoPE dims predicts.
+func TestSGLangPoolRepeat(t *testing.T) {
+	wrongCalls, calls, varying := 0, 0, 0
+	for _, cr := range compressRuns {
+		src, _, units, norm, eps, rope := openCompress(t, cr.dump, cr.tag, "sglang_pool")
+		rr, err := Open(kernelDir(cr.dump), "repeat")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rr.Close()
+		for _, u := range units {
+			rows, err := rr.Floats(fmt.Sprintf("sglang_pool_rep.p%d.L%d.rows", u.P, u.Layer))
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := len(rows.F) / 512
+			wrong, distinct := 0, map[string]bool{}
+			for k := 0; k < n; k++ {
+				row := rows.F[k*512 : (k+1)*512]
+				if k > 0 && !slices.Equal(row[:448], rows.F[:448]) {
+					t.Errorf("%s p%d L%d call %d: the no-RoPE dims changed", cr.dump, u.P, u.Layer, k)
+				}
+				distinct[fmt.Sprint(row[448:])] = true
+				one := &Run{patched: map[string]dump.Record{fmtUnit("sglang_pool", u.P, u.Layer): {Name: "row", DType: dump.F32, Shape: []int{512}, Data: f32Bytes(row)}}}
+				pc, err := CheckSGLangPool(src, one, "sglang_pool", []CompressUnit{u}, norm, eps, rope)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if pc.RopeWrong > 0 {
+					wrong++
+				}
+			}
+			calls += n
+			wrongCalls += wrong
+			if len(distinct) > 1 {
+				varying++
+			}
+			t.Logf("%s p%d L%d: %d calls, %d distinct RoPE outputs, %d not the RoPE of the row", cr.dump, u.P, u.Layer, n, len(distinct), wrong)
+		}
+	}
+	t.Logf("%d calls: %d with wrong RoPE dims; %d of the units vary between calls", calls, wrongCalls, varying)
+	if wrongCalls == 0 || varying == 0 {
+		t.Errorf("no call-dependent RoPE output: the race is not shown by this run")
 	}
 }

@@ -257,6 +257,7 @@ def run(args):
                           ("vllm_fused_compress_quant_cache_indexer_mxfp4", lambda g, o, t: run_vllm_compress(g, o, t, "indexer", True)),
                           ("sglang_compressor_fused_ape_pool_norm_rope", lambda g, o, t: run_sglang_pool(g, o, t, "main")),
                           ("sglang_compressor_fused_ape_pool_norm_rope_indexer", lambda g, o, t: run_sglang_pool(g, o, t, "indexer")),
+                          ("sglang_compressor_fused_ape_pool_norm_rope_repeat", lambda g, o, t: run_sglang_pool(g, o, t, "main", args.repeat)),
                           ("flashmla_sparse_decode_fwd", lambda g, o, t: run_flashmla(g, o, t, args.flashmla_in, name))]
         todo = [(k, f) for k, f in todo if (not args.only or args.only in k) and (not args.skip or args.skip not in k)]
         for kname, fn in todo:
@@ -511,13 +512,15 @@ def run_vllm_compress(g, outs, torch, kind, fp4):
     return {"units": done, "token_stride": ts, "scale_dim": sd, "quant_block": qb, "state_block": PAGE_ENTRIES}
 
 
-def run_sglang_pool(g, outs, torch, kind):
+def run_sglang_pool(g, outs, torch, kind, repeat=0):
     """SGLang's fused_ape_pool_norm_rope (its Triton pooling + RMSNorm + RoPE kernel, from the HIP
     compressor file) over the dumped window. The dumped scores already hold ape, so the kernel's
     ape is zero (its in-kernel ape add is then exact). Output: the fp32 normed, roped row."""
     from sglang.srt.layers.attention.dsv4.fused_compress_triton import fused_ape_pool_norm_rope
     d = 512 if kind == "main" else g.cfg["index_head_dim"]
     tag = "sglang_pool" if kind == "main" else "sglang_ipool"
+    if repeat:
+        tag += "_rep"
     done = []
     for p, l in emissions(g, kind):
         r = g.ratio(l)
@@ -530,6 +533,14 @@ def run_sglang_pool(g, outs, torch, kind):
         fc = g.conv(g.rope["freqs_cis_cmp"])  # [T, 32, 2]
         j = p // r
         freqs = fc[j * r].reshape(1, 64).float().contiguous()  # interleaved (cos, sin) pairs
+        if repeat:
+            rows = []
+            for _ in range(repeat):
+                rows.append(fused_ape_pool_norm_rope(gathered, ape, w, g.cfg["norm_eps"], freqs, d, 64, r, r == 4).reshape(-1))
+                torch.cuda.synchronize()
+            outs[f"{tag}.p{p}.L{l}.rows"] = tbytes(torch.stack(rows))
+            done.append([p, l, j])
+            continue
         out = fused_ape_pool_norm_rope(gathered, ape, w, g.cfg["norm_eps"], freqs, d, 64, r, r == 4)
         torch.cuda.synchronize()
         outs[f"{tag}.p{p}.L{l}.row"] = tbytes(out.reshape(-1))
@@ -716,6 +727,7 @@ def main():
     r.add_argument("--only", default="", help="run only the kernels whose name contains this")
     r.add_argument("--skip", default="", help="skip the kernels whose name contains this")
     r.add_argument("--tag", default="all", help="output files are kernels-TAG.safetensors / .json")
+    r.add_argument("--repeat", type=int, default=20, help="calls per unit of the _repeat run")
     r.add_argument("dirs", nargs="+")
     b = sub.add_parser("flashmla-build")
     b.add_argument("--csrc", required=True)
