@@ -37,6 +37,7 @@
 // excludes the sink), judged with FlashMLATolerance — the default with the
 // o bounds FlashMLA was measured to need (docs/production-kernels.md). A row
 // that fails is diagnosed by DiagnoseFlash (a dropped split partial, a wrong
-// page id). Its inputs: WritePages (the goldens' MODEL1 pages, kvcache's
+// page id). FlashModel (FlashMLA's split-K order over FlashSchedule's split
+// ranges) is the evidence behind the widened tolerance. Its inputs: WritePages (the goldens' MODEL1 pages, kvcache's
 // encoder) and NewFlashInput (synthetic V4-Flash cases, FlashCases).
 package prodkernel
