@@ -7,7 +7,7 @@
 // The hypotheses include bf16 logits or softmax in attention, split-K merges
 // without rescaling or without the sink, window K without FQ8, another FP8
 // scale rule, FP8 linears as bf16 GEMMs, an indexer without Hadamard or FQ4,
-// an fp32 scorer, bf16 compressor GEMMs, a wrong RoPE table or position and a
+// an fp32 scorer, bf16 compressor GEMMs, vLLM's FP8 o_inv, a wrong RoPE table or position and a
 // cache write to the wrong slot; in a teacher-forced replay the inputs are the
 // dumped ones. Package replay calls it when it diagnoses a diverging stage;
 // it imports engine, attention, indexer, kvcache and quant, and reads no dump.
