@@ -75,8 +75,9 @@ const (
 	// normalise).
 	RouterUnnormalised Kind = "router-unnormalised"
 	// ExpertScaleBlock: the routed experts' FP4 GEMM indexes the UE8M0
-	// scales per 128 columns (the FP8 weight block) instead of per 32, so
-	// every 128 columns share the scale of their first 32-block: ffn_out.
+	// scales per 128 columns (the FP8 weight block) instead of per 32:
+	// column k reads the row's scale byte k/128, not k/32 (moe's
+	// ScalePer128): ffn_out.
 	ExpertScaleBlock Kind = "expert-scale-block"
 	// ExpertNoClamp: the routed experts skip the swiglu_limit clamp (up to
 	// ±limit, gate ≤ limit): ffn_out. Refused where no routed expert's gate
@@ -580,6 +581,12 @@ func (j *faultInjector) apply(ctx *engine.StepContext, base, ref engine.Tensor, 
 	var sr replay.StageResult
 	sr.Stage = name
 	replay.JudgeStage(&sr, ref, bad, in, replay.DefaultTolerance().For(name), replay.JudgeContext{GPURope: gpuRope, Window: ctx.Cfg.WindowSize})
+	// A choice among near-equal experts is a tie a replay does not blame
+	// (tie-aware router faults).
+	replay.RouterNearTie(&sr, ctx.Cfg, ctx.Layer, ctx.W, in, ref, bad)
+	if sr.Status == replay.StatusTie {
+		return engine.Tensor{}, fmt.Errorf("fault %s: the faulty experts differ from the reference's only among near-equal candidates (%s): a tie at the top-k boundary, not a router bug: %w", j.fault, sr.Reason, ErrInvisible)
+	}
 	if sr.Status != replay.StatusFail {
 		return engine.Tensor{}, fmt.Errorf("fault %s: %w", j.fault, ErrInvisible)
 	}

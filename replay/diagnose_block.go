@@ -629,6 +629,15 @@ func sameSet(a []int32, b []int64) bool {
 // to ~2 fp32 ulps on the tiny golden; a 4096-wide gate sums 16× more terms).
 const routerTieRel = 1e-5
 
+// RouterNearTie is the replay's tie rule for moe_indices (routerNearTie)
+// for one layer's weights w: sr (a judged moe_indices result) becomes a tie
+// when the GPU's experts differ from the reference's ref only among near-
+// equal candidates. Fault injection uses it so that a router fault is never
+// placed where a replay would rightly call it a tie.
+func RouterNearTie(sr *StageResult, cfg *engine.Config, layer int, w *engine.LayerWeights, in map[string]engine.Tensor, ref, gpu engine.Tensor) {
+	routerNearTie(sr, &engine.Model{Cfg: cfg, Weights: map[int]*engine.LayerWeights{layer: w}}, layer, in, ref, gpu)
+}
+
 // routerNearTie turns a failed moe_indices comparison into a tie when the
 // GPU's experts differ from the reference's only among experts whose score
 // + bias lie within routerTieRel of the k-th selected one: which of nearly
