@@ -82,7 +82,12 @@ func diagnoseBlock(d DiagnoseInput, div *Divergence) {
 		why = sr.Reason // the hypothesis sentence Diagnose appends says the rest
 	}
 	if sr.Stage == "ffn_out" {
-		why += routedEvidence(d, exact)
+		if ev := routedEvidence(d, exact); ev != "" {
+			if why == "" {
+				why = sr.Reason
+			}
+			why += ev
+		}
 	}
 	if why == "" {
 		why = base
