@@ -241,7 +241,11 @@ func (pl *faultPlan) fullStep(p int64) error {
 		}
 		ref, err := replay.ComputeStage(def, ctx, in)
 		if err != nil {
-			return fmt.Errorf("fault %s: step %d layer %d: recomputing %s from the faulty values: %w", pl.f, p, l, def.Name, err)
+			from := "recomputing %s from the faulty values"
+			if !fromChanged {
+				from = "computing %s from the dumped inputs"
+			}
+			return fmt.Errorf("fault %s: step %d layer %d: "+from+": %w", pl.f, p, l, def.Name, err)
 		}
 		if !dumped {
 			own[def.Name] = ref

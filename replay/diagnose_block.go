@@ -375,6 +375,11 @@ func routerIndicesHypotheses(d DiagnoseInput) string {
 	}
 	g := &b.MoE.Gate
 	gpu := d.GPU.I
+	for _, e := range gpu {
+		if e < 0 || e >= int64(g.Experts) {
+			return fmt.Sprintf("the GPU's experts %v name %d, which is not an expert id (0 … %d)", gpu, e, g.Experts-1)
+		}
+	}
 	if g.Hash() {
 		tok, err := inTokOf(d)
 		if err != nil {
