@@ -428,10 +428,21 @@ func routerIndicesHypotheses(d DiagnoseInput) string {
 	if noBias, _ := moe.TopK(s, g.TopK); sameSet(noBias, gpu) {
 		return fmt.Sprintf("the GPU's experts %v are the top-%d of the scores WITHOUT the selection bias (the reference's, with it: %v)", gpu, g.TopK, ref)
 	}
-	if tie {
-		return fmt.Sprintf("experts %v, the reference's %v: the k-th score ties (score + bias %v), so the chosen set depends on the tie rule", gpu, ref, sel)
+	// Near ties were judged before (routerNearTie: not a divergence); what
+	// reaches here chose at least one expert clearly outside the boundary.
+	kth := sel[ref[len(ref)-1]]
+	var far []string
+	for _, e := range gpu {
+		if !slices.Contains(ref, int32(e)) {
+			far = append(far, fmt.Sprintf("%d (score + bias %v)", e, sel[e]))
+		}
 	}
-	return fmt.Sprintf("the GPU's experts %v are not the top-%d of score + bias (the reference's %v; score + bias %v)", gpu, g.TopK, ref, sel)
+	tieNote := ""
+	if tie {
+		tieNote = " (the k-th place ties, but not with these)"
+	}
+	return fmt.Sprintf("the GPU's experts %v are not the top-%d of score + bias (the reference's %v): it chose %s below the k-th %v by more than the tie margin %g (relative), not a boundary tie%s; score + bias %v",
+		gpu, g.TopK, ref, strings.Join(far, ", "), kth, routerTieRel, tieNote, sel)
 }
 
 // routerWeightsHypotheses tries the weight rule without its normalisation,

@@ -322,3 +322,21 @@ func TestRouterNearTie(t *testing.T) {
 		t.Errorf("same experts in another order: %s", sr.Status)
 	}
 }
+
+// TestRouterSelectionNotATie: an expert chosen clearly below the k-th
+// score + bias is named with its value and called not a boundary tie.
+func TestRouterSelectionNotATie(t *testing.T) {
+	cfg, _ := engine.Preset("tiny")
+	g := moe.Gate{Experts: 3, TopK: 1, Dim: 1, Func: moe.Sigmoid, RouteScale: 1,
+		Weight: []float32{1, 1, 0}, Bias: []float32{0, 1e-2, 0}}
+	m := &engine.Model{Cfg: cfg, Weights: map[int]*engine.LayerWeights{1: {Block: &engine.BlockWeights{MoE: &moe.MoE{Gate: g}}}}}
+	d := DiagnoseInput{Model: m, Result: StageResult{Stage: "moe_indices", Layer: 1},
+		In:  map[string]engine.Tensor{"ffn_in": engine.FromF(engine.KindBF16, []float32{1}, 1)},
+		GPU: engine.FromI(engine.KindI64, []int64{2}, 1)}
+	why := routerIndicesHypotheses(d)
+	for _, want := range []string{"the GPU's experts [2] are not the top-1", "it chose 2 (score + bias 0.5) below the k-th", "not a boundary tie"} {
+		if !strings.Contains(why, want) {
+			t.Errorf("diagnosis %q does not say %q", why, want)
+		}
+	}
+}
