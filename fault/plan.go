@@ -57,7 +57,11 @@ func planFault(d *dump.Dump, src *replay.DumpSource, m *engine.Model, opt Option
 	if !containsInt(layers, f.Layer) {
 		return nil, fmt.Errorf("fault %s: layer %d is not in the dump", f, f.Layer)
 	}
-	if _, ok, err := src.Stage(f.Step, f.Layer, f.Stage()); err != nil {
+	stageLayer := f.Layer
+	if f.Kind == HeadNoNorm {
+		stageLayer = dump.Global // logits: a global stage, computed after the last layer
+	}
+	if _, ok, err := src.Stage(f.Step, stageLayer, f.Stage()); err != nil {
 		return nil, err
 	} else if !ok {
 		return nil, fmt.Errorf("fault %s: the dump does not hold stage %s at step %d, layer %d, so a replay could not see the fault", f, f.Stage(), f.Step, f.Layer)
@@ -237,7 +241,11 @@ func (pl *faultPlan) fullStep(p int64) error {
 		}
 		ref, err := replay.ComputeStage(def, ctx, in)
 		if err != nil {
-			return fmt.Errorf("fault %s: step %d layer %d: recomputing %s from the faulty values: %w", pl.f, p, l, def.Name, err)
+			from := "recomputing %s from the faulty values"
+			if !fromChanged {
+				from = "computing %s from the dumped inputs"
+			}
+			return fmt.Errorf("fault %s: step %d layer %d: "+from+": %w", pl.f, p, l, def.Name, err)
 		}
 		if !dumped {
 			own[def.Name] = ref

@@ -78,6 +78,8 @@ var goldenFaults = [][3]string{
 	{"fault-official-stale9", "official-v4-tiny", "--fault stale-prefix@6,1 --seed 9"},
 	{"fault-official-late", "official-v4-tiny", "--fault compressor-late@3,1"},
 	{"fault-official-order", "official-v4-tiny", "--fault window-order@2,0"},
+	{"fault-official-hash", "official-v4-tiny", "--fault router-hash-off@3,0"},
+	{"fault-official-expertscale", "official-v4-tiny", "--fault expert-scale-block@4,1"},
 	{"fault-long-topk", "gpu-v4-tiny-long", "--fault topk-off-by-one@255,1"},
 	{"fault-long-scalebyte", "gpu-v4-tiny-long", "--fault scale-byte@128,3"},
 	{"fault-long-late", "gpu-v4-tiny-long", "--fault compressor-late@255,2"},
@@ -118,6 +120,9 @@ func goldenCases() []goldenCase {
 	add("fault/positional", []string{"fault-positional"}, "fault", goldenTestdata("official-v4-tiny"), "--out", "$TMP/fault-positional", "--fault", "wrong-lse@4,2", "--reference")
 	add("fault/refused-layer", nil, "fault", "--in", goldenTestdata("official-v4-tiny"), "--out", "$TMP/refused3", "--fault", "topk-off-by-one@5,0")
 	add("fault/refused-kind", nil, "fault", "--in", goldenTestdata("official-v4-tiny"), "--out", "$TMP/refused4", "--fault", "gremlins@3,1")
+	add("fault/refused-hash-layer", nil, "fault", "--in", goldenTestdata("official-v4-tiny"), "--out", "$TMP/refused6", "--fault", "router-hash-off@3,1")
+	add("fault/refused-no-clamp", nil, "fault", "--in", goldenTestdata("official-v4-tiny"), "--out", "$TMP/refused7", "--fault", "expert-no-clamp@4,1")
+	add("synth/refused-block", nil, "synth", "--out", "$TMP/refused8", "--fault", "head-no-norm@7,3")
 
 	type dumpAt struct{ name, dir, inspect string }
 	var dumps []dumpAt
