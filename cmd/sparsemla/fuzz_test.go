@@ -29,9 +29,9 @@ import (
 // dump.Writer: the frames of records no edit touched are the Writer's
 // frames of the base dump), opened from those bytes by dump.OpenReaderAt
 // (the reader dump.Open uses for a .smd file: the same checks and errors)
-// and replayed (local or propagated, by the scope byte's top bit) on a
-// model loaded
-// once (replay.LoadOptions.From: the weights are loaded and packed before
+// and replayed (local or propagated, by the scope byte's top bit:
+// fuzzScope) on a model loaded once (replay.LoadOptions.From: the weights
+// are loaded and packed before
 // the fuzzing, everything made from the dump — config, RoPE tables, layer
 // and shape checks — is made from each execution's dump). Whatever the
 // dump holds:
@@ -47,17 +47,20 @@ import (
 //   - the replay is deterministic: a second replay of the same dump on the
 //     same model gives the same JSON (--json's, without its indentation),
 //     byte for byte, and so the model was not changed by the first;
-//     checked on every eighth input
-//     (by a checksum of its bytes, so that a failing input fails again),
-//     as it doubles an execution's time; the other inputs are not
-//     encoded as JSON.
+//     checked on every eighth input (by a checksum of its bytes, so that a
+//     failing input fails again), as it doubles an execution's time; the
+//     other inputs are not encoded as JSON.
 //
 // The model is the smallest the engine replays every stage and page record
-// of (fuzzReplayCfg), loaded once. One execution still costs about 2.3 ms of
-// CPU (6-7 ms under -fuzz instrumentation: writing and re-opening the dump
-// is ~45 % of it), so the target runs ~1-1.4k executions in .ci/run's 10 s
-// on a loaded 2-core machine (an estimated ~3k idle), short of the 10k the
-// other targets reach; opening a dump from memory is the next lever.
+// of (fuzzReplayCfg), loaded once. An execution costs about 2 ms of CPU
+// on the seeds (BenchmarkFuzzReplayExec) and 1.6 ms on the 600 inputs a
+// fuzzing cache held, 2.7 ms under -fuzz instrumentation (4.5 and 7.8 ms
+// when each dump was written to a file and re-opened and every scope was
+// as likely): almost all of it is now the replay itself (the stages
+// computed and compared, the dump decoded). That is ~6-7k executions in .ci/run's 10 s on an idle 2-core
+// machine (two workers, the coordinator's share taken off), short of the
+// 10k the other targets reach, and a few hundred to ~2k when the machine
+// is shared.
 // fuzz: min-execs 500 (see above: an execution replays a whole dump)
 func FuzzReplay(f *testing.F) {
 	for _, seed := range fuzzReplaySeeds() {
@@ -122,9 +125,11 @@ func fuzzReplayExec(tb testing.TB) func(t testing.TB, prog []byte) {
 	base := fuzzReplayBase(tb)
 	fr := newFrameCache(tb, base)
 	// The live heap is a few MiB and an execution allocates about as much:
-	// at the default GOGC the collector ran several times an execution.
-	gc := debug.SetGCPercent(400)
-	tb.Cleanup(func() { debug.SetGCPercent(gc) })
+	// at the default GOGC the collector ran several times an execution
+	// (GOGC 1000: 10-15 % of an execution less); the memory limit bounds
+	// the heap that lets grow.
+	gc, limit := debug.SetGCPercent(1000), debug.SetMemoryLimit(512<<20)
+	tb.Cleanup(func() { debug.SetGCPercent(gc); debug.SetMemoryLimit(limit) })
 	var (
 		recs  []dump.Record
 		idx   []int // base index of recs[i]
