@@ -31,10 +31,9 @@ import (
 // (the reader dump.Open uses for a .smd file: the same checks and errors)
 // and replayed (local or propagated, by the scope byte's top bit:
 // fuzzScope) on a model loaded once (replay.LoadOptions.From: the weights
-// are loaded and packed before
-// the fuzzing, everything made from the dump — config, RoPE tables, layer
-// and shape checks — is made from each execution's dump). Whatever the
-// dump holds:
+// are loaded and packed before the fuzzing, everything made from the dump
+// — config, RoPE tables, layer and shape checks — is made from each
+// execution's dump). Whatever the dump holds:
 //   - nothing panics, and no stage owes a skipped result to a recovered
 //     runtime panic (a reason naming "runtime error" means a stage trusted
 //     a dumped shape it should have checked);
@@ -57,10 +56,10 @@ import (
 // fuzzing cache held, 2.7 ms under -fuzz instrumentation (4.5 and 7.8 ms
 // when each dump was written to a file and re-opened and every scope was
 // as likely): almost all of it is now the replay itself (the stages
-// computed and compared, the dump decoded). That is ~6-7k executions in .ci/run's 10 s on an idle 2-core
-// machine (two workers, the coordinator's share taken off), short of the
-// 10k the other targets reach, and a few hundred to ~2k when the machine
-// is shared.
+// computed and compared, the dump decoded). That is ~6-7k executions in
+// .ci/run's 10 s on an idle 2-core machine (two workers, the
+// coordinator's share taken off), short of the 10k the other targets
+// reach, and a few hundred to ~2k when the machine is shared.
 // fuzz: min-execs 500 (see above: an execution replays a whole dump)
 func FuzzReplay(f *testing.F) {
 	for _, seed := range fuzzReplaySeeds() {
@@ -281,12 +280,11 @@ func fuzzReplayExec(tb testing.TB) func(t testing.TB, prog []byte) {
 	}
 }
 
-// fuzzReplayOnce does what 'sparsemla replay --json --mode MODE DIR' does
-// after parsing its flags (rpOpenDump, replay.Run, rpWrite, rpExit,
-// rpFail), with the layer weights taken from m instead of the weights file.
-// The report comes back (nil for exit 2), with its JSON as stdout when
-// asJSON (encoding it is a third of an execution's time under the fuzzer's
-// instrumentation).
+// fuzzReplayOnce does what 'sparsemla replay --json --mode MODE DUMP'
+// does after parsing its flags (rpOpenDump, replay.Run, rpExit, rpFail) for
+// a native dump file holding b, with the layer weights taken from m
+// instead of the weights file. The report comes back (nil for exit 2),
+// with its JSON (less the indentation) as stdout when asJSON.
 func fuzzReplayOnce(b []byte, m *engine.Model, mode replay.Mode, asJSON bool) (code int, rep *replay.Report, stdout, stderr string) {
 	var out, errw bytes.Buffer
 	fail := func(err error) (int, *replay.Report, string, string) {
