@@ -56,10 +56,11 @@ import (
 // fuzzing cache held, 2.7 ms under -fuzz instrumentation (4.5 and 7.8 ms
 // when each dump was written to a file and re-opened and every scope was
 // as likely): almost all of it is now the replay itself (the stages
-// computed and compared, the dump decoded). That is ~6-7k executions in
-// .ci/run's 10 s on an idle 2-core machine (two workers, the
-// coordinator's share taken off), short of the 10k the other targets
-// reach, and a few hundred to ~2k when the machine is shared.
+// computed and compared, the dump decoded). The fuzzer runs ~260-270
+// executions a CPU-second (130-150 before): ~5.5-6k in .ci/run's 10 s on
+// an idle 2-core machine, short of the 10k the other targets reach, and
+// 0.8-2.7k when the machine is shared (measured at load 10, with the
+// shared fuzz cache's 600 inputs to re-run first and without).
 // fuzz: min-execs 500 (see above: an execution replays a whole dump)
 func FuzzReplay(f *testing.F) {
 	for _, seed := range fuzzReplaySeeds() {
