@@ -52,8 +52,14 @@ func NewLayerState(cfg *Config, layer int) *LayerState {
 func newCompressorState(r, d int) *attention.CompressorState {
 	n := Coff(r) * r * Coff(r) * d
 	st := &attention.CompressorState{KV: make([]float32, n), Score: make([]float32, n)}
-	for i := range st.Score {
-		st.Score[i] = float32(math.Inf(-1))
+	// Score = −inf everywhere, filled by doubling copies (memmove: an
+	// r = 128 state is 64K values, and a loop of stores was ~18 % of a
+	// fuzzed replay under the fuzzer's instrumentation).
+	if n > 0 {
+		st.Score[0] = float32(math.Inf(-1))
+		for i := 1; i < n; i *= 2 {
+			copy(st.Score[i:], st.Score[:i])
+		}
 	}
 	return st
 }
