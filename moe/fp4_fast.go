@@ -41,6 +41,12 @@ func FP4LinearFast(y, x []float32, w *FP4Weight) {
 	for b := range sa {
 		sa[b] = sx[b*FP4Block/attention.ActBlock]
 	}
+	if UseFP4Assembly && hasFP4Asm && w.Rows >= fp4Group && nb%16 == 0 {
+		if ea, ok := fp4ActExponents(qx, sa); ok {
+			fp4LinearAsm(y, qx, sa, ea, w)
+			return
+		}
+	}
 	workers := runtime.GOMAXPROCS(0)
 	if w.Rows < fp4FastMinRows || workers < 2 {
 		fp4Rows(y, qx, sa, w, 0, w.Rows)
