@@ -61,7 +61,12 @@ import (
 // head), the bytes a step reads (GB) and the process's peak RSS: peakRSS-GiB
 // (VmHWM since the process started, the setup included) and stepRSS-GiB
 // (VmHWM reset after the setup through /proc/self/clear_refs: what the steps
-// and the weights they hold need).
+// and the weights they hold need). It runs at GOGC = wholeStepGOGC (10): with
+// ≈ 11 GiB live, the default 100 lets the heap reach twice that. Memory it
+// does not hold that a model loaded by LoadLayerWeightsPrepared would: one
+// fp32 copy of the compressor projections per layer (≈ 1.1 GiB; here one per
+// shape, shareCompressorWeights) and the block's fp32 hc_*_fn and gate
+// weights (≈ 0.3 GiB; Step reads their panels).
 func BenchmarkWholeStep(b *testing.B) {
 	if !benchBig() {
 		b.Skip("set SPARSEMLA_BENCH_BIG=1 (≈ 12 GiB of memory, ≈ 4.5 GiB of disk)")

@@ -6,11 +6,13 @@ a('//go:build amd64 && !purego')
 a('')
 a('#include "textflag.h"')
 a('')
-a('// E2M1 magnitudes {0, 0.5, 1, 1.5, 2, 3, 4, 6} (VPERMPS table), the fp32')
-a('// sign bit and the byte mask, 8 lanes each.')
+a('// fp4mag[m] = bits(E2M1 magnitude m: 0, 0.5, 1, 1.5, 2, 3, 4, 6) XOR m<<28:')
+a('// the kernel XORs the table entry with the nibble shifted to bits 28..31')
+a('// (magnitude m at 28..30, the sign at 31), which cancels m<<28 and leaves')
+a('// the signed value. fp4sign: the fp32 sign bit; fp4byte: the byte mask.')
 vals=[0x00000000,0x3F000000,0x3F800000,0x3FC00000,0x40000000,0x40400000,0x40800000,0x40C00000]
 for i,v in enumerate(vals):
-    a('DATA fp4mag<>+%d(SB)/4, $0x%08X' % (4*i, v))
+    a('DATA fp4mag<>+%d(SB)/4, $0x%08X' % (4*i, v ^ (i << 28)))
 a('GLOBL fp4mag<>(SB), RODATA|NOPTR, $32')
 for i in range(8):
     a('DATA fp4sign<>+%d(SB)/4, $0x80000000' % (4*i))
@@ -46,6 +48,7 @@ TEXT ·fp4Rows32AVX2(SB), NOSPLIT, $0-72
 	MOVQ qx+32(FP), DX
 	MOVQ ea+40(FP), R9
 	MOVQ stat+48(FP), R10
+	VMOVDQU fp4mag<>(SB), Y12
 	XORQ BX, BX            // block b
 block:
 	MOVQ tmp+64(FP), R11
@@ -104,15 +107,11 @@ for i in range(8):
     for g in range(4):
         G='Y%d'%(4+g)
         if i==0:
-            a('\tVPERMPS fp4mag<>(SB), %s, Y10' % G)
+            a('\tVPERMPS Y12, %s, Y10' % G)
         else:
             a('\tVPSRLD $%d, %s, Y9' % (4*i, G))
-            a('\tVPERMPS fp4mag<>(SB), Y9, Y10')
-        if i<7:
-            a('\tVPSLLD $%d, %s, Y11' % (28-4*i, G))
-            a('\tVPAND fp4sign<>(SB), Y11, Y11')
-        else:
-            a('\tVPAND fp4sign<>(SB), %s, Y11' % G)
+            a('\tVPERMPS Y12, Y9, Y10')
+        a('\tVPSLLD $28, %s, Y11' % (G if i==0 else 'Y9'))
         a('\tVXORPS Y11, Y10, Y10')
         a('\tVFMADD231PS Y10, Y8, Y%d' % g)
 a('''	ADDQ $128, R11
