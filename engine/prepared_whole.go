@@ -61,11 +61,14 @@ type PreparedHead struct {
 	Fn, W *attention.Panels
 }
 
-// PrepareHead packs h's GEMVs (PreparedHead).
+// PrepareHead packs h's GEMVs (PreparedHead); a head loaded with its
+// weight as panels (LoadHeadWeights) keeps them.
 func PrepareHead(h *head.Head) *PreparedHead {
-	return &PreparedHead{Head: h,
-		Fn: attention.PackPanels(h.HCFn, h.Mult, h.Mult*h.Dim),
-		W:  attention.PackPanels(h.Weight, h.Vocab, h.Dim)}
+	p := &PreparedHead{Head: h, Fn: attention.PackPanels(h.HCFn, h.Mult, h.Mult*h.Dim), W: h.Panels}
+	if h.Weight != nil {
+		p.W = attention.PackPanels(h.Weight, h.Vocab, h.Dim)
+	}
+	return p
 }
 
 // PreparedWhole is the whole model on the fast path: every layer's attention
