@@ -86,9 +86,9 @@ type Head struct {
 	// Panels is head.weight packed for attention's panel GEMV (bf16 storage
 	// for bf16 values: half of Weight's memory). With Weight nil, Logits
 	// runs Panels.Dot, which is F32Linear bit for bit.
-	Panels *attention.Panels
-	NormEps float32   // norm_eps
-	HCEps   float32   // hc_eps
+	Panels  *attention.Panels
+	NormEps float32 // norm_eps
+	HCEps   float32 // hc_eps
 }
 
 // Check panics with a "head: …" message when the parameter shapes disagree.
