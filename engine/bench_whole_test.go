@@ -684,3 +684,106 @@ func fileBlocks(path string) (disk, size int64) {
 	}
 	return s.Blocks * 512, s.Size
 }
+
+// TestWholeStepFromSparseCheckpoint runs BenchmarkWholeStep's machinery on
+// a small V4-Flash-shaped model: the block weights written into a sparse
+// checkpoint, loaded with LazyExperts, the routed experts written when the
+// step first routes to them and read back through the checkpoint reader;
+// PreparedWhole.Step on them gives the bits of RunLayer on the reference
+// loops with every expert loaded at once from the same file (the unrouted
+// ones are holes: zero codes), two steps in a row, and the experts read
+// back are the bytes written.
+func TestWholeStepFromSparseCheckpoint(t *testing.T) {
+	cfg := smallFlash(t)
+	cfg.NLayers, cfg.CompressRatios, cfg.NHashLayers = 4, flashRatios(4), 2
+	cfg.VocabSize, cfg.NRoutedExperts, cfg.MoEInterDim = 300, 16, 512
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	const seed, start = 5, 300
+	n := cfg.NLayers
+	path := filepath.Join(t.TempDir(), "moe.safetensors")
+	ck, err := writeFlashMoECheckpoint(path, cfg, seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.f.Close()
+	st, err := dump.OpenSafetensors(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	m := &PreparedWhole{Cfg: cfg, Attn: &PreparedModel{Cfg: cfg, Layers: make([]*PreparedLayer, n), Rope: make([]*RopeTable, n)},
+		Blocks: make([]*PreparedBlock, n), Embed: RandomEmbedding(cfg, seed), Head: PrepareHead(RandomHead(cfg, seed))}
+	ws := make([]*LayerWeights, n)
+	states := make([]*LayerState, n)
+	writers := make([]*writingExperts, n)
+	for l := 0; l < n; l++ {
+		ws[l] = RandomLayerWeights(cfg, l, seed)
+		m.Attn.Layers[l] = Prepare(cfg, ws[l])
+		m.Attn.Rope[l] = LayerRope(cfg, l, start+3)
+		states[l] = SyntheticState(cfg, ws[l], m.Attn.Rope[l], start, seed)
+		bw, err := LoadBlockWeightsWith(cfg, l, st, BlockLoadOptions{LazyExperts: true, ExpertCache: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		writers[l] = &writingExperts{ck: ck, layer: l, inter: cfg.MoEInterDim, dim: cfg.Dim, seed: seed, inner: bw.MoE.Source.(*checkpointExperts), done: map[int]bool{}}
+		bw.MoE.Source = writers[l]
+		m.Blocks[l] = PrepareBlock(cfg, bw)
+	}
+	refStates := make([]*LayerState, n)
+	for l := range states {
+		refStates[l] = states[l].Clone()
+	}
+	var fast []*WholeStep
+	for i := 0; i < 2; i++ {
+		s, err := m.Step(states, int64(11+i), start+int64(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fast = append(fast, s)
+	}
+	// the reference, every expert read at load from the file as written
+	hw := &HeadWeights{Embed: RandomEmbedding(cfg, seed), Head: RandomHead(cfg, seed)}
+	for l := 0; l < n; l++ {
+		if ws[l].Block, err = LoadBlockWeights(cfg, l, st); err != nil {
+			t.Fatal(err)
+		}
+		for e := range writers[l].done {
+			p, sc := genFP4(seed, l, e, 1, cfg.Dim, cfg.MoEInterDim)
+			w2 := ws[l].Block.MoE.Experts[e].W2
+			if !bytes.Equal(w2.Packed, p) || !bytes.Equal(w2.Scale, sc) {
+				t.Fatalf("layer %d expert %d: w2 read back differs from the bytes written", l, e)
+			}
+		}
+		if len(writers[l].done) == 0 {
+			t.Fatalf("layer %d: no expert routed", l)
+		}
+	}
+	for i := 0; i < 2; i++ {
+		pos, tok := start+int64(i), int64(11+i)
+		var h Tensor
+		for l := 0; l < n; l++ {
+			ctx := &StepContext{Cfg: cfg, Layer: l, Pos: pos, W: ws[l], Rope: m.Attn.Rope[l], Head: hw}
+			seeds := map[string]Tensor{GlobalPrefix + "tok": FromI(KindI64, []int64{tok}, 1)}
+			if l > 0 {
+				seeds["h_in"] = h
+			}
+			out, next, err := RunLayer(ctx, seeds, refStates[l])
+			if err != nil {
+				t.Fatal(err)
+			}
+			refStates[l], h = next, out["h_out"]
+			for j, e := range fast[i].Indices[l] {
+				if int64(e) != out["moe_indices"].I[j] {
+					t.Fatalf("step %d layer %d: moe_indices %v, reference %v", pos, l, fast[i].Indices[l], out["moe_indices"].I)
+				}
+			}
+			if l == n-1 {
+				if k := bitsEqual(fast[i].Logits, out["logits"].F); k != -1 {
+					t.Fatalf("step %d: logits differ from the reference at %d", pos, k)
+				}
+			}
+		}
+	}
+}
