@@ -180,6 +180,14 @@
 // 10 ms, a whole 43-layer step about 0.3 s on a quiet 2-core machine
 // (bench/README.md; go test ./engine -run '^$' -bench Prepared).
 //
+// PreparedWhole.Step is the whole decode step on the fast path, from the
+// token to the logits: per layer hc_pre (PreparedBlock: mixes and gate on
+// panels), PreparedLayer.Step, hc_post, the MoE with MoE.Fast (the FP4
+// kernel of package moe, the shared expert on FP8 panels), and the head on
+// bf16 panels (PreparedHead) — the bits of RunLayer chained layer after
+// layer (TestPreparedWholeStepEqualsRunLayer; BenchmarkWholeStep: V4-Flash
+// at 64K with the routed experts read lazily from a sparse checkpoint).
+//
 // LoadLayerWeights keeps the full reference form (every FP8 weight with its
 // fp32 dequantisation, wo_a in fp32: ≈ 0.55 GiB per V4-Flash CSA layer);
 // LoadLayerWeightsPrepared packs a layer as it is read and keeps only the
