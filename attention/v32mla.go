@@ -1,0 +1,152 @@
+package attention
+
+import (
+	"fmt"
+	"math"
+
+	"sparsemla/quant"
+)
+
+// DeepSeek-V3.2 MLA decode with the DSA index mask (deepseek-ai/DeepSeek-V3.2-Exp
+// inference/model.py MLA.forward, the `mask is None` branch, cited V32-M).
+// Shapes: H heads, nope = qk_nope_head_dim (128), c = kv_lora_rank (512),
+// rope = 64, v = v_head_dim (128); T = p + 1 cached tokens.
+//
+//	wkv_b  bf16 [H·(nope+v), c]   weight_dequant(wkv_b): FP8 codes × block scale, rounded to bf16
+//	cache  bf16 [T, c + rope]     row t = kv_norm(kv_a_t[:c]) | RoPE(kv_a_t[c:], t)
+//
+// The three steps, every rounding point named:
+//
+//	q_absorbed[h][k] = bf16( Σ_{d<nope} q[h][d] · wkv_b[h(nope+v)+d][k] )            (V32Absorb)
+//	s[h][t]          = f32( f32(Σ_k q_absorbed[h][k]·cache[t][k]) + f32(Σ_r q_pe[h][r]·cache[t][c+r]) ) · τ
+//	                   for t in the index set, −∞ elsewhere (index_mask)
+//	P[h][t]          = bf16( softmax_t(s[h]) )                                        fp32 softmax, then .type_as(x)
+//	o_latent[h][k]   = bf16( Σ_t P[h][t] · cache[t][k] )                              (V32SparseMLA)
+//	o_v[h][j]        = bf16( Σ_k o_latent[h][k] · wkv_b[h(nope+v)+nope+j][k] )       (V32ValueUp)
+//
+// Sums are fp32 in ascending index order (cuBLAS may order them otherwise:
+// the last bf16 bit can differ). The index set is a set: a row named twice in
+// the top-k list is attended once (the mask is scattered, V32-M:573).
+
+// V32Absorb computes q_absorbed [H][c] from q [H][nope+rope] (its first nope
+// dims) and the bf16 wkv_b [H·(nope+v)][c].
+func V32Absorb(dst, q, wkvB []float32, H, nope, rope, v, c int) {
+	if len(dst) != H*c || len(q) != H*(nope+rope) || len(wkvB) != H*(nope+v)*c {
+		panic("attention: V32Absorb shape mismatch")
+	}
+	for h := 0; h < H; h++ {
+		qh := q[h*(nope+rope) : h*(nope+rope)+nope]
+		w := wkvB[h*(nope+v)*c:]
+		for k := 0; k < c; k++ {
+			var acc float32
+			for d, x := range qh {
+				acc += float32(x * w[d*c+k])
+			}
+			dst[h*c+k] = quant.BF16Round(acc)
+		}
+	}
+}
+
+// V32Scores returns the masked fp32 scores s [H][T] (−∞ outside the index
+// set; see the package comment above). qAbs [H][c], qPe [H][rope], cache
+// [T][c+rope], sel the selected rows (each in 0..T−1).
+func V32Scores(qAbs, qPe, cache []float32, H, c, rope, T int, sel []int64, tau float32) ([]float32, error) {
+	if len(qAbs) != H*c || len(qPe) != H*rope || len(cache) != T*(c+rope) {
+		return nil, fmt.Errorf("attention: V32Scores shape mismatch")
+	}
+	mask := make([]bool, T)
+	for i, j := range sel {
+		if j < 0 || j >= int64(T) {
+			return nil, fmt.Errorf("attention: index entry %d names row %d, outside the %d cached tokens", i, j, T)
+		}
+		mask[j] = true
+	}
+	s := make([]float32, H*T)
+	ninf := float32(math.Inf(-1))
+	for h := 0; h < H; h++ {
+		for t := 0; t < T; t++ {
+			if !mask[t] {
+				s[h*T+t] = ninf
+				continue
+			}
+			row := cache[t*(c+rope):]
+			var a, b float32
+			for k := 0; k < c; k++ {
+				a += float32(qAbs[h*c+k] * row[k])
+			}
+			for r := 0; r < rope; r++ {
+				b += float32(qPe[h*rope+r] * row[c+r])
+			}
+			s[h*T+t] = float32(a+b) * tau
+		}
+	}
+	return s, nil
+}
+
+// V32SparseMLA is the decode attention over the latent cache: the masked
+// scores (V32Scores), an fp32 softmax per head rounded to bf16, and the
+// probability-weighted sum of the latent rows, o_latent [H][c] in bf16.
+func V32SparseMLA(oLat, qAbs, qPe, cache []float32, H, c, rope, T int, sel []int64, tau float32) error {
+	if len(oLat) != H*c {
+		return fmt.Errorf("attention: V32SparseMLA output shape mismatch")
+	}
+	s, err := V32Scores(qAbs, qPe, cache, H, c, rope, T, sel, tau)
+	if err != nil {
+		return err
+	}
+	p := make([]float32, T)
+	acc := make([]float32, c)
+	for h := 0; h < H; h++ {
+		sh := s[h*T : (h+1)*T]
+		V32Softmax(p, sh)
+		clear(acc)
+		for t := 0; t < T; t++ {
+			if p[t] == 0 {
+				continue // exactly zero weight (masked): adds +0
+			}
+			row := cache[t*(c+rope):]
+			for k := 0; k < c; k++ {
+				acc[k] += float32(p[t] * row[k])
+			}
+		}
+		for k := range acc {
+			oLat[h*c+k] = quant.BF16Round(acc[k])
+		}
+	}
+	return nil
+}
+
+// V32Softmax is scores.softmax(dim=-1, dtype=float32).type_as(x):
+//
+//	m = max_t s_t;  e_t = f32(exp(s_t − m));  Z = Σ_t e_t (fp32, t ascending);  P_t = bf16(e_t / Z)
+//
+// A row with every entry −∞ gives NaN, as torch does.
+func V32Softmax(p, s []float32) {
+	m := float32(math.Inf(-1))
+	for _, v := range s {
+		m = max(m, v)
+	}
+	var z float32
+	for t, v := range s {
+		p[t] = exp32(v - m)
+		z += p[t]
+	}
+	for t := range p {
+		p[t] = quant.BF16Round(p[t] / z)
+	}
+}
+
+// V32ValueUp computes o_v [H][v] from o_latent [H][c] and the value half of
+// wkv_b (rows h(nope+v)+nope … h(nope+v)+nope+v−1).
+func V32ValueUp(dst, oLat, wkvB []float32, H, nope, v, c int) {
+	if len(dst) != H*v || len(oLat) != H*c || len(wkvB) != H*(nope+v)*c {
+		panic("attention: V32ValueUp shape mismatch")
+	}
+	for h := 0; h < H; h++ {
+		o := oLat[h*c : (h+1)*c]
+		for j := 0; j < v; j++ {
+			w := wkvB[(h*(nope+v)+nope+j)*c:][:c]
+			dst[h*v+j] = quant.BF16Round(dot(o, w))
+		}
+	}
+}
