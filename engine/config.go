@@ -257,7 +257,12 @@ func Coff(r int) int {
 func (c *Config) NopeDim() int { return c.HeadDim - c.RopeHeadDim }
 
 // SoftmaxScale is τ = f32(head_dim^-0.5) (0x3D3504F3 for 512).
-func (c *Config) SoftmaxScale() float32 { return float32(1 / math.Sqrt(float64(c.HeadDim))) }
+func (c *Config) SoftmaxScale() float32 {
+	if c.V32() {
+		return c.V32SoftmaxScale()
+	}
+	return float32(1 / math.Sqrt(float64(c.HeadDim)))
+}
 
 // IndexWeightScale is f32(index_head_dim^-0.5 · index_n_heads^-0.5), the fixed
 // factor of the indexer head weights (R-M:418; 0x3C3504F3 for V4-Flash).
