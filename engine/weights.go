@@ -87,7 +87,10 @@ func LoadLayerWeights(cfg *Config, layer int, st dump.WeightSource) (*LayerWeigh
 // reads WoA of a prepared layer; the reference loops cannot run on such a
 // layer without its Fast (the wo_a stage panics), so keep it set.
 func LoadLayerWeightsPrepared(cfg *Config, layer int, st dump.WeightSource) (*LayerWeights, error) {
-	if cfg.BF16Checkpoint() || cfg.V32() {
+	if cfg.V32() {
+		return loadV32LayerWeights(cfg, layer, st) // reference loops only
+	}
+	if cfg.BF16Checkpoint() {
 		// the fast kernels pack FP8 weights: a bf16 checkpoint runs the
 		// reference loops (Model.Kernels says "reference")
 		return loadLayerWeights(cfg, layer, st, false)

@@ -174,6 +174,9 @@ func DefaultTolerance() *Tolerance {
 		"ffn_out":       ulp(1, "FP4 routed + FP8 shared experts, GEMM order (§9.1; measured 100 %)"),
 		"logits":        {Mode: TolClose, Abs: 1e-5, Rel: 1e-4, Cos: 1e-9, Why: "head fp32 GEMV order after hc_head and norm (measured |Δ| ≤ 1e-6)"},
 	}, Fallback: ulp(1, "any other bf16 stage: one rounding, one ulp")}
+	for name, st := range v32Tol() { // V3.2 stage names (replay/v32.go)
+		t.Stages[name] = st
+	}
 	return t
 }
 
