@@ -8,19 +8,23 @@ import (
 )
 
 // DeepSeek-V3.2 MLA decode with the DSA index mask (deepseek-ai/DeepSeek-V3.2-Exp
-// inference/model.py MLA.forward, the `mask is None` branch, cited V32-M).
+// inference/model.py MLA.forward, the `mask is None` ("MQA decode") branch, at
+// 8631a81 "fix indexer rope", 2025-11-17, the current official code; cited V32-M).
 // Shapes: H heads, nope = qk_nope_head_dim (128), c = kv_lora_rank (512),
 // rope = 64, v = v_head_dim (128); T = p + 1 cached tokens.
 //
 //	wkv_b  bf16 [H·(nope+v), c]   weight_dequant(wkv_b): FP8 codes × block scale, rounded to bf16
-//	cache  bf16 [T, c + rope]     row t = kv_norm(kv_a_t[:c]) | RoPE(kv_a_t[c:], t)
+//	cache  bf16 [T, c + rope]     row t = FQ8(kv_norm(kv_a_t[:c]), 128) | RoPE(kv_a_t[c:], t)
+//	                              (the official code rounds the latent through FP8 "to simulate
+//	                              the fp8 kv cache in actual deployment")
 //
-// The three steps, every rounding point named:
+// The three steps, every rounding point named (the einsums run on bf16
+// tensors: fp32 accumulation, bf16 out):
 //
 //	q_absorbed[h][k] = bf16( Σ_{d<nope} q[h][d] · wkv_b[h(nope+v)+d][k] )            (V32Absorb)
-//	s[h][t]          = f32( f32(Σ_k q_absorbed[h][k]·cache[t][k]) + f32(Σ_r q_pe[h][r]·cache[t][c+r]) ) · τ
+//	s[h][t]          = bf16( bf16( bf16(Σ_k q_absorbed[h][k]·cache[t][k]) + bf16(Σ_r q_pe[h][r]·cache[t][c+r]) ) · f32(τ) )
 //	                   for t in the index set, −∞ elsewhere (index_mask)
-//	P[h][t]          = bf16( softmax_t(s[h]) )                                        fp32 softmax, then .type_as(x)
+//	P[h][t]          = bf16( e_t / Σ e ),  e_t = f32(exp(s_t − max s))               softmax of a bf16 tensor (fp32 inside)
 //	o_latent[h][k]   = bf16( Σ_t P[h][t] · cache[t][k] )                              (V32SparseMLA)
 //	o_v[h][j]        = bf16( Σ_k o_latent[h][k] · wkv_b[h(nope+v)+nope+j][k] )       (V32ValueUp)
 //
@@ -47,7 +51,7 @@ func V32Absorb(dst, q, wkvB []float32, H, nope, rope, v, c int) {
 	}
 }
 
-// V32Scores returns the masked fp32 scores s [H][T] (−∞ outside the index
+// V32Scores returns the masked scores s [H][T] (bf16 values) (−∞ outside the index
 // set; see the package comment above). qAbs [H][c], qPe [H][rope], cache
 // [T][c+rope], sel the selected rows (each in 0..T−1).
 func V32Scores(qAbs, qPe, cache []float32, H, c, rope, T int, sel []int64, tau float32) ([]float32, error) {
@@ -77,14 +81,15 @@ func V32Scores(qAbs, qPe, cache []float32, H, c, rope, T int, sel []int64, tau f
 			for r := 0; r < rope; r++ {
 				b += float32(qPe[h*rope+r] * row[c+r])
 			}
-			s[h*T+t] = float32(a+b) * tau
+			sum := quant.BF16Round(quant.BF16Round(a) + quant.BF16Round(b))
+			s[h*T+t] = quant.BF16Round(sum * tau)
 		}
 	}
 	return s, nil
 }
 
 // V32SparseMLA is the decode attention over the latent cache: the masked
-// scores (V32Scores), an fp32 softmax per head rounded to bf16, and the
+// scores (V32Scores), a softmax per head (fp32 inside) rounded to bf16, and the
 // probability-weighted sum of the latent rows, o_latent [H][c] in bf16.
 func V32SparseMLA(oLat, qAbs, qPe, cache []float32, H, c, rope, T int, sel []int64, tau float32) error {
 	if len(oLat) != H*c {
@@ -116,7 +121,7 @@ func V32SparseMLA(oLat, qAbs, qPe, cache []float32, H, c, rope, T int, sel []int
 	return nil
 }
 
-// V32Softmax is scores.softmax(dim=-1, dtype=float32).type_as(x):
+// V32Softmax is scores.softmax(dim=-1) of the bf16 scores:
 //
 //	m = max_t s_t;  e_t = f32(exp(s_t − m));  Z = Σ_t e_t (fp32, t ascending);  P_t = bf16(e_t / Z)
 //

@@ -9,13 +9,14 @@ import (
 )
 
 // V32Stages lists a V3.2 (DSA) layer's attention stages at decode position p,
-// in the order of the official MLA.forward decode branch (V32-M:545-580)
-// with the Indexer.forward (V32-M:451-486). T = p + 1 tokens, H heads,
+// in the order of the official MLA.forward decode branch with the
+// Indexer.forward (deepseek-ai/DeepSeek-V3.2-Exp inference/model.py at
+// 8631a81 "fix indexer rope", the current official code). T = p + 1 tokens, H heads,
 // nope = qk_nope_head_dim, c = kv_lora_rank, v = v_head_dim:
 //
 //	q_a → qr → q_b → q_pe, q_absorbed              query: LoRA, q_norm, RoPE of the last 64 dims, wkv_b absorbed
-//	kv_a → kv_normed, k_pe → latent_cache          this token's latent row (bf16, appended)
-//	iq_b → iq_roped → iq_had → iq_fp8, iq_scale     indexer query (RoPE of the FIRST 64 dims, Hadamard, FP8)
+//	kv_a → kv_normed → kv_fq8, k_pe → latent_cache  this token's latent row (FP8-rounded latent, bf16 k_pe)
+//	iq_b → iq_roped → iq_had → iq_fp8, iq_scale     indexer query (non-interleaved RoPE of the first 64 dims, Hadamard, FP8)
 //	ik_raw → ik_normed → ik_roped → ik_had → ik_fp8, ik_scale → k_cache, k_scale_cache
 //	iw_raw → iw → index_weights → index_score → index_topk     fp8_index over every token, top-min(K, T)
 //	o_latent → o_v → y                              sparse MLA over the selected rows, value up-projection, wo
@@ -34,28 +35,29 @@ func V32Stages(cfg *Config, layer int, pos int64) []StageDef {
 	add("q_absorbed", "q_absorbed[h] = bf16(q_b[h, :nope] · wkv_b[h, :nope, :])  (bf16 wkv_b, fp32 sum)", v32QAbsorbed, "q_b")
 	add("kv_a", "kv_a = FP8Lin(wkv_a, x)", v32Linear("x", func(v *V32Weights) *attention.FP8Weight { return v.WkvA }), "x")
 	add("kv_normed", "kv_normed = RMSNorm(kv_a[:kv_lora_rank]) ⊙ kv_norm", v32KVNormed, "kv_a")
+	add("kv_fq8", "kv_fq8 = FQ8(kv_normed, 128)  (act_quant and back: the deployed FP8 latent cache)", v32KVFQ8, "kv_normed")
 	add("k_pe", "k_pe = RoPE(kv_a[kv_lora_rank:], p)", v32KPe, "kv_a")
-	add("latent_cache", "latent_cache = prev:latent_cache ++ [kv_normed | k_pe]", v32LatentCache, PrevPrefix+"latent_cache", "kv_normed", "k_pe")
+	add("latent_cache", "latent_cache = prev:latent_cache ++ [kv_fq8 | k_pe]", v32LatentCache, PrevPrefix+"latent_cache", "kv_fq8", "k_pe")
 	add("iq_b", "iq_b = FP8Lin(indexer.wq_b, qr) viewed [H_I][128]", v32IqB, "qr")
-	add("iq_roped", "iq_roped = iq_b with RoPE(dims 0..63, p)", v32RopedFirst("iq_b"), "iq_b")
+	add("iq_roped", "iq_roped = iq_b with RoPE(dims 0..63 as pairs (i, i+32), p)", v32RopedFirst("iq_b"), "iq_b")
 	add("iq_had", "iq_had = Had(iq_roped) per head  (bf16, scale 128^-0.5)", v32Had("iq_roped"), "iq_roped")
 	add("iq_fp8", "iq_fp8 = E4M3(iq_had / iq_scale)  (act_quant, one block per head)", v32Codes("iq_had"), "iq_had")
 	add("iq_scale", "iq_scale[h] = 2^ceil(log2(max(amax(iq_had[h]), 1e-4)/448))", v32Scales("iq_had"), "iq_had")
 	add("ik_raw", "ik_raw = FP8Lin(indexer.wk, x)", v32Linear("x", func(v *V32Weights) *attention.FP8Weight { return v.IWk }), "x")
 	add("ik_normed", "ik_normed = bf16(LayerNorm(ik_raw) ⊙ k_norm.weight + k_norm.bias)  (fp32)", v32IkNormed, "ik_raw")
-	add("ik_roped", "ik_roped = ik_normed with RoPE(dims 0..63, p)", v32RopedFirst("ik_normed"), "ik_normed")
+	add("ik_roped", "ik_roped = ik_normed with RoPE(dims 0..63 as pairs (i, i+32), p)", v32RopedFirst("ik_normed"), "ik_normed")
 	add("ik_had", "ik_had = Had(ik_roped)", v32Had("ik_roped"), "ik_roped")
 	add("ik_fp8", "ik_fp8 = E4M3(ik_had / ik_scale)", v32Codes("ik_had"), "ik_had")
 	add("ik_scale", "ik_scale = 2^ceil(log2(max(amax(ik_had), 1e-4)/448))", v32Scales("ik_had"), "ik_had")
 	add("k_cache", "k_cache = prev:k_cache ++ ik_fp8", v32Append("k_cache", "ik_fp8"), PrevPrefix+"k_cache", "ik_fp8")
 	add("k_scale_cache", "k_scale_cache = prev:k_scale_cache ++ ik_scale", v32Append("k_scale_cache", "ik_scale"), PrevPrefix+"k_scale_cache", "ik_scale")
-	add("iw_raw", "iw_raw = bf16(weights_proj · x)", v32IwRaw, "x")
-	add("iw", "iw = bf16(iw_raw · f32(H_I^-0.5))", v32Iw, "iw_raw")
+	add("iw_raw", "iw_raw = weights_proj · f32(x)  (fp32)", v32IwRaw, "x")
+	add("iw", "iw = f32(iw_raw · f32(H_I^-0.5))", v32Iw, "iw_raw")
 	add("index_weights", "index_weights[h] = f32(f32(iw[h] · iq_scale[h]) · f32(128^-0.5))", v32IndexWeights, "iw", "iq_scale")
 	add("index_score", "index_score[t] = f32(Σ_h f32(ReLU(iq_fp8[h]·k_cache[t]) · index_weights[h])) · k_scale_cache[t]",
 		v32IndexScore, "iq_fp8", "index_weights", "k_cache", "k_scale_cache")
 	add("index_topk", "index_topk = top-min(index_topk, p+1) tokens of index_score (larger score, then lower position)", v32IndexTopK, "index_score")
-	add("o_latent", "o_latent[h] = bf16(Σ_t bf16(softmax_t(τ·(q_absorbed[h]·latent[t] + q_pe[h]·k_pe[t]) | index_topk)) · latent[t])",
+	add("o_latent", "o_latent[h] = bf16(Σ_t softmax_t(bf16(τ·bf16(q_absorbed[h]·latent[t] + q_pe[h]·k_pe[t])) | index_topk) · latent[t])  (bf16 scores and P)",
 		v32OLatent, "q_absorbed", "q_pe", "latent_cache", "index_topk")
 	add("o_v", "o_v[h] = bf16(o_latent[h] · wkv_b[h, nope:, :]ᵀ)", v32OV, "o_latent")
 	add("y", "y = FP8Lin(wo, o_v)", v32Linear("o_v", func(v *V32Weights) *attention.FP8Weight { return v.Wo }), "o_v")
@@ -176,6 +178,16 @@ func v32KVNormed(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
 	return bf16T(y, c), nil
 }
 
+func v32KVFQ8(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
+	kv, err := inF(in, "kv_normed", ctx.Cfg.KVLoraRank)
+	if err != nil {
+		return Tensor{}, err
+	}
+	y := append([]float32(nil), kv...)
+	quant.FQ8(y, 128)
+	return bf16T(y, len(y)), nil
+}
+
 func v32KPe(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
 	kv, err := inF(in, "kv_a", ctx.Cfg.V32KVDim())
 	if err != nil {
@@ -207,7 +219,7 @@ func v32LatentCache(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
 	if err != nil {
 		return Tensor{}, err
 	}
-	kv, err := inF(in, "kv_normed", cfg.KVLoraRank)
+	kv, err := inF(in, "kv_fq8", cfg.KVLoraRank)
 	if err != nil {
 		return Tensor{}, err
 	}
@@ -350,8 +362,8 @@ func v32IwRaw(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
 		return Tensor{}, err
 	}
 	y := make([]float32, ctx.Cfg.IndexNHeads)
-	attention.BF16Linear(y, x, v.IWeightsProj, len(y), ctx.Cfg.Dim)
-	return bf16T(y, len(y)), nil
+	attention.F32Linear(y, x, v.IWeightsProj, len(y), ctx.Cfg.Dim)
+	return FromF(KindF32, y, len(y)), nil
 }
 
 func v32Iw(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
@@ -362,9 +374,9 @@ func v32Iw(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
 	s := ctx.Cfg.V32IndexHeadScale()
 	y := make([]float32, len(x))
 	for h, w := range x {
-		y[h] = quant.BF16Round(w * s)
+		y[h] = w * s
 	}
-	return bf16T(y, len(y)), nil
+	return FromF(KindF32, y, len(y)), nil
 }
 
 func v32IndexWeights(ctx *StepContext, in map[string]Tensor) (Tensor, error) {

@@ -11,13 +11,15 @@ import (
 // A V3.2 layer's state (V32-M:450-451, 540-541) is every token's latent row
 // and index key — nothing is compressed or windowed:
 //
-//	latent_cache    bf16 [T, kv_lora_rank + 64]   kv_cache | pe_cache of model.py (bf16 buffers)
+//	latent_cache    bf16 [T, kv_lora_rank + 64]   kv_cache | pe_cache of model.py (bf16 buffers;
+//	                                              the latent half holds FQ8 values, 4 blocks of 128)
 //	k_cache         f32  [T, 128]                 the indexer's E4M3 key codes (as values)
 //	k_scale_cache   f32  [T]                      their UE8M0-valued fp32 scales
 //
-// T = Next (the tokens ingested). The official cache is bf16: the FP8
-// 656-byte page layout (kvcache.LayoutV32) is the serving kernels' (FlashMLA
-// sparse FP8) form, not model.py's.
+// T = Next (the tokens ingested). model.py keeps bf16 buffers but rounds
+// the latent through act_quant first, the numerics of the deployed FP8
+// cache; the 656-byte page layout (kvcache.LayoutV32: 512 E4M3, 4 fp32
+// scales, 64 bf16 rope) is that cache's serving form.
 
 func newV32State(cfg *Config) *LayerState {
 	return &LayerState{V32: true, HeadDim: cfg.V32KVDim(), IndexHeadDim: cfg.IndexHeadDim}
@@ -101,6 +103,7 @@ func v32TokenRows(cfg *Config, v *V32Weights, rope *RopeTable, x []float32, t in
 	kvA := make([]float32, cfg.V32KVDim())
 	attention.FP8Linear(kvA, x, v.WkvA)
 	attention.RMSNorm(kvA[:c], kvA[:c], v.KVNorm, float32(cfg.NormEps))
+	quant.FQ8(kvA[:c], 128)
 	rope.Apply(kvA[c:], t)
 	ik := make([]float32, cfg.IndexHeadDim)
 	attention.FP8Linear(ik, x, v.IWk)

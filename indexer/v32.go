@@ -9,21 +9,21 @@ import (
 )
 
 // The DeepSeek-V3.2 lightning indexer (deepseek-ai/DeepSeek-V3.2-Exp
-// inference/model.py Indexer.forward, V32-M:451-486, and kernel.py
-// act_quant / fp8_index, V32-K). One decode step at position p, H_I =
+// inference/model.py Indexer.forward at 8631a81 "fix indexer rope", the
+// current official code, and kernel.py act_quant / fp8_index, V32-K). One decode step at position p, H_I =
 // index_n_heads heads of d = index_head_dim = 128, T = p + 1 keys — every
 // token so far, no compression:
 //
 //	iq_b      = FP8Lin(indexer.wq_b, qr)  viewed [H_I][128]
-//	iq_roped  = iq_b with RoPE(dims 0..63, p)          the rope dims come FIRST here
+//	iq_roped  = iq_b with RoPE(dims 0..63, p)          the rope dims come FIRST, pairs (i, i+32)
 //	iq_had    = Had(iq_roped) per head                  rotate_activation: bf16, scale 128^-0.5
 //	iq_fp8, iq_scale = act_quant(iq_had, 128, ue8m0)    one E4M3 block (and scale) per head
 //	ik_raw    = FP8Lin(indexer.wk, x)  [128]
 //	ik_normed = LayerNorm(ik_raw) (k_norm.weight, k_norm.bias, eps 1e-6; fp32, then bf16)
 //	ik_roped, ik_had, ik_fp8, ik_scale                  as for the query
 //	k_cache[p], k_scale_cache[p] = ik_fp8, ik_scale
-//	iw_raw    = bf16(weights_proj · x)                  bf16 F.linear
-//	iw        = bf16(iw_raw · f32(H_I^-0.5))
+//	iw_raw    = weights_proj · f32(x)                   fp32 F.linear (fp32 weights_proj)
+//	iw        = f32(iw_raw · f32(H_I^-0.5))
 //	index_weights[h] = f32( f32(iw[h] · iq_scale[h]) · f32(128^-0.5) )
 //	index_score[t]   = f32( f32( Σ_h f32( ReLU(f32(Σ_d iq_fp8[h][d]·k_cache[t][d])) · index_weights[h] ) ) · k_scale_cache[t] )
 //	topk_indices     = top-min(index_topk, T) of index_score (torch.topk; no mask at decode)
@@ -74,8 +74,31 @@ func V32LayerNorm(y, x, w, b []float32, eps float32) {
 }
 
 // V32RopeFirst rotates the FIRST 64 dims of each 128-d vector of x (the
-// indexer's q_pe / k_pe split, V32-M:458, 462) to position pos.
+// indexer's q_pe / k_pe split) to position pos, NON-interleaved
+// (apply_rotary_emb(..., interleaved=False), official fix 8631a81 "fix
+// indexer rope"): pair i is (x[i], x[i+32]), rotated by θ(pos, i) with the
+// same fused complex product as the interleaved MLA RoPE and rounded to bf16.
+// The demo code before that fix rotated interleaved pairs here
+// (V32RopeFirstInterleaved).
 func V32RopeFirst(x []float32, pos int64, rope *attention.RopeTable) {
+	const half = attention.RopePairs
+	var buf [attention.RopeDims]float32
+	for h := 0; h+128 <= len(x); h += 128 {
+		v := x[h : h+attention.RopeDims]
+		for i := 0; i < half; i++ {
+			buf[2*i], buf[2*i+1] = v[i], v[half+i]
+		}
+		rope.Apply(buf[:], pos)
+		for i := 0; i < half; i++ {
+			v[i], v[half+i] = buf[2*i], buf[2*i+1]
+		}
+	}
+}
+
+// V32RopeFirstInterleaved is the indexer RoPE of the V3.2-Exp demo code
+// before the 2025-11-17 fix (2305c7e): interleaved pairs (x[2i], x[2i+1]) of
+// the first 64 dims — a known bug of that code, kept for diagnosis.
+func V32RopeFirstInterleaved(x []float32, pos int64, rope *attention.RopeTable) {
 	for h := 0; h+128 <= len(x); h += 128 {
 		rope.Apply(x[h:h+attention.RopeDims], pos)
 	}

@@ -346,16 +346,23 @@ func graphStages() map[string]bool {
 // knownStagesHint names the closest known stage (by edit distance) for an
 // error message, or lists where the names are documented.
 func knownStagesHint(name string) string {
-	var all []string
+	var all, v32 []string
+	v32Names := v32Tol()
 	for n := range DefaultTolerance().Stages {
-		all = append(all, n)
+		if _, ok := v32Names[n]; ok {
+			v32 = append(v32, n)
+		} else {
+			all = append(all, n)
+		}
 	}
 	for n := range graphStages() {
 		all = append(all, n)
 	}
 	sort.Strings(all)
+	sort.Strings(v32)
 	best, bd := "", 1<<30
-	for _, n := range all {
+	// V4 names first; a V3.2 stage name only when strictly closer
+	for _, n := range append(all, v32...) {
 		if d := editDistance(name, n); d < bd {
 			best, bd = n, d
 		}

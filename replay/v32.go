@@ -25,6 +25,7 @@ func v32Tol() map[string]StageTol {
 		"q_pe":          rope("V3.2: RoPE of q_b's last 64 dims at p"),
 		"q_absorbed":    ulp(1, "V3.2: bf16 einsum q_nope·wkv_b, fp32 accumulate (cuBLAS order)"),
 		"kv_a":          ulp(1, "V3.2: FP8 linear wkv_a"),
+		"kv_fq8":        exact("V3.2: act_quant of kv_normed and back (FQ8, blocks of 128)"),
 		"k_pe":          rope("V3.2: RoPE of kv_a's last 64 dims at p"),
 		"latent_cache":  exact("V3.2: latent rows are written, never recomputed"),
 		"iq_fp8":        exact("V3.2: act_quant E4M3 codes of iq_had"),
@@ -37,7 +38,7 @@ func v32Tol() map[string]StageTol {
 		"ik_scale":      exact("V3.2: act_quant power-of-two scale"),
 		"k_cache":       exact("V3.2: index key codes are written, never recomputed"),
 		"k_scale_cache": exact("V3.2: index key scales are written, never recomputed"),
-		"index_weights": exact("V3.2: f32(f32(iw·iq_scale)·128^-0.5), products by powers of two and one fp32 rounding"),
+		"index_weights": {Mode: TolClose, Abs: 1e-7, Rel: 1e-5, Cos: 1e-9, Why: "V3.2: f32(f32(iw·iq_scale)·128^-0.5) of the fp32 iw"},
 		"o_latent": {Mode: TolClose, Abs: flashMLAOutAbs, Rel: flashMLAOutRel, Cos: flashMLAOutCos,
 			Why: "V3.2: masked softmax · latent, FlashMLA sparse-decode 'out' thresholds"},
 		"o_v": ulp(1, "V3.2: bf16 einsum o_latent·wkv_b, fp32 accumulate"),
@@ -46,11 +47,14 @@ func v32Tol() map[string]StageTol {
 
 // v32SharedTol are a V3.2 model's local-mode tolerances of stage names V4
 // also has: index_score is an fp32 fp8_index output there (a bf16 head sum
-// in V4).
+// in V4), iw_raw and iw fp32 (bf16 in V4).
 func v32SharedTol() map[string]StageTol {
+	f32 := StageTol{Mode: TolClose, Abs: 1e-6, Rel: 1e-5, Cos: 1e-9, Why: "V3.2: fp32 GEMV / sum, summation order"}
 	return map[string]StageTol{
 		"index_score": {Mode: TolClose, Abs: 1e-6, Rel: 1e-5, Cos: 1e-9,
 			Why: "V3.2: fp32 fp8_index, head-sum order of the kernel's reduce_sum"},
+		"iw_raw": f32,
+		"iw":     StageTol{Mode: TolClose, Abs: 1e-6, Rel: 1e-5, Cos: 1e-9, Why: "V3.2: f32(iw_raw·H_I^-0.5) of an fp32 GEMV"},
 	}
 }
 
@@ -93,7 +97,7 @@ func checkV32RecordShape(cfg *engine.Config, e *dump.Entry) error {
 		want = []int{H, c}
 	case "kv_a":
 		want = []int{cfg.V32KVDim()}
-	case "kv_normed":
+	case "kv_normed", "kv_fq8":
 		want = []int{c}
 	case "k_pe":
 		want = []int{r}

@@ -30,9 +30,6 @@ computed from the faulty value). Fault kinds:
   stale-prefix     the last four window rows come from another request's page
   compressor-late  the compressed row is written one step late (CSA or HCA layers, emission steps)
   window-order     the window index list puts its -1 padding first (the V4.1 layout; steps < 127)
---config v32-tiny (or v32) is a DeepSeek-V3.2 (DSA) model: there splitk-merge hits
-o_latent, scale-byte an older token's index-key scale (k_scale_cache) and
-topk-off-by-one index_topk (step >= index_topk); the other kinds are refused.
 With --prefix SCENARIO it writes a multi-request prefix-cache run instead
 ('sparsemla synth --prefix x --help').`
 
