@@ -14,15 +14,17 @@ var v32ExplainSections = []struct {
 }{
 	{"Query (MLA)", "low-rank query: x → wq_a → q_norm (qr, shared with the indexer) → wq_b, H heads of qk_nope + qk_rope dims; the last 64 are rotated to p (q_pe); the nope part is multiplied into the latent space by the key half of wkv_b (the 'absorbed' decode form, so keys are never expanded per head).",
 		func(s string) bool { return s == "q_a" || s == "qr" || s == "q_b" || s == "q_pe" || s == "q_absorbed" }},
-	{"Latent KV of the new token", "ONE latent row per token serves every head as key and value: wkv_a → kv_norm on the first kv_lora_rank dims, RoPE on the last 64 (k_pe); model.py keeps it in bf16 (serving engines may store it as 656-byte FP8 pages) and appends it BEFORE attention.",
-		func(s string) bool { return s == "kv_a" || s == "kv_normed" || s == "k_pe" || s == "latent_cache" }},
-	{"Lightning indexer query", "H_I heads of 128 dims from qr (indexer.wq_b); here the FIRST 64 dims are the rotated ones; Hadamard-rotated, then act_quant to E4M3 with one power-of-two scale per head.",
+	{"Latent KV of the new token", "ONE latent row per token serves every head as key and value: wkv_a → kv_norm on the first kv_lora_rank dims, rounded through FP8 (E4M3, one power-of-two scale per 128: the deployed FP8 cache, exactly a 656-byte page entry), RoPE on the last 64 (k_pe, bf16); appended BEFORE attention.",
+		func(s string) bool {
+			return s == "kv_a" || s == "kv_normed" || s == "kv_fq8" || s == "k_pe" || s == "latent_cache"
+		}},
+	{"Lightning indexer query", "H_I heads of 128 dims from qr (indexer.wq_b); here the FIRST 64 dims are the rotated ones, as non-interleaved pairs (i, i+32) (the MLA RoPE pairs neighbours); Hadamard-rotated, then act_quant to E4M3 with one power-of-two scale per head.",
 		func(s string) bool { return strings.HasPrefix(s, "iq_") }},
 	{"Lightning indexer key", "one 128-d key per token from x (indexer.wk), LayerNorm with bias, RoPE on the first 64 dims, Hadamard, E4M3 + scale; cached for every token (k_cache, k_scale_cache): nothing is compressed.",
 		func(s string) bool { return strings.HasPrefix(s, "ik_") || s == "k_cache" || s == "k_scale_cache" }},
-	{"Indexer scores and top-k (DSA)", "fp8_index: score_t = k_scale_t · Σ_h w_h · ReLU(q_h · k_t) with w_h = weights_proj(x)_h · H_I^-0.5 · q_scale_h · 128^-0.5, over EVERY cached token; the top min(index_topk, p+1) tokens are the only ones attention reads.",
+	{"Indexer scores and top-k (DSA)", "fp8_index: score_t = k_scale_t · Σ_h w_h · ReLU(q_h · k_t) with w_h = weights_proj(x)_h (fp32) · H_I^-0.5 · q_scale_h · 128^-0.5, over EVERY cached token; the top min(index_topk, p+1) tokens are the only ones attention reads.",
 		func(s string) bool { return strings.HasPrefix(s, "iw") || strings.HasPrefix(s, "index_") }},
-	{"Sparse MLA attention", "scores q_absorbed·latent + q_pe·k_pe, scaled by τ = qk_head_dim^-0.5 (× mscale² under YaRN), −∞ outside the selected tokens (index_mask), fp32 softmax rounded to bf16, times the latent rows: the output is still in the latent space; no attention sink.",
+	{"Sparse MLA attention", "scores q_absorbed·latent + q_pe·k_pe, each einsum and the sum in bf16, scaled by τ = qk_head_dim^-0.5 (× mscale² under YaRN), −∞ outside the selected tokens (index_mask), softmax of the bf16 scores (P in bf16), times the latent rows: the output is still in the latent space; no attention sink.",
 		func(s string) bool { return s == "o_latent" }},
 	{"Output", "the value half of wkv_b maps each head's latent output to v_head_dim dims (o_v), then wo (FP8) maps all heads back to dim.",
 		func(s string) bool { return s == "o_v" || s == "y" }},
@@ -39,7 +41,7 @@ func explainV32(w io.Writer, cfg *Config, name string, l int, p int64, seed uint
 	st := SyntheticState(cfg, W, rope, p, seed)
 	x := SyntheticInput(cfg, p, seed)
 	ctx := &StepContext{Cfg: cfg, Layer: l, Pos: p, W: W, Rope: rope}
-	fmt.Fprintf(w, "sparsemla explain: one decode step of one DeepSeek-V3.2 (DSA) layer's attention (MLA + lightning indexer), in the order of model.py\n\n")
+	fmt.Fprintf(w, "sparsemla explain: one decode step of one DeepSeek-V3.2 (DSA) layer's attention (MLA + lightning indexer), in the order of model.py (8631a81)\n\n")
 	fmt.Fprintf(w, "config %s: dim %d, %d query heads × (%d nope + %d rope), ONE latent KV row of %d + %d dims per token; q_lora_rank %d; v_head_dim %d\n",
 		name, cfg.Dim, cfg.NHeads, cfg.QKNopeHeadDim, cfg.QKRopeHeadDim, cfg.KVLoraRank, cfg.QKRopeHeadDim, cfg.QLoraRank, cfg.VHeadDim)
 	fmt.Fprintf(w, "indexer: %d heads × %d, top-%d over the whole context\n", cfg.IndexNHeads, cfg.IndexHeadDim, cfg.IndexTopK)

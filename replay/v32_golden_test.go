@@ -2,10 +2,12 @@ package replay
 
 import (
 	"context"
+	"math"
 	"testing"
 
 	"sparsemla/engine"
 	"sparsemla/indexer"
+	"sparsemla/kvcache"
 )
 
 // TestReplayV32GPUDumpAgrees: the GPU run of the official DeepSeek-V3.2-Exp
@@ -75,6 +77,54 @@ func TestV32IndexerRopeLayout(t *testing.T) {
 			if nFixed != 0 || nOld == 0 {
 				t.Errorf("step %d %s: non-interleaved form differs in %d values, interleaved in %d (want 0 and > 0)", p, c.out, nFixed, nOld)
 			}
+		}
+	}
+}
+
+// TestV32LatentCachePages: the official model.py rounds each latent row
+// through act_quant (4 blocks of 128, power-of-two scales) before caching it,
+// so the 656-byte V3.2 FP8 page entry (kvcache.LayoutV32: 512 E4M3, 4 fp32
+// scales, 64 bf16 rope) holds the GPU's latent_cache rows losslessly: every
+// row of the dump encodes and decodes back to the same bits.
+func TestV32LatentCachePages(t *testing.T) {
+	_, src := openReplayGolden(t, "v32-tiny")
+	for l := 0; l < 2; l++ {
+		lc, ok, err := src.Stage(21, l, "latent_cache")
+		if !ok || err != nil {
+			t.Fatalf("layer %d: latent_cache at step 21: %v", l, err)
+		}
+		T, D := lc.Shape[0], lc.Shape[1]
+		f := kvcache.MustFormat(kvcache.LayoutV32, D, T)
+		page := make([]byte, f.PageBytes())
+		f.EncodePage(page, lc.F, kvcache.RefFP8)
+		back := make([]float32, len(lc.F))
+		if faults := f.DecodePage(back, page); len(faults) != 0 {
+			t.Fatalf("layer %d: decode faults %v", l, faults)
+		}
+		for i := range back {
+			if math.Float32bits(back[i]) != math.Float32bits(lc.F[i]) {
+				t.Fatalf("layer %d: row %d dim %d: page gives %g, the GPU cached %g", l, i/D, i%D, back[i], lc.F[i])
+			}
+		}
+		if got := len(page) / T; got != 656 {
+			t.Errorf("%d bytes per entry, want 656", got)
+		}
+		// the bf16 latent before the FP8 round trip (the demo code before
+		// 8631a81 cached that) does not survive the page
+		kvn, _, _ := src.Stage(21, l, "kv_normed")
+		pe, _, _ := src.Stage(21, l, "k_pe")
+		row := append(append([]float32(nil), kvn.F...), pe.F...)
+		one := kvcache.MustFormat(kvcache.LayoutV32, D, 1)
+		pg := make([]byte, one.PageBytes())
+		one.EncodePage(pg, row, kvcache.RefFP8)
+		rb := make([]float32, D)
+		one.DecodePage(rb, pg)
+		same := true
+		for i := range rb {
+			same = same && rb[i] == row[i]
+		}
+		if same {
+			t.Errorf("layer %d: the un-rounded latent survived the FP8 page: the test cannot tell the two apart", l)
 		}
 	}
 }
