@@ -47,10 +47,10 @@ func explainV32(w io.Writer, cfg *Config, name string, l int, p int64, seed uint
 	fmt.Fprintf(w, "indexer: %d heads × %d, top-%d over the whole context\n", cfg.IndexNHeads, cfg.IndexHeadDim, cfg.IndexTopK)
 	rp := cfg.RopeParams(l)
 	if rp.OriginalSeqLen > 0 {
-		fmt.Fprintf(w, "RoPE: base %g with YaRN (factor %g, original_seq_len %d, beta %d/%d; max_seq_len %d > original_seq_len) on 64 dims, interleaved pairs; softmax scale τ = %g (mscale² applied)\n",
+		fmt.Fprintf(w, "RoPE: base %g with YaRN (factor %g, original_seq_len %d, beta %d/%d; max_seq_len %d > original_seq_len) on 64 dims, interleaved pairs in MLA, pairs (i, i+32) in the indexer; softmax scale τ = %g (mscale² applied)\n",
 			rp.Base, rp.Factor, rp.OriginalSeqLen, rp.BetaFast, rp.BetaSlow, cfg.MaxSeqLen, cfg.V32SoftmaxScale())
 	} else {
-		fmt.Fprintf(w, "RoPE: base %g, no YaRN, on 64 dims, interleaved pairs; softmax scale τ = %g\n", rp.Base, cfg.V32SoftmaxScale())
+		fmt.Fprintf(w, "RoPE: base %g, no YaRN, on 64 dims, interleaved pairs in MLA, pairs (i, i+32) in the indexer; softmax scale τ = %g\n", rp.Base, cfg.V32SoftmaxScale())
 	}
 	ffn := "MoE"
 	if l < cfg.NDenseLayers {

@@ -114,3 +114,27 @@ func TestV32SynthFaultsFound(t *testing.T) {
 		want("faulted copy", rep)
 	}
 }
+
+// TestV32FaultedGPUDump: the three V3.2 kinds injected into a copy of the
+// GPU dump of the official model.py (testdata/v32-tiny) are named exactly by
+// a local and a propagated replay of the copy.
+func TestV32FaultedGPUDump(t *testing.T) {
+	d, src, m := openFaultInput(t, "v32-tiny")
+	for _, f := range []Fault{{SplitKMerge, 17, 1}, {ScaleByte, 16, 0}, {TopKOffByOne, 18, 1}} {
+		out := t.TempDir()
+		if _, err := WriteFaulted(d, src, m, out, Options{Fault: f, Seed: 1}); err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		_, fsrc, fm := openDumpModel(t, filepath.Join(out, SynthDumpFile))
+		for _, mode := range []replay.Mode{replay.Local, replay.Propagated} {
+			rep, err := replay.Run(context.Background(), fm, fsrc, replay.Options{Mode: mode})
+			if err != nil {
+				t.Fatal(err)
+			}
+			d := rep.First
+			if d == nil || d.Step != f.Step || d.Layer != f.Layer || d.Stage != f.StageIn(m.Cfg) || d.Kind != f.DiagnosisIn(m.Cfg) {
+				t.Fatalf("%s %s: got %+v, want step %d layer %d stage %s kind %q", f, mode, d, f.Step, f.Layer, f.StageIn(m.Cfg), f.DiagnosisIn(m.Cfg))
+			}
+		}
+	}
+}
