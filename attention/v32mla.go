@@ -55,6 +55,16 @@ func V32Absorb(dst, q, wkvB []float32, H, nope, rope, v, c int) {
 // set; see the package comment above). qAbs [H][c], qPe [H][rope], cache
 // [T][c+rope], sel the selected rows (each in 0..T−1).
 func V32Scores(qAbs, qPe, cache []float32, H, c, rope, T int, sel []int64, tau float32) ([]float32, error) {
+	return v32Scores(qAbs, qPe, cache, H, c, rope, T, sel, tau, true)
+}
+
+// V32ScoresF32 are the scores of the V3.2-Exp demo code before 8631a81:
+// s = f32( f32(Σ q_absorbed·latent) + f32(Σ q_pe·k_pe) ) · τ, no bf16 rounding.
+func V32ScoresF32(qAbs, qPe, cache []float32, H, c, rope, T int, sel []int64, tau float32) ([]float32, error) {
+	return v32Scores(qAbs, qPe, cache, H, c, rope, T, sel, tau, false)
+}
+
+func v32Scores(qAbs, qPe, cache []float32, H, c, rope, T int, sel []int64, tau float32, bf16 bool) ([]float32, error) {
 	if len(qAbs) != H*c || len(qPe) != H*rope || len(cache) != T*(c+rope) {
 		return nil, fmt.Errorf("attention: V32Scores shape mismatch")
 	}
@@ -81,6 +91,10 @@ func V32Scores(qAbs, qPe, cache []float32, H, c, rope, T int, sel []int64, tau f
 			for r := 0; r < rope; r++ {
 				b += float32(qPe[h*rope+r] * row[c+r])
 			}
+			if !bf16 {
+				s[h*T+t] = float32(a+b) * tau
+				continue
+			}
 			sum := quant.BF16Round(quant.BF16Round(a) + quant.BF16Round(b))
 			s[h*T+t] = quant.BF16Round(sum * tau)
 		}
@@ -99,6 +113,26 @@ func V32SparseMLA(oLat, qAbs, qPe, cache []float32, H, c, rope, T int, sel []int
 	if err != nil {
 		return err
 	}
+	v32Attend(oLat, s, cache, H, c, rope, T)
+	return nil
+}
+
+// V32SparseMLAF32 is V32SparseMLA with the fp32 scores and fp32 softmax of
+// the demo code before 8631a81 (P rounded to bf16 by .type_as(x)).
+func V32SparseMLAF32(oLat, qAbs, qPe, cache []float32, H, c, rope, T int, sel []int64, tau float32) error {
+	if len(oLat) != H*c {
+		return fmt.Errorf("attention: V32SparseMLAF32 output shape mismatch")
+	}
+	s, err := V32ScoresF32(qAbs, qPe, cache, H, c, rope, T, sel, tau)
+	if err != nil {
+		return err
+	}
+	v32Attend(oLat, s, cache, H, c, rope, T)
+	return nil
+}
+
+// v32Attend is o_latent = bf16(Σ_t bf16(softmax(s[h]))_t · cache[t][:c]).
+func v32Attend(oLat, s, cache []float32, H, c, rope, T int) {
 	p := make([]float32, T)
 	acc := make([]float32, c)
 	for h := 0; h < H; h++ {
@@ -118,7 +152,6 @@ func V32SparseMLA(oLat, qAbs, qPe, cache []float32, H, c, rope, T int, sel []int
 			oLat[h*c+k] = quant.BF16Round(acc[k])
 		}
 	}
-	return nil
 }
 
 // V32Softmax is scores.softmax(dim=-1) of the bf16 scores:
