@@ -3,6 +3,7 @@ package replay
 import (
 	"context"
 	"math"
+	"strings"
 	"testing"
 
 	"sparsemla/engine"
@@ -125,6 +126,70 @@ func TestV32LatentCachePages(t *testing.T) {
 		}
 		if same {
 			t.Errorf("layer %d: the un-rounded latent survived the FP8 page: the test cannot tell the two apart", l)
+		}
+	}
+}
+
+// TestReplayV32PreFixCode: the V3.2-Exp demo code as first published
+// (2305c7e), run on the same H200 with the same weights and tokens
+// (testdata/v32-tiny-2305c7e), diverges from the reference exactly at the
+// five stages its 2025-11-17 fix changed, and each is named by the
+// hypothesis of the old form, bit for bit.
+func TestReplayV32PreFixCode(t *testing.T) {
+	m, src := openReplayGolden(t, "v32-tiny-2305c7e")
+	rep, err := Run(context.Background(), m, src, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := rep.First
+	if d == nil || d.Step != 16 || d.Layer != 0 || d.Stage != "kv_fq8" || d.Hypothesis == nil || d.Hypothesis.Best == nil ||
+		!d.Hypothesis.Best.Exact || d.Hypothesis.Best.Name != "v32-latent-bf16" {
+		t.Fatalf("first divergence %+v, want step 16 layer 0 kv_fq8 reproduced by v32-latent-bf16", d)
+	}
+	want := map[string]string{"kv_fq8": "v32-latent-bf16", "iq_roped": "v32-indexer-rope-interleaved",
+		"ik_roped": "v32-indexer-rope-interleaved", "iw_raw": "v32-weights-proj-bf16", "o_latent": "v32-fp32-scores"}
+	failed := map[string]bool{}
+	for _, r := range rep.Results {
+		if r.Status == StatusFail {
+			failed[r.Stage] = true
+		}
+	}
+	for s := range failed {
+		if want[s] == "" {
+			t.Errorf("stage %s diverged; only the five stages the fix changed should", s)
+		}
+	}
+	const p, l = int64(18), 1
+	ctx := &engine.StepContext{Cfg: m.Cfg, Layer: l, Pos: p, W: m.Weights[l], Rope: m.Rope[l]}
+	for _, def := range engine.V32Stages(m.Cfg, l, p) {
+		name, ok := want[def.Name]
+		if !ok {
+			continue
+		}
+		if !failed[def.Name] {
+			t.Errorf("stage %s did not diverge", def.Name)
+		}
+		in := map[string]engine.Tensor{}
+		for _, n := range def.Inputs {
+			step, base := p, n
+			if b, ok := strings.CutPrefix(n, engine.PrevPrefix); ok {
+				step, base = p-1, b
+			}
+			v, ok, err := src.Stage(step, l, base)
+			if !ok || err != nil {
+				t.Fatalf("%s: input %s: %v", def.Name, n, err)
+			}
+			in[n] = v
+		}
+		ref, err := ComputeStage(def, ctx, in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gpu, _, _ := src.Stage(p, l, def.Name)
+		v := attributeStage(DiagnoseInput{Model: m, Src: src, Def: def, Result: StageResult{Step: p, Layer: l, Stage: def.Name},
+			Ref: ref, GPU: gpu, In: in})
+		if v == nil || v.Best == nil || !v.Best.Exact || v.Best.Name != name {
+			t.Errorf("step %d layer %d %s: verdict %+v, want %q bit for bit", p, l, def.Name, v, name)
 		}
 	}
 }

@@ -259,11 +259,11 @@ class Capture:
         def act_quant(x, block_size=128, scale_fmt=None):
             q, s = f_aq(x, block_size, scale_fmt)
             if self.on and self.in_mla and self.in_linear == 0:
-                if self.quant_calls == 0:
+                if x.dim() == 3 and x.size(-1) == args.kv_lora_rank:
                     # the latent's FP8 round trip, the official expression of MLA.forward
                     kv = (q.view(-1, block_size).float() * s.view(-1, 1)).to(x.dtype).view_as(x)
                     self.put("kv_fq8", kv.reshape(-1))
-                elif self.quant_calls == 1:
+                elif x.dim() == 4:
                     self.put("iq_fp8", q.float().reshape(HI, -1))
                     self.put("iq_scale", s.reshape(-1))
                 else:
@@ -388,6 +388,10 @@ def main():
             cap.on = False
             rec = dict(cap.rec)
             rec.update(cap.state(p + 1))
+            for l in range(args.n_layers):
+                if f"L{l}.kv_fq8" not in rec:
+                    # code without the latent's FP8 round trip (2305c7e): the latent it cached
+                    rec[f"L{l}.kv_fq8"] = rec[f"L{l}.latent_cache"][p, :args.kv_lora_rank].clone()
             rec["pos"] = torch.tensor([p], dtype=torch.int64)
             rec["tok"] = tokens[p:p + 1].to(torch.int64)
             save_file(to_cpu(rec), os.path.join(opt.out, f"step_{p}.safetensors"))
