@@ -32,11 +32,20 @@ type LayerState struct {
 	Cmp    *attention.CompressorState
 	ICache []float32
 	ICmp   *attention.CompressorState
+
+	// V32 marks a V3.2 layer's state (engine/v32state.go): KV is the latent
+	// cache [T][kv_lora_rank+64], ICache the indexer's k_cache E4M3 values
+	// [T][128] and IScale its k_scale_cache [T].
+	V32    bool
+	IScale []float32
 }
 
 // NewLayerState returns the state of a fresh sequence for layer l: empty window
 // (zeros), no compressed rows, compressor states kv = 0 and score = −∞.
 func NewLayerState(cfg *Config, layer int) *LayerState {
+	if cfg.V32() {
+		return newV32State(cfg)
+	}
 	r := cfg.Ratio(layer)
 	st := &LayerState{Ratio: r, Window: cfg.WindowSize, HeadDim: cfg.HeadDim, IndexHeadDim: cfg.IndexHeadDim,
 		KV: make([]float32, cfg.WindowSize*cfg.HeadDim)}
@@ -72,6 +81,7 @@ func (s *LayerState) Clone() *LayerState {
 	c := *s
 	c.KV = append([]float32(nil), s.KV...)
 	c.ICache = append([]float32(nil), s.ICache...)
+	c.IScale = append([]float32(nil), s.IScale...)
 	if s.Cmp != nil {
 		c.Cmp = s.Cmp.Clone()
 	}
@@ -92,6 +102,9 @@ func (s *LayerState) Clone() *LayerState {
 //
 // The tensors share no memory with the state.
 func (s *LayerState) StateTensors() map[string]Tensor {
+	if s.V32 {
+		return s.v32StateTensors()
+	}
 	m := map[string]Tensor{
 		"kv_cache": FromF(KindBF16, append([]float32(nil), s.KV...), s.Window+s.Rows(), s.HeadDim),
 	}
@@ -123,6 +136,9 @@ func (s *LayerState) StateTensors() map[string]Tensor {
 func LoadState(cfg *Config, layer int, m map[string]Tensor) (*LayerState, error) {
 	if layer < 0 || layer >= cfg.NLayers {
 		return nil, fmt.Errorf("engine: LoadState: layer %d outside the model (%d layers)", layer, cfg.NLayers)
+	}
+	if cfg.V32() {
+		return loadV32State(cfg, layer, m)
 	}
 	st := NewLayerState(cfg, layer)
 	get := func(name string, cols int, minRows, maxRows int) (Tensor, error) {
@@ -197,6 +213,9 @@ func LoadState(cfg *Config, layer int, m map[string]Tensor) (*LayerState, error)
 //
 // rope must cover positions 0 … next−1.
 func SyntheticState(cfg *Config, w *LayerWeights, rope *RopeTable, next int64, seed uint64) *LayerState {
+	if cfg.V32() {
+		return syntheticV32State(cfg, w, rope, next, seed)
+	}
 	st := NewLayerState(cfg, w.Layer)
 	st.Next = next
 	D, win, r := cfg.HeadDim, int64(cfg.WindowSize), w.Ratio

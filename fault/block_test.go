@@ -30,7 +30,7 @@ func TestRouterFaultTieAware(t *testing.T) {
 		ctx := &engine.StepContext{Cfg: cfg, Layer: 1, Pos: 7, W: w}
 		in := map[string]engine.Tensor{"ffn_in": engine.FromF(engine.KindBF16, []float32{1}, 1)}
 		ref := engine.FromI(engine.KindI64, []int64{1}, 1)
-		j := newFaultInjector(Fault{Kind: RouterBias, Step: 7, Layer: 1}, 1, nil)
+		j := newFaultInjector(Fault{Kind: RouterBias, Step: 7, Layer: 1}, 1, nil, cfg)
 		bad, err := j.apply(ctx, ref, ref, in, true)
 		if c.tie {
 			if !errors.Is(err, ErrInvisible) || !strings.Contains(err.Error(), "a tie at the top-k boundary") {

@@ -61,13 +61,16 @@ func planFault(d *dump.Dump, src *replay.DumpSource, m *engine.Model, opt Option
 	if f.Kind == HeadNoNorm {
 		stageLayer = dump.Global // logits: a global stage, computed after the last layer
 	}
-	if _, ok, err := src.Stage(f.Step, stageLayer, f.Stage()); err != nil {
+	if _, ok, err := src.Stage(f.Step, stageLayer, f.StageIn(m.Cfg)); err != nil {
 		return nil, err
 	} else if !ok {
-		return nil, fmt.Errorf("fault %s: the dump does not hold stage %s at step %d, layer %d, so a replay could not see the fault", f, f.Stage(), f.Step, f.Layer)
+		return nil, fmt.Errorf("fault %s: the dump does not hold stage %s at step %d, layer %d, so a replay could not see the fault", f, f.StageIn(m.Cfg), f.Step, f.Layer)
 	}
 	switch f.Kind {
 	case TopKOffByOne:
+		if m.Cfg.V32() {
+			break // checkV32: the V3.2 indexer ranks every token
+		}
 		// Top-k selects min(index_topk, Tc) of the Tc compressed rows; with
 		// Tc <= k every row is selected and there is no unselected
 		// neighbour for the last entry to slip to.
@@ -90,7 +93,7 @@ func planFault(d *dump.Dump, src *replay.DumpSource, m *engine.Model, opt Option
 		}
 		other = map[int]engine.Tensor{f.Layer: pl.donorCache}
 	}
-	pl.inj = newFaultInjector(f, opt.Seed, other)
+	pl.inj = newFaultInjector(f, opt.Seed, other, m.Cfg)
 	for _, p := range pl.layerSteps() {
 		if p > f.Step && len(pl.prevNew) == 0 && len(pl.carry) == 0 {
 			break // nothing left to carry

@@ -215,6 +215,9 @@ func (f Fault) Check(cfg *engine.Config, first, last int64) error {
 	if f.Step < first || f.Step > last {
 		return fmt.Errorf("fault %s: step outside the dumped steps %d..%d", f, first, last)
 	}
+	if cfg.V32() {
+		return f.checkV32(cfg)
+	}
 	r := cfg.Ratio(f.Layer)
 	switch f.Kind {
 	case TopKOffByOne:
@@ -339,7 +342,7 @@ func Synthesize(opt SynthOptions) (*Synth, error) {
 	if err != nil {
 		return nil, err
 	}
-	if cfg.Dim*cfg.NHeads*cfg.HeadDim*cfg.NLayers > 1<<28 {
+	if hd := max(cfg.HeadDim, cfg.KVLoraRank); cfg.Dim*cfg.NHeads*hd*cfg.NLayers > 1<<28 { // KVLoraRank: V3.2
 		return nil, fmt.Errorf("synth: preset %q would need several GB of synthetic weights; use the tiny preset", opt.Config)
 	}
 	first, last := int64(opt.Prefill), int64(opt.Prefill+opt.Steps-1)
@@ -347,7 +350,7 @@ func Synthesize(opt SynthOptions) (*Synth, error) {
 		return nil, fmt.Errorf("synth: %d positions exceed max_seq_len %d", last+1, cfg.MaxSeqLen)
 	}
 	if opt.Fault != nil {
-		if opt.Fault.NeedsBlock() {
+		if opt.Fault.NeedsBlock() && !cfg.V32() { // V3.2: checkV32 refuses them with its reason
 			return nil, fmt.Errorf("fault %s: needs the whole layer (hyper-connections, MoE); synthetic models hold the attention path only: inject it into a copy of a dump of the official layout (fault --in)", *opt.Fault)
 		}
 		if err := opt.Fault.Check(cfg, first, last); err != nil {
@@ -386,7 +389,7 @@ func Synthesize(opt SynthOptions) (*Synth, error) {
 	}
 	g := &gpuRun{s: s, seed: opt.Seed, last: last}
 	if opt.Fault != nil {
-		g.inj = newFaultInjector(*opt.Fault, opt.Seed, other)
+		g.inj = newFaultInjector(*opt.Fault, opt.Seed, other, cfg)
 	}
 	g.onStep = func(p int64, l int, vals map[string]engine.Tensor) {
 		if p < first {
@@ -545,10 +548,11 @@ type faultInjector struct {
 	// are left out of the dump.
 	hidden  map[string]bool
 	lateRow []float32 // compressor-late: the row the GPU writes one step late
+	stage   string    // the fault's stage in this model (Fault.StageIn)
 }
 
-func newFaultInjector(f Fault, seed uint64, other map[int]engine.Tensor) *faultInjector {
-	j := &faultInjector{fault: f, seed: seed, other: other, hidden: map[string]bool{}}
+func newFaultInjector(f Fault, seed uint64, other map[int]engine.Tensor, cfg *engine.Config) *faultInjector {
+	j := &faultInjector{fault: f, seed: seed, other: other, hidden: map[string]bool{}, stage: f.StageIn(cfg)}
 	if f.Kind == CompressorLate {
 		for _, n := range []string{"cmp_pooled", "cmp_normed", "cmp_roped", "cmp_row"} {
 			j.hidden[n] = true
@@ -559,7 +563,7 @@ func newFaultInjector(f Fault, seed uint64, other map[int]engine.Tensor) *faultI
 
 // at reports whether stage name of (step p, layer l) is where the fault lives.
 func (j *faultInjector) at(p int64, l int, name string) bool {
-	return p == j.fault.Step && l == j.fault.Layer && name == j.fault.Stage()
+	return p == j.fault.Step && l == j.fault.Layer && name == j.stage
 }
 
 // hides reports whether stage name of (p, l) is one the faulty GPU did not
@@ -573,7 +577,7 @@ func (j *faultInjector) hides(p int64, l int, name string) bool {
 // the stage's inputs in (base itself for a synthetic run). The faulty value
 // must be out of tolerance against ref, else ErrInvisible.
 func (j *faultInjector) apply(ctx *engine.StepContext, base, ref engine.Tensor, in map[string]engine.Tensor, gpuRope bool) (engine.Tensor, error) {
-	name := j.fault.Stage()
+	name := j.stage
 	bad, err := j.corrupt(ctx, base, in)
 	if err != nil {
 		return engine.Tensor{}, err
@@ -611,6 +615,9 @@ func (j *faultInjector) lateWrite(ctx *engine.StepContext, name string, out engi
 // corrupt returns base with the fault applied.
 func (j *faultInjector) corrupt(ctx *engine.StepContext, out engine.Tensor, in map[string]engine.Tensor) (engine.Tensor, error) {
 	cfg := ctx.Cfg
+	if cfg.V32() && j.fault.Kind != TopKOffByOne { // top-k off by one: the same corruption below
+		return j.corruptV32(ctx, out, in)
+	}
 	D, W := cfg.HeadDim, cfg.WindowSize
 	bad := out.Clone()
 	switch j.fault.Kind {

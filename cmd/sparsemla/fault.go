@@ -94,7 +94,7 @@ func runFault(args []string, stdout, stderr io.Writer) int {
 		return rpFail(stderr, "fault", err)
 	}
 	fmt.Fprintf(stdout, "wrote %s: %s with fault %s (%d records)\n", res.Dir, *in, flt, res.Records)
-	fmt.Fprintf(stdout, "  first divergence expected: decode step %d, layer %d, stage %s — %s\n", flt.Step, flt.Layer, flt.Stage(), flt.Diagnosis())
+	fmt.Fprintf(stdout, "  first divergence expected: decode step %d, layer %d, stage %s — %s\n", flt.Step, flt.Layer, flt.StageIn(o.model.Cfg), flt.DiagnosisIn(o.model.Cfg))
 	fmt.Fprintf(stdout, "  changed: %s\n", stageKeys(res.Changed))
 	if len(res.Dropped) > 0 {
 		fmt.Fprintf(stdout, "  left out (not computed by the faulty GPU): %s\n", stageKeys(res.Dropped))

@@ -167,6 +167,10 @@ func goldenCases() []goldenCase {
 	add("synth-lse/replay-tol-stage", nil, "replay", "--tol-stage", "o=close,abs=2e-3,rel=0.02,cos=1e-5", "$TMP/synth-lse")
 	add("synth-lse/replay-tol-stage-ulp", nil, "replay", "--json", "--tol-stage", "u=ulp,max_ulp=3", "$TMP/synth-lse")
 	add("synth-stale/bisect-reference-json", nil, "bisect", "--json", "--reference", "$TMP/synth-stale")
+	v32 := goldenTestdata("v32-tiny") // DeepSeek-V3.2 (DSA): the official model.py's GPU dump
+	add("v32-tiny/replay", nil, "replay", v32)
+	add("v32-tiny/replay-propagated", nil, "replay", "--mode", "propagated", v32)
+	add("v32-tiny/explain", nil, "explain", "--config", "v32-tiny", "--step", "20")
 
 	// diff: every faulted copy against its input, with and without the referee.
 	for _, f := range goldenFaults {
