@@ -1,0 +1,475 @@
+package prodkernel
+
+import (
+	"fmt"
+	"math"
+	"slices"
+
+	"sparsemla/engine"
+	"sparsemla/quant"
+	"sparsemla/replay"
+)
+
+// IndexUnit is one (decode step, CSA layer) the indexer scoring kernels ran
+// on: Tc compressed rows (Tc = (p+1) div 4 > 0).
+type IndexUnit struct {
+	Step  int64
+	Layer int
+	Tc    int
+}
+
+// IndexUnits lists the units of a kernels-index run under prefix ("iscore"
+// or "iscore_fault"), in step then layer order, Tc from the reference's
+// index_score.
+func IndexUnits(src replay.Source, r *Run, prefix string) ([]IndexUnit, error) {
+	var us []IndexUnit
+	for _, p := range src.Steps() {
+		for _, l := range src.Layers() {
+			if !r.Has(fmt.Sprintf("%s.p%d.L%d.sglang_logits", prefix, p, l)) {
+				continue
+			}
+			s, ok, err := src.Stage(p, l, "index_score")
+			if err != nil || !ok {
+				return nil, fmt.Errorf("prodkernel: step %d layer %d: no index_score (%v)", p, l, err)
+			}
+			us = append(us, IndexUnit{Step: p, Layer: l, Tc: len(s.F)})
+		}
+	}
+	if len(us) == 0 {
+		return nil, fmt.Errorf("prodkernel: %s: no %s units", r.Path, prefix)
+	}
+	return us, nil
+}
+
+// IndexScoreTol is the bound on |kernel − reference| for the score of each
+// compressed row j of one unit:
+//
+//	S_j   = Σ_h |iw_h| · max(index_qk[h][j], 0)
+//	tol_j = 2^-8·(1+2^-7)·S_j + 2^-8·|index_score_j| + 2^-20·max_j S_j
+//
+// The reference rounds each dot product d_hj to bf16, each ReLU·weight
+// product to bf16 and the fp32 head sum to bf16 (spec §6; unit roundoff 2^-9
+// each); a kernel fed the same q, k and weights exactly (kernels-index's
+// inputs, checked by CheckIndexInputs) computes all of it in fp32. To first
+// order the reference's distance from the exact score is ≤ 2·2^-9·S_j +
+// 2^-9·|score_j|; tol_j doubles the last term and adds the second-order and
+// fp32 terms with room (docs/production-kernels.md has the measured ratio).
+func IndexScoreTol(qk []float32, iw []float32, score []float32) []float64 {
+	tc := len(score)
+	s := make([]float64, tc)
+	var smax float64
+	for j := range tc {
+		for h := range iw {
+			s[j] += math.Abs(float64(iw[h])) * math.Max(float64(qk[h*tc+j]), 0)
+		}
+		smax = math.Max(smax, s[j])
+	}
+	tol := make([]float64, tc)
+	for j := range tc {
+		tol[j] = 0x1p-8*(1+0x1p-7)*s[j] + 0x1p-8*math.Abs(float64(score[j])) + 0x1p-20*smax
+	}
+	return tol
+}
+
+// indexRef is the reference side of one unit.
+type indexRef struct {
+	score, qk, iw, iq, icache engine.Tensor
+	tol                       []float64
+	topk                      []int64 // index_topk: rows, before the caller's + window
+}
+
+func loadIndexRef(src replay.Source, u IndexUnit) (*indexRef, error) {
+	ref := &indexRef{}
+	for _, x := range []struct {
+		name string
+		t    *engine.Tensor
+	}{{"index_score", &ref.score}, {"index_qk", &ref.qk}, {"iw", &ref.iw}, {"iq", &ref.iq}, {"icache", &ref.icache}} {
+		t, ok, err := src.Stage(u.Step, u.Layer, x.name)
+		if err != nil || !ok {
+			return nil, fmt.Errorf("prodkernel: step %d layer %d: no %s (%v)", u.Step, u.Layer, x.name, err)
+		}
+		*x.t = t
+	}
+	t, ok, err := src.Stage(u.Step, u.Layer, "index_topk")
+	if err != nil || !ok {
+		return nil, fmt.Errorf("prodkernel: step %d layer %d: no index_topk (%v)", u.Step, u.Layer, err)
+	}
+	ref.topk = t.I
+	h := len(ref.iw.F)
+	if len(ref.score.F) != u.Tc || len(ref.qk.F) != h*u.Tc || len(ref.iq.F)%max(h, 1) != 0 || len(ref.icache.F) < u.Tc*(len(ref.iq.F)/max(h, 1)) {
+		return nil, fmt.Errorf("prodkernel: step %d layer %d: index_score %v, index_qk %v, iw %v, iq %v, icache %v disagree", u.Step, u.Layer, ref.score.Shape, ref.qk.Shape, ref.iw.Shape, ref.iq.Shape, ref.icache.Shape)
+	}
+	ref.tol = IndexScoreTol(ref.qk.F, ref.iw.F, ref.score.F)
+	return ref, nil
+}
+
+// IndexCheck is the result of holding the indexer scoring kernels' logits of
+// every unit against the reference's index_score.
+type IndexCheck struct {
+	Kernel string
+	Units  int
+	// Inputs: the E4M3 codes and scales the kernel was fed decode exactly to
+	// the reference's iq and icache rows, its weights to iw · q scale.
+	Inputs, InputsExact int
+	Rows, Within        int // rows < Tc compared, and those within IndexScoreTol
+	// Tail: positions ≥ Tc of the kernel's logits holding the engine's fill
+	// (SGLang 0, vLLM −inf), of TailN.
+	TailN, Tail int
+	Ratio       Dist // |kernel − reference| / tol_j
+	Abs         Dist // |kernel − reference|
+	ULP         Dist // |kernel − reference| in bf16 ulps of the reference score
+	First       []string
+}
+
+// Agrees says whether the inputs were exact, every score is within
+// tolerance and every tail position holds the fill.
+func (c *IndexCheck) Agrees() bool {
+	return c.Rows > 0 && c.Within == c.Rows && c.InputsExact == c.Inputs && c.Tail == c.TailN
+}
+
+func (c *IndexCheck) mismatch(format string, a ...any) {
+	if len(c.First) < 5 {
+		c.First = append(c.First, fmt.Sprintf(format, a...))
+	}
+}
+
+func (c *IndexCheck) String() string {
+	s := fmt.Sprintf("%s: %d units, inputs exact %d/%d, scores within tolerance %d/%d, tail fill %d/%d; |err|/tol %v; |err| %v; bf16 ulps %v",
+		c.Kernel, c.Units, c.InputsExact, c.Inputs, c.Within, c.Rows, c.Tail, c.TailN, c.Ratio, c.Abs, c.ULP)
+	for _, f := range c.First {
+		s += "\n  " + f
+	}
+	return s
+}
+
+// checkIndexInputs checks one unit's fed inputs: decode(q_fp8)·q_scale = iq,
+// decode(k_fp8)·k_scale = icache[:Tc], weights = iw · q_scale, bit for bit.
+func checkIndexInputs(c *IndexCheck, r *Run, base string, u IndexUnit, ref *indexRef) error {
+	h := len(ref.iw.F)
+	d := len(ref.iq.F) / h
+	qc, _, err := r.Bytes(base + "q_fp8")
+	if err != nil {
+		return err
+	}
+	kc, _, err := r.Bytes(base + "k_fp8")
+	if err != nil {
+		return err
+	}
+	var sc [3]engine.Tensor
+	for i, n := range []string{"q_scale", "k_scale", "weights"} {
+		if sc[i], err = r.Floats(base + n); err != nil {
+			return err
+		}
+	}
+	if len(qc) != h*d || len(kc) != u.Tc*d || len(sc[0].F) != h || len(sc[1].F) != u.Tc || len(sc[2].F) != h {
+		return fmt.Errorf("prodkernel: %s: %s inputs: q %d, k %d codes, scales %d/%d, weights %d for %d heads × %d, Tc %d", r.Path, base, len(qc), len(kc), len(sc[0].F), len(sc[1].F), len(sc[2].F), h, d, u.Tc)
+	}
+	exact := func(codes []byte, scale []float32, want []float32, what string) {
+		c.Inputs++
+		for i, code := range codes {
+			if quant.DecodeE4M3(code)*scale[i/d] != want[i] {
+				c.mismatch("p%d L%d: fed %s element %d decodes to %g, reference %g", u.Step, u.Layer, what, i, quant.DecodeE4M3(code)*scale[i/d], want[i])
+				return
+			}
+		}
+		c.InputsExact++
+	}
+	exact(qc, sc[0].F, ref.iq.F, "q")
+	exact(kc, sc[1].F, ref.icache.F[:u.Tc*d], "k")
+	c.Inputs++
+	for i := range h {
+		if sc[2].F[i] != ref.iw.F[i]*sc[0].F[i] {
+			c.mismatch("p%d L%d: fed weight %d = %g, want iw·q_scale = %g", u.Step, u.Layer, i, sc[2].F[i], ref.iw.F[i]*sc[0].F[i])
+			return nil
+		}
+	}
+	c.InputsExact++
+	return nil
+}
+
+// CheckIndexScores holds a scoring kernel's logits (name: "sglang_logits" or
+// "vllm_logits") at every unit against the reference's index_score under
+// IndexScoreTol, checks the tail positions ≥ Tc hold fill, and the fed
+// inputs where the run stored them (checkIndexInputs). A row outside tolerance is named with its
+// kernel/reference ratio; a power of two there is what a wrong scale (a K
+// row's, or the q scale folded twice or not at all) gives.
+func CheckIndexScores(src replay.Source, r *Run, prefix, name string, fill float32, units []IndexUnit) (*IndexCheck, error) {
+	c := &IndexCheck{Kernel: name, Units: len(units)}
+	var ratio, abs, ulp []float64
+	for _, u := range units {
+		base := fmt.Sprintf("%s.p%d.L%d.", prefix, u.Step, u.Layer)
+		ref, err := loadIndexRef(src, u)
+		if err != nil {
+			return nil, err
+		}
+		if r.Has(base + "q_fp8") { // the faulted call stores no inputs of its own
+			if err := checkIndexInputs(c, r, base, u, ref); err != nil {
+				return nil, err
+			}
+		}
+		lg, err := r.Floats(base + name)
+		if err != nil {
+			return nil, err
+		}
+		if len(lg.F) < u.Tc {
+			return nil, fmt.Errorf("prodkernel: %s: %s%s has %d positions for Tc %d", r.Path, base, name, len(lg.F), u.Tc)
+		}
+		for j := range u.Tc {
+			k, want := float64(lg.F[j]), float64(ref.score.F[j])
+			e := math.Abs(k - want)
+			c.Rows++
+			ratio = append(ratio, e/ref.tol[j])
+			abs = append(abs, e)
+			ulp = append(ulp, e/bf16ULP(ref.score.F[j]))
+			if e <= ref.tol[j] {
+				c.Within++
+				continue
+			}
+			c.mismatch("p%d L%d row %d: kernel score %g, reference %g (×%.4g), |err| %.3g > tol %.3g%s", u.Step, u.Layer, j, k, want, k/want, e, ref.tol[j], scaleHint(k, want))
+		}
+		for j := u.Tc; j < len(lg.F); j++ {
+			c.TailN++
+			if v := lg.F[j]; v == fill || (math.IsInf(float64(fill), -1) && math.IsInf(float64(v), -1)) {
+				c.Tail++
+			} else {
+				c.mismatch("p%d L%d position %d ≥ Tc %d: kernel logit %g, want the fill %g", u.Step, u.Layer, j, u.Tc, v, fill)
+			}
+		}
+	}
+	c.Ratio, c.Abs, c.ULP = newDist(ratio), newDist(abs), newDist(ulp)
+	return c, nil
+}
+
+// scaleHint names a kernel/reference ratio that is a power of two.
+func scaleHint(k, want float64) string {
+	if want == 0 || k == 0 {
+		return ""
+	}
+	q := k / want
+	e := math.Round(math.Log2(math.Abs(q)))
+	if e != 0 && math.Abs(q/math.Exp2(e)-1) < 0x1p-6 {
+		return fmt.Sprintf(": the score scaled by 2^%d, as by a scale %d exponent(s) off (that row's K scale)", int(e), int(e))
+	}
+	return ""
+}
+
+// bf16ULP is the bf16 ulp at |f| (the smallest normal's for 0).
+func bf16ULP(f float32) float64 {
+	a := math.Abs(float64(f))
+	if a < 0x1p-126 {
+		return 0x1p-133
+	}
+	_, e := math.Frexp(a)
+	return math.Exp2(float64(e - 8))
+}
+
+// TopKCheck is the result of holding a top-k kernel's index lists against
+// the reference's selection, as sets.
+type TopKCheck struct {
+	Kernel string
+	K      int
+	Units  int
+	// SameSet: units whose set is the reference's; TieSwap: units whose set
+	// differs only in rows tied with the reference's k-th score (within the
+	// score tolerance of both); Agree = SameSet + TieSwap when nothing else
+	// failed.
+	SameSet, TieSwap, Agree int
+	// PagesChecked / PagesEqual: SGLang's page-index output, physical page
+	// << 6 | row in page, against the page table it was given.
+	PagesChecked, PagesEqual int
+	First                    []string
+}
+
+func (c *TopKCheck) mismatch(format string, a ...any) {
+	if len(c.First) < 5 {
+		c.First = append(c.First, fmt.Sprintf(format, a...))
+	}
+}
+
+// Agrees says whether every unit's list is a valid top-k and matches the
+// reference up to boundary ties.
+func (c *TopKCheck) Agrees() bool {
+	return c.Units > 0 && c.Agree == c.Units && c.PagesEqual == c.PagesChecked
+}
+
+func (c *TopKCheck) String() string {
+	s := fmt.Sprintf("%s (k %d): %d units, %d same set, %d differing only in boundary ties, %d agree; pages %d/%d",
+		c.Kernel, c.K, c.Units, c.SameSet, c.TieSwap, c.Agree, c.PagesEqual, c.PagesChecked)
+	for _, f := range c.First {
+		s += "\n  " + f
+	}
+	return s
+}
+
+// CheckIndexTopK holds a top-k kernel's list (name, e.g. "sglang_topk16.raw"
+// or "vllm_topk16", k entries, −1 for none) at every unit, given the logits
+// it selected from (scores, e.g. "sglang_logits"):
+//
+//  1. its shape: min(k, Tc) distinct rows in [0, Tc), the other entries −1;
+//  2. a top-k of the kernel's own logits: no unselected row scores above a
+//     selected one (equal scores may go either way); a violation is named,
+//     and a selected row next to a better unselected one as an index off by
+//     one;
+//  3. against the reference (index_topk, or every row when k ≥ Tc): the
+//     rows in one set only must all lie within the score tolerance of the
+//     reference's k-th score (a boundary tie, spec §9.6).
+//
+// pages, when not empty, names SGLang's page-index output, checked exactly.
+func CheckIndexTopK(src replay.Source, r *Run, prefix, name, scores, pages string, k int, units []IndexUnit) (*TopKCheck, error) {
+	c := &TopKCheck{Kernel: name, K: k, Units: len(units)}
+	for _, u := range units {
+		base := fmt.Sprintf("%s.p%d.L%d.", prefix, u.Step, u.Layer)
+		ref, err := loadIndexRef(src, u)
+		if err != nil {
+			return nil, err
+		}
+		sel, err := r.Ints(base + name)
+		if err != nil {
+			return nil, err
+		}
+		lg, err := r.Floats(base + scores)
+		if err != nil {
+			return nil, err
+		}
+		if len(sel) != k || len(lg.F) < u.Tc {
+			return nil, fmt.Errorf("prodkernel: %s: %s%s has %d entries (want %d), %s %d for Tc %d", r.Path, base, name, len(sel), k, scores, len(lg.F), u.Tc)
+		}
+		unit := fmt.Sprintf("p%d L%d", u.Step, u.Layer)
+		if pages != "" {
+			if ok, err := checkTopKPages(c, r, base, pages, unit, sel); err != nil {
+				return nil, err
+			} else if !ok {
+				continue
+			}
+		}
+		in := make([]bool, u.Tc)
+		n, bad := 0, false
+		for i, v := range sel {
+			switch {
+			case v == -1:
+			case v < 0 || v >= int64(u.Tc) || in[v]:
+				c.mismatch("%s: entry %d = %d is not a new row in [0, %d)", unit, i, v, u.Tc)
+				bad = true
+			default:
+				in[v] = true
+				n++
+			}
+		}
+		if !bad && n != min(k, u.Tc) {
+			c.mismatch("%s: %d rows selected, want min(k, Tc) = %d", unit, n, min(k, u.Tc))
+			bad = true
+		}
+		if bad {
+			continue
+		}
+		// 2. a top-k of its own scores.
+		lo, hi := -1, -1 // the lowest selected, the highest unselected
+		for j := range u.Tc {
+			if in[j] && (lo < 0 || lg.F[j] < lg.F[lo]) {
+				lo = j
+			}
+			if !in[j] && (hi < 0 || lg.F[j] > lg.F[hi]) {
+				hi = j
+			}
+		}
+		if lo >= 0 && hi >= 0 && lg.F[hi] > lg.F[lo] {
+			// A selected neighbour of the best unselected row scoring below
+			// it is the off-by-one's signature; else name the lowest.
+			a, adj := lo, false
+			for _, d := range []int{1, -1} {
+				if n := hi + d; n >= 0 && n < u.Tc && in[n] && lg.F[n] < lg.F[hi] {
+					a, adj = n, true
+					break
+				}
+			}
+			msg := fmt.Sprintf("%s: not a top-%d of the kernel's own scores: unselected row %d scores %g above selected row %d (%g)", unit, k, hi, lg.F[hi], a, lg.F[a])
+			if adj {
+				msg += fmt.Sprintf(": an index off by one (row %d listed in place of row %d)", a, hi)
+			}
+			c.mismatch("%s", msg)
+			continue
+		}
+		// 3. against the reference, up to boundary ties.
+		rset := make([]bool, u.Tc)
+		if k >= u.Tc {
+			for j := range rset {
+				rset[j] = true
+			}
+		} else {
+			if len(ref.topk) != k {
+				return nil, fmt.Errorf("prodkernel: %s: index_topk has %d rows, kernel k %d", unit, len(ref.topk), k)
+			}
+			for _, j := range ref.topk {
+				if j < 0 || j >= int64(u.Tc) {
+					return nil, fmt.Errorf("prodkernel: %s: index_topk row %d outside [0, %d)", unit, j, u.Tc)
+				}
+				rset[j] = true
+			}
+		}
+		if slices.Equal(in, rset) {
+			c.SameSet++
+			c.Agree++
+			continue
+		}
+		kth := math.Inf(1) // the reference's k-th score
+		kthRow := -1
+		for j := range u.Tc {
+			if rset[j] && float64(ref.score.F[j]) < kth {
+				kth, kthRow = float64(ref.score.F[j]), j
+			}
+		}
+		tie := true
+		for j := range u.Tc {
+			if in[j] == rset[j] {
+				continue
+			}
+			if math.Abs(float64(ref.score.F[j])-kth) > ref.tol[j]+ref.tol[kthRow] {
+				side := "selected by the kernel only"
+				if rset[j] {
+					side = "selected by the reference only"
+				}
+				c.mismatch("%s: row %d %s, reference score %g vs the k-th %g (row %d): beyond the score tolerance, not a boundary tie", unit, j, side, ref.score.F[j], kth, kthRow)
+				tie = false
+				break
+			}
+		}
+		if tie {
+			c.TieSwap++
+			c.Agree++
+		}
+	}
+	return c, nil
+}
+
+// checkTopKPages checks SGLang's page indices: for raw row j, page_table[j
+// div 64] << 6 | j mod 64; −1 for −1.
+func checkTopKPages(c *TopKCheck, r *Run, base, pages, unit string, sel []int64) (bool, error) {
+	pg, err := r.Ints(base + pages)
+	if err != nil {
+		return false, err
+	}
+	tab, err := r.Ints(base + "page_table")
+	if err != nil {
+		return false, err
+	}
+	if len(pg) != len(sel) {
+		return false, fmt.Errorf("prodkernel: %s: %s%s has %d entries, raw %d", r.Path, base, pages, len(pg), len(sel))
+	}
+	c.PagesChecked++
+	for i, j := range sel {
+		want := int64(-1)
+		if j >= 0 {
+			if j/64 >= int64(len(tab)) {
+				c.mismatch("%s: raw row %d beyond the page table (%d pages)", unit, j, len(tab))
+				return false, nil
+			}
+			want = tab[j/64]<<6 | j%64
+		}
+		if pg[i] != want {
+			c.mismatch("%s: page index %d = %d for raw row %d, want %d", unit, i, pg[i], j, want)
+			return false, nil
+		}
+	}
+	c.PagesEqual++
+	return true, nil
+}
