@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"sparsemla/engine"
+	"sparsemla/indexer"
 	"sparsemla/quant"
 	"sparsemla/replay"
 )
@@ -117,8 +118,13 @@ type IndexCheck struct {
 	TailN, Tail int
 	Ratio       Dist // |kernel − reference| / tol_j
 	Abs         Dist // |kernel − reference|
-	ULP         Dist // |kernel − reference| in bf16 ulps of the reference score
-	First       []string
+	// F32Exact: rows whose kernel score equals the fp32-scorer form
+	// (indexer.IndexQKF32 + IndexScoreF32 over iq, icache, iw: no bf16
+	// rounding anywhere) bit for bit; F32Rel its largest relative distance.
+	F32Exact int
+	F32Rel   float64
+	ULP      Dist // |kernel − reference| in bf16 ulps of the reference score
+	First    []string
 }
 
 // Agrees says whether the inputs were exact, every score is within
@@ -134,8 +140,8 @@ func (c *IndexCheck) mismatch(format string, a ...any) {
 }
 
 func (c *IndexCheck) String() string {
-	s := fmt.Sprintf("%s: %d units, inputs exact %d/%d, scores within tolerance %d/%d, tail fill %d/%d; |err|/tol %v; |err| %v; bf16 ulps %v",
-		c.Kernel, c.Units, c.InputsExact, c.Inputs, c.Within, c.Rows, c.Tail, c.TailN, c.Ratio, c.Abs, c.ULP)
+	s := fmt.Sprintf("%s: %d units, inputs exact %d/%d, scores within tolerance %d/%d, tail fill %d/%d; |err|/tol %v; |err| %v; bf16 ulps %v; fp32 form bit-exact %d/%d (max rel %.3g)",
+		c.Kernel, c.Units, c.InputsExact, c.Inputs, c.Within, c.Rows, c.Tail, c.TailN, c.Ratio, c.Abs, c.ULP, c.F32Exact, c.Rows, c.F32Rel)
 	for _, f := range c.First {
 		s += "\n  " + f
 	}
@@ -214,7 +220,20 @@ func CheckIndexScores(src replay.Source, r *Run, prefix, name string, fill float
 		if len(lg.F) < u.Tc {
 			return nil, fmt.Errorf("prodkernel: %s: %s%s has %d positions for Tc %d", r.Path, base, name, len(lg.F), u.Tc)
 		}
+		h := len(ref.iw.F)
+		d := len(ref.iq.F) / h
+		qk32 := make([]float32, h*u.Tc)
+		indexer.IndexQKF32(qk32, ref.iq.F, ref.icache.F[:u.Tc*d], h, d)
+		f32 := make([]float32, u.Tc)
+		indexer.IndexScoreF32(f32, qk32, ref.iw.F)
 		for j := range u.Tc {
+			if lg.F[j] == f32[j] {
+				c.F32Exact++
+			} else if f32[j] != 0 {
+				c.F32Rel = math.Max(c.F32Rel, math.Abs(float64(lg.F[j]-f32[j])/float64(f32[j])))
+			} else {
+				c.F32Rel = math.Inf(1)
+			}
 			k, want := float64(lg.F[j]), float64(ref.score.F[j])
 			e := math.Abs(k - want)
 			c.Rows++
@@ -277,7 +296,10 @@ type TopKCheck struct {
 	// PagesChecked / PagesEqual: SGLang's page-index output, physical page
 	// << 6 | row in page, against the page table it was given.
 	PagesChecked, PagesEqual int
-	First                    []string
+	// Replay: indexer.CompareSelection's verdicts (exact bf16 ties only, as
+	// the replay judges a GPU's index_topk) over the reference's scores.
+	Replay [3]int // Same, Tie, Diverged
+	First  []string
 }
 
 func (c *TopKCheck) mismatch(format string, a ...any) {
@@ -293,8 +315,8 @@ func (c *TopKCheck) Agrees() bool {
 }
 
 func (c *TopKCheck) String() string {
-	s := fmt.Sprintf("%s (k %d): %d units, %d same set, %d differing only in boundary ties, %d agree; pages %d/%d",
-		c.Kernel, c.K, c.Units, c.SameSet, c.TieSwap, c.Agree, c.PagesEqual, c.PagesChecked)
+	s := fmt.Sprintf("%s (k %d): %d units, %d same set, %d differing only in boundary ties, %d agree; pages %d/%d; replay's exact-tie verdicts same %d, tie %d, diverged %d",
+		c.Kernel, c.K, c.Units, c.SameSet, c.TieSwap, c.Agree, c.PagesEqual, c.PagesChecked, c.Replay[0], c.Replay[1], c.Replay[2])
 	for _, f := range c.First {
 		s += "\n  " + f
 	}
@@ -389,6 +411,13 @@ func CheckIndexTopK(src replay.Source, r *Run, prefix, name, scores, pages strin
 			c.mismatch("%s", msg)
 			continue
 		}
+		var rows []int64
+		for j := range u.Tc {
+			if in[j] {
+				rows = append(rows, int64(j))
+			}
+		}
+		c.Replay[indexer.CompareSelection(rows, ref.score.F, min(k, u.Tc)).Verdict]++
 		// 3. against the reference, up to boundary ties.
 		rset := make([]bool, u.Tc)
 		if k >= u.Tc {

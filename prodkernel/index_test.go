@@ -39,7 +39,8 @@ var indexScorers = []struct {
 // TestIndexScoresReplay: SGLang's and vLLM's torch scorers, fed the
 // reference's own q, keys and weights (exactly, in E4M3 with power-of-two
 // scales), give every compressed row's score within IndexScoreTol of the
-// reference's index_score, at every unit of both goldens.
+// reference's index_score, at every unit of both goldens, and equal the
+// fp32-scorer form (indexer.IndexScoreF32) bit for bit.
 func TestIndexScoresReplay(t *testing.T) { forDumps(t, testIndexScoresReplay) }
 
 func testIndexScoresReplay(t *testing.T, name string) {
@@ -55,6 +56,11 @@ func testIndexScoresReplay(t *testing.T, name string) {
 		}
 		if !c.Agrees() {
 			t.Errorf("%v", c)
+		}
+		// The named difference behind the tolerance: both scorers compute the
+		// fp32 form, which indexer.IndexScoreF32 reproduces bit for bit.
+		if c.F32Exact != c.Rows {
+			t.Errorf("fp32 form reproduces %d of %d scores: %v", c.F32Exact, c.Rows, c)
 		}
 		t.Logf("%v", c)
 	}
