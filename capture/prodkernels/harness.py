@@ -466,11 +466,15 @@ def index_unit(g, torch, p, l):
     q scale folded into the head weights (iw, fp32) as both engines do; the keys in 64-row pages of
     132-byte entries (SGLang's / DeepGEMM's layout: 64 x 128 codes, then 64 fp32 scales), logical
     block b in page nb - b (page 0 unused)."""
-    f8 = torch.float8_e4m3fn
     tc = g.files[p][f"L{l}.index_score"][1][0]
-    k = g.t(p, f"L{l}.icache")[:tc].float()
-    q = g.t(p, f"L{l}.iq").float()
-    w = g.t(p, f"L{l}.iw").float()
+    return make_index_unit(torch, g.t(p, f"L{l}.iq").float(), g.t(p, f"L{l}.icache")[:tc].float(),
+                           g.t(p, f"L{l}.iw").float())
+
+
+def make_index_unit(torch, q, k, w):
+    """index_unit's encoding of q [H, 128], keys k [Tc, 128] and head weights w [H] (fp32 tensors)."""
+    f8 = torch.float8_e4m3fn
+    tc = k.shape[0]
     sk, sq = pow2_scale(torch, k), pow2_scale(torch, q)
     kq, qq = (k / sk[:, None]).to(f8), (q / sq[:, None]).to(f8)
     exact = bool((kq.float() * sk[:, None] == k).all() and (qq.float() * sq[:, None] == q).all())
@@ -533,17 +537,46 @@ def vllm_topk_load(csrc, out):
     return torch.ops.sparsemla_vllm.top_k_per_row_decode
 
 
-def run_index_score(g, outs, torch, src, vtopk_dir=""):
-    """SGLang's torch scoring `fp8_paged_mqa_logits_torch` (its SGLANG_FP8_PAGED_MQA_LOGITS_TORCH path)
-    and top-k `topk_transform_512_pytorch_vectorized` (SGLANG_TOPK_TRANSFORM_512_TORCH), vLLM's
-    `fp8_paged_mqa_logits_torch` (its ROCm module's torch scorer, "taken from" DeepGEMM's test), on
-    every (step, CSA layer) with Tc > 0; the top-k with k = index_topk and with SGLang's own 512. One
-    faulted call: the last unit again with the K scale of row Tc // 2 doubled. With vtopk_dir (a
-    `vllm-topk-build` folder; the build is repeated there, cached), vLLM's CUDA top_k_per_row_decode
-    on vLLM's logits (SGLang's where vLLM's scorer failed), k = index_topk and 512."""
+def index_calls(torch, sg, vl, vtopk, u, pre, outs, info, ks, width=0):
+    """One unit through the scorers and top-k's: SGLang's logits (width nb·64) and its top-k for each k in
+    ks; vLLM's logits at `width` (its max_model_len; nb·64 when 0; stored up to nb·64) and vLLM's CUDA
+    top-k on them (the insertion-sort path below 12,288 columns, the radix path from there)."""
+    seq = torch.tensor([u["tc"]], dtype=torch.int32, device="cuda")
+    msl = u["nb"] * PAGE_ENTRIES
+    lg = sg["fp8_paged_mqa_logits_torch"](u["q"][None, None], u["cache"], u["w"][None], seq, u["table"],
+                                          None, msl, False)
+    outs[pre + "sglang_logits"] = tbytes(lg[0])
+    for k in ks:
+        pages = torch.full((1, k), -7, dtype=torch.int32, device="cuda")
+        raw = torch.full((1, k), -7, dtype=torch.int32, device="cuda")
+        sg["topk_transform_512_pytorch_vectorized"](lg, seq, u["table"], pages, PAGE_ENTRIES, raw)
+        outs[pre + f"sglang_topk{k}.raw"] = tbytes(raw[0])
+        outs[pre + f"sglang_topk{k}.pages"] = tbytes(pages[0])
+    lv = None
+    if vl is not None:
+        try:
+            lv = vl["fp8_paged_mqa_logits_torch"](u["q"][None, None], u["cache"], u["w"][None], seq, u["table"],
+                                                  width or msl)
+            outs[pre + "vllm_logits"] = tbytes(lv[0, :msl])
+        except Exception as e:
+            info["errors"][pre + "vllm"] = f"{type(e).__name__}: {e}"
+    if vtopk is not None:
+        src_lg = (lv if lv is not None else lg).contiguous()
+        for k in ks:
+            try:
+                idx = torch.full((1, k), -7, dtype=torch.int32, device="cuda")
+                vtopk(src_lg, 1, seq, idx, 1, src_lg.stride(0), src_lg.stride(1), k)
+                torch.cuda.synchronize()
+                outs[pre + f"vllm_topk{k}"] = tbytes(idx[0])
+            except Exception as e:
+                info["errors"][pre + f"vllm_topk{k}"] = f"{type(e).__name__}: {e}"
+    torch.cuda.synchronize()
+
+
+def index_kernels(torch, src, vtopk_dir, info):
+    """The scoring and top-k functions (run_index_score's docstring), what was taken recorded in info."""
     import typing
     f = torch.nn.functional
-    info = {"functions": {}, "units": [], "errors": {}}
     sg = {"torch": torch, "F": f, "FP8_DTYPE": torch.float8_e4m3fn, "_arange_cache": {},
           "Optional": typing.Optional, "Any": typing.Any, "Tuple": typing.Tuple}
     info["functions"]["sglang"] = extract_functions(os.path.join(src, "sglang_src/indexer.py"),
@@ -569,40 +602,63 @@ def run_index_score(g, outs, torch, src, vtopk_dir=""):
                     open(os.path.join(src, "vllm_csrc", rel), "rb").read()).hexdigest()
         except Exception as e:
             info["errors"]["vllm_topk_build"] = f"{type(e).__name__}: {e}"[-3000:]
+    return sg, vl, vtopk
+
+
+# Synthetic units at V4-Flash indexer dims: 64 heads x 128, Tc past the top-k of 512.
+INDEX_SYNTH = [  # name, Tc, seed, weight std
+    ("s0", 520, 1, 0.1), ("s1", 1000, 2, 0.1), ("s2", 2048, 3, 0.1), ("s3", 2048, 4, 1.0),
+]
+
+
+def index_synth(args):
+    """The scorers and top-k's on synthetic units: q, k ~ N(0, 1) (fp32, then E4M3 with power-of-two
+    scales as index_unit), head weights bf16(N(0, std)), torch's CUDA generator seeded per unit; k = 512
+    (V4's index_topk); vLLM's logits at width 16,384 (a max_model_len past 12,288, vLLM's radix-sort
+    top-k path). Inputs and outputs land in OUT/kernels-index-synth.{safetensors,json}."""
+    import torch
+    out = args.out
+    os.makedirs(out, exist_ok=True)
+    write_stubs(args.src, os.path.join(out, "_pkg"))
+    info = {"functions": {}, "units": [], "errors": {}, "cases": INDEX_SYNTH, "heads": 64, "dim": 128}
+    import triton
+    info["env"] = {"torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
+                   "gpu": torch.cuda.get_device_name(0), "python": sys.version.split()[0]}
+    sg, vl, vtopk = index_kernels(torch, args.src, args.vllm_topk, info)
+    outs = {}
+    for name, tc, seed, wstd in INDEX_SYNTH:
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        q = torch.randn(64, 128, generator=gen, device="cuda")
+        k = torch.randn(tc, 128, generator=gen, device="cuda")
+        w = (torch.randn(64, generator=gen, device="cuda") * wstd).bfloat16().float()
+        u = make_index_unit(torch, q, k, w)
+        pre = f"isynth.{name}."
+        for nm in ("q", "k"):
+            outs[pre + nm + "_fp8"] = tbytes(u[nm].view(torch.uint8))
+        outs[pre + "q_scale"], outs[pre + "k_scale"] = tbytes(u["sq"]), tbytes(u["sk"])
+        outs[pre + "weights"], outs[pre + "page_table"] = tbytes(u["w"]), tbytes(u["table"][0])
+        outs[pre + "iw"] = tbytes(w.bfloat16())
+        index_calls(torch, sg, vl, vtopk, u, pre, outs, info, (512,), width=16384)
+        info["units"].append({"case": name, "tc": tc, "exact": u["exact"]})
+        print(f"index-synth {name}: Tc {tc} ok", flush=True)
+    write_safetensors(os.path.join(out, "kernels-index-synth.safetensors"), outs, {"producer": "capture/prodkernels/harness.py"})
+    with open(os.path.join(out, "kernels-index-synth.json"), "w") as f:
+        json.dump({"runs": {"index_synth": {"ok": True}}, **info}, f, indent=1, sort_keys=True)
+
+
+def run_index_score(g, outs, torch, src, vtopk_dir=""):
+    """SGLang's torch scoring `fp8_paged_mqa_logits_torch` (its SGLANG_FP8_PAGED_MQA_LOGITS_TORCH path)
+    and top-k `topk_transform_512_pytorch_vectorized` (SGLANG_TOPK_TRANSFORM_512_TORCH), vLLM's
+    `fp8_paged_mqa_logits_torch` (its ROCm module's torch scorer, "taken from" DeepGEMM's test), on
+    every (step, CSA layer) with Tc > 0; the top-k with k = index_topk and with SGLang's own 512. One
+    faulted call: the last unit again with the K scale of row Tc // 2 doubled. With vtopk_dir (a
+    `vllm-topk-build` folder; the build is repeated there, cached), vLLM's CUDA top_k_per_row_decode
+    on vLLM's logits (SGLang's where vLLM's scorer failed), k = index_topk and 512."""
+    info = {"functions": {}, "units": [], "errors": {}}
+    sg, vl, vtopk = index_kernels(torch, src, vtopk_dir, info)
     ktop = g.cfg["index_topk"]
     layers = [l for l in range(g.cfg["n_layers"]) if g.ratio(l) == 4]
     units = [(p, l) for p in g.steps for l in layers if g.files[p][f"L{l}.index_score"][1][0] > 0]
-
-    def score_and_topk(u, pre):
-        seq = torch.tensor([u["tc"]], dtype=torch.int32, device="cuda")
-        msl = u["nb"] * PAGE_ENTRIES
-        lg = sg["fp8_paged_mqa_logits_torch"](u["q"][None, None], u["cache"], u["w"][None], seq, u["table"],
-                                              None, msl, False)
-        outs[pre + "sglang_logits"] = tbytes(lg[0])
-        for k in (ktop, 512):
-            pages = torch.full((1, k), -7, dtype=torch.int32, device="cuda")
-            raw = torch.full((1, k), -7, dtype=torch.int32, device="cuda")
-            sg["topk_transform_512_pytorch_vectorized"](lg, seq, u["table"], pages, PAGE_ENTRIES, raw)
-            outs[pre + f"sglang_topk{k}.raw"] = tbytes(raw[0])
-            outs[pre + f"sglang_topk{k}.pages"] = tbytes(pages[0])
-        lv = None
-        if vl is not None:
-            try:
-                lv = vl["fp8_paged_mqa_logits_torch"](u["q"][None, None], u["cache"], u["w"][None], seq, u["table"], msl)
-                outs[pre + "vllm_logits"] = tbytes(lv[0])
-            except Exception as e:
-                info["errors"][pre + "vllm"] = f"{type(e).__name__}: {e}"
-        if vtopk is not None:
-            src_lg = (lv if lv is not None else lg).contiguous()
-            for k in (ktop, 512):
-                try:
-                    idx = torch.full((1, k), -7, dtype=torch.int32, device="cuda")
-                    vtopk(src_lg, 1, seq, idx, 1, src_lg.stride(0), src_lg.stride(1), k)
-                    torch.cuda.synchronize()
-                    outs[pre + f"vllm_topk{k}"] = tbytes(idx[0])
-                except Exception as e:
-                    info["errors"][pre + f"vllm_topk{k}"] = f"{type(e).__name__}: {e}"
-        torch.cuda.synchronize()
 
     for p, l in units:
         u = index_unit(g, torch, p, l)
@@ -611,7 +667,7 @@ def run_index_score(g, outs, torch, src, vtopk_dir=""):
             outs[pre + nm + "_fp8"] = tbytes(u[nm].view(torch.uint8))
         outs[pre + "q_scale"], outs[pre + "k_scale"] = tbytes(u["sq"]), tbytes(u["sk"])
         outs[pre + "weights"], outs[pre + "page_table"] = tbytes(u["w"]), tbytes(u["table"][0])
-        score_and_topk(u, pre)
+        index_calls(torch, sg, vl, vtopk, u, pre, outs, info, (ktop, 512))
         info["units"].append({"step": p, "layer": l, "tc": u["tc"], "exact": u["exact"]})
     p, l = units[-1]
     u = index_unit(g, torch, p, l)
@@ -621,7 +677,7 @@ def run_index_score(g, outs, torch, src, vtopk_dir=""):
     c = u["cache"].view(u["nb"] + 1, -1)
     s2 = (u["sk"][row:row + 1] * 2).contiguous().view(torch.uint8)
     c[pg, off:off + 4] = s2
-    score_and_topk(u, f"iscore_fault.p{p}.L{l}.")
+    index_calls(torch, sg, vl, vtopk, u, f"iscore_fault.p{p}.L{l}.", outs, info, (ktop, 512))
     info["fault"] = {"step": p, "layer": l, "row": row, "what": "K scale of this row doubled in its page"}
     info["index_topk"], info["page_entries"] = ktop, PAGE_ENTRIES
     return info
@@ -950,6 +1006,10 @@ def main():
     vt = sub.add_parser("vllm-topk-build")
     vt.add_argument("--csrc", required=True, help="folder holding vLLM's csrc/ files (README)")
     vt.add_argument("--module", required=True)
+    xs = sub.add_parser("index-synth")
+    xs.add_argument("--src", default=".kern")
+    xs.add_argument("--out", required=True)
+    xs.add_argument("--vllm-topk", default="", help="build folder for vLLM's top-k; empty: not run")
     sub.add_parser("selftest")
     a = ap.parse_args()
     if a.cmd == "selftest":
@@ -962,6 +1022,8 @@ def main():
         t0 = time.time()
         vllm_topk_load(a.csrc, a.module)
         print(f"vllm-topk-build: ok ({time.time() - t0:.0f}s)", flush=True)
+    elif a.cmd == "index-synth":
+        index_synth(a)
     elif a.cmd == "flashmla-synth":
         flashmla_synth(a)
     else:
