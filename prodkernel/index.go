@@ -57,12 +57,9 @@ func IndexUnits(src replay.Source, r *Run, prefix string) ([]IndexUnit, error) {
 // fp32 terms with room (docs/production-kernels.md has the measured ratio).
 func IndexScoreTol(qk []float32, iw []float32, score []float32) []float64 {
 	tc := len(score)
-	s := make([]float64, tc)
+	s := indexMagnitude(qk, iw, tc)
 	var smax float64
 	for j := range tc {
-		for h := range iw {
-			s[j] += math.Abs(float64(iw[h])) * math.Max(float64(qk[h*tc+j]), 0)
-		}
 		smax = math.Max(smax, s[j])
 	}
 	tol := make([]float64, tc)
@@ -70,6 +67,94 @@ func IndexScoreTol(qk []float32, iw []float32, score []float32) []float64 {
 		tol[j] = 0x1p-8*(1+0x1p-7)*s[j] + 0x1p-8*math.Abs(float64(score[j])) + 0x1p-20*smax
 	}
 	return tol
+}
+
+// indexMagnitude is S_j = Σ_h |iw_h| · max(index_qk[h][j], 0) per row.
+func indexMagnitude(qk, iw []float32, tc int) []float64 {
+	s := make([]float64, tc)
+	for j := range tc {
+		for h := range iw {
+			s[j] += math.Abs(float64(iw[h])) * math.Max(float64(qk[h*tc+j]), 0)
+		}
+	}
+	return s
+}
+
+// indexCase is one unit to check: its tensor prefix in the run, its name in
+// messages, the reference side.
+type indexCase struct {
+	base, unit string
+	tc         int
+	ref        *indexRef
+	inputs     bool // the run stored the fed inputs and the reference is the golden's
+}
+
+func goldenIndexCases(src replay.Source, r *Run, prefix string, units []IndexUnit) ([]indexCase, error) {
+	var cs []indexCase
+	for _, u := range units {
+		ref, err := loadIndexRef(src, u)
+		if err != nil {
+			return nil, err
+		}
+		base := fmt.Sprintf("%s.p%d.L%d.", prefix, u.Step, u.Layer)
+		cs = append(cs, indexCase{base: base, unit: fmt.Sprintf("p%d L%d", u.Step, u.Layer), tc: u.Tc, ref: ref, inputs: r.Has(base + "q_fp8")})
+	}
+	return cs, nil
+}
+
+// IndexSynthCases are the synthetic units of kernels-index-synth (names
+// s0, s1, …, as the harness's INDEX_SYNTH).
+var IndexSynthCases = []string{"s0", "s1", "s2", "s3"}
+
+// synthIndexCases builds the reference side of each synthetic unit from
+// what the kernels were fed: iq = decode(q_fp8)·q_scale, icache =
+// decode(k_fp8)·k_scale (both on the bf16 grid), iw (stored bf16; the fed
+// weights must be iw·q_scale), then the reference's index_qk, index_score
+// (indexer.IndexQK, IndexScore) and index_topk (indexer.TopK, k).
+func synthIndexCases(r *Run, k int) ([]indexCase, error) {
+	var cs []indexCase
+	for _, name := range IndexSynthCases {
+		base := "isynth." + name + "."
+		qc, qs, err := r.Bytes(base + "q_fp8")
+		if err != nil {
+			return nil, err
+		}
+		kc, ks, err := r.Bytes(base + "k_fp8")
+		if err != nil {
+			return nil, err
+		}
+		var t [4]engine.Tensor
+		for i, n := range []string{"q_scale", "k_scale", "weights", "iw"} {
+			if t[i], err = r.Floats(base + n); err != nil {
+				return nil, err
+			}
+		}
+		if len(qs) != 2 || len(ks) != 2 || qs[1] != ks[1] || qs[1] == 0 || len(t[0].F) != qs[0] || len(t[1].F) != ks[0] || len(t[2].F) != qs[0] || len(t[3].F) != qs[0] {
+			return nil, fmt.Errorf("prodkernel: %s: %s: q %v, k %v, scales %d/%d, weights %d, iw %d disagree", r.Path, base, qs, ks, len(t[0].F), len(t[1].F), len(t[2].F), len(t[3].F))
+		}
+		h, d, tc := qs[0], qs[1], ks[0]
+		dec := func(codes []byte, scale []float32) []float32 {
+			v := make([]float32, len(codes))
+			for i, c := range codes {
+				v[i] = quant.DecodeE4M3(c) * scale[i/d]
+			}
+			return v
+		}
+		ref := &indexRef{iq: engine.Tensor{Shape: []int{h, d}, F: dec(qc, t[0].F)}, icache: engine.Tensor{Shape: []int{tc, d}, F: dec(kc, t[1].F)}, iw: t[3]}
+		for i := range h {
+			if t[2].F[i] != t[3].F[i]*t[0].F[i] {
+				return nil, fmt.Errorf("prodkernel: %s: %s: fed weight %d = %g, iw·q_scale = %g", r.Path, base, i, t[2].F[i], t[3].F[i]*t[0].F[i])
+			}
+		}
+		ref.qk = engine.Tensor{Shape: []int{h, tc}, F: make([]float32, h*tc)}
+		indexer.IndexQK(ref.qk.F, ref.iq.F, ref.icache.F, h, d)
+		ref.score = engine.Tensor{Shape: []int{tc}, F: make([]float32, tc)}
+		indexer.IndexScore(ref.score.F, ref.qk.F, ref.iw.F)
+		ref.topk, _ = indexer.TopK(ref.score.F, min(k, tc))
+		ref.tol = IndexScoreTol(ref.qk.F, ref.iw.F, ref.score.F)
+		cs = append(cs, indexCase{base: base, unit: name, tc: tc, ref: ref})
+	}
+	return cs, nil
 }
 
 // indexRef is the reference side of one unit.
@@ -120,7 +205,9 @@ type IndexCheck struct {
 	Abs         Dist // |kernel − reference|
 	// F32Exact: rows whose kernel score equals the fp32-scorer form
 	// (indexer.IndexQKF32 + IndexScoreF32 over iq, icache, iw: no bf16
-	// rounding anywhere) bit for bit; F32Rel its largest relative distance.
+	// rounding anywhere) bit for bit; F32Rel the largest |kernel − fp32
+	// form| / S_j (S_j = Σ_h |iw_h|·max(index_qk, 0), the magnitude the
+	// summation order acts on).
 	F32Exact int
 	F32Rel   float64
 	ULP      Dist // |kernel − reference| in bf16 ulps of the reference score
@@ -140,7 +227,7 @@ func (c *IndexCheck) mismatch(format string, a ...any) {
 }
 
 func (c *IndexCheck) String() string {
-	s := fmt.Sprintf("%s: %d units, inputs exact %d/%d, scores within tolerance %d/%d, tail fill %d/%d; |err|/tol %v; |err| %v; bf16 ulps %v; fp32 form bit-exact %d/%d (max rel %.3g)",
+	s := fmt.Sprintf("%s: %d units, inputs exact %d/%d, scores within tolerance %d/%d, tail fill %d/%d; |err|/tol %v; |err| %v; bf16 ulps %v; fp32 form bit-exact %d/%d (max |diff|/S %.3g)",
 		c.Kernel, c.Units, c.InputsExact, c.Inputs, c.Within, c.Rows, c.Tail, c.TailN, c.Ratio, c.Abs, c.ULP, c.F32Exact, c.Rows, c.F32Rel)
 	for _, f := range c.First {
 		s += "\n  " + f
@@ -150,7 +237,7 @@ func (c *IndexCheck) String() string {
 
 // checkIndexInputs checks one unit's fed inputs: decode(q_fp8)·q_scale = iq,
 // decode(k_fp8)·k_scale = icache[:Tc], weights = iw · q_scale, bit for bit.
-func checkIndexInputs(c *IndexCheck, r *Run, base string, u IndexUnit, ref *indexRef) error {
+func checkIndexInputs(c *IndexCheck, r *Run, base, unit string, tc int, ref *indexRef) error {
 	h := len(ref.iw.F)
 	d := len(ref.iq.F) / h
 	qc, _, err := r.Bytes(base + "q_fp8")
@@ -167,25 +254,25 @@ func checkIndexInputs(c *IndexCheck, r *Run, base string, u IndexUnit, ref *inde
 			return err
 		}
 	}
-	if len(qc) != h*d || len(kc) != u.Tc*d || len(sc[0].F) != h || len(sc[1].F) != u.Tc || len(sc[2].F) != h {
-		return fmt.Errorf("prodkernel: %s: %s inputs: q %d, k %d codes, scales %d/%d, weights %d for %d heads × %d, Tc %d", r.Path, base, len(qc), len(kc), len(sc[0].F), len(sc[1].F), len(sc[2].F), h, d, u.Tc)
+	if len(qc) != h*d || len(kc) != tc*d || len(sc[0].F) != h || len(sc[1].F) != tc || len(sc[2].F) != h {
+		return fmt.Errorf("prodkernel: %s: %s inputs: q %d, k %d codes, scales %d/%d, weights %d for %d heads × %d, Tc %d", r.Path, base, len(qc), len(kc), len(sc[0].F), len(sc[1].F), len(sc[2].F), h, d, tc)
 	}
 	exact := func(codes []byte, scale []float32, want []float32, what string) {
 		c.Inputs++
 		for i, code := range codes {
 			if quant.DecodeE4M3(code)*scale[i/d] != want[i] {
-				c.mismatch("p%d L%d: fed %s element %d decodes to %g, reference %g", u.Step, u.Layer, what, i, quant.DecodeE4M3(code)*scale[i/d], want[i])
+				c.mismatch("%s: fed %s element %d decodes to %g, reference %g", unit, what, i, quant.DecodeE4M3(code)*scale[i/d], want[i])
 				return
 			}
 		}
 		c.InputsExact++
 	}
 	exact(qc, sc[0].F, ref.iq.F, "q")
-	exact(kc, sc[1].F, ref.icache.F[:u.Tc*d], "k")
+	exact(kc, sc[1].F, ref.icache.F[:tc*d], "k")
 	c.Inputs++
 	for i := range h {
 		if sc[2].F[i] != ref.iw.F[i]*sc[0].F[i] {
-			c.mismatch("p%d L%d: fed weight %d = %g, want iw·q_scale = %g", u.Step, u.Layer, i, sc[2].F[i], ref.iw.F[i]*sc[0].F[i])
+			c.mismatch("%s: fed weight %d = %g, want iw·q_scale = %g", unit, i, sc[2].F[i], ref.iw.F[i]*sc[0].F[i])
 			return nil
 		}
 	}
@@ -200,16 +287,31 @@ func checkIndexInputs(c *IndexCheck, r *Run, base string, u IndexUnit, ref *inde
 // kernel/reference ratio; a power of two there is what a wrong scale (a K
 // row's, or the q scale folded twice or not at all) gives.
 func CheckIndexScores(src replay.Source, r *Run, prefix, name string, fill float32, units []IndexUnit) (*IndexCheck, error) {
-	c := &IndexCheck{Kernel: name, Units: len(units)}
+	cs, err := goldenIndexCases(src, r, prefix, units)
+	if err != nil {
+		return nil, err
+	}
+	return checkIndexScores(r, name, fill, cs)
+}
+
+// CheckIndexSynthScores is CheckIndexScores on the synthetic units of
+// kernels-index-synth, the reference computed from the fed inputs
+// (synthIndexCases).
+func CheckIndexSynthScores(r *Run, name string, fill float32) (*IndexCheck, error) {
+	cs, err := synthIndexCases(r, 512)
+	if err != nil {
+		return nil, err
+	}
+	return checkIndexScores(r, name, fill, cs)
+}
+
+func checkIndexScores(r *Run, name string, fill float32, cs []indexCase) (*IndexCheck, error) {
+	c := &IndexCheck{Kernel: name, Units: len(cs)}
 	var ratio, abs, ulp []float64
-	for _, u := range units {
-		base := fmt.Sprintf("%s.p%d.L%d.", prefix, u.Step, u.Layer)
-		ref, err := loadIndexRef(src, u)
-		if err != nil {
-			return nil, err
-		}
-		if r.Has(base + "q_fp8") { // the faulted call stores no inputs of its own
-			if err := checkIndexInputs(c, r, base, u, ref); err != nil {
+	for _, ic := range cs {
+		base, ref, tc := ic.base, ic.ref, ic.tc
+		if ic.inputs {
+			if err := checkIndexInputs(c, r, base, ic.unit, tc, ref); err != nil {
 				return nil, err
 			}
 		}
@@ -217,20 +319,21 @@ func CheckIndexScores(src replay.Source, r *Run, prefix, name string, fill float
 		if err != nil {
 			return nil, err
 		}
-		if len(lg.F) < u.Tc {
-			return nil, fmt.Errorf("prodkernel: %s: %s%s has %d positions for Tc %d", r.Path, base, name, len(lg.F), u.Tc)
+		if len(lg.F) < tc {
+			return nil, fmt.Errorf("prodkernel: %s: %s%s has %d positions for Tc %d", r.Path, base, name, len(lg.F), tc)
 		}
 		h := len(ref.iw.F)
 		d := len(ref.iq.F) / h
-		qk32 := make([]float32, h*u.Tc)
-		indexer.IndexQKF32(qk32, ref.iq.F, ref.icache.F[:u.Tc*d], h, d)
-		f32 := make([]float32, u.Tc)
+		qk32 := make([]float32, h*tc)
+		indexer.IndexQKF32(qk32, ref.iq.F, ref.icache.F[:tc*d], h, d)
+		f32 := make([]float32, tc)
 		indexer.IndexScoreF32(f32, qk32, ref.iw.F)
-		for j := range u.Tc {
+		mag := indexMagnitude(ref.qk.F, ref.iw.F, tc)
+		for j := range tc {
 			if lg.F[j] == f32[j] {
 				c.F32Exact++
-			} else if f32[j] != 0 {
-				c.F32Rel = math.Max(c.F32Rel, math.Abs(float64(lg.F[j]-f32[j])/float64(f32[j])))
+			} else if mag[j] > 0 {
+				c.F32Rel = math.Max(c.F32Rel, math.Abs(float64(lg.F[j]-f32[j]))/mag[j])
 			} else {
 				c.F32Rel = math.Inf(1)
 			}
@@ -244,14 +347,14 @@ func CheckIndexScores(src replay.Source, r *Run, prefix, name string, fill float
 				c.Within++
 				continue
 			}
-			c.mismatch("p%d L%d row %d: kernel score %g, reference %g (×%.4g), |err| %.3g > tol %.3g%s", u.Step, u.Layer, j, k, want, k/want, e, ref.tol[j], scaleHint(k, want))
+			c.mismatch("%s row %d: kernel score %g, reference %g (×%.4g), |err| %.3g > tol %.3g%s", ic.unit, j, k, want, k/want, e, ref.tol[j], scaleHint(k, want))
 		}
-		for j := u.Tc; j < len(lg.F); j++ {
+		for j := tc; j < len(lg.F); j++ {
 			c.TailN++
 			if v := lg.F[j]; v == fill || (math.IsInf(float64(fill), -1) && math.IsInf(float64(v), -1)) {
 				c.Tail++
 			} else {
-				c.mismatch("p%d L%d position %d ≥ Tc %d: kernel logit %g, want the fill %g", u.Step, u.Layer, j, u.Tc, v, fill)
+				c.mismatch("%s position %d ≥ Tc %d: kernel logit %g, want the fill %g", ic.unit, j, tc, v, fill)
 			}
 		}
 	}
@@ -299,7 +402,9 @@ type TopKCheck struct {
 	// Replay: indexer.CompareSelection's verdicts (exact bf16 ties only, as
 	// the replay judges a GPU's index_topk) over the reference's scores.
 	Replay [3]int // Same, Tie, Diverged
-	First  []string
+	// ReplayFirst: the first Diverged verdict's reason.
+	ReplayFirst string
+	First       []string
 }
 
 func (c *TopKCheck) mismatch(format string, a ...any) {
@@ -317,6 +422,9 @@ func (c *TopKCheck) Agrees() bool {
 func (c *TopKCheck) String() string {
 	s := fmt.Sprintf("%s (k %d): %d units, %d same set, %d differing only in boundary ties, %d agree; pages %d/%d; replay's exact-tie verdicts same %d, tie %d, diverged %d",
 		c.Kernel, c.K, c.Units, c.SameSet, c.TieSwap, c.Agree, c.PagesEqual, c.PagesChecked, c.Replay[0], c.Replay[1], c.Replay[2])
+	if c.ReplayFirst != "" {
+		s += " (" + c.ReplayFirst + ")"
+	}
 	for _, f := range c.First {
 		s += "\n  " + f
 	}
@@ -338,13 +446,28 @@ func (c *TopKCheck) String() string {
 //
 // pages, when not empty, names SGLang's page-index output, checked exactly.
 func CheckIndexTopK(src replay.Source, r *Run, prefix, name, scores, pages string, k int, units []IndexUnit) (*TopKCheck, error) {
-	c := &TopKCheck{Kernel: name, K: k, Units: len(units)}
-	for _, u := range units {
-		base := fmt.Sprintf("%s.p%d.L%d.", prefix, u.Step, u.Layer)
-		ref, err := loadIndexRef(src, u)
-		if err != nil {
-			return nil, err
-		}
+	cs, err := goldenIndexCases(src, r, prefix, units)
+	if err != nil {
+		return nil, err
+	}
+	return checkIndexTopK(r, name, scores, pages, k, cs)
+}
+
+// CheckIndexSynthTopK is CheckIndexTopK on the synthetic units (k = 512),
+// the reference's selection indexer.TopK of its own scores.
+func CheckIndexSynthTopK(r *Run, name, scores, pages string) (*TopKCheck, error) {
+	cs, err := synthIndexCases(r, 512)
+	if err != nil {
+		return nil, err
+	}
+	return checkIndexTopK(r, name, scores, pages, 512, cs)
+}
+
+func checkIndexTopK(r *Run, name, scores, pages string, k int, cs []indexCase) (*TopKCheck, error) {
+	c := &TopKCheck{Kernel: name, K: k, Units: len(cs)}
+	for _, ic := range cs {
+		base, ref := ic.base, ic.ref
+		tc := ic.tc
 		sel, err := r.Ints(base + name)
 		if err != nil {
 			return nil, err
@@ -353,10 +476,10 @@ func CheckIndexTopK(src replay.Source, r *Run, prefix, name, scores, pages strin
 		if err != nil {
 			return nil, err
 		}
-		if len(sel) != k || len(lg.F) < u.Tc {
-			return nil, fmt.Errorf("prodkernel: %s: %s%s has %d entries (want %d), %s %d for Tc %d", r.Path, base, name, len(sel), k, scores, len(lg.F), u.Tc)
+		if len(sel) != k || len(lg.F) < tc {
+			return nil, fmt.Errorf("prodkernel: %s: %s%s has %d entries (want %d), %s %d for Tc %d", r.Path, base, name, len(sel), k, scores, len(lg.F), tc)
 		}
-		unit := fmt.Sprintf("p%d L%d", u.Step, u.Layer)
+		unit := ic.unit
 		if pages != "" {
 			if ok, err := checkTopKPages(c, r, base, pages, unit, sel); err != nil {
 				return nil, err
@@ -364,21 +487,21 @@ func CheckIndexTopK(src replay.Source, r *Run, prefix, name, scores, pages strin
 				continue
 			}
 		}
-		in := make([]bool, u.Tc)
+		in := make([]bool, tc)
 		n, bad := 0, false
 		for i, v := range sel {
 			switch {
 			case v == -1:
-			case v < 0 || v >= int64(u.Tc) || in[v]:
-				c.mismatch("%s: entry %d = %d is not a new row in [0, %d)", unit, i, v, u.Tc)
+			case v < 0 || v >= int64(tc) || in[v]:
+				c.mismatch("%s: entry %d = %d is not a new row in [0, %d)", unit, i, v, tc)
 				bad = true
 			default:
 				in[v] = true
 				n++
 			}
 		}
-		if !bad && n != min(k, u.Tc) {
-			c.mismatch("%s: %d rows selected, want min(k, Tc) = %d", unit, n, min(k, u.Tc))
+		if !bad && n != min(k, tc) {
+			c.mismatch("%s: %d rows selected, want min(k, Tc) = %d", unit, n, min(k, tc))
 			bad = true
 		}
 		if bad {
@@ -386,7 +509,7 @@ func CheckIndexTopK(src replay.Source, r *Run, prefix, name, scores, pages strin
 		}
 		// 2. a top-k of its own scores.
 		lo, hi := -1, -1 // the lowest selected, the highest unselected
-		for j := range u.Tc {
+		for j := range tc {
 			if in[j] && (lo < 0 || lg.F[j] < lg.F[lo]) {
 				lo = j
 			}
@@ -399,7 +522,7 @@ func CheckIndexTopK(src replay.Source, r *Run, prefix, name, scores, pages strin
 			// it is the off-by-one's signature; else name the lowest.
 			a, adj := lo, false
 			for _, d := range []int{1, -1} {
-				if n := hi + d; n >= 0 && n < u.Tc && in[n] && lg.F[n] < lg.F[hi] {
+				if n := hi + d; n >= 0 && n < tc && in[n] && lg.F[n] < lg.F[hi] {
 					a, adj = n, true
 					break
 				}
@@ -412,15 +535,19 @@ func CheckIndexTopK(src replay.Source, r *Run, prefix, name, scores, pages strin
 			continue
 		}
 		var rows []int64
-		for j := range u.Tc {
+		for j := range tc {
 			if in[j] {
 				rows = append(rows, int64(j))
 			}
 		}
-		c.Replay[indexer.CompareSelection(rows, ref.score.F, min(k, u.Tc)).Verdict]++
+		rd := indexer.CompareSelection(rows, ref.score.F, min(k, tc))
+		c.Replay[rd.Verdict]++
+		if rd.Verdict == indexer.Diverged && c.ReplayFirst == "" {
+			c.ReplayFirst = unit + ": " + rd.Reason
+		}
 		// 3. against the reference, up to boundary ties.
-		rset := make([]bool, u.Tc)
-		if k >= u.Tc {
+		rset := make([]bool, tc)
+		if k >= tc {
 			for j := range rset {
 				rset[j] = true
 			}
@@ -429,8 +556,8 @@ func CheckIndexTopK(src replay.Source, r *Run, prefix, name, scores, pages strin
 				return nil, fmt.Errorf("prodkernel: %s: index_topk has %d rows, kernel k %d", unit, len(ref.topk), k)
 			}
 			for _, j := range ref.topk {
-				if j < 0 || j >= int64(u.Tc) {
-					return nil, fmt.Errorf("prodkernel: %s: index_topk row %d outside [0, %d)", unit, j, u.Tc)
+				if j < 0 || j >= int64(tc) {
+					return nil, fmt.Errorf("prodkernel: %s: index_topk row %d outside [0, %d)", unit, j, tc)
 				}
 				rset[j] = true
 			}
@@ -442,13 +569,13 @@ func CheckIndexTopK(src replay.Source, r *Run, prefix, name, scores, pages strin
 		}
 		kth := math.Inf(1) // the reference's k-th score
 		kthRow := -1
-		for j := range u.Tc {
+		for j := range tc {
 			if rset[j] && float64(ref.score.F[j]) < kth {
 				kth, kthRow = float64(ref.score.F[j]), j
 			}
 		}
 		tie := true
-		for j := range u.Tc {
+		for j := range tc {
 			if in[j] == rset[j] {
 				continue
 			}

@@ -620,7 +620,7 @@ def index_synth(args):
     out = args.out
     os.makedirs(out, exist_ok=True)
     write_stubs(args.src, os.path.join(out, "_pkg"))
-    info = {"functions": {}, "units": [], "errors": {}, "cases": INDEX_SYNTH, "heads": 64, "dim": 128}
+    info = {"functions": {}, "units": [], "errors": {}, "synth_cases": INDEX_SYNTH, "heads": 64, "dim": 128}
     import triton
     info["env"] = {"torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
                    "gpu": torch.cuda.get_device_name(0), "python": sys.version.split()[0]}
