@@ -182,7 +182,7 @@ func loadIndexRef(src replay.Source, u IndexUnit) (*indexRef, error) {
 	}
 	ref.topk = t.I
 	h := len(ref.iw.F)
-	if len(ref.score.F) != u.Tc || len(ref.qk.F) != h*u.Tc || len(ref.iq.F)%max(h, 1) != 0 || len(ref.icache.F) < u.Tc*(len(ref.iq.F)/max(h, 1)) {
+	if h == 0 || len(ref.iq.F) == 0 || len(ref.score.F) != u.Tc || len(ref.qk.F) != h*u.Tc || len(ref.iq.F)%max(h, 1) != 0 || len(ref.icache.F) < u.Tc*(len(ref.iq.F)/max(h, 1)) {
 		return nil, fmt.Errorf("prodkernel: step %d layer %d: index_score %v, index_qk %v, iw %v, iq %v, icache %v disagree", u.Step, u.Layer, ref.score.Shape, ref.qk.Shape, ref.iw.Shape, ref.iq.Shape, ref.icache.Shape)
 	}
 	ref.tol = IndexScoreTol(ref.qk.F, ref.iw.F, ref.score.F)

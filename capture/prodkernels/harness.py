@@ -11,6 +11,10 @@ FlashMLA (sm90 sparse FP8 decode): `flashmla-build` builds its sparse decode pat
 csrc/ and CUTLASS's headers; `flashmla-synth` runs it on prodkernel's synthetic input; `run --only
 flashmla --flashmla-in DIR` on the goldens' pages (testdata/kernels/README.md has the commands).
 
+Indexer scores and top-k: `run --only paged_mqa --tag index --vllm-topk BUILD` runs SGLang's and
+vLLM's torch scorers, SGLang's torch top-k and (built from vLLM's sampler.cu into BUILD) vLLM's CUDA
+top_k_per_row_decode on the goldens; `index-synth` on synthetic units at V4-Flash dims.
+
 It writes OUTDIR/<dump name>/kernels-TAG.safetensors (every kernel output, named below) and
 OUTDIR/<dump name>/kernels-TAG.json (what ran: kernels, source commits, shapes, versions, errors).
 Each kernel runs in its own try/except: one that fails is recorded with its error and the others
