@@ -51,7 +51,7 @@ func IndexUnits(src replay.Source, r *Run, prefix string) ([]IndexUnit, error) {
 // The reference rounds each dot product d_hj to bf16, each ReLU·weight
 // product to bf16 and the fp32 head sum to bf16 (spec §6; unit roundoff 2^-9
 // each); a kernel fed the same q, k and weights exactly (kernels-index's
-// inputs, checked by CheckIndexInputs) computes all of it in fp32. To first
+// inputs, checked by checkIndexInputs) computes all of it in fp32. To first
 // order the reference's distance from the exact score is ≤ 2·2^-9·S_j +
 // 2^-9·|score_j|; tol_j doubles the last term and adds the second-order and
 // fp32 terms with room (docs/production-kernels.md has the measured ratio).
