@@ -40,4 +40,16 @@
 // page id). FlashModel (FlashMLA's split-K order over FlashSchedule's split
 // ranges) is the evidence behind the widened tolerance. Its inputs: WritePages (the goldens' MODEL1 pages, kvcache's
 // encoder) and NewFlashInput (synthetic V4-Flash cases, FlashCases).
+//
+// The indexer's scoring and top-k kernels (SGLang's and vLLM's torch scorers
+// fp8_paged_mqa_logits_torch, SGLang's torch top-k, vLLM's CUDA
+// top_k_per_row_decode) are fed the reference's own q, index keys and
+// weights, exactly (E4M3 with power-of-two scales). CheckIndexScores holds
+// their fp32 logits to the reference's bf16 index_score under IndexScoreTol,
+// a bound derived from the reference's three bf16 rounding points; beside it
+// the fp32-scorer form (indexer.IndexScoreF32) they compute. CheckIndexTopK
+// holds each list to a top-k of the kernel's own logits (an index off by one
+// is named) and to the reference's set up to boundary ties within that
+// tolerance. CheckIndexSynthScores / CheckIndexSynthTopK do the same on
+// synthetic units at V4-Flash dims.
 package prodkernel

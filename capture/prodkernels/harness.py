@@ -11,6 +11,10 @@ FlashMLA (sm90 sparse FP8 decode): `flashmla-build` builds its sparse decode pat
 csrc/ and CUTLASS's headers; `flashmla-synth` runs it on prodkernel's synthetic input; `run --only
 flashmla --flashmla-in DIR` on the goldens' pages (testdata/kernels/README.md has the commands).
 
+Indexer scores and top-k: `run --only paged_mqa --tag index --vllm-topk BUILD` runs SGLang's and
+vLLM's torch scorers, SGLang's torch top-k and (built from vLLM's sampler.cu into BUILD) vLLM's CUDA
+top_k_per_row_decode on the goldens; `index-synth` on synthetic units at V4-Flash dims.
+
 It writes OUTDIR/<dump name>/kernels-TAG.safetensors (every kernel output, named below) and
 OUTDIR/<dump name>/kernels-TAG.json (what ran: kernels, source commits, shapes, versions, errors).
 Each kernel runs in its own try/except: one that fails is recorded with its error and the others
@@ -155,7 +159,11 @@ STUBS = {
         "    def is_rocm(self): return False\n"
         "    def is_xpu(self): return False\n"
         "    def is_cuda(self): return True\n"
+        "    def fp8_dtype(self):\n"
+        "        import torch\n"
+        "        return torch.float8_e4m3fn\n"
         "current_platform = _P()\n"),
+    "vllm/utils/math_utils.py": "def cdiv(a, b):\n    return -(a // -b)\n",
     "vllm/utils/__init__.py": "",
     "vllm/utils/import_utils.py": "def has_cutedsl():\n    return False\n",
     # DeepGEMM's rule: round x up to a multiple of 16 bytes' worth of elements.
@@ -200,6 +208,9 @@ KERNEL_FILES = {
     "sglang_src/index_buf_accessor.py": "sglang/srt/layers/attention/dsv4/index_buf_accessor.py",
     "vllm_src/fused_compress_quant_cache.py": "vllm/models/deepseek_v4/common/ops/fused_compress_quant_cache.py",
     "sglang_src/fused_compress_triton.py": "sglang/srt/layers/attention/dsv4/fused_compress_triton.py",
+    # Indexer scores and top-k: only named functions are taken from these two (extract_functions).
+    "sglang_src/indexer.py": "sglang/srt/layers/attention/dsv4/indexer.py",
+    "vllm_src/rocm_aiter_mla_sparse.py": "vllm/v1/attention/ops/rocm_aiter_mla_sparse.py",
 }
 
 
@@ -217,6 +228,7 @@ def write_stubs(src, root):
             files[rel] = "missing"
             continue
         raw = open(sp, "rb").read()
+        os.makedirs(os.path.dirname(os.path.join(root, rel)), exist_ok=True)
         with open(os.path.join(root, rel), "wb") as f:
             f.write(raw)
         files[rel] = hashlib.sha256(raw).hexdigest()
@@ -258,6 +270,7 @@ def run(args):
                           ("sglang_compressor_fused_ape_pool_norm_rope", lambda g, o, t: run_sglang_pool(g, o, t, "main")),
                           ("sglang_compressor_fused_ape_pool_norm_rope_indexer", lambda g, o, t: run_sglang_pool(g, o, t, "indexer")),
                           ("sglang_compressor_fused_ape_pool_norm_rope_repeat", lambda g, o, t: run_sglang_pool(g, o, t, "main", args.repeat)),
+                          ("sglang_fp8_paged_mqa_logits_torch", lambda g, o, t: run_index_score(g, o, t, src, args.vllm_topk)),
                           ("flashmla_sparse_decode_fwd", lambda g, o, t: run_flashmla(g, o, t, args.flashmla_in, name))]
         todo = [(k, f) for k, f in todo if (not args.only or args.only in k) and (not args.skip or args.skip not in k)]
         for kname, fn in todo:
@@ -418,6 +431,260 @@ def run_vllm_indexer_q(g, outs, torch, fp4):
         outs[f"{tag}.L{l}.weights"] = tbytes(wo)  # [T, HI] fp32
         outs[f"{tag}.L{l}.steps"] = tbytes(pos)
     return {"layers": layers, "softmax_scale": D ** -0.5, "head_scale": HI ** -0.5}
+
+
+# ---------------------------------------------------------------- indexer scores and top-k
+
+def extract_functions(path, names, ns):
+    """Compile only the named top-level functions of a kernel file, their text unmodified, into ns.
+    The two files these come from import half of their engine at module level (model configs,
+    server args, DeepGEMM, aiter); the functions themselves use torch and the names put in ns.
+    Returns {name: SHA-256 of the function's source text}."""
+    import ast
+    import hashlib
+    text = open(path).read()
+    tree = ast.parse(text)
+    found = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name in names:
+            seg = ast.get_source_segment(text, node)
+            found[node.name] = hashlib.sha256(seg.encode()).hexdigest()
+            exec(compile(ast.Module(body=[node], type_ignores=[]), path, "exec"), ns)
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise KeyError(f"{path}: no function {missing}")
+    return found
+
+
+def pow2_scale(torch, x):
+    """Per-row power-of-two scale 2^ceil(log2(amax/448)) (1 for an all-zero row)."""
+    amax = x.abs().amax(dim=-1)
+    s = torch.exp2(torch.ceil(torch.log2(torch.clamp(amax, min=1e-30) / 448.0)))
+    return torch.where(amax > 0, s, torch.ones_like(s))
+
+
+def index_unit(g, torch, p, l):
+    """The scoring kernels' inputs for step p, layer l, re-encoded from the golden's own tensors: the
+    reference's q (iq: Had + FQ4, bf16) and index keys (icache rows < Tc, the same grid) as E4M3 codes
+    with one power-of-two scale per head / per row, which holds them exactly (checked, `exact`), the
+    q scale folded into the head weights (iw, fp32) as both engines do; the keys in 64-row pages of
+    132-byte entries (SGLang's / DeepGEMM's layout: 64 x 128 codes, then 64 fp32 scales), logical
+    block b in page nb - b (page 0 unused)."""
+    tc = g.files[p][f"L{l}.index_score"][1][0]
+    return make_index_unit(torch, g.t(p, f"L{l}.iq").float(), g.t(p, f"L{l}.icache")[:tc].float(),
+                           g.t(p, f"L{l}.iw").float())
+
+
+def make_index_unit(torch, q, k, w):
+    """index_unit's encoding of q [H, 128], keys k [Tc, 128] and head weights w [H] (fp32 tensors)."""
+    f8 = torch.float8_e4m3fn
+    tc = k.shape[0]
+    sk, sq = pow2_scale(torch, k), pow2_scale(torch, q)
+    kq, qq = (k / sk[:, None]).to(f8), (q / sq[:, None]).to(f8)
+    exact = bool((kq.float() * sk[:, None] == k).all() and (qq.float() * sq[:, None] == q).all())
+    nb = (tc + PAGE_ENTRIES - 1) // PAGE_ENTRIES
+    ent = 128 + 4
+    cache = torch.zeros(nb + 1, PAGE_ENTRIES * ent, dtype=torch.uint8, device="cuda")
+    kb, sb = kq.view(torch.uint8), sk.contiguous().view(torch.uint8).reshape(tc, 4)
+    for j in range(tc):
+        pg, o = nb - j // PAGE_ENTRIES, j % PAGE_ENTRIES
+        cache[pg, o * 128:(o + 1) * 128] = kb[j]
+        cache[pg, PAGE_ENTRIES * 128 + o * 4:PAGE_ENTRIES * 128 + (o + 1) * 4] = sb[j]
+    table = torch.tensor([[nb - b for b in range(nb)]], dtype=torch.int32, device="cuda")
+    return {"tc": tc, "nb": nb, "exact": exact, "q": qq, "sq": sq, "k": kq, "sk": sk, "w": w * sq,
+            "cache": cache.view(nb + 1, PAGE_ENTRIES, 1, ent), "table": table}
+
+
+# Our binding of vLLM's top_k_per_row_decode (csrc/libtorch_stable/sampler.cu, compiled unmodified):
+# the schema line of vLLM's torch_bindings.cpp, registered under a namespace of our own.
+VLLM_TOPK_FILES = ["csrc/cuda_compat.h", "csrc/libtorch_stable/sampler.cu", "csrc/libtorch_stable/dispatch_utils.h",
+                   "csrc/libtorch_stable/torch_utils.h"]
+VLLM_TOPK_BINDING = r'''
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/tensor.h>
+void top_k_per_row_decode(const torch::stable::Tensor& logits, int64_t next_n,
+                          const torch::stable::Tensor& seqLens,
+                          torch::stable::Tensor& indices, int64_t numRows,
+                          int64_t stride0, int64_t stride1, int64_t topK);
+STABLE_TORCH_LIBRARY(sparsemla_vllm, ops) {
+  ops.def("top_k_per_row_decode(Tensor logits, int next_n, Tensor seq_lens, Tensor! indices, "
+          "int numRows, int stride0, int stride1, int topK) -> ()");
+}
+STABLE_TORCH_LIBRARY_IMPL(sparsemla_vllm, CUDA, ops) {
+  ops.impl("top_k_per_row_decode", TORCH_BOX(&top_k_per_row_decode));
+}
+'''
+
+
+_VTOPK_LOADED = set()
+
+
+def vllm_topk_load(csrc, out):
+    """Build vLLM's sampler.cu (its top-k kernels) with our binding: torch's JIT extension builder,
+    sm_90a, the defines vLLM's CMakeLists gives _C_stable_libtorch (USE_CUDA, TORCH_TARGET_VERSION
+    2.11). Loads the library; the op is torch.ops.sparsemla_vllm.top_k_per_row_decode."""
+    import torch
+    from torch.utils import cpp_extension
+    if out in _VTOPK_LOADED:
+        return torch.ops.sparsemla_vllm.top_k_per_row_decode
+    os.makedirs(out, exist_ok=True)
+    b = os.path.join(out, "vllm_topk_binding.cpp")
+    with open(b, "w") as f:
+        f.write(VLLM_TOPK_BINDING)
+    defs = ["-DUSE_CUDA", "-DTORCH_TARGET_VERSION=0x020B000000000000ULL"]
+    cpp_extension.load(name="sparsemla_vllm_topk", sources=[b, os.path.join(csrc, "csrc/libtorch_stable/sampler.cu")],
+                       extra_cflags=["-O3", "-std=c++17"] + defs,
+                       extra_cuda_cflags=["-O3", "-std=c++17", "-gencode", "arch=compute_90a,code=sm_90a"] + defs,
+                       extra_include_paths=[os.path.join(csrc, "csrc/libtorch_stable")],
+                       build_directory=out, is_python_module=False, verbose=False)
+    _VTOPK_LOADED.add(out)
+    return torch.ops.sparsemla_vllm.top_k_per_row_decode
+
+
+def index_calls(torch, sg, vl, vtopk, u, pre, outs, info, ks, width=0):
+    """One unit through the scorers and top-k's: SGLang's logits (width nb·64) and its top-k for each k in
+    ks; vLLM's logits at `width` (its max_model_len; nb·64 when 0; stored up to nb·64) and vLLM's CUDA
+    top-k on them (the insertion-sort path below 12,288 columns, the radix path from there)."""
+    seq = torch.tensor([u["tc"]], dtype=torch.int32, device="cuda")
+    msl = u["nb"] * PAGE_ENTRIES
+    lg = sg["fp8_paged_mqa_logits_torch"](u["q"][None, None], u["cache"], u["w"][None], seq, u["table"],
+                                          None, msl, False)
+    outs[pre + "sglang_logits"] = tbytes(lg[0])
+    for k in ks:
+        pages = torch.full((1, k), -7, dtype=torch.int32, device="cuda")
+        raw = torch.full((1, k), -7, dtype=torch.int32, device="cuda")
+        sg["topk_transform_512_pytorch_vectorized"](lg, seq, u["table"], pages, PAGE_ENTRIES, raw)
+        outs[pre + f"sglang_topk{k}.raw"] = tbytes(raw[0])
+        outs[pre + f"sglang_topk{k}.pages"] = tbytes(pages[0])
+    lv = None
+    if vl is not None:
+        try:
+            lv = vl["fp8_paged_mqa_logits_torch"](u["q"][None, None], u["cache"], u["w"][None], seq, u["table"],
+                                                  width or msl)
+            outs[pre + "vllm_logits"] = tbytes(lv[0, :msl])
+        except Exception as e:
+            info["errors"][pre + "vllm"] = f"{type(e).__name__}: {e}"
+    if vtopk is not None:
+        src_lg = (lv if lv is not None else lg).contiguous()
+        for k in ks:
+            try:
+                idx = torch.full((1, k), -7, dtype=torch.int32, device="cuda")
+                vtopk(src_lg, 1, seq, idx, 1, src_lg.stride(0), src_lg.stride(1), k)
+                torch.cuda.synchronize()
+                outs[pre + f"vllm_topk{k}"] = tbytes(idx[0])
+            except Exception as e:
+                info["errors"][pre + f"vllm_topk{k}"] = f"{type(e).__name__}: {e}"
+    torch.cuda.synchronize()
+
+
+def index_kernels(torch, src, vtopk_dir, info):
+    """The scoring and top-k functions (run_index_score's docstring), what was taken recorded in info."""
+    import typing
+    f = torch.nn.functional
+    sg = {"torch": torch, "F": f, "FP8_DTYPE": torch.float8_e4m3fn, "_arange_cache": {},
+          "Optional": typing.Optional, "Any": typing.Any, "Tuple": typing.Tuple}
+    info["functions"]["sglang"] = extract_functions(os.path.join(src, "sglang_src/indexer.py"),
+                                                    ["fp8_paged_mqa_logits_torch", "topk_transform_512_pytorch_vectorized"], sg)
+    vl = {"torch": torch, "F": f}
+    try:
+        from vllm.platforms import current_platform
+        vl["current_platform"] = current_platform
+        info["functions"]["vllm"] = extract_functions(os.path.join(src, "vllm_src/rocm_aiter_mla_sparse.py"),
+                                                      ["fp8_paged_mqa_logits_torch"], vl)
+    except Exception as e:
+        info["errors"]["vllm_extract"] = f"{type(e).__name__}: {e}"
+        vl = None
+    vtopk = None
+    if vtopk_dir:
+        try:
+            t0 = time.time()
+            vtopk = vllm_topk_load(os.path.join(src, "vllm_csrc"), vtopk_dir)
+            info["vllm_topk_build_s"] = round(time.time() - t0, 1)
+            import hashlib
+            for rel in VLLM_TOPK_FILES:
+                info.setdefault("vllm_csrc_sha256", {})[rel] = hashlib.sha256(
+                    open(os.path.join(src, "vllm_csrc", rel), "rb").read()).hexdigest()
+        except Exception as e:
+            info["errors"]["vllm_topk_build"] = f"{type(e).__name__}: {e}"[-3000:]
+    return sg, vl, vtopk
+
+
+# Synthetic units at V4-Flash indexer dims: 64 heads x 128, Tc past the top-k of 512.
+INDEX_SYNTH = [  # name, Tc, seed, weight std
+    ("s0", 520, 1, 0.1), ("s1", 1000, 2, 0.1), ("s2", 2048, 3, 0.1), ("s3", 2048, 4, 1.0),
+]
+
+
+def index_synth(args):
+    """The scorers and top-k's on synthetic units: q, k ~ N(0, 1) (fp32, then E4M3 with power-of-two
+    scales as index_unit), head weights bf16(N(0, std)), torch's CUDA generator seeded per unit; k = 512
+    (V4's index_topk); vLLM's logits at width 16,384 (a max_model_len past 12,288, vLLM's radix-sort
+    top-k path). Inputs and outputs land in OUT/kernels-index-synth.{safetensors,json}."""
+    import torch
+    out = args.out
+    os.makedirs(out, exist_ok=True)
+    write_stubs(args.src, os.path.join(out, "_pkg"))
+    info = {"functions": {}, "units": [], "errors": {}, "synth_cases": INDEX_SYNTH, "heads": 64, "dim": 128}
+    import triton
+    info["env"] = {"torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
+                   "gpu": torch.cuda.get_device_name(0), "python": sys.version.split()[0]}
+    sg, vl, vtopk = index_kernels(torch, args.src, args.vllm_topk, info)
+    outs = {}
+    for name, tc, seed, wstd in INDEX_SYNTH:
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        q = torch.randn(64, 128, generator=gen, device="cuda")
+        k = torch.randn(tc, 128, generator=gen, device="cuda")
+        w = (torch.randn(64, generator=gen, device="cuda") * wstd).bfloat16().float()
+        u = make_index_unit(torch, q, k, w)
+        pre = f"isynth.{name}."
+        for nm in ("q", "k"):
+            outs[pre + nm + "_fp8"] = tbytes(u[nm].view(torch.uint8))
+        outs[pre + "q_scale"], outs[pre + "k_scale"] = tbytes(u["sq"]), tbytes(u["sk"])
+        outs[pre + "weights"], outs[pre + "page_table"] = tbytes(u["w"]), tbytes(u["table"][0])
+        outs[pre + "iw"] = tbytes(w.bfloat16())
+        index_calls(torch, sg, vl, vtopk, u, pre, outs, info, (512,), width=16384)
+        info["units"].append({"case": name, "tc": tc, "exact": u["exact"]})
+        print(f"index-synth {name}: Tc {tc} ok", flush=True)
+    write_safetensors(os.path.join(out, "kernels-index-synth.safetensors"), outs, {"producer": "capture/prodkernels/harness.py"})
+    with open(os.path.join(out, "kernels-index-synth.json"), "w") as f:
+        json.dump({"runs": {"index_synth": {"ok": True}}, **info}, f, indent=1, sort_keys=True)
+
+
+def run_index_score(g, outs, torch, src, vtopk_dir=""):
+    """SGLang's torch scoring `fp8_paged_mqa_logits_torch` (its SGLANG_FP8_PAGED_MQA_LOGITS_TORCH path)
+    and top-k `topk_transform_512_pytorch_vectorized` (SGLANG_TOPK_TRANSFORM_512_TORCH), vLLM's
+    `fp8_paged_mqa_logits_torch` (its ROCm module's torch scorer, "taken from" DeepGEMM's test), on
+    every (step, CSA layer) with Tc > 0; the top-k with k = index_topk and with SGLang's own 512. One
+    faulted call: the last unit again with the K scale of row Tc // 2 doubled. With vtopk_dir (a
+    `vllm-topk-build` folder; the build is repeated there, cached), vLLM's CUDA top_k_per_row_decode
+    on vLLM's logits (SGLang's where vLLM's scorer failed), k = index_topk and 512."""
+    info = {"functions": {}, "units": [], "errors": {}}
+    sg, vl, vtopk = index_kernels(torch, src, vtopk_dir, info)
+    ktop = g.cfg["index_topk"]
+    layers = [l for l in range(g.cfg["n_layers"]) if g.ratio(l) == 4]
+    units = [(p, l) for p in g.steps for l in layers if g.files[p][f"L{l}.index_score"][1][0] > 0]
+
+    for p, l in units:
+        u = index_unit(g, torch, p, l)
+        pre = f"iscore.p{p}.L{l}."
+        for nm in ("q", "k"):
+            outs[pre + nm + "_fp8"] = tbytes(u[nm].view(torch.uint8))
+        outs[pre + "q_scale"], outs[pre + "k_scale"] = tbytes(u["sq"]), tbytes(u["sk"])
+        outs[pre + "weights"], outs[pre + "page_table"] = tbytes(u["w"]), tbytes(u["table"][0])
+        index_calls(torch, sg, vl, vtopk, u, pre, outs, info, (ktop, 512))
+        info["units"].append({"step": p, "layer": l, "tc": u["tc"], "exact": u["exact"]})
+    p, l = units[-1]
+    u = index_unit(g, torch, p, l)
+    row = u["tc"] // 2
+    pg, o = u["nb"] - row // PAGE_ENTRIES, row % PAGE_ENTRIES
+    off = PAGE_ENTRIES * 128 + o * 4
+    c = u["cache"].view(u["nb"] + 1, -1)
+    s2 = (u["sk"][row:row + 1] * 2).contiguous().view(torch.uint8)
+    c[pg, off:off + 4] = s2
+    index_calls(torch, sg, vl, vtopk, u, f"iscore_fault.p{p}.L{l}.", outs, info, (ktop, 512))
+    info["fault"] = {"step": p, "layer": l, "row": row, "what": "K scale of this row doubled in its page"}
+    info["index_topk"], info["page_entries"] = ktop, PAGE_ENTRIES
+    return info
 
 
 # ---------------------------------------------------------------- compressors (pooling + norm + RoPE [+ quantised write])
@@ -727,6 +994,7 @@ def main():
     r.add_argument("--only", default="", help="run only the kernels whose name contains this")
     r.add_argument("--skip", default="", help="skip the kernels whose name contains this")
     r.add_argument("--tag", default="all", help="output files are kernels-TAG.safetensors / .json")
+    r.add_argument("--vllm-topk", default="", help="build folder for vLLM's top-k (sampler.cu); empty: not run")
     r.add_argument("--repeat", type=int, default=20, help="calls per unit of the _repeat run")
     r.add_argument("dirs", nargs="+")
     b = sub.add_parser("flashmla-build")
@@ -739,6 +1007,13 @@ def main():
     fs.add_argument("--module", required=True)
     fs.add_argument("--input", required=True, help="flashmla-in.safetensors (prodkernel TestFlashInput)")
     fs.add_argument("--out", required=True)
+    vt = sub.add_parser("vllm-topk-build")
+    vt.add_argument("--csrc", required=True, help="folder holding vLLM's csrc/ files (README)")
+    vt.add_argument("--module", required=True)
+    xs = sub.add_parser("index-synth")
+    xs.add_argument("--src", default=".kern")
+    xs.add_argument("--out", required=True)
+    xs.add_argument("--vllm-topk", default="", help="build folder for vLLM's top-k; empty: not run")
     sub.add_parser("selftest")
     a = ap.parse_args()
     if a.cmd == "selftest":
@@ -747,6 +1022,12 @@ def main():
         t0 = time.time()
         flashmla_load(a.csrc, a.cutlass, a.module)
         print(f"flashmla-build: ok ({time.time() - t0:.0f}s)", flush=True)
+    elif a.cmd == "vllm-topk-build":
+        t0 = time.time()
+        vllm_topk_load(a.csrc, a.module)
+        print(f"vllm-topk-build: ok ({time.time() - t0:.0f}s)", flush=True)
+    elif a.cmd == "index-synth":
+        index_synth(a)
     elif a.cmd == "flashmla-synth":
         flashmla_synth(a)
     else:
