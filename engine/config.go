@@ -67,6 +67,9 @@ type Config struct {
 	HCMult          int     `json:"hc_mult"`
 	HCSinkhornIters int     `json:"hc_sinkhorn_iters"`
 	HCEps           float64 `json:"hc_eps"`
+
+	// V41Args are the DeepSeek-V4.1 keys (engine/v41config.go; IsV41).
+	V41Args
 }
 
 // defaults returns the ModelArgs dataclass defaults (R-M:36-80) for the keys a
@@ -125,6 +128,9 @@ func LoadConfig(path string) (*Config, error) {
 // Validate checks every value the attention path relies on, once, so that the
 // math can assume fixed shapes. The error lists every problem found.
 func (c *Config) Validate() error {
+	if c.IsV41() {
+		return c.validateV41()
+	}
 	var errs []error
 	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
 	pos := func(name string, v int) {
@@ -212,6 +218,9 @@ func (c *Config) Ratio(layer int) int {
 // window only), "CSA" (r = 4: window + indexer top-k of the compressed rows) or
 // "HCA" (r = 128: window + every compressed row).
 func (c *Config) LayerKind(layer int) string {
+	if c.IsV41() {
+		return c.v41LayerKind(layer)
+	}
 	switch c.Ratio(layer) {
 	case 4:
 		return "CSA"
@@ -280,6 +289,8 @@ func Preset(name string) (*Config, error) {
 		c.CompressRatios = flashRatios(61)
 		c.CompressRatios[0], c.CompressRatios[1] = 128, 128
 		c.CompressRopeTheta, c.OriginalSeqLen, c.RopeFactor = 160000, 65536, 16
+	case "v41-flash", "v41-tiny":
+		return v41Preset(name)
 	default:
 		return nil, fmt.Errorf("engine: unknown config preset %q (have %s)", name, strings.Join(PresetNames(), ", "))
 	}
@@ -291,7 +302,7 @@ func Preset(name string) (*Config, error) {
 
 // PresetNames lists the built-in presets.
 func PresetNames() []string {
-	n := []string{"tiny", "flash", "pro"}
+	n := append([]string{"tiny", "flash", "pro"}, v41PresetNames...)
 	sort.Strings(n)
 	return n
 }
