@@ -308,26 +308,24 @@ func V41Stages(cfg *Config, l int, pos int64) []V41StageDef {
 				add("cmp_latent", "cmp_latent = RMSNorm(cmp_pooled) ⊙ compressor.norm  (pre-RoPE latent)", v41CmpLatent2, "cmp_pooled")
 			}
 		}
-		if emit {
-			if idxSrc {
-				add("ik_normed", "ik_normed = RMSNorm(BF16Lin(indexer.wk, cmp_latent)) ⊙ indexer.k_norm", v41IKNormed, "cmp_latent")
-				add("ik_row", "ik_row = FQ4(ik_normed with RoPE(last 64, j·r), 32)  (index key j = p div r; no Hadamard)", v41IKRow, "ik_normed")
-			}
-			add("cmp_roped", "cmp_roped = cmp_latent with RoPE(last 64 dims, j·r)", v41CmpRoped, "cmp_latent")
-			add("cmp_row", "cmp_row = FQ4E4M3(cmp_roped, 16)  (FP4 E2M1, E4M3 scale per 16, all dims)", v41CmpRow, "cmp_roped")
-		}
-		ckvIn := []string{PrevPrefix + "ckv"}
-		if emit {
-			ckvIn = append(ckvIn, "cmp_row")
-		}
-		add("ckv", "ckv = prev:ckv ++ cmp_row (if emitted)  (published: compress_kv)", v41CKV, ckvIn...)
+		// model.py: the indexer turns the pre-RoPE latent into its key and
+		// writes k_cache first; then Attention rotates and quantises the latent.
 		if idxSrc {
 			icIn := []string{PrevPrefix + "icache"}
 			if emit {
+				add("ik_normed", "ik_normed = RMSNorm(BF16Lin(indexer.wk, cmp_latent)) ⊙ indexer.k_norm", v41IKNormed, "cmp_latent")
+				add("ik_row", "ik_row = FQ4(ik_normed with RoPE(last 64, j·r), 32)  (index key j = p div r; no Hadamard)", v41IKRow, "ik_normed")
 				icIn = append(icIn, "ik_row")
 			}
 			add("icache", "icache = prev:icache ++ ik_row (if emitted)  (published: index_k)", v41ICache, icIn...)
 		}
+		ckvIn := []string{PrevPrefix + "ckv"}
+		if emit {
+			add("cmp_roped", "cmp_roped = cmp_latent with RoPE(last 64 dims, j·r)", v41CmpRoped, "cmp_latent")
+			add("cmp_row", "cmp_row = FQ4E4M3(cmp_roped, 16)  (FP4 E2M1, E4M3 scale per 16, all dims)", v41CmpRow, "cmp_roped")
+			ckvIn = append(ckvIn, "cmp_row")
+		}
+		add("ckv", "ckv = prev:ckv ++ cmp_row (if emitted)  (published: compress_kv)", v41CKV, ckvIn...)
 	}
 	tc := attention.VisibleRows(pos, r)
 	ckvName := SharedPrefix + "ckv"

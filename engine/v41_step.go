@@ -3,6 +3,7 @@ package engine
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 
 	"sparsemla/attention"
 	"sparsemla/quant"
@@ -28,7 +29,11 @@ type V41StepResult struct {
 // SharedAttentionRuntime of model.py: KV sources publish ckv (compress_kv)
 // and icache (index_k), the candidate source cand_mask (candidates), index
 // sources index_sel (topk_idxs); later layers read the latest publication.
-// st is not modified. hook may be nil.
+// st is not modified. hook may be nil. A layer without weights (m.Layers[l]
+// nil) is not run — its inputs and state may be absent, its Stages and Next
+// entries are nil — so a subset of layers can be stepped (V41Needs lists the
+// layers one layer's step depends on); a later layer reading something only a
+// skipped layer publishes is an error.
 func V41Step(m *V41Model, st *V41State, xs []Tensor, pos int64, hook V41Hook) (*V41StepResult, error) {
 	cfg := m.Cfg
 	if !cfg.IsV41() {
@@ -49,11 +54,18 @@ func V41Step(m *V41Model, st *V41State, xs []Tensor, pos int64, hook V41Hook) (*
 	if m.Options.ReleasedIndexKSlot && st.IndexKAt >= 0 {
 		// The slot still points at the cache published last in the previous
 		// forward; that layer has not written this step's key yet.
-		ls := st.Layers[st.IndexKAt]
-		shared["icache"] = ls.StateTensors(cfg)["icache"]
-		from["icache"] = st.IndexKAt
+		if ls := st.Layers[st.IndexKAt]; ls != nil {
+			shared["icache"] = ls.StateTensors(cfg)["icache"]
+			from["icache"] = st.IndexKAt
+		}
 	}
 	for l := 0; l < cfg.NLayers; l++ {
+		if m.Layers[l] == nil {
+			res.Next.Layers = append(res.Next.Layers, nil)
+			res.Stages = append(res.Stages, nil)
+			res.From = append(res.From, nil)
+			continue
+		}
 		if pos >= int64(m.Rope[l].T) {
 			return nil, fmt.Errorf("engine: position %d outside layer %d's RoPE table (%d positions)", pos, l, m.Rope[l].T)
 		}
@@ -172,6 +184,10 @@ func SyntheticV41State(m *V41Model, next int64, seed uint64) *V41State {
 	st.Next = next
 	D, win := cfg.HeadDim, int64(cfg.WindowSize)
 	for l := 0; l < cfg.NLayers; l++ {
+		if m.Layers[l] == nil {
+			st.Layers[l] = nil
+			continue
+		}
 		w, ls, rope := m.Layers[l], st.Layers[l], m.Rope[l]
 		for t := max(0, next-win); t < next; t++ {
 			x := SyntheticV41Input(cfg, l, t, seed).F
@@ -214,4 +230,43 @@ func SyntheticV41State(m *V41Model, next int64, seed uint64) *V41State {
 		}
 	}
 	return st
+}
+
+// V41Needs lists, ascending, the layers whose step layer l's step reads:
+// l, its KV source, its index source and, for that index source, the KV
+// source of its keys and the candidate source — closed under the same rule.
+// Stepping only these layers (V41Step with the other weights nil) gives
+// layer l the publications a whole step would.
+func V41Needs(cfg *Config, l int) []int {
+	need := map[int]bool{}
+	var add func(int)
+	add = func(k int) {
+		if k < 0 || need[k] {
+			return
+		}
+		need[k] = true
+		add(cfg.KVSourceOf(k))
+		add(cfg.IndexSourceOf(k))
+		if cfg.UsesCandidates(k) {
+			add(cfg.CandidateSource())
+		}
+	}
+	add(l)
+	out := make([]int, 0, len(need))
+	for k := range need {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// NewRandomV41ModelLayers is NewRandomV41Model with weights for the listed
+// layers only (the others nil, not run by V41Step).
+func NewRandomV41ModelLayers(cfg *Config, seed uint64, T int, layers []int) *V41Model {
+	m := &V41Model{Cfg: cfg, Layers: make([]*V41LayerWeights, cfg.NLayers), Rope: make([]*RopeTable, cfg.NLayers)}
+	for _, l := range layers {
+		m.Layers[l] = RandomV41LayerWeights(cfg, l, seed)
+		m.Rope[l] = LayerRope(cfg, l, T)
+	}
+	return m
 }

@@ -260,3 +260,32 @@ func TestV41EarlyWindowNoNaN(t *testing.T) {
 		t.Fatalf("the unguarded kernel order on the V4.1 list should give NaN (the guard is what this test checks)")
 	}
 }
+
+// TestV41NeedsSubset: stepping only V41Needs(l) gives layer l the same stages
+// as stepping every layer.
+func TestV41NeedsSubset(t *testing.T) {
+	cfg, m := v41TinyModel(t)
+	want := runV41(t, m, 12, 13)[0].Stages[7]
+	need := V41Needs(cfg, 7)
+	if !slices.Equal(need, []int{5, 7}) {
+		t.Fatalf("V41Needs(7) = %v, want [5 7]", need)
+	}
+	sub := &V41Model{Cfg: cfg, Layers: make([]*V41LayerWeights, cfg.NLayers), Rope: m.Rope}
+	for _, l := range need {
+		sub.Layers[l] = m.Layers[l]
+	}
+	st := SyntheticV41State(sub, 12, 3)
+	res, err := V41Step(sub, st, v41Inputs(cfg, 12, 3), 12, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, tw := range want {
+		tg := res.Stages[7][name]
+		if !slices.Equal(tw.F, tg.F) || !slices.Equal(tw.I, tg.I) {
+			t.Fatalf("stage %s differs between the subset and the whole step", name)
+		}
+	}
+	if res.Stages[3] != nil {
+		t.Fatalf("layer 3 was run")
+	}
+}

@@ -1,0 +1,41 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"sparsemla/engine"
+)
+
+// TestExplainV41Tiny walks the V4.1 step of layer 7 (an index source using the
+// candidate blocks of layer 5, reading layer 5's KV): both layers' stages are
+// printed in order, with what each publishes and reads.
+func TestExplainV41Tiny(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := run([]string{"explain", "--config", "v41-tiny", "--step", "11"}, &out, &errb); code != exitOK {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	cfg, _ := engine.Preset("v41-tiny")
+	text := out.String()
+	at := 0
+	for _, l := range []int{5, 7} {
+		for _, def := range engine.V41Stages(cfg, l, 11) {
+			i := strings.Index(text[at:], "\n"+def.Name+" ")
+			if i < 0 {
+				t.Fatalf("layer %d stage %s missing or out of order in:\n%s", l, def.Name, text)
+			}
+			at += i + 1
+		}
+	}
+	for _, want := range []string{"layer 7: CSA2 r=1 (index source)", "reads: ckv ← layer 5, icache ← layer 5, cand_mask ← layer 5",
+		"publishes: ckv, icache, cand_mask, index_sel", "index_score_masked", "−1 FIRST"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("output lacks %q", want)
+		}
+	}
+	var o2, e2 bytes.Buffer
+	if code := run([]string{"explain", "--config", "v41-tiny", "--policy", "hf-eager"}, &o2, &e2); code != exitError || !strings.Contains(e2.String(), "V4.1 has only the official numerics") {
+		t.Errorf("V4.1 with --policy hf-eager: exit %d, %q", code, e2.String())
+	}
+}
