@@ -39,3 +39,12 @@ func TestExplainV41Tiny(t *testing.T) {
 		t.Errorf("V4.1 with --policy hf-eager: exit %d, %q", code, e2.String())
 	}
 }
+
+// TestV41CommandsRefused: synth and prefix refuse a V4.1 preset with the
+// reason (exit 2) rather than running V4's rules on it.
+func TestV41CommandsRefused(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := run([]string{"synth", "--config", "v41-tiny", "--out", t.TempDir() + "/s"}, &out, &errb); code != exitError || !strings.Contains(errb.String(), "DeepSeek-V4.1") {
+		t.Errorf("synth --config v41-tiny: exit %d, %q", code, errb.String())
+	}
+}
