@@ -179,16 +179,17 @@ type V41Model struct {
 // V41Options selects behaviour where the official code and the architecture
 // disagree.
 type V41Options struct {
-	// ReleasedIndexKSlot reproduces model.py's published index-key slot
-	// literally: Indexer.forward republishes `shared_attn.index_k` only when
-	// its layer's compressor emitted a latent, so on a decode step where an
-	// r = 2 KV source's group is still open its own indexer (and the index
-	// sources it serves) score against whatever cache was published last — in
-	// V4.1-Flash layer 20's r = 1 keys of the previous step. The default
-	// (false) is the contract SharedAttentionRuntime states ("every source
-	// writes before its consumers read"): each index source reads the keys
-	// of its own KV source.
-	ReleasedIndexKSlot bool
+	// OwnerIndexKeys makes every index source read the index keys of its
+	// own KV source — the contract SharedAttentionRuntime's docstring states
+	// ("every source writes before its consumers read") and what several
+	// ports implement. The default (false) is the released model.py, which
+	// the reference follows (confirmed on the GPU, testdata/v41-tiny):
+	// Indexer.forward republishes `shared_attn.index_k` only when its layer's
+	// compressor emitted a latent, so on a decode step where an r = 2 KV
+	// source's group is still open its own indexer (and the index sources it
+	// serves) score against the cache published last — in V4.1-Flash layer
+	// 20's r = 1 keys of the previous step, sliced to (p+1) div 2 rows.
+	OwnerIndexKeys bool
 }
 
 // NewRandomV41Model builds a V4.1 model with seeded synthetic weights of every
@@ -203,7 +204,7 @@ func NewRandomV41Model(cfg *Config, seed uint64, T int) *V41Model {
 }
 
 // V41State is the state of every layer plus the index-key slot model.py
-// carries between forwards (used only with ReleasedIndexKSlot): the layer
+// carries between forwards (unused with OwnerIndexKeys): the layer
 // whose index keys were published last, −1 at the start.
 type V41State struct {
 	Layers   []*V41LayerState

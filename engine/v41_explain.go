@@ -110,6 +110,9 @@ func ExplainV41(w io.Writer, cfg *Config, name string, l int, p int64, seed uint
 				}
 			}
 			fmt.Fprintf(w, "\n  reads: %s", strings.Join(rd, ", "))
+			if src, ok := res.From[k]["icache"]; ok && src != cfg.KVSourceOf(k) {
+				fmt.Fprintf(w, "\n  (model.py's released index-key slot: shared_attn.index_k is republished only when a group completes, so here the indexer scores against layer %d's keys, not layer %d's)", src, cfg.KVSourceOf(k))
+			}
 		}
 		fmt.Fprintf(w, "\n\n%-18s %-4s %-10s %s\n", "stage", "type", "shape", "equation / first values and RMS")
 		section := -1

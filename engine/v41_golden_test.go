@@ -267,7 +267,7 @@ func (a *v41Agree) add(ref, gpu Tensor, where string) {
 // stages chain on the reference's own values from the dumped x and state.
 func v41Compare(t *testing.T, g *v41Golden, forced bool, released bool) map[string]*v41Agree {
 	t.Helper()
-	g.model.Options.ReleasedIndexKSlot = released
+	g.model.Options.OwnerIndexKeys = !released
 	agree := map[string]*v41Agree{}
 	var ps []int64
 	for p := range g.steps {
@@ -333,7 +333,7 @@ func v41Table(agree map[string]*v41Agree) string {
 // TestV41GoldenOfficial compares the reference with the official V4.1
 // model.py on the GPU, teacher-forced and propagated (within each step, from
 // the dumped state and x), with model.py's released index-key slot
-// (ReleasedIndexKSlot) and with the owner-keys default, and enforces the
+// (the default) and with OwnerIndexKeys, and enforces the
 // agreement measured (testdata/v41-tiny/README.md has the table):
 //
 //	every stage bit-exact except  o ≤ 1 bf16 ulp (P·V order), the r = 2

@@ -51,7 +51,7 @@ func V41Step(m *V41Model, st *V41State, xs []Tensor, pos int64, hook V41Hook) (*
 	shared := map[string]Tensor{}
 	from := map[string]int{}
 	res := &V41StepResult{Next: &V41State{IndexKAt: st.IndexKAt, Next: pos + 1}}
-	if m.Options.ReleasedIndexKSlot && st.IndexKAt >= 0 {
+	if !m.Options.OwnerIndexKeys && st.IndexKAt >= 0 {
 		// The slot still points at the cache published last in the previous
 		// forward; that layer has not written this step's key yet.
 		if ls := st.Layers[st.IndexKAt]; ls != nil {
@@ -115,7 +115,7 @@ func V41Step(m *V41Model, st *V41State, xs []Tensor, pos int64, hook V41Hook) (*
 			case "icache":
 				// Owner keys: the KV source's indexer reads its own cache.
 				// Released slot: only a layer that just emitted a key republishes.
-				if !m.Options.ReleasedIndexKSlot || emitted {
+				if m.Options.OwnerIndexKeys || emitted {
 					shared["icache"], from["icache"] = t, l
 					res.Next.IndexKAt = l
 				}
@@ -177,7 +177,9 @@ func SyntheticV41Input(cfg *Config, l int, p int64, seed uint64) Tensor {
 //     → FQ4E4M3) — on the right grids, not pooled from the tokens;
 //   - r = 2 compressor state: the real projections of token next−1 when next
 //     is odd (the open group), else the start values;
-//   - the index-key slot at the last KV source that keeps keys and has a row.
+//   - the index-key slot (model.py's shared_attn.index_k, read by the
+//     released behaviour) at the last KV source with an indexer that emitted
+//     a key at step next−1, as a decode step next−1 would leave it.
 func SyntheticV41State(m *V41Model, next int64, seed uint64) *V41State {
 	cfg := m.Cfg
 	st := NewV41State(cfg)
@@ -214,7 +216,7 @@ func SyntheticV41State(m *V41Model, next int64, seed uint64) *V41State {
 				w.Indexer.KeyRaw(k, lat)
 				w.Indexer.Key(k, k, j, r, rope)
 				ls.ICache = append(ls.ICache, k...)
-				if j == next/int64(r)-1 {
+				if j == next/int64(r)-1 && next%int64(r) == 0 {
 					st.IndexKAt = l
 				}
 			}
@@ -234,7 +236,9 @@ func SyntheticV41State(m *V41Model, next int64, seed uint64) *V41State {
 
 // V41Needs lists, ascending, the layers whose step layer l's step reads:
 // l, its KV source, its index source and, for that index source, the KV
-// source of its keys and the candidate source — closed under the same rule.
+// source of its keys and the candidate source — closed under the same rule —
+// and, for an r > 1 KV source with an indexer among them, every later KV
+// source with an indexer (the released index-key slot can hold their keys).
 // Stepping only these layers (V41Step with the other weights nil) gives
 // layer l the publications a whole step would.
 func V41Needs(cfg *Config, l int) []int {
@@ -252,6 +256,18 @@ func V41Needs(cfg *Config, l int) []int {
 		}
 	}
 	add(l)
+	// The released index-key slot: an r > 1 KV source with an indexer reads,
+	// on steps where its group is open, the keys the last emitting KV source
+	// published in the previous step — any later KV source with an indexer.
+	for k := range need {
+		if cfg.IsKVSource(k) && cfg.IsIndexSource(k) && cfg.Ratio(k) > 1 {
+			for _, s := range cfg.KVSources() {
+				if s > k && cfg.IsIndexSource(s) {
+					add(s)
+				}
+			}
+		}
+	}
 	out := make([]int, 0, len(need))
 	for k := range need {
 		out = append(out, k)

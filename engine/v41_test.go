@@ -195,18 +195,19 @@ func TestV41Grids(t *testing.T) {
 	}
 }
 
-// TestV41ReleasedIndexKSlot: on a step where layer 2's r = 2 group is open
-// (p even), the released model.py scores layer 2's queries against the last
-// published keys (layer 5's), the owner form against layer 2's own.
-func TestV41ReleasedIndexKSlot(t *testing.T) {
+// TestV41IndexKSlot: on a step where layer 2's r = 2 group is open (p even),
+// the released model.py (the default) scores layer 2's queries against the
+// last published keys (layer 5's), OwnerIndexKeys against layer 2's own.
+func TestV41IndexKSlot(t *testing.T) {
 	cfg, m := v41TinyModel(t)
 	st := SyntheticV41State(m, 10, 3)
 	xs := v41Inputs(cfg, 10, 3)
+	m.Options.OwnerIndexKeys = true
 	own, err := V41Step(m, st, xs, 10, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.Options.ReleasedIndexKSlot = true
+	m.Options.OwnerIndexKeys = false
 	rel, err := V41Step(m, st, xs, 10, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -219,12 +220,12 @@ func TestV41ReleasedIndexKSlot(t *testing.T) {
 	}
 	// At an emitting step (p odd) layer 2 republishes: both agree on layer 2.
 	st11 := own.Next
-	m.Options.ReleasedIndexKSlot = false
+	m.Options.OwnerIndexKeys = true
 	a, err := V41Step(m, st11, v41Inputs(cfg, 11, 3), 11, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.Options.ReleasedIndexKSlot = true
+	m.Options.OwnerIndexKeys = false
 	b, err := V41Step(m, st11, v41Inputs(cfg, 11, 3), 11, nil)
 	if err != nil {
 		t.Fatal(err)
