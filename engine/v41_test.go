@@ -290,3 +290,35 @@ func TestV41NeedsSubset(t *testing.T) {
 		t.Fatalf("layer 3 was run")
 	}
 }
+
+// TestV41HypothesesDistinct: every alternative differs from the reference on
+// a step where it applies (p = 11: the window still filling, layer 2's r = 2
+// group completing), so it can only name a divergence, never a correct value.
+func TestV41HypothesesDistinct(t *testing.T) {
+	cfg, m := v41TinyModel(t)
+	st := SyntheticV41State(m, 11, 3)
+	tried := 0
+	hook := func(l int, def V41StageDef, in map[string]Tensor, ref Tensor) (Tensor, error) {
+		if l != 2 {
+			return ref, nil
+		}
+		for _, h := range V41Hypotheses(def.Name) {
+			ctx := &V41Context{Cfg: cfg, Layer: l, Pos: 11, W: m.Layers[l], Rope: m.Rope[l]}
+			alt, err := h.Compute(ctx, in)
+			if err != nil {
+				t.Fatalf("%s: %v", h.Name, err)
+			}
+			if slices.Equal(alt.F, ref.F) && slices.Equal(alt.I, ref.I) {
+				t.Errorf("hypothesis %s of %s equals the reference", h.Name, def.Name)
+			}
+			tried++
+		}
+		return ref, nil
+	}
+	if _, err := V41Step(m, st, v41Inputs(cfg, 11, 3), 11, hook); err != nil {
+		t.Fatal(err)
+	}
+	if tried != 7 {
+		t.Errorf("%d hypotheses tried, want 7", tried)
+	}
+}

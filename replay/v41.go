@@ -339,6 +339,10 @@ type V41StageResult struct {
 	MaxRel float64 // worst |ref − dump| / max |dump|
 	OK     bool
 	Detail string // first differing value, for a failed stage
+	// Hypothesis names the known alternative computation
+	// (engine.V41Hypotheses) that reproduces the dumped value bit for bit
+	// from the same inputs, when one does.
+	Hypothesis, HypothesisWhy string
 }
 
 // V41Report is the result of V41Replay.
@@ -419,6 +423,20 @@ func v41Judge(sr *V41StageResult, ref, gpu engine.Tensor, mode Mode) {
 	}
 }
 
+// v41Same is bit equality of two tensors' values (NaN equal to NaN).
+func v41Same(a, b engine.Tensor) bool {
+	if len(a.F) != len(b.F) || !slices.Equal(a.I, b.I) {
+		return false
+	}
+	for i, x := range a.F {
+		y := b.F[i]
+		if math.Float32bits(x) != math.Float32bits(y) && !(x == 0 && y == 0) && !(x != x && y != y) {
+			return false
+		}
+	}
+	return true
+}
+
 func v41At(v []int64, i int) any {
 	if i < len(v) {
 		return v[i]
@@ -471,6 +489,15 @@ func V41Replay(d *V41Dump, mode Mode) (*V41Report, error) {
 			gpu.Shape, gpu.Kind = ref.Shape, ref.Kind
 			sr := V41StageResult{Step: p, Layer: l, Stage: def.Name}
 			v41Judge(&sr, ref, gpu, mode)
+			if !sr.OK {
+				ctx := &engine.V41Context{Cfg: cfg, Layer: l, Pos: p, W: d.Model.Layers[l], Rope: d.Model.Rope[l]}
+				for _, h := range engine.V41Hypotheses(def.Name) {
+					if alt, err := h.Compute(ctx, in); err == nil && v41Same(alt, gpu) {
+						sr.Hypothesis, sr.HypothesisWhy = h.Name, h.Why
+						break
+					}
+				}
+			}
 			rep.Results = append(rep.Results, sr)
 			if rep.First == nil && !sr.OK {
 				rep.First = &rep.Results[len(rep.Results)-1]
@@ -533,6 +560,9 @@ func (r *V41Report) Text() string {
 	fmt.Fprintf(&b, "first divergence: decode step %d, layer %d, stage %s — %s", f.Step, f.Layer, f.Stage, f.Detail)
 	if f.MaxULP > 0 {
 		fmt.Fprintf(&b, " (max %d bf16 ulp)", f.MaxULP)
+	}
+	if f.Hypothesis != "" {
+		fmt.Fprintf(&b, "; reproduced bit for bit by hypothesis %q: %s", f.Hypothesis, f.HypothesisWhy)
 	}
 	b.WriteString("\n")
 	return b.String()

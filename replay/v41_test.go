@@ -83,8 +83,9 @@ func TestV41ReplayNamesCorruption(t *testing.T) {
 		edit  func(t *engine.Tensor)
 		layer int
 		stage string
+		hyp   string
 	}{
-		{13, "L3.y", func(x *engine.Tensor) { x.F[7] = -x.F[7] - 1 }, 3, "y"},
+		{13, "L3.y", func(x *engine.Tensor) { x.F[7] = -x.F[7] - 1 }, 3, "y", ""},
 		{14, "L6.topk_idxs", func(x *engine.Tensor) {
 			// V4's order: the valid slots first, the −1 after them.
 			var v, pad []int64
@@ -96,7 +97,7 @@ func TestV41ReplayNamesCorruption(t *testing.T) {
 				}
 			}
 			copy(x.I, append(v, pad...))
-		}, 6, "topk_idxs"},
+		}, 6, "topk_idxs", "v4-window-order"},
 	} {
 		dir := t.TempDir()
 		ents, _ := os.ReadDir(v41Golden)
@@ -138,7 +139,7 @@ func TestV41ReplayNamesCorruption(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if fd := rep.First; fd == nil || fd.Step != c.step || fd.Layer != c.layer || fd.Stage != c.stage {
+		if fd := rep.First; fd == nil || fd.Step != c.step || fd.Layer != c.layer || fd.Stage != c.stage || fd.Hypothesis != c.hyp {
 			t.Errorf("%s edited: %s", c.key, rep.Text())
 		}
 	}
