@@ -1,7 +1,10 @@
 package engine
 
 import (
+	"slices"
+
 	"sparsemla/attention"
+	"sparsemla/indexer"
 	"sparsemla/quant"
 )
 
@@ -81,6 +84,32 @@ func V41Hypotheses(stage string) []V41Hypothesis {
 				attention.HeadRMS(q, c.Cfg.HeadDim, 1e-6)
 				c.Rope.RopeLast(q, c.Cfg.HeadDim, c.Pos, false)
 				return bf16T(q, c.Cfg.NHeads, c.Cfg.HeadDim), nil
+			}}}
+	case "index_sel":
+		return []V41Hypothesis{{"topk-off-by-one", "the top-k's k-th best row j replaced by its neighbour j+1 (j−1 at the last row)",
+			func(c *V41Context, in map[string]Tensor) (Tensor, error) {
+				name := "index_score"
+				if _, ok := in["index_score_masked"]; ok {
+					name = "index_score_masked"
+				}
+				tc := attention.VisibleRows(c.Pos, c.W.Ratio)
+				sc, err := inF(in, name, tc)
+				if err != nil {
+					return Tensor{}, err
+				}
+				k := min(c.Cfg.IndexTopK, tc)
+				top, _ := indexer.TopK(sc, k)
+				sel := slices.Clone(top)
+				if j := sel[k-1]; int(j)+1 < tc {
+					sel[k-1] = j + 1
+				} else {
+					sel[k-1] = j - 1
+				}
+				slices.Sort(sel)
+				for i := range sel {
+					sel[i] += int64(c.Cfg.WindowSize)
+				}
+				return FromI(KindI32, sel, len(sel)), nil
 			}}}
 	case "o":
 		return []V41Hypothesis{{"unguarded-empty-chunk", "the attention kernel run over a leading chunk of 64 entries that holds no key (−1 padding first) without a guard: exp(−∞ − (−∞)) = NaN",

@@ -318,7 +318,7 @@ func TestV41HypothesesDistinct(t *testing.T) {
 	if _, err := V41Step(m, st, v41Inputs(cfg, 11, 3), 11, hook); err != nil {
 		t.Fatal(err)
 	}
-	if tried != 7 {
-		t.Errorf("%d hypotheses tried, want 7", tried)
+	if tried != 8 {
+		t.Errorf("%d hypotheses tried, want 8", tried)
 	}
 }

@@ -280,7 +280,7 @@ func Synthesize(opt SynthOptions) (*Synth, error) {
 		return nil, err
 	}
 	if cfg.IsV41() {
-		return nil, fmt.Errorf("synth: config %q is DeepSeek-V4.1 (CSA2): synthetic V4.1 dumps are not implemented (docs/v41.md); 'explain --config %s' walks its step", opt.Config, opt.Config)
+		return nil, fmt.Errorf("synth: config %q is DeepSeek-V4.1 (CSA2): V4.1 dumps are made by SynthesizeV41 ('sparsemla synth --config %s')", opt.Config, opt.Config)
 	}
 	if cfg.Dim*cfg.NHeads*cfg.HeadDim*cfg.NLayers > 1<<28 {
 		return nil, fmt.Errorf("synth: preset %q would need several GB of synthetic weights; use the tiny preset", opt.Config)

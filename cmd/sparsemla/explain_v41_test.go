@@ -40,12 +40,31 @@ func TestExplainV41Tiny(t *testing.T) {
 	}
 }
 
-// TestV41CommandsRefused: synth and prefix refuse a V4.1 preset with the
-// reason (exit 2) rather than running V4's rules on it.
-func TestV41CommandsRefused(t *testing.T) {
+// TestSynthV41: synth --config v41-tiny writes a dump that replays clean; an
+// injected window-order fault is named with its hypothesis (exit 1); a kind
+// V4.1 does not implement is refused in one line (exit 2).
+func TestSynthV41(t *testing.T) {
+	dir := t.TempDir()
 	var out, errb bytes.Buffer
-	if code := run([]string{"synth", "--config", "v41-tiny", "--out", t.TempDir() + "/s"}, &out, &errb); code != exitError || !strings.Contains(errb.String(), "DeepSeek-V4.1") {
-		t.Errorf("synth --config v41-tiny: exit %d, %q", code, errb.String())
+	if code := run([]string{"synth", "--config", "v41-tiny", "--steps", "3", "--out", dir + "/clean"}, &out, &errb); code != exitOK {
+		t.Fatalf("synth: exit %d: %s", code, errb.String())
+	}
+	out.Reset()
+	if code := run([]string{"replay", dir + "/clean"}, &out, &errb); code != exitOK || !strings.Contains(out.String(), "agree") {
+		t.Errorf("replay clean: exit %d: %s", code, out.String())
+	}
+	if code := run([]string{"synth", "--config", "v41-tiny", "--steps", "3", "--fault", "window-order@7,6", "--out", dir + "/order"}, &out, &errb); code != exitOK {
+		t.Fatalf("synth window-order: exit %d: %s", code, errb.String())
+	}
+	out.Reset()
+	if code := run([]string{"replay", dir + "/order"}, &out, &errb); code != exitDiverged ||
+		!strings.Contains(out.String(), `first divergence: decode step 7, layer 6, stage topk_idxs`) || !strings.Contains(out.String(), `hypothesis "v4-window-order"`) {
+		t.Errorf("replay window-order: exit %d: %s", code, out.String())
+	}
+	errb.Reset()
+	if code := run([]string{"synth", "--config", "v41-tiny", "--fault", "splitk-merge@7,1", "--out", dir + "/x"}, &out, &errb); code != exitError ||
+		strings.Count(errb.String(), "\n") != 1 || !strings.Contains(errb.String(), "not implemented for DeepSeek-V4.1") {
+		t.Errorf("synth splitk-merge on V4.1: exit %d, %q", code, errb.String())
 	}
 }
 
