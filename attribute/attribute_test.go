@@ -176,3 +176,48 @@ func TestAttributeReferenceAndNoise(t *testing.T) {
 		}
 	}
 }
+
+// TestAttributeV32: on synthetic V3.2 steps every hypothesis that runs on a
+// V3.2 stage is named when the GPU computes it, and the four forms of the
+// demo code before 8631a81 differ from the reference (so a GPU running that
+// code is told apart and named).
+func TestAttributeV32(t *testing.T) {
+	cfg, _ := engine.Preset("v32-tiny")
+	differed := map[string]bool{}
+	for l := 0; l < cfg.NLayers; l++ {
+		w := engine.RandomLayerWeights(cfg, l, 7)
+		rope := engine.LayerRope(cfg, l, 64)
+		for _, p := range []int64{9, 30} {
+			st := engine.SyntheticState(cfg, w, rope, p, 11)
+			x := engine.SyntheticInput(cfg, p, 11)
+			ctx := &engine.StepContext{Cfg: cfg, Layer: l, Pos: p, W: w, Rope: rope}
+			out, _, err := engine.RunStep(ctx, x, st)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sc := stepCase{ctx: ctx, x: x, prev: st.StateTensors(), out: out}
+			for _, def := range engine.Stages(cfg, l, p) {
+				c := sc.call(def)
+				for _, h := range Hypotheses(def.Name) {
+					gpu, err := safeRun(h, c)
+					if err != nil {
+						continue
+					}
+					v := Attribute(c, gpu)
+					if v == nil || v.Best == nil || !v.Best.Exact || !slices.Contains(v.Exact, h.Name) {
+						t.Errorf("layer %d step %d %s: GPU computed as %q, attributed %+v", l, p, def.Name, h.Name, v.Best)
+					}
+					if !v.Reference.Exact {
+						differed[def.Name+"/"+h.Name] = true
+					}
+				}
+			}
+		}
+	}
+	for _, must := range []string{"iq_roped/v32-indexer-rope-interleaved", "ik_roped/v32-indexer-rope-interleaved",
+		"iw_raw/v32-weights-proj-bf16", "kv_fq8/v32-latent-bf16", "o_latent/v32-fp32-scores"} {
+		if !differed[must] {
+			t.Errorf("%s never differs from the reference on the V3.2 steps", must)
+		}
+	}
+}

@@ -2,6 +2,7 @@ package attribute
 
 import (
 	"fmt"
+	"math"
 	"slices"
 
 	"sparsemla/attention"
@@ -50,6 +51,8 @@ func init() {
 	}
 	add("o_inv", Hypothesis{Name: "no-inverse-rope", Desc: "o_inv = o: the inverse RoPE of the attention output left out",
 		run: func(c *Call) (engine.Tensor, error) { return copyIn(c, "o") }})
+	add("o_inv", Hypothesis{Name: "vllm-fp8-o_inv", Desc: "o_inv as vLLM's fused_inv_rope_fp8_quant stores it: the inverse RoPE in fp32 (not rounded to bf16), then FP8 per 128 dims, rope dims included, s = 2^ceil(log2(max(amax, 1e-10)·(1/448))) — vLLM's FP8 quantisation of the attention output before its FP8 wo_a (spec §9.11), not a bug",
+		run: vllmFP8OInv})
 	add("kv_roped", Hypothesis{Name: "no-rope", Desc: "kv_roped = kv_normed: RoPE not applied to the window K",
 		run: func(c *Call) (engine.Tensor, error) { return copyIn(c, "kv_normed") }})
 	add("iq_roped", Hypothesis{Name: "no-rope", Desc: "iq_roped = iq_b: RoPE not applied to the indexer query",
@@ -348,4 +351,47 @@ func fp8WoA(c *Call) (engine.Tensor, error) {
 	u := make([]float32, cfg.OGroups*cfg.OLoraRank)
 	attention.WoA(u, oq, w.WoA, cfg.OGroups, cfg.OLoraRank)
 	return like(c, u)
+}
+
+// vllmFP8OInv is vLLM's fused_inv_rope_fp8_quant on the stage's input o
+// (every head [D], RoPE on its last 64 dims at p, the layer's table):
+//
+//	x0' = x0·cos + x1·sin, x1' = x1·cos − x0·sin       (fp32, not rounded)
+//	per 128 dims: s = 2^ceil(log2(f32(max(amax, 1e-10)·f32(1/448))))
+//	o_inv = E4M3(clamp(x'/s, ±448))·s                 (exact in bf16)
+//
+// A vLLM user who dumps the dequantised FP8 o_inv is told that the
+// difference is vLLM's FP8 quantisation.
+func vllmFP8OInv(c *Call) (engine.Tensor, error) {
+	o, err := inF(c, "o")
+	if err != nil {
+		return engine.Tensor{}, err
+	}
+	D, tb, p := c.Ctx.Cfg.HeadDim, c.Ctx.Rope, c.Ctx.Pos
+	nope := D - attention.RopeDims
+	if D%128 != 0 || nope < 0 || len(o)%D != 0 || p < 0 || p >= int64(tb.T) {
+		return engine.Tensor{}, fmt.Errorf("o of %d values, head dim %d, position %d of a %d-position table", len(o), D, p, tb.T)
+	}
+	x := slices.Clone(o)
+	for h := 0; h < len(x)/D; h++ {
+		v := x[h*D+nope : (h+1)*D]
+		for i := 0; i < attention.RopePairs; i++ {
+			cs, sn := tb.Cos[int(p)*attention.RopePairs+i], tb.Sin[int(p)*attention.RopePairs+i]
+			x0, x1 := v[2*i], v[2*i+1]
+			v[2*i] = x0*cs + x1*sn
+			v[2*i+1] = x1*cs - x0*sn
+		}
+	}
+	for b := 0; b < len(x); b += 128 {
+		blk := x[b : b+128]
+		var amax float32
+		for _, v := range blk {
+			amax = max(amax, float32(math.Abs(float64(v))))
+		}
+		s := float32(math.Ldexp(1, quant.BlockScaleExp(quant.ScaleLog2Ceil, max(amax, 1e-10)*float32(1.0/448), 1, 0)))
+		for i, v := range blk {
+			blk[i] = quant.DecodeE4M3(quant.EncodeE4M3Sat(v/s)) * s
+		}
+	}
+	return like(c, x)
 }

@@ -10,14 +10,16 @@
 // V4 decode step with their dtypes and symbolic shapes (FORMAT.md has the
 // same table).
 //
-// Sources, all yielding the same keyed index ([Dump], from [Open] or
-// [OpenMapped]):
+// Sources, all yielding the same keyed index ([Dump], from [Open],
+// [OpenMapped] or [OpenReaderAt]):
 //
 //   - the native format (FORMAT.md): magic + version, a msgpack header frame
 //     (ModelArgs JSON, layer schedule, dtype policy, producer, user
 //     metadata), then one frame per record. [Writer] writes it, the Python
 //     package in capture/ writes it from PyTorch hooks, [StreamReader] reads
-//     it from any io.Reader, [Open] indexes a file or a directory of *.smd;
+//     it from any io.Reader, [Open] indexes a file or a directory of *.smd,
+//     [OpenReaderAt] one file held in memory (the same reader, checks and
+//     errors);
 //   - safetensors files or directories ([OpenSafetensors]: own reader, lazy
 //     per-tensor ReadAt, header validated against the file size);
 //   - .npy files and .npz archives ([ParseNpyHeader]; bf16/fp8 saved as their

@@ -94,15 +94,24 @@ func (d DType) SafetensorsName() string {
 	return dtypeTable[d].st
 }
 
+// dtypeNames maps the native names and the lower-case safetensors names to
+// their dtype (the first in table order, as ParseDType's table scan did).
+var dtypeNames = func() map[string]DType {
+	m := map[string]DType{}
+	for d := numDTypes - 1; d >= F32; d-- {
+		m[strings.ToLower(dtypeTable[d].st)] = d
+		m[dtypeTable[d].name] = d
+	}
+	return m
+}()
+
 // ParseDType accepts a native name (f32, bf16, e4m3, ...), a safetensors name
 // (F32, BF16, F8_E4M3, ...), or a torch/numpy spelling (float32, bfloat16,
 // float8_e4m3fn, float8_e8m0fnu, int64, uint8, ...). Case is ignored.
 func ParseDType(s string) (DType, bool) {
 	l := strings.ToLower(strings.TrimPrefix(strings.TrimSpace(s), "torch."))
-	for d := F32; d < numDTypes; d++ {
-		if l == dtypeTable[d].name || l == strings.ToLower(dtypeTable[d].st) {
-			return d, true
-		}
+	if d, ok := dtypeNames[l]; ok {
+		return d, true
 	}
 	switch l {
 	case "float32", "float", "<f4":

@@ -220,6 +220,10 @@ func TestNativeBadInput(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), p) {
 			t.Errorf("%s: Open err = %v, want the path and %q", c.name, err, c.want)
 		}
+		// From memory under the same name: the same message.
+		if _, merr := OpenReaderAt(p, bytes.NewReader(c.file), int64(len(c.file))); merr == nil || err == nil || merr.Error() != err.Error() {
+			t.Errorf("%s: OpenReaderAt err = %v, Open err = %v", c.name, merr, err)
+		}
 		// The stream reader must fail too (it cannot check sizes up front).
 		serr := streamAll(c.file)
 		if serr == nil {

@@ -63,7 +63,8 @@ type Dump struct {
 	Detect string
 
 	byKey map[entryID]int
-	srcs  []*os.File
+	srcs  []io.ReaderAt  // the bytes of each file, by Entry.src
+	files []*os.File     // the files Open opened (closed by Close)
 	meta  foreignMeta    // request / prefix metadata of a foreign dump
 	tp    map[string]int // native file -> header producer tp_rank
 }
@@ -341,18 +342,60 @@ func (d *Dump) addSource(path string) (*os.File, int64, int, error) {
 	if err != nil {
 		return nil, 0, 0, fmt.Errorf("dump: %w", err)
 	}
+	d.files = append(d.files, f)
 	d.srcs = append(d.srcs, f)
 	return f, fi.Size(), len(d.srcs) - 1, nil
 }
 
-// addNative indexes one native file: one pass over the frame metas, seeking
-// past the data.
+// OpenReaderAt opens a native dump file held in r, size bytes long (e.g. a
+// bytes.Reader over a file already in memory), without a file system. name
+// stands for the file in errors, in Entry.File and as Dump.Path. It is the
+// reader Open uses for a .smd file, with the same checks and messages:
+// every claimed length (frame meta, msgpack arrays, maps and strings,
+// record data) is checked against the size bytes before anything is
+// allocated for it, and a stream cut at a frame boundary is listed in
+// Incomplete. The Dump reads its records from r on demand: r must stay
+// valid and unchanged until the Dump is no longer used; Close does not
+// close it.
+func OpenReaderAt(name string, r io.ReaderAt, size int64) (*Dump, error) {
+	if size < 0 {
+		return nil, fmt.Errorf("dump: %s: negative size %d", name, size)
+	}
+	// The size bounds every claim: a size r cannot back is refused here,
+	// before a record's claimed length is checked against it.
+	if size > 0 {
+		var last [1]byte
+		if n, err := r.ReadAt(last[:], size-1); n != 1 {
+			return nil, fmt.Errorf("dump: %s: size %d, but its last byte cannot be read: %v", name, size, err)
+		}
+	}
+	d := &Dump{Path: name, Format: "native", byKey: map[entryID]int{}}
+	d.srcs = append(d.srcs, r)
+	if err := d.addNativeFrom(name, r, size, 0); err != nil {
+		return nil, err
+	}
+	if err := d.mergeShards(); err != nil {
+		return nil, err
+	}
+	if err := d.indexKeys(); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// addNative indexes one native file.
 func (d *Dump) addNative(path string) error {
 	f, size, src, err := d.addSource(path)
 	if err != nil {
 		return err
 	}
-	s := frameScanner{name: path, r: bufioReader(f), size: size}
+	return d.addNativeFrom(path, f, size, src)
+}
+
+// addNativeFrom indexes the native file in r (size bytes, d.srcs[src]),
+// named path: one pass over the frame metas, skipping the data.
+func (d *Dump) addNativeFrom(path string, r io.ReaderAt, size int64, src int) error {
+	s := frameScanner{name: path, r: newSeekBuffer(r, size), size: size}
 	br := s.r.(*seekBuffer)
 	v, err := s.readFileHeader()
 	if err != nil {
@@ -610,35 +653,48 @@ func (d *Dump) ReadBuf(e *Entry, buf []byte) (Record, error) {
 	return r, nil
 }
 
-// Close closes every file of the dump.
+// Close closes every file Open opened for the dump (a reader given to
+// OpenReaderAt is the caller's and stays open).
 func (d *Dump) Close() error {
 	var first error
-	for _, f := range d.srcs {
+	for _, f := range d.files {
 		if err := f.Close(); err != nil && first == nil {
 			first = err
 		}
 	}
-	d.srcs = nil
+	d.files, d.srcs = nil, nil
 	return first
 }
 
-// seekBuffer is a buffered reader over a file that can skip data without
-// reading it (the index pass of a native dump reads only frame metas).
+// seekBuffer is a buffered sequential reader over an io.ReaderAt that can
+// skip data without reading it (the index pass of a native dump reads only
+// frame metas).
 type seekBuffer struct {
-	f   *os.File
+	ra  io.ReaderAt
+	off int64 // offset in ra of buf[w]
 	buf []byte
 	r   int // read position in buf
 	w   int // end of valid data in buf
 }
 
-func bufioReader(f *os.File) io.Reader { return &seekBuffer{f: f, buf: make([]byte, 64<<10)} }
+// newSeekBuffer reads ra (size bytes) from its start through a buffer of at
+// most 64 KiB.
+func newSeekBuffer(ra io.ReaderAt, size int64) *seekBuffer {
+	return &seekBuffer{ra: ra, buf: make([]byte, min(64<<10, max(size, 1)))}
+}
 
 func (b *seekBuffer) Read(p []byte) (int, error) {
 	if b.r == b.w {
 		if len(p) >= len(b.buf) {
-			return b.f.Read(p)
+			n, err := b.ra.ReadAt(p, b.off)
+			b.off += int64(n)
+			if n > 0 {
+				return n, nil
+			}
+			return 0, err
 		}
-		n, err := b.f.Read(b.buf)
+		n, err := b.ra.ReadAt(b.buf, b.off)
+		b.off += int64(n)
 		b.r, b.w = 0, n
 		if n == 0 {
 			return 0, err
@@ -649,7 +705,7 @@ func (b *seekBuffer) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// skip discards n bytes: from the buffer first, then by seeking.
+// skip discards n bytes: from the buffer first, then by moving the offset.
 func (b *seekBuffer) skip(n int64) error {
 	inBuf := int64(b.w - b.r)
 	if n <= inBuf {
@@ -657,8 +713,8 @@ func (b *seekBuffer) skip(n int64) error {
 		return nil
 	}
 	b.r, b.w = 0, 0
-	_, err := b.f.Seek(n-inBuf, io.SeekCurrent)
-	return err
+	b.off += n - inBuf
+	return nil
 }
 
 // compressRatios extracts "compress_ratios" from a ModelArgs JSON, if any.

@@ -79,9 +79,10 @@ var normCodeTabs = sync.OnceValue(func() *[16][1 << 16]uint8 {
 // distribution dist (stepDists) and block scales near 2^-12 (what FP8
 // checkpoints hold for these widths).
 func randPackedFP8(rng *rand.Rand, dist string, rows, cols int) *attention.FP8Panels {
-	codes := make([]uint8, rows*cols)
+	var codes, scale []uint8
 	switch dist {
 	case "uniform":
+		codes = make([]uint8, rows*cols)
 		for i := 0; i < len(codes); i += 8 {
 			u := rng.Uint64()
 			for j := 0; j < 8 && i+j < len(codes); j++ {
@@ -92,31 +93,47 @@ func randPackedFP8(rng *rand.Rand, dist string, rows, cols int) *attention.FP8Pa
 				codes[i+j] = c
 			}
 		}
+		scale = fp8BenchScales(rng, rows, cols)
 	case "checkpoint":
-		tabs := normCodeTabs()
-		bc := cols / 128
-		lv := make([]uint8, ((rows+127)/128)*bc) // per block: its amax/scale level
-		for i := range lv {
-			lv[i] = uint8(rng.IntN(16))
-		}
-		for r := 0; r < rows; r++ {
-			for b := 0; b < bc; b++ {
-				tab := &tabs[lv[(r/128)*bc+b]]
-				row := codes[r*cols+b*128 : r*cols+b*128+128]
-				for k := 0; k < 128; k += 4 {
-					u := rng.Uint64()
-					row[k], row[k+1], row[k+2], row[k+3] = tab[uint16(u)], tab[uint16(u>>16)], tab[uint16(u>>32)], tab[uint16(u>>48)]
-				}
-			}
-		}
+		codes, scale = checkpointFP8(rng, rows, cols)
 	default:
 		panic("randPackedFP8: unknown distribution " + dist)
 	}
+	return attention.PackFP8(codes, scale, rows, cols)
+}
+
+// checkpointFP8 is an FP8 weight [rows, cols] (row-major E4M3 codes and
+// 128×128 UE8M0 block scales) with the "checkpoint" distribution of
+// randPackedFP8.
+func checkpointFP8(rng *rand.Rand, rows, cols int) (codes, scale []uint8) {
+	codes = make([]uint8, rows*cols)
+	tabs := normCodeTabs()
+	bc := cols / 128
+	lv := make([]uint8, ((rows+127)/128)*bc) // per block: its amax/scale level
+	for i := range lv {
+		lv[i] = uint8(rng.IntN(16))
+	}
+	for r := 0; r < rows; r++ {
+		for b := 0; b < bc; b++ {
+			tab := &tabs[lv[(r/128)*bc+b]]
+			row := codes[r*cols+b*128 : r*cols+b*128+128]
+			for k := 0; k < 128; k += 4 {
+				u := rng.Uint64()
+				row[k], row[k+1], row[k+2], row[k+3] = tab[uint16(u)], tab[uint16(u>>16)], tab[uint16(u>>32)], tab[uint16(u>>48)]
+			}
+		}
+	}
+	return codes, fp8BenchScales(rng, rows, cols)
+}
+
+// fp8BenchScales are block scales near 2^-12 (what FP8 checkpoints hold for
+// these widths).
+func fp8BenchScales(rng *rand.Rand, rows, cols int) []uint8 {
 	scale := make([]uint8, ((rows+127)/128)*(cols/128))
 	for i := range scale {
 		scale[i] = uint8(127 - 12 + rng.IntN(3))
 	}
-	return attention.PackFP8(codes, scale, rows, cols)
+	return scale
 }
 
 // benchLayer makes a prepared layer of the real dims with random weights and

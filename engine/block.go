@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 
@@ -389,11 +390,10 @@ func LoadHeadWeights(cfg *Config, st dump.WeightSource) (*HeadWeights, error) {
 	r := weightReader{st}
 	hc, dim, V := cfg.HCMult, cfg.Dim, cfg.VocabSize
 	hw := &HeadWeights{Head: &head.Head{Mult: hc, Dim: dim, Vocab: V, NormEps: float32(cfg.NormEps), HCEps: float32(cfg.HCEps)}}
-	emb, err := r.f32("embed.weight", V, dim)
-	if err != nil {
+	var err error
+	if hw.Embed, err = r.embedding(V, dim); err != nil {
 		return nil, err
 	}
-	hw.Embed = &head.Table{Dim: dim, W: emb}
 	h := hw.Head
 	if h.HCFn, err = r.f32("hc_head_fn", hc, hc*dim); err != nil {
 		return nil, err
@@ -409,10 +409,44 @@ func LoadHeadWeights(cfg *Config, st dump.WeightSource) (*HeadWeights, error) {
 	if h.Norm, err = r.f32("norm.weight", dim); err != nil {
 		return nil, err
 	}
-	if h.Weight, err = r.f32("head.weight", V, dim); err != nil {
+	w, err := r.f32("head.weight", V, dim)
+	if err != nil {
 		return nil, err
 	}
+	// kept only as panels: bf16 storage for the checkpoint's bf16 values
+	// (half of fp32; Logits on them is F32Linear's bits)
+	h.Panels = attention.PackPanels(w, V, dim)
 	return hw, nil
+}
+
+// embedding reads embed.weight [vocab, dim]: a bf16 checkpoint tensor stays
+// bf16 (head.BF16Table, 2 bytes a value), an fp32 one is a head.Table.
+// Values must be finite.
+func (r weightReader) embedding(vocab, dim int) (head.Embedding, error) {
+	const name = "embed.weight"
+	if e, ok := r.st.Lookup(name); !ok || e.DType != dump.BF16 {
+		w, err := r.f32(name, vocab, dim)
+		if err != nil {
+			return nil, err
+		}
+		return &head.Table{Dim: dim, W: w}, nil
+	}
+	rec, err := r.read(name, []int{vocab, dim}, dump.BF16)
+	if err != nil {
+		return nil, err
+	}
+	if len(rec.Data) != 2*vocab*dim {
+		return nil, fmt.Errorf("engine: weights %s: %s has %d bytes, want %d", r.st.Name(), name, len(rec.Data), 2*vocab*dim)
+	}
+	w := make([]uint16, vocab*dim)
+	for i := range w {
+		b := uint16(rec.Data[2*i]) | uint16(rec.Data[2*i+1])<<8
+		if b&0x7f80 == 0x7f80 {
+			return nil, fmt.Errorf("engine: weights %s: %s[%d] is %g (a weight must be finite)", r.st.Name(), name, i, math.Float32frombits(uint32(b)<<16))
+		}
+		w[i] = b
+	}
+	return &head.BF16Table{Dim: dim, W: w}, nil
 }
 
 // HashLayer reports whether layer l routes by token id (layer < n_hash_layers,

@@ -70,6 +70,17 @@ type Config struct {
 
 	// V41Args are the DeepSeek-V4.1 keys (engine/v41config.go; IsV41).
 	V41Args
+	// V3.2 (DSA) ModelArgs keys (engine/v32config.go); zero in a V4 config.
+	// A config with kv_lora_rank > 0 is a V3.2 model (Config.V32).
+	InterDim       int     `json:"inter_dim,omitempty"`
+	NDenseLayers   int     `json:"n_dense_layers,omitempty"`
+	NExpertGroups  int     `json:"n_expert_groups,omitempty"`
+	NLimitedGroups int     `json:"n_limited_groups,omitempty"`
+	KVLoraRank     int     `json:"kv_lora_rank,omitempty"`
+	QKNopeHeadDim  int     `json:"qk_nope_head_dim,omitempty"`
+	QKRopeHeadDim  int     `json:"qk_rope_head_dim,omitempty"`
+	VHeadDim       int     `json:"v_head_dim,omitempty"`
+	Mscale         float64 `json:"mscale,omitempty"`
 }
 
 // defaults returns the ModelArgs dataclass defaults (R-M:36-80) for the keys a
@@ -91,6 +102,9 @@ func defaults() Config {
 // DeepSeek-V4 config.json (model_type deepseek_v4) is converted first
 // (dump.ModelArgsFromHF).
 func ParseConfig(b []byte) (*Config, error) {
+	if isV32JSON(b) {
+		return parseV32Config(b)
+	}
 	if dump.IsHFConfig(b) {
 		ma, err := dump.ModelArgsFromHF(b)
 		if err != nil {
@@ -130,6 +144,9 @@ func LoadConfig(path string) (*Config, error) {
 func (c *Config) Validate() error {
 	if c.IsV41() {
 		return c.validateV41()
+	}
+	if c.V32() {
+		return c.validateV32()
 	}
 	var errs []error
 	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
@@ -211,6 +228,9 @@ func (c *Config) Ratio(layer int) int {
 	if layer < 0 || layer >= c.NLayers {
 		panic("engine: layer outside the model")
 	}
+	if c.V32() {
+		return 0 // no compressor: V3.2 attends over the whole latent cache
+	}
 	return c.CompressRatios[layer]
 }
 
@@ -220,6 +240,9 @@ func (c *Config) Ratio(layer int) int {
 func (c *Config) LayerKind(layer int) string {
 	if c.IsV41() {
 		return c.v41LayerKind(layer)
+	}
+	if c.V32() {
+		return "DSA"
 	}
 	switch c.Ratio(layer) {
 	case 4:
@@ -242,7 +265,12 @@ func Coff(r int) int {
 func (c *Config) NopeDim() int { return c.HeadDim - c.RopeHeadDim }
 
 // SoftmaxScale is τ = f32(head_dim^-0.5) (0x3D3504F3 for 512).
-func (c *Config) SoftmaxScale() float32 { return float32(1 / math.Sqrt(float64(c.HeadDim))) }
+func (c *Config) SoftmaxScale() float32 {
+	if c.V32() {
+		return c.V32SoftmaxScale()
+	}
+	return float32(1 / math.Sqrt(float64(c.HeadDim)))
+}
 
 // IndexWeightScale is f32(index_head_dim^-0.5 · index_n_heads^-0.5), the fixed
 // factor of the indexer head weights (R-M:418; 0x3C3504F3 for V4-Flash).
@@ -253,6 +281,9 @@ func (c *Config) IndexWeightScale() float32 {
 // RopeParams are the RoPE parameters of layer l (R-M:475-482): base rope_theta
 // and no YaRN for r = 0; base compress_rope_theta and YaRN for r > 0.
 func (c *Config) RopeParams(layer int) attention.RopeParams {
+	if c.V32() {
+		return c.v32RopeParams()
+	}
 	if c.Ratio(layer) == 0 {
 		return attention.RopeParams{Base: c.RopeTheta, Factor: c.RopeFactor, BetaFast: c.BetaFast, BetaSlow: c.BetaSlow}
 	}
@@ -291,6 +322,8 @@ func Preset(name string) (*Config, error) {
 		c.CompressRopeTheta, c.OriginalSeqLen, c.RopeFactor = 160000, 65536, 16
 	case "v41-flash", "v41-tiny":
 		return v41Preset(name)
+	case "v32", "v32-tiny":
+		return v32Preset(name), nil
 	default:
 		return nil, fmt.Errorf("engine: unknown config preset %q (have %s)", name, strings.Join(PresetNames(), ", "))
 	}
@@ -302,7 +335,7 @@ func Preset(name string) (*Config, error) {
 
 // PresetNames lists the built-in presets.
 func PresetNames() []string {
-	n := append([]string{"tiny", "flash", "pro"}, v41PresetNames...)
+	n := append([]string{"tiny", "flash", "pro", "v32", "v32-tiny"}, v41PresetNames...)
 	sort.Strings(n)
 	return n
 }

@@ -165,6 +165,25 @@
 // 65,536 takes about 0.35 s for a CSA layer and 0.2 s for an HCA layer on two
 // cores (go test ./engine -run '^$' -bench DecodeStepFlash -benchtime 3x).
 //
+// # DeepSeek-V3.2 (DSA)
+//
+// A config with kv_lora_rank > 0 and no compress_ratios is a V3.2 model
+// (Config.V32; presets "v32" = config_671B_v3.2.json, "v32-tiny"; the
+// V3.2 ModelArgs keys only, engine/v32config.go). Its layers have no window,
+// compressor or hyper-connections: Stages returns V32Stages (MLA decode with
+// the absorbed wkv_b, the FP8-rounded latent cache, the lightning indexer over
+// every token with LayerNorm keys, non-interleaved RoPE of the first 64 dims,
+// Hadamard and FP8 act_quant, fp8_index, top-index_topk, sparse MLA over the
+// selected tokens with bf16 scores, value up-projection, wo), the state is
+// latent_cache / k_cache / k_scale_cache (LayerState.V32), the weights
+// LayerWeights.V32 (V32Weights, official names). It follows the current
+// official inference/model.py of deepseek-ai/DeepSeek-V3.2-Exp (8631a81,
+// "fix indexer rope"), checked against that code run on an H200
+// (testdata/v32-tiny, docs/v32-agreement.md: every stage bit-exact except
+// summation-order ulps in kv_normed, iw_raw, index_score, o_v). The attention
+// sub-layer only: V3.2's MoE / dense FFN, norms and head are not implemented;
+// reference loops only (no prepared fast path), official policy only.
+//
 // # Numerics policies
 //
 // The rounding points above are model.py's on the FP8 checkpoint, the
@@ -193,6 +212,14 @@
 // without it the reference loops run. A CSA step at 65,536 then takes about
 // 10 ms, a whole 43-layer step about 0.3 s on a quiet 2-core machine
 // (bench/README.md; go test ./engine -run '^$' -bench Prepared).
+//
+// PreparedWhole.Step is the whole decode step on the fast path, from the
+// token to the logits: per layer hc_pre (PreparedBlock: mixes and gate on
+// panels), PreparedLayer.Step, hc_post, the MoE with MoE.Fast (the FP4
+// kernel of package moe, the shared expert on FP8 panels), and the head on
+// bf16 panels (PreparedHead) — the bits of RunLayer chained layer after
+// layer (TestPreparedWholeStepEqualsRunLayer; BenchmarkWholeStep: V4-Flash
+// at 64K with the routed experts read lazily from a sparse checkpoint).
 //
 // LoadLayerWeights keeps the full reference form (every FP8 weight with its
 // fp32 dequantisation, wo_a in fp32: ≈ 0.55 GiB per V4-Flash CSA layer);

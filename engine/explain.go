@@ -65,6 +65,9 @@ var explainSections = []struct {
 // SyntheticInput with seed); the arithmetic is the reference's. It is what
 // 'sparsemla explain' prints.
 func Explain(w io.Writer, cfg *Config, name string, l int, p int64, seed uint64, nvals int) error {
+	if cfg.V32() {
+		return explainV32(w, cfg, name, l, p, seed, nvals)
+	}
 	r := cfg.Ratio(l)
 	rope := LayerRope(cfg, l, int(p)+1)
 	W := RandomLayerWeights(cfg, l, seed)

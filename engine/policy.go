@@ -34,6 +34,9 @@ func (c *Config) SetPolicy(name string) error {
 	case "", PolicyOfficial:
 		c.Policy = ""
 	case PolicyHFEager:
+		if c.V32() {
+			return fmt.Errorf("engine: policy %s is transformers' DeepSeek-V4 path; a V3.2 model has the official model.py path only", name)
+		}
 		if !c.BF16Checkpoint() {
 			return fmt.Errorf("engine: policy %s needs a bf16 checkpoint (dtype \"bf16\"), the config says dtype %q", name, c.DType)
 		}

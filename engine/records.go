@@ -43,6 +43,9 @@ func TensorFromRecord(r *dump.Record) (Tensor, error) {
 // It needs the full form (wo_a's values): it panics on a compact layer
 // (LoadLayerWeightsPrepared).
 func LayerWeightRecords(cfg *Config, lw *LayerWeights) []dump.Record {
+	if lw.V32 != nil {
+		return v32WeightRecords(cfg, lw)
+	}
 	if lw.WoA == nil {
 		panic("engine: LayerWeightRecords needs the full weights (LoadLayerWeights), not the compact prepared form")
 	}

@@ -70,6 +70,9 @@ const PrevPrefix = "prev:"
 // The input "x" is the bf16 attention input; "prev:<state>" inputs are the
 // StateTensors of the state before the step.
 func Stages(cfg *Config, layer int, pos int64) []StageDef {
+	if cfg.V32() {
+		return V32Stages(cfg, layer, pos)
+	}
 	r := cfg.Ratio(layer)
 	var defs []StageDef
 	add := func(name, eq string, compute func(*StepContext, map[string]Tensor) (Tensor, error), inputs ...string) {

@@ -155,3 +155,22 @@ func TestRunStepChain(t *testing.T) {
 		}
 	}
 }
+
+// TestNewCompressorStateFill: every score starts at −inf and every kv at
+// 0, at every size (the fill doubles a copy).
+func TestNewCompressorStateFill(t *testing.T) {
+	for _, r := range []int{4, 128} {
+		for _, d := range []int{1, 3, 128, 512} {
+			st := newCompressorState(r, d)
+			n := Coff(r) * r * Coff(r) * d
+			if len(st.Score) != n || len(st.KV) != n {
+				t.Fatalf("r %d d %d: %d scores, %d kv, want %d", r, d, len(st.Score), len(st.KV), n)
+			}
+			for i := range n {
+				if !math.IsInf(float64(st.Score[i]), -1) || st.KV[i] != 0 {
+					t.Fatalf("r %d d %d: score[%d] = %v, kv = %v", r, d, i, st.Score[i], st.KV[i])
+				}
+			}
+		}
+	}
+}

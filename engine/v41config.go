@@ -59,14 +59,6 @@ func (c *Config) IsV41() bool {
 		len(a.IndexSourceLayerIDs) > 0 || a.CandidateTopKBlocks > 0 || a.CandidateBlockSize > 0
 }
 
-// Variant names the model family: "V4.1" or "V4".
-func (c *Config) Variant() string {
-	if c.IsV41() {
-		return "V4.1"
-	}
-	return "V4"
-}
-
 // KVSources is kv_source_layers (or kv_source_layer_ids), ascending.
 func (c *Config) KVSources() []int {
 	if len(c.KVSourceLayers) > 0 {

@@ -46,6 +46,9 @@ type LayerWeights struct {
 	// norms, the MoE; LoadBlockWeights); nil when the weights file holds the
 	// attention path only (BlockStages is then Stages).
 	Block *BlockWeights
+	// V32 holds a V3.2 (DSA) layer's attention (engine/v32weights.go); the
+	// V4 fields above are then unset.
+	V32 *V32Weights
 
 	// Fast, when set (PrepareLayer, Model.PrepareFast), holds packed copies
 	// of these weights and makes the stage computations run the fast kernels,
@@ -68,6 +71,9 @@ func fp8Scale(rows, cols int) []int { return []int{(rows + 127) / 128, (cols + 1
 // the config before its bytes are read, and every value must be finite (a NaN
 // or inf weight is refused, naming the tensor and the element).
 func LoadLayerWeights(cfg *Config, layer int, st dump.WeightSource) (*LayerWeights, error) {
+	if cfg.V32() {
+		return loadV32LayerWeights(cfg, layer, st)
+	}
 	return loadLayerWeights(cfg, layer, st, false)
 }
 
@@ -81,6 +87,9 @@ func LoadLayerWeights(cfg *Config, layer int, st dump.WeightSource) (*LayerWeigh
 // reads WoA of a prepared layer; the reference loops cannot run on such a
 // layer without its Fast (the wo_a stage panics), so keep it set.
 func LoadLayerWeightsPrepared(cfg *Config, layer int, st dump.WeightSource) (*LayerWeights, error) {
+	if cfg.V32() {
+		return loadV32LayerWeights(cfg, layer, st) // reference loops only
+	}
 	if cfg.BF16Checkpoint() {
 		// the fast kernels pack FP8 weights: a bf16 checkpoint runs the
 		// reference loops (Model.Kernels says "reference")
@@ -340,6 +349,9 @@ func sameInts(a, b []int) bool {
 // own random stream, so blocks are generated in parallel and the result is the
 // same at any GOMAXPROCS.
 func RandomLayerWeights(cfg *Config, layer int, seed uint64) *LayerWeights {
+	if cfg.V32() {
+		return randomV32LayerWeights(cfg, layer, seed)
+	}
 	r := cfg.Ratio(layer)
 	H, D, dim := cfg.NHeads, cfg.HeadDim, cfg.Dim
 	var id uint64 // matrix number: the stream of block b of matrix id is (seed, layer, id, b)

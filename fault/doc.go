@@ -8,11 +8,19 @@
 // A Fault is a Kind at a decode step and layer ("wrong-lse@8,1", Parse):
 // split-K merge, wrong LSE, FP8 scale rounding, a flipped scale byte, top-k
 // off by one, a stale prefix-cache page, a compressor row written late, the
-// V4.1 window order (Kinds lists them). Each is applied where a buggy GPU
+// V4.1 window order (Kinds lists them); and, in a dump with the whole
+// layer's weights (NeedsBlock, block.go), the parts of the whole step: the
+// routed experts' FP4 nibble order or scale block and a missing
+// swiglu_limit clamp, the shared expert's gate and up swapped, the router
+// without its selection bias, hashing the next token id, or with its
+// weights not normalised, hc_post with comb transposed, hc_split_sinkhorn's
+// post without its sigmoid, the head without its final norm (the decode
+// variants are package moe's, variants.go). Each is applied where a buggy GPU
 // makes it: the faulty stage's value is corrupted and every later stage of
 // the step (and later steps, through the cache) is computed from it.
 // Fault.Check refuses a fault that cannot happen at its position, and
-// ErrInvisible one that would not leave its stage's tolerance there.
+// ErrInvisible one that would not leave its stage's tolerance there (a
+// clamp that would not act, a router choice a replay calls a near tie).
 // Fault.Stage and Fault.Diagnosis say what a replay must report.
 //
 // # Faulted copies

@@ -69,6 +69,12 @@ func TestFaultedCopyGPUDumps(t *testing.T) {
 		{"official-v4-tiny", "expert-nibble@4,2", 1},
 		{"official-v4-tiny", "router-bias@2,2", 1},
 		{"official-v4-tiny", "hc-post-transposed@7,3", 1},
+		{"official-v4-tiny", "router-hash-off@3,0", 1},
+		{"official-v4-tiny", "router-unnormalised@3,2", 1},
+		{"official-v4-tiny", "expert-scale-block@4,1", 1},
+		{"official-v4-tiny", "shared-gate-up-swapped@5,2", 1},
+		{"official-v4-tiny", "hc-split-no-sigmoid@6,1", 1},
+		{"official-v4-tiny", "head-no-norm@7,3", 1},
 		{"gpu-v4-tiny-long", "topk-off-by-one@255,1", 1},
 		// Carried across the state-only step 254 into step 255.
 		{"gpu-v4-tiny-long", "fp8-scale@128,0", 1},
@@ -115,9 +121,10 @@ func TestFaultedCopyGPUDumps(t *testing.T) {
 				t.Fatalf("first divergence step %d layer %d stage %s kind %q; want step %d layer %d stage %s kind %q\n%s",
 					dv.Step, dv.Layer, dv.Stage, dv.Kind, f.Step, f.Layer, f.Stage(), f.Diagnosis(), dv.Text)
 			}
-			if !strings.Contains(dv.Why, faultWhyGPU(f.Kind)) {
+			if !strings.Contains(dv.Why, faultWhyGPU(f.Kind)) && !strings.Contains(dv.Text, faultWhyGPU(f.Kind)) {
 				t.Errorf("diagnosis %q does not say %q", dv.Text, faultWhyGPU(f.Kind))
 			}
+			checkWhy(t, f, dv.Text, true)
 			fails := 0
 			for _, r := range rep.Results {
 				if r.Status != replay.StatusFail {
@@ -372,6 +379,27 @@ func TestFaultedCopyOfSynth(t *testing.T) {
 		}
 		if rep.Summary.Fail != 1 {
 			t.Errorf("%s: %d stages fail, want 1", f, rep.Summary.Fail)
+		}
+	}
+}
+
+// TestExpertNoClampRefused: on the official golden no routed expert's gate
+// or up reaches swiglu_limit, so a missing clamp cannot show anywhere; the
+// fault is refused at every step and layer with that reason (ErrInvisible),
+// and nothing is written.
+func TestExpertNoClampRefused(t *testing.T) {
+	d, src, m := openFaultInput(t, "official-v4-tiny")
+	for _, p := range src.Steps() {
+		for _, l := range src.Layers() {
+			f := Fault{Kind: ExpertNoClamp, Step: p, Layer: l}
+			dir := filepath.Join(t.TempDir(), "out")
+			_, err := WriteFaulted(d, src, m, dir, Options{Fault: f})
+			if !errors.Is(err, ErrInvisible) || !strings.Contains(err.Error(), "the clamp does not act") {
+				t.Errorf("%s: %v, want the clamp-does-not-act refusal", f, err)
+			}
+			if _, err := os.Stat(dir); err == nil {
+				t.Errorf("%s: refused, but %s was written", f, dir)
+			}
 		}
 	}
 }

@@ -110,6 +110,17 @@ func kindApplies(cfg *engine.Config, kind Kind, l int) bool {
 		return r > 0
 	case RouterBias:
 		return !cfg.HashLayer(l) // hash layers have no selection bias
+	case RouterHashOff:
+		return cfg.HashLayer(l)
+	case HeadNoNorm:
+		return l == cfg.NLayers-1
+	case ExpertNoClamp:
+		// The goldens' routed experts never reach swiglu_limit (gate and
+		// |up| < 4 < 10): the clamp cannot act there, so the fault is
+		// refused at every position (TestExpertNoClampRefused); its
+		// diagnosis is tested with a low-limit model (replay's
+		// TestDiagnoseBlockBugs).
+		return false
 	}
 	return true
 }
@@ -201,6 +212,8 @@ func checkMatrixCell(t *testing.T, m *engine.Model, src replay.Source, f Fault) 
 	}
 	if g := got(local); g != want || !local.Diverged() {
 		t.Errorf("%s: local replay: %s, want %s\n%s", f, g, want, textOf(local))
+	} else if f.NeedsBlock() {
+		checkWhy(t, f, local.First.Text, true)
 	}
 	prop, err := replay.Run(context.Background(), m, src, replay.Options{Mode: replay.Propagated})
 	if err != nil {
@@ -208,6 +221,8 @@ func checkMatrixCell(t *testing.T, m *engine.Model, src replay.Source, f Fault) 
 	}
 	if g := got(prop); g != want || !prop.Diverged() {
 		t.Errorf("%s: propagated replay: %s, want %s\n%s", f, g, want, textOf(prop))
+	} else if f.NeedsBlock() {
+		checkWhy(t, f, prop.First.Text, false)
 	}
 	bis, err := replay.Bisect(context.Background(), m, src, nil)
 	if err != nil {

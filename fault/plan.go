@@ -57,13 +57,20 @@ func planFault(d *dump.Dump, src *replay.DumpSource, m *engine.Model, opt Option
 	if !containsInt(layers, f.Layer) {
 		return nil, fmt.Errorf("fault %s: layer %d is not in the dump", f, f.Layer)
 	}
-	if _, ok, err := src.Stage(f.Step, f.Layer, f.Stage()); err != nil {
+	stageLayer := f.Layer
+	if f.Kind == HeadNoNorm {
+		stageLayer = dump.Global // logits: a global stage, computed after the last layer
+	}
+	if _, ok, err := src.Stage(f.Step, stageLayer, f.StageIn(m.Cfg)); err != nil {
 		return nil, err
 	} else if !ok {
-		return nil, fmt.Errorf("fault %s: the dump does not hold stage %s at step %d, layer %d, so a replay could not see the fault", f, f.Stage(), f.Step, f.Layer)
+		return nil, fmt.Errorf("fault %s: the dump does not hold stage %s at step %d, layer %d, so a replay could not see the fault", f, f.StageIn(m.Cfg), f.Step, f.Layer)
 	}
 	switch f.Kind {
 	case TopKOffByOne:
+		if m.Cfg.V32() {
+			break // checkV32: the V3.2 indexer ranks every token
+		}
 		// Top-k selects min(index_topk, Tc) of the Tc compressed rows; with
 		// Tc <= k every row is selected and there is no unselected
 		// neighbour for the last entry to slip to.
@@ -86,7 +93,7 @@ func planFault(d *dump.Dump, src *replay.DumpSource, m *engine.Model, opt Option
 		}
 		other = map[int]engine.Tensor{f.Layer: pl.donorCache}
 	}
-	pl.inj = newFaultInjector(f, opt.Seed, other)
+	pl.inj = newFaultInjector(f, opt.Seed, other, m.Cfg)
 	for _, p := range pl.layerSteps() {
 		if p > f.Step && len(pl.prevNew) == 0 && len(pl.carry) == 0 {
 			break // nothing left to carry
@@ -237,7 +244,11 @@ func (pl *faultPlan) fullStep(p int64) error {
 		}
 		ref, err := replay.ComputeStage(def, ctx, in)
 		if err != nil {
-			return fmt.Errorf("fault %s: step %d layer %d: recomputing %s from the faulty values: %w", pl.f, p, l, def.Name, err)
+			from := "recomputing %s from the faulty values"
+			if !fromChanged {
+				from = "computing %s from the dumped inputs"
+			}
+			return fmt.Errorf("fault %s: step %d layer %d: "+from+": %w", pl.f, p, l, def.Name, err)
 		}
 		if !dumped {
 			own[def.Name] = ref

@@ -64,12 +64,43 @@ const (
 	// streams with comb transposed (out_j = post_j·y + Σ_k comb[j][k]·h_k):
 	// h_mid. Needs the whole layer's weights.
 	HCPostTransposed Kind = "hc-post-transposed"
+	// RouterHashOff: on a hash layer (layer < n_hash_layers) the router
+	// reads the tid2eid row of the token id one past the token fed
+	// (tid2eid[tok+1]): moe_indices. Refused on score layers, at the last
+	// token id, and where the two rows are equal.
+	RouterHashOff Kind = "router-hash-off"
+	// RouterUnnormalised: the router's weights are the chosen experts'
+	// scores × route_scale without dividing by their sum (the selection is
+	// right): moe_weights. Refused for softmax gates (they do not
+	// normalise).
+	RouterUnnormalised Kind = "router-unnormalised"
+	// ExpertScaleBlock: the routed experts' FP4 GEMM indexes the UE8M0
+	// scales per 128 columns (the FP8 weight block) instead of per 32:
+	// column k reads the row's scale byte k/128, not k/32 (moe's
+	// ScalePer128): ffn_out.
+	ExpertScaleBlock Kind = "expert-scale-block"
+	// ExpertNoClamp: the routed experts skip the swiglu_limit clamp (up to
+	// ±limit, gate ≤ limit): ffn_out. Refused where no routed expert's gate
+	// or up reaches the limit (the clamp would not act).
+	ExpertNoClamp Kind = "expert-no-clamp"
+	// SharedGateUp: the shared expert runs with its gate (w1) and up (w3)
+	// weights exchanged, h = silu(w3·x)·(w1·x) (a name map swapping
+	// gate_proj and up_proj of shared_experts): ffn_out.
+	SharedGateUp Kind = "shared-gate-up-swapped"
+	// HCSplitNoSigmoid: the FFN-side hc_split_sinkhorn leaves the sigmoid
+	// out of post (post = 2·(mixes[hc:2hc]·scale[1] + base[hc:2hc])):
+	// hc_ffn_post, and the h_out it weights.
+	HCSplitNoSigmoid Kind = "hc-split-no-sigmoid"
+	// HeadNoNorm: the head skips the final RMSNorm (norm.weight): the
+	// logits are head · hc_head(h_out). The last layer only.
+	HeadNoNorm Kind = "head-no-norm"
 )
 
 // Kinds lists every injectable fault.
 func Kinds() []Kind {
 	return []Kind{SplitKMerge, WrongLSE, FP8Scale, ScaleByte, TopKOffByOne, StalePrefix, CompressorLate, WindowOrder,
-		ExpertNibble, RouterBias, HCPostTransposed}
+		ExpertNibble, RouterBias, HCPostTransposed, RouterHashOff, RouterUnnormalised, ExpertScaleBlock, ExpertNoClamp,
+		SharedGateUp, HCSplitNoSigmoid, HeadNoNorm}
 }
 
 // NeedsBlock reports whether the fault lives around the attention sub-layer
@@ -77,7 +108,12 @@ func Kinds() []Kind {
 // (a dump of the official layout with its weights), which synthetic models
 // do not have.
 func (f Fault) NeedsBlock() bool {
-	return f.Kind == ExpertNibble || f.Kind == RouterBias || f.Kind == HCPostTransposed
+	switch f.Kind {
+	case ExpertNibble, RouterBias, HCPostTransposed, RouterHashOff, RouterUnnormalised, ExpertScaleBlock, ExpertNoClamp,
+		SharedGateUp, HCSplitNoSigmoid, HeadNoNorm:
+		return true
+	}
+	return false
 }
 
 // Fault is one injected fault at decode step Step, layer Layer.
@@ -129,12 +165,18 @@ func (f Fault) Stage() string {
 		return "index_topk"
 	case WindowOrder:
 		return "topk_idxs"
-	case ExpertNibble:
+	case ExpertNibble, ExpertScaleBlock, ExpertNoClamp, SharedGateUp:
 		return "ffn_out"
-	case RouterBias:
+	case RouterBias, RouterHashOff:
 		return "moe_indices"
+	case RouterUnnormalised:
+		return "moe_weights"
 	case HCPostTransposed:
 		return "h_mid"
+	case HCSplitNoSigmoid:
+		return "hc_ffn_post"
+	case HeadNoNorm:
+		return "logits"
 	}
 	return "kv_cache"
 }
@@ -152,12 +194,14 @@ func (f Fault) Diagnosis() string {
 		return replay.KindPrefix
 	case WindowOrder:
 		return replay.KindIndexList
-	case ExpertNibble:
+	case ExpertNibble, ExpertScaleBlock, ExpertNoClamp, SharedGateUp:
 		return replay.KindExperts
-	case RouterBias:
+	case RouterBias, RouterHashOff, RouterUnnormalised:
 		return replay.KindRouter
-	case HCPostTransposed:
+	case HCPostTransposed, HCSplitNoSigmoid:
 		return replay.KindHyperConn
+	case HeadNoNorm:
+		return replay.KindHead
 	}
 	return replay.KindCompressor
 }
@@ -170,6 +214,9 @@ func (f Fault) Check(cfg *engine.Config, first, last int64) error {
 	}
 	if f.Step < first || f.Step > last {
 		return fmt.Errorf("fault %s: step outside the dumped steps %d..%d", f, first, last)
+	}
+	if cfg.V32() {
+		return f.checkV32(cfg)
 	}
 	r := cfg.Ratio(f.Layer)
 	switch f.Kind {
@@ -198,6 +245,22 @@ func (f Fault) Check(cfg *engine.Config, first, last int64) error {
 	case RouterBias:
 		if cfg.HashLayer(f.Layer) {
 			return fmt.Errorf("fault %s: layer %d routes by token id (hash, layer < n_hash_layers = %d): it has no selection bias", f, f.Layer, cfg.NHashLayers)
+		}
+	case RouterHashOff:
+		if !cfg.HashLayer(f.Layer) {
+			return fmt.Errorf("fault %s: layer %d routes by score (top-k of score + bias; layer >= n_hash_layers = %d): it has no tid2eid lookup", f, f.Layer, cfg.NHashLayers)
+		}
+	case RouterUnnormalised:
+		if cfg.ScoreFunc == "softmax" {
+			return fmt.Errorf("fault %s: score_func softmax does not normalise the chosen weights: nothing to leave out", f)
+		}
+	case ExpertNoClamp:
+		if cfg.SwigluLimit <= 0 {
+			return fmt.Errorf("fault %s: the model has no swiglu_limit clamp to leave out", f)
+		}
+	case HeadNoNorm:
+		if f.Layer != cfg.NLayers-1 {
+			return fmt.Errorf("fault %s: the head runs after the last layer (%d) only", f, cfg.NLayers-1)
 		}
 	}
 	return nil
@@ -282,7 +345,7 @@ func Synthesize(opt SynthOptions) (*Synth, error) {
 	if cfg.IsV41() {
 		return nil, fmt.Errorf("synth: config %q is DeepSeek-V4.1 (CSA2): V4.1 dumps are made by SynthesizeV41 ('sparsemla synth --config %s')", opt.Config, opt.Config)
 	}
-	if cfg.Dim*cfg.NHeads*cfg.HeadDim*cfg.NLayers > 1<<28 {
+	if hd := max(cfg.HeadDim, cfg.KVLoraRank); cfg.Dim*cfg.NHeads*hd*cfg.NLayers > 1<<28 { // KVLoraRank: V3.2
 		return nil, fmt.Errorf("synth: preset %q would need several GB of synthetic weights; use the tiny preset", opt.Config)
 	}
 	first, last := int64(opt.Prefill), int64(opt.Prefill+opt.Steps-1)
@@ -290,7 +353,7 @@ func Synthesize(opt SynthOptions) (*Synth, error) {
 		return nil, fmt.Errorf("synth: %d positions exceed max_seq_len %d", last+1, cfg.MaxSeqLen)
 	}
 	if opt.Fault != nil {
-		if opt.Fault.NeedsBlock() {
+		if opt.Fault.NeedsBlock() && !cfg.V32() { // V3.2: checkV32 refuses them with its reason
 			return nil, fmt.Errorf("fault %s: needs the whole layer (hyper-connections, MoE); synthetic models hold the attention path only: inject it into a copy of a dump of the official layout (fault --in)", *opt.Fault)
 		}
 		if err := opt.Fault.Check(cfg, first, last); err != nil {
@@ -329,7 +392,7 @@ func Synthesize(opt SynthOptions) (*Synth, error) {
 	}
 	g := &gpuRun{s: s, seed: opt.Seed, last: last}
 	if opt.Fault != nil {
-		g.inj = newFaultInjector(*opt.Fault, opt.Seed, other)
+		g.inj = newFaultInjector(*opt.Fault, opt.Seed, other, cfg)
 	}
 	g.onStep = func(p int64, l int, vals map[string]engine.Tensor) {
 		if p < first {
@@ -488,10 +551,11 @@ type faultInjector struct {
 	// are left out of the dump.
 	hidden  map[string]bool
 	lateRow []float32 // compressor-late: the row the GPU writes one step late
+	stage   string    // the fault's stage in this model (Fault.StageIn)
 }
 
-func newFaultInjector(f Fault, seed uint64, other map[int]engine.Tensor) *faultInjector {
-	j := &faultInjector{fault: f, seed: seed, other: other, hidden: map[string]bool{}}
+func newFaultInjector(f Fault, seed uint64, other map[int]engine.Tensor, cfg *engine.Config) *faultInjector {
+	j := &faultInjector{fault: f, seed: seed, other: other, hidden: map[string]bool{}, stage: f.StageIn(cfg)}
 	if f.Kind == CompressorLate {
 		for _, n := range []string{"cmp_pooled", "cmp_normed", "cmp_roped", "cmp_row"} {
 			j.hidden[n] = true
@@ -502,7 +566,7 @@ func newFaultInjector(f Fault, seed uint64, other map[int]engine.Tensor) *faultI
 
 // at reports whether stage name of (step p, layer l) is where the fault lives.
 func (j *faultInjector) at(p int64, l int, name string) bool {
-	return p == j.fault.Step && l == j.fault.Layer && name == j.fault.Stage()
+	return p == j.fault.Step && l == j.fault.Layer && name == j.stage
 }
 
 // hides reports whether stage name of (p, l) is one the faulty GPU did not
@@ -516,7 +580,7 @@ func (j *faultInjector) hides(p int64, l int, name string) bool {
 // the stage's inputs in (base itself for a synthetic run). The faulty value
 // must be out of tolerance against ref, else ErrInvisible.
 func (j *faultInjector) apply(ctx *engine.StepContext, base, ref engine.Tensor, in map[string]engine.Tensor, gpuRope bool) (engine.Tensor, error) {
-	name := j.fault.Stage()
+	name := j.stage
 	bad, err := j.corrupt(ctx, base, in)
 	if err != nil {
 		return engine.Tensor{}, err
@@ -524,6 +588,12 @@ func (j *faultInjector) apply(ctx *engine.StepContext, base, ref engine.Tensor, 
 	var sr replay.StageResult
 	sr.Stage = name
 	replay.JudgeStage(&sr, ref, bad, in, replay.DefaultTolerance().For(name), replay.JudgeContext{GPURope: gpuRope, Window: ctx.Cfg.WindowSize})
+	// A choice among near-equal experts is a tie a replay does not blame
+	// (tie-aware router faults).
+	replay.RouterNearTie(&sr, ctx.Cfg, ctx.Layer, ctx.W, in, ref, bad)
+	if sr.Status == replay.StatusTie {
+		return engine.Tensor{}, fmt.Errorf("fault %s: the faulty experts differ from the reference's only among near-equal candidates (%s): a tie at the top-k boundary, not a router bug: %w", j.fault, sr.Reason, ErrInvisible)
+	}
 	if sr.Status != replay.StatusFail {
 		return engine.Tensor{}, fmt.Errorf("fault %s: %w", j.fault, ErrInvisible)
 	}
@@ -548,6 +618,9 @@ func (j *faultInjector) lateWrite(ctx *engine.StepContext, name string, out engi
 // corrupt returns base with the fault applied.
 func (j *faultInjector) corrupt(ctx *engine.StepContext, out engine.Tensor, in map[string]engine.Tensor) (engine.Tensor, error) {
 	cfg := ctx.Cfg
+	if cfg.V32() && j.fault.Kind != TopKOffByOne { // top-k off by one: the same corruption below
+		return j.corruptV32(ctx, out, in)
+	}
 	D, W := cfg.HeadDim, cfg.WindowSize
 	bad := out.Clone()
 	switch j.fault.Kind {
@@ -633,7 +706,8 @@ func (j *faultInjector) corrupt(ctx *engine.StepContext, out engine.Tensor, in m
 		}
 		copy(bad.I, append(pad, valid...))
 		return bad, nil
-	case ExpertNibble, RouterBias, HCPostTransposed:
+	case ExpertNibble, RouterBias, HCPostTransposed, RouterHashOff, RouterUnnormalised, ExpertScaleBlock, ExpertNoClamp,
+		SharedGateUp, HCSplitNoSigmoid, HeadNoNorm:
 		return corruptBlock(ctx, j.fault, out, in)
 	case CompressorLate:
 		e := attention.EmittedRow(j.fault.Step, cfg.Ratio(j.fault.Layer))

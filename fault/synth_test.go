@@ -77,6 +77,48 @@ var faultWhy = map[Kind]string{
 	StalePrefix:    "a stale page from that request",
 	CompressorLate: "did not emit it at its emission step",
 	WindowOrder:    "the V4.1 window layout",
+	// Faults of the whole layer: the part the diagnosis names first.
+	ExpertNibble:       "MoE experts: routed experts: ",
+	ExpertScaleBlock:   "MoE experts: routed experts: ",
+	ExpertNoClamp:      "MoE experts: routed experts: ",
+	SharedGateUp:       "MoE experts: shared expert: ",
+	RouterBias:         "MoE router: selection: ",
+	RouterHashOff:      "MoE router: hash lookup: ",
+	RouterUnnormalised: "MoE router: weights, selection correct: ",
+	HCPostTransposed:   "hyper-connections: residual hc_post: ",
+	HCSplitNoSigmoid:   "hyper-connections: split/Sinkhorn: ",
+	HeadNoNorm:         "head: final norm: ",
+}
+
+// faultHyp is the hypothesis that must reproduce the faulty stage bit for
+// bit (the faults of the whole layer: their decode variant).
+var faultHyp = map[Kind]string{
+	ExpertNibble:       "fp4-nibble-swap",
+	ExpertScaleBlock:   "fp4-scale-per-128",
+	ExpertNoClamp:      "no-swiglu-clamp",
+	SharedGateUp:       "shared-gate-up-swapped",
+	RouterBias:         "no-selection-bias",
+	RouterHashOff:      "hash-row-next",
+	RouterUnnormalised: "weights-unnormalised",
+	HCPostTransposed:   "hc-post-comb-transposed",
+	HCSplitNoSigmoid:   "post-no-sigmoid",
+	HeadNoNorm:         "head-no-final-norm",
+}
+
+// checkWhy fails unless the divergence's text names the fault's part (its
+// sentence says faultWhy) and, for a fault of the whole layer in a local
+// replay (exact: the stage's inputs are the dumped ones), the hypothesis
+// reproducing it bit for bit.
+func checkWhy(t *testing.T, f Fault, text string, exact bool) {
+	t.Helper()
+	if !strings.Contains(text, faultWhy[f.Kind]) {
+		t.Errorf("%s: diagnosis %q does not say %q", f, text, faultWhy[f.Kind])
+	}
+	if h, ok := faultHyp[f.Kind]; ok && exact {
+		if want := fmt.Sprintf("reproduced bit for bit by hypothesis %q", h); !strings.Contains(text, want) {
+			t.Errorf("%s: diagnosis %q does not say %s", f, text, want)
+		}
+	}
 }
 
 // TestSynthFaultsFound injects every fault kind at seeded random positions and

@@ -11,7 +11,7 @@
 //	… blocks …
 //	x      = hc_head(h_out)                             [dim] bf16      mhc.Mixes, mhc.HeadPre, mhc.Collapse
 //	x      = RMSNorm(x, norm.weight)                    [dim] bf16
-//	logits = head.weight · f32(x)                       [vocab] fp32    (head.weight fp32, bf16 values)
+//	logits = head.weight · f32(x)                       [vocab] fp32    (head.weight bf16 values: fp32 Weight or bf16 Panels)
 //	token  = argmax(logits)                             lowest id among equal maxima
 //
 // # Precision

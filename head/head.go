@@ -45,8 +45,35 @@ func (t *Table) Row(e []float32, tok int64) error {
 	return Embed(e, t.W, tok)
 }
 
+// BF16Table is an embedding table held in its checkpoint dtype: W
+// [vocab][Dim] bf16 bit patterns (2 bytes a value instead of 4; Row widens
+// a row exactly: the same values as a Table of the same weights).
+type BF16Table struct {
+	Dim int
+	W   []uint16
+}
+
+// Row implements Embedding.
+func (t *BF16Table) Row(e []float32, tok int64) error {
+	if len(e) != t.Dim {
+		return fmt.Errorf("head: embedding row of %d values, the table has dim %d", len(e), t.Dim)
+	}
+	if t.Dim == 0 || len(t.W)%t.Dim != 0 {
+		panic("head: BF16Table shape mismatch")
+	}
+	vocab := int64(len(t.W) / t.Dim)
+	if tok < 0 || tok >= vocab {
+		return fmt.Errorf("head: token id %d outside the vocabulary [0, %d)", tok, vocab)
+	}
+	for i, b := range t.W[tok*int64(t.Dim) : (tok+1)*int64(t.Dim)] {
+		e[i] = math.Float32frombits(uint32(b) << 16)
+	}
+	return nil
+}
+
 // Head holds the parameters of ParallelHead and the model's head collapse
-// (Transformer.hc_head_*, norm, head), all fp32.
+// (Transformer.hc_head_*, norm, head), all fp32 but head.weight, which is
+// Weight (fp32) or only Panels (bf16 storage, the same values).
 type Head struct {
 	Mult    int       // hc_mult
 	Dim     int       // model width
@@ -55,17 +82,28 @@ type Head struct {
 	HCBase  []float32 // hc_head_base [hc]
 	HCScale float32   // hc_head_scale[0]
 	Norm    []float32 // norm.weight [dim]
-	Weight  []float32 // head.weight [vocab][dim] (bf16 values, used as fp32)
-	NormEps float32   // norm_eps
-	HCEps   float32   // hc_eps
+	Weight  []float32 // head.weight [vocab][dim] (bf16 values, used as fp32); nil when Panels holds it
+	// Panels is head.weight packed for attention's panel GEMV (bf16 storage
+	// for bf16 values: half of Weight's memory). With Weight nil, Logits
+	// runs Panels.Dot, which is F32Linear bit for bit.
+	Panels  *attention.Panels
+	NormEps float32 // norm_eps
+	HCEps   float32 // hc_eps
 }
 
 // Check panics with a "head: …" message when the parameter shapes disagree.
 func (hd *Head) Check() {
 	if hd.Mult <= 0 || hd.Dim <= 0 || hd.Vocab <= 0 || len(hd.HCFn) != hd.Mult*hd.Mult*hd.Dim ||
-		len(hd.HCBase) != hd.Mult || len(hd.Norm) != hd.Dim || len(hd.Weight) != hd.Vocab*hd.Dim {
+		len(hd.HCBase) != hd.Mult || len(hd.Norm) != hd.Dim || !hd.weightShape() {
 		panic("head: Head parameter shapes do not match hc_mult, dim and vocab")
 	}
+}
+
+func (hd *Head) weightShape() bool {
+	if hd.Weight == nil && hd.Panels != nil {
+		return hd.Panels.Rows == hd.Vocab && hd.Panels.Cols == hd.Dim
+	}
+	return len(hd.Weight) == hd.Vocab*hd.Dim
 }
 
 // Output is one step's head: every intermediate and the logits.
@@ -108,9 +146,14 @@ func (hd *Head) Forward(h []float32) Output {
 //
 //	logits[v] = Σ_i f32(x[i]) · head[v][i]      fp32, i ascending
 //
-// of the normed x [dim] (bf16 values) with head.weight [vocab][dim].
+// of the normed x [dim] (bf16 values) with head.weight [vocab][dim]
+// (F32Linear on Weight; Panels.Dot, the same bits, when only Panels holds it).
 func (hd *Head) Logits(x []float32) []float32 {
 	l := make([]float32, hd.Vocab)
+	if hd.Weight == nil && hd.Panels != nil {
+		hd.Panels.Dot(l, x)
+		return l
+	}
 	attention.F32Linear(l, x, hd.Weight, hd.Vocab, hd.Dim)
 	return l
 }

@@ -22,12 +22,23 @@ var fp4Pairs = func() (t [256][2]float32) {
 // goroutines.
 const fp4FastMinRows = 64
 
-// FP4LinearFast computes exactly FP4Linear (the same bits): the codes are
-// decoded a byte at a time through a 256-entry table of value pairs instead
-// of nibble by nibble, four output rows are computed side by side, and the
-// rows are split across GOMAXPROCS goroutines. Every output row performs the reference's fp32 operations in
-// the reference's order (inner 32-column sums k ascending, block sums b
-// ascending), so the result does not depend on GOMAXPROCS.
+// FP4LinearFast computes exactly FP4Linear (the same bits), on the
+// checkpoint's row-major codes (no repacked copy). With AVX2 and FMA
+// (UseFP4Assembly) it runs fp4Rows32AVX2 — 32 output rows in SIMD lanes,
+// every lane summing its row in the reference's order — on weights whose
+// rows hold a multiple of 16 scale blocks (cols % 512 == 0); a row whose
+// block factors leave the range where one exact power-of-two scaling equals
+// the reference's two (fp4_fast_simd.go; never for checkpoint scales) runs
+// the Go row loop. Otherwise (no AVX2, -tags purego, other shapes, a
+// non-finite activation) the Go loops run: the codes decoded a byte at a
+// time through a 256-entry table of value pairs, four output rows side by
+// side. Rows are split across GOMAXPROCS goroutines; every output row
+// performs the reference's fp32 operations in the reference's order (inner
+// 32-column sums k ascending, block sums b ascending), so the result does
+// not depend on GOMAXPROCS. No fp32 subnormal is formed on the kernel's
+// path: products E4M3 × E2M1 are ≥ 2^-10, block sums multiples of 2^-10,
+// scaled sums multiples of 2^-126 (TestFP4AsmNoSubnormals runs it with
+// denormals-are-zero and flush-to-zero).
 func FP4LinearFast(y, x []float32, w *FP4Weight) {
 	if len(x) != w.Cols || len(y) != w.Rows || w.Cols%attention.ActBlock != 0 {
 		panic("moe: FP4LinearFast shape mismatch")
@@ -40,6 +51,12 @@ func FP4LinearFast(y, x []float32, w *FP4Weight) {
 	sa := make([]float32, nb)
 	for b := range sa {
 		sa[b] = sx[b*FP4Block/attention.ActBlock]
+	}
+	if UseFP4Assembly && hasFP4Asm && w.Rows >= fp4Group && nb%16 == 0 {
+		if ea, ok := fp4ActExponents(qx, sa); ok {
+			fp4LinearAsm(y, qx, sa, ea, w)
+			return
+		}
 	}
 	workers := runtime.GOMAXPROCS(0)
 	if w.Rows < fp4FastMinRows || workers < 2 {

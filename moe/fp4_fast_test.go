@@ -74,5 +74,14 @@ func BenchmarkFP4Linear(b *testing.B) {
 		for b.Loop() {
 			FP4LinearFast(y, x, w)
 		}
+		b.ReportMetric(float64(len(w.Packed)+len(w.Scale))/(b.Elapsed().Seconds()/float64(b.N))/1e9, "GB/s")
+	})
+	b.Run("fast-go", func(b *testing.B) {
+		defer func(u bool) { UseFP4Assembly = u }(UseFP4Assembly)
+		UseFP4Assembly = false
+		for b.Loop() {
+			FP4LinearFast(y, x, w)
+		}
+		b.ReportMetric(float64(len(w.Packed)+len(w.Scale))/(b.Elapsed().Seconds()/float64(b.N))/1e9, "GB/s")
 	})
 }

@@ -143,8 +143,19 @@ func Softplus(v float32) float32 {
 // expert id there is outside [0, E) (outside input: tokens and tables come
 // from dumps and checkpoints).
 func (g *Gate) Route(x []float32, tok int64) (Route, error) {
-	r := Route{Scores: make([]float32, g.Experts)}
-	g.Scores(r.Scores, x)
+	s := make([]float32, g.Experts)
+	g.Scores(s, x)
+	return g.RouteScores(s, tok)
+}
+
+// RouteScores is Route from the scores s [E] = Scores(x) computed elsewhere
+// (the prepared path's GEMV, the same bits): the selection, the hash lookup
+// and the weights. s becomes Route.Scores.
+func (g *Gate) RouteScores(s []float32, tok int64) (Route, error) {
+	if len(s) != g.Experts {
+		panic("moe: Gate.RouteScores shape mismatch")
+	}
+	r := Route{Scores: s}
 	if g.Hash() {
 		vocab := int64(len(g.TID2EID) / g.TopK)
 		if tok < 0 || tok >= vocab {

@@ -18,8 +18,9 @@ type MoE struct {
 	// SwigluLimit is f32(swiglu_limit), applied to the routed experts only
 	// (0: no clamp).
 	SwigluLimit float32
-	// Fast runs the routed experts on FP4LinearFast (the same bits as the
-	// reference loops, several times faster).
+	// Fast runs the routed experts on FP4LinearFast and the shared expert on
+	// its FP8 panels when it has them (Shared.ForwardFast): the same bits as
+	// the reference loops, several times faster.
 	Fast bool
 }
 
@@ -110,7 +111,11 @@ func (m *MoE) Combine(x []float32, indices []int32, weights []float32) ([]float3
 		}
 	}
 	if m.Shared != nil {
-		m.Shared.Forward(out, x)
+		if m.Fast {
+			m.Shared.ForwardFast(out, x)
+		} else {
+			m.Shared.Forward(out, x)
+		}
 		for i, v := range out {
 			y[i] += v
 		}

@@ -8,8 +8,11 @@ import (
 	"strings"
 	"testing"
 
+	"sparsemla/attribute"
 	"sparsemla/dump"
+	"sparsemla/engine"
 	"sparsemla/kvcache"
+	"sparsemla/quant"
 )
 
 func goldenRope(t *testing.T, name string, ratio int) RopeTable {
@@ -33,8 +36,10 @@ func goldenRope(t *testing.T, name string, ratio int) RopeTable {
 // TestWindowKEntriesBytes: every MODEL1 entry vLLM's and SGLang's writers
 // stored is, byte for byte, kvcache's encoding of the row they were given under
 // the reference scaling and under the engine's own modelled rule.
-func TestWindowKEntriesBytes(t *testing.T) {
-	m, src, r := openKernelRun(t, "official-v4-tiny")
+func TestWindowKEntriesBytes(t *testing.T) { forDumps(t, testWindowKEntriesBytes) }
+
+func testWindowKEntriesBytes(t *testing.T, name string) {
+	m, src, r := openKernelRun(t, name)
 	rules := map[string]kvcache.Scaling{"vllm_k": kvcache.VLLMFP8, "sglang_k": kvcache.SGLangFP8}
 	for _, wk := range windowKWriters {
 		w, err := LoadWindowK(r, wk.prefix, src.Steps(), src.Layers())
@@ -58,11 +63,13 @@ func TestWindowKEntriesBytes(t *testing.T) {
 // rule over the reference's o bit for bit (codes and scales, every layer and
 // step), and differs from the reference o_inv (kept bf16) by FP8 rounding only:
 // a named engine approximation, spec §9.11.
-func TestInvRopeFP8Rule(t *testing.T) {
-	m, src, r := openKernelRun(t, "official-v4-tiny")
+func TestInvRopeFP8Rule(t *testing.T) { forDumps(t, testInvRopeFP8Rule) }
+
+func testInvRopeFP8Rule(t *testing.T, name string) {
+	m, src, r := openKernelRun(t, name)
 	cfg := m.Cfg
 	for _, l := range src.Layers() {
-		c, err := CheckInvRopeFP8(src, r, l, goldenRope(t, "official-v4-tiny", cfg.CompressRatios[l]), cfg.NHeads, cfg.OGroups, cfg.NopeDim())
+		c, err := CheckInvRopeFP8(src, r, l, goldenRope(t, name, cfg.CompressRatios[l]), cfg.NHeads, cfg.OGroups, cfg.NopeDim())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -79,8 +86,10 @@ func TestInvRopeFP8Rule(t *testing.T) {
 // TestIndexerQRule: vLLM's fused indexer-q RoPE + FP8 quantiser reproduces its
 // rule over the reference's iq_roped and iw_raw bit for bit; the reference's
 // iq (FQ4 after the Hadamard rotation) is a different quantity (spec §8.3).
-func TestIndexerQRule(t *testing.T) {
-	m, src, r := openKernelRun(t, "official-v4-tiny")
+func TestIndexerQRule(t *testing.T) { forDumps(t, testIndexerQRule) }
+
+func testIndexerQRule(t *testing.T, name string) {
+	m, src, r := openKernelRun(t, name)
 	cfg := m.Cfg
 	for _, l := range src.Layers() {
 		if cfg.CompressRatios[l] != 4 {
@@ -153,4 +162,64 @@ func TestIndexerQWeightFault(t *testing.T) {
 		t.Fatalf("%v\nwant exactly one mismatch %q", c, want)
 	}
 	t.Logf("%v", c)
+}
+
+// TestInvRopeFP8Attribute: a vLLM user who dumps the dequantised FP8 o_inv
+// (codes × scales of fused_inv_rope_fp8_quant) is told by package attribute
+// that the difference is vLLM's FP8 quantisation: the hypothesis
+// "vllm-fp8-o_inv" reproduces the dumped tensor bit for bit at every step and
+// layer, where the reference (bf16 o_inv) does not.
+func TestInvRopeFP8Attribute(t *testing.T) {
+	m, src, r := openKernelRun(t, "official-v4-tiny")
+	cfg := m.Cfg
+	hpg, D := cfg.NHeads/cfg.OGroups, cfg.HeadDim
+	nb := D / 128
+	n := 0
+	for _, l := range src.Layers() {
+		codes, _, err := r.Bytes(fmt.Sprintf("vllm_oinv.L%d.fp8", l))
+		if err != nil {
+			t.Fatal(err)
+		}
+		scales, err := r.Floats(fmt.Sprintf("vllm_oinv.L%d.scale", l))
+		if err != nil {
+			t.Fatal(err)
+		}
+		steps, err := r.Ints(fmt.Sprintf("vllm_oinv.L%d.steps", l))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for tok, p := range steps {
+			var def engine.StageDef
+			for _, d := range engine.Stages(cfg, l, p) {
+				if d.Name == "o_inv" {
+					def = d
+				}
+			}
+			o, _, err := src.Stage(p, l, "o")
+			if err != nil || def.Name == "" {
+				t.Fatalf("p%d L%d: o %v, def %q", p, l, err, def.Name)
+			}
+			ctx := &engine.StepContext{Cfg: cfg, Layer: l, Pos: p, W: m.Weights[l], Rope: m.Rope[l]}
+			in := map[string]engine.Tensor{"o": o}
+			ref, err := def.Compute(ctx, in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			deq := make([]float32, cfg.NHeads*D)
+			for h := 0; h < cfg.NHeads; h++ {
+				g, hg := h/hpg, h%hpg
+				for i := 0; i < D; i++ {
+					c := codes[(tok*cfg.OGroups+g)*hpg*D+hg*D+i]
+					deq[h*D+i] = quant.DecodeE4M3(c) * scales.F[(tok*cfg.OGroups+g)*hpg*nb+hg*nb+i/128]
+				}
+			}
+			gpu := engine.FromF(ref.Kind, deq, ref.Shape...)
+			v := attribute.Attribute(&attribute.Call{Ctx: ctx, Def: def, In: in, Ref: ref}, gpu)
+			if v.Best == nil || v.Best.Name != "vllm-fp8-o_inv" || !v.Best.Exact || v.Reference.Exact {
+				t.Fatalf("p%d L%d: %+v", p, l, v)
+			}
+			n++
+		}
+	}
+	t.Logf("%d units: the dumped FP8 o_inv is reproduced bit for bit by vllm-fp8-o_inv", n)
 }

@@ -25,7 +25,19 @@
 // reproduces bit for bit, next to the reference stage the engine replaces
 // (a named difference, never an "agree").
 //
-// WritePages writes the MODEL1 pages of a dump's kv_cache (kvcache's encoder,
-// the reference scaling) that the harness's FlashMLA run reads (FlashMLA was
-// not built in the committed run; testdata/kernels/README.md says why).
+// The same holds for the compressor kernels: VLLMCompressEntry and
+// VLLMIndexerCompressFP8 are vLLM's fused_compress_quant_cache rules (fp32
+// pooled row normalised without the bf16 cast), CheckSGLangPool holds
+// SGLang's fused_ape_pool_norm_rope to the fp32 rule and names the rows whose
+// RoPE dims are not a RoPE of the row's own values.
+//
+// FlashMLA's sparse FP8 decode is replayed by ReplayFlash: each query row's o
+// against attention.SparseAttn over the rows the kernel read (NewFlashCache
+// decodes every page), lse against the sink-free log-sum-exp (FlashMLA's lse
+// excludes the sink), judged with FlashMLATolerance — the default with the
+// o bounds FlashMLA was measured to need (docs/production-kernels.md). A row
+// that fails is diagnosed by DiagnoseFlash (a dropped split partial, a wrong
+// page id). FlashModel (FlashMLA's split-K order over FlashSchedule's split
+// ranges) is the evidence behind the widened tolerance. Its inputs: WritePages (the goldens' MODEL1 pages, kvcache's
+// encoder) and NewFlashInput (synthetic V4-Flash cases, FlashCases).
 package prodkernel

@@ -27,6 +27,8 @@ type RunInfo struct {
 	Sources map[string]json.RawMessage `json:"sources"`
 	Runs    map[string]KernelRun       `json:"runs"`
 	Hashes  map[string]string          `json:"kernel_file_sha256"`
+	// Cases: the synthetic FlashMLA run's calls (kernels-flashmla.json).
+	Cases map[string]FlashCaseRun `json:"cases"`
 }
 
 // KernelRun says whether one kernel ran, and its error when it did not.

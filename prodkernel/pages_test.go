@@ -103,3 +103,45 @@ func TestWritePages(t *testing.T) {
 		st.Close()
 	}
 }
+
+var writeFlash = flag.String("write-flashmla", "", "write the synthetic FlashMLA input (flashmla-in.safetensors) into this folder and stop")
+
+// TestFlashInput: the generated cache decodes back through its table, the
+// index lists hold the window then distinct compressed rows, and with
+// -write-flashmla DIR the input file is written for the harness.
+func TestFlashInput(t *testing.T) {
+	in, err := NewFlashInput()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range FlashCases {
+		idx := in.Idx[c.Name]
+		for r := 0; r < c.Queries(); r++ {
+			l := idx[r*c.TopK() : (r+1)*c.TopK()]
+			seen := map[int32]bool{}
+			for i, v := range l {
+				if v >= 0 && seen[v] {
+					t.Fatalf("%s query %d: row %d twice", c.Name, r, v)
+				}
+				seen[v] = true
+				if (i < c.Window) != (v >= 0 && v < FlashWindow) && i < FlashWindow {
+					t.Fatalf("%s query %d entry %d = %d", c.Name, r, i, v)
+				}
+			}
+		}
+	}
+	dir := t.TempDir()
+	if *writeFlash != "" {
+		dir = *writeFlash
+	}
+	f, err := os.Create(filepath.Join(dir, "flashmla-in.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := in.Write(f); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -31,6 +31,13 @@ func openKernelRun(t *testing.T, name string) (*engine.Model, *replay.DumpSource
 	return m, src, r
 }
 
+// forDumps runs a test on the committed Triton run of each golden.
+func forDumps(t *testing.T, f func(t *testing.T, name string)) {
+	for _, name := range goldenDumps {
+		t.Run(name, func(t *testing.T) { f(t, name) })
+	}
+}
+
 // windowKWriters are the window-K / compressed-row cache writers the harness ran.
 var windowKWriters = []struct{ run, prefix string }{
 	{"vllm_quantize_and_insert_k_cache", "vllm_k"},
@@ -42,8 +49,10 @@ var windowKWriters = []struct{ run, prefix string }{
 // and layer, and their pages after the last step match the reference encoding
 // byte for byte: the replay agrees with the default tolerances, every stage
 // compared (kv_pages included).
-func TestWindowKWritersReplay(t *testing.T) {
-	m, src, r := openKernelRun(t, "official-v4-tiny")
+func TestWindowKWritersReplay(t *testing.T) { forDumps(t, testWindowKWritersReplay) }
+
+func testWindowKWritersReplay(t *testing.T, name string) {
+	m, src, r := openKernelRun(t, name)
 	for _, wk := range windowKWriters {
 		t.Run(wk.prefix, func(t *testing.T) {
 			if !r.Info.Runs[wk.run].OK {
@@ -133,8 +142,10 @@ func TestWindowKWrongPage(t *testing.T) {
 // the README lists ran on the H200 from the recorded kernel files, and vLLM's
 // MXFP4 indexer-q kernel is recorded as failing to compile for sm_90a (its
 // inline PTX cvt ... e2m1x2 needs a newer target), not silently missing.
-func TestRunRecord(t *testing.T) {
-	_, _, r := openKernelRun(t, "official-v4-tiny")
+func TestRunRecord(t *testing.T) { forDumps(t, testRunRecord) }
+
+func testRunRecord(t *testing.T, name string) {
+	_, _, r := openKernelRun(t, name)
 	if g := r.Info.Env["gpu"]; g != "NVIDIA H200" {
 		t.Errorf("gpu %q", g)
 	}

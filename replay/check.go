@@ -49,6 +49,9 @@ func checkDumpShapes(cfg *engine.Config, d *dump.Dump) error {
 // checkRecordShape checks one stage or state record of a layer against the
 // config; the error says what the config needs.
 func checkRecordShape(cfg *engine.Config, e *dump.Entry) error {
+	if cfg.V32() {
+		return checkV32RecordShape(cfg, e)
+	}
 	l, s := e.Layer, e.Stage
 	r := cfg.Ratio(l)
 	H, D, Dim := cfg.NHeads, cfg.HeadDim, cfg.Dim

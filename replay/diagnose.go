@@ -137,17 +137,18 @@ func stageKind(stage string) string {
 		return k
 	}
 	switch {
-	case stage == "o" || stage == "lse":
+	case stage == "o" || stage == "lse" || stage == "o_latent":
 		return KindAttention
 	case stage == "index_topk" || stage == "index_sel":
 		return KindIndexer
-	case stage == "index_score" || stage == "index_qk" || strings.HasPrefix(stage, "iq") || strings.HasPrefix(stage, "iw"):
+	case stage == "index_score" || stage == "index_qk" || strings.HasPrefix(stage, "iq") || strings.HasPrefix(stage, "iw") ||
+		strings.HasPrefix(stage, "ik_") || stage == "index_weights": // ik_*, index_weights: V3.2
 		return KindIndexScore
 	case stage == "kv":
 		return KindFP8Cache
 	case strings.HasPrefix(stage, "cmp_") || strings.HasPrefix(stage, "icmp_") || stage == "icache":
 		return KindCompressor
-	case stage == "kv_cache":
+	case stage == "kv_cache" || stage == "latent_cache" || stage == "k_cache" || stage == "k_scale_cache":
 		return KindCache
 	case stage == "topk_idxs":
 		return KindIndexList

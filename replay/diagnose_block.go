@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"sparsemla/attention"
+	"sparsemla/attribute"
 	"sparsemla/engine"
 	"sparsemla/mhc"
 	"sparsemla/moe"
@@ -76,10 +77,164 @@ func diagnoseBlock(d DiagnoseInput, div *Divergence) {
 	case sr.Stage == "ffn_out":
 		why = expertHypotheses(d)
 	}
+	exact := exactHypothesis(d.hyp)
+	if why == "" && exact != "" {
+		why = sr.Reason // the hypothesis sentence Diagnose appends says the rest
+	}
+	if sr.Stage == "ffn_out" {
+		if ev := routedEvidence(d, exact); ev != "" {
+			if why == "" {
+				why = sr.Reason
+			}
+			why += ev
+		}
+	}
 	if why == "" {
 		why = base
 	}
+	if part := blockPart(d, exact, why); part != "" {
+		why = part + ": " + why
+	}
 	div.Why = why
+}
+
+// blockPart names the part of the layer a block diagnosis blames (the
+// prefix of its sentence): from the hypothesis that reproduces the GPU bit
+// for bit when one does, else from the stage and what the diagnosis found.
+func blockPart(d DiagnoseInput, exact, why string) string {
+	stage := d.Result.Stage
+	switch {
+	case strings.HasPrefix(exact, "hash-row-") || exact == "topk-on-hash-layer":
+		return "hash lookup"
+	case exact == "no-selection-bias":
+		return "selection"
+	case strings.HasPrefix(exact, "weights-"):
+		return "weights, selection correct"
+	case strings.HasPrefix(exact, "shared-") || exact == "no-shared-expert":
+		return "shared expert"
+	case exact != "" && stage == "ffn_out":
+		return "routed experts"
+	case exact == "head-no-final-norm" || exact == "head-norm-no-weight":
+		return "final norm"
+	case strings.HasPrefix(exact, "hc-head-"):
+		return "hc_head collapse"
+	}
+	switch {
+	case stage == "moe_indices":
+		if b := blockWeights(d); b != nil && b.MoE.Gate.Hash() {
+			return "hash lookup"
+		}
+		return "selection"
+	case stage == "moe_weights":
+		return "weights, selection correct"
+	case stage == "ffn_out" && strings.Contains(why, "shared expert"):
+		return "shared expert"
+	case stage == "ffn_out" && strings.Contains(why, "routed expert"):
+		return "routed experts"
+	case strings.HasPrefix(stage, "hc_") && !strings.HasSuffix(stage, "_mixes"):
+		return "split/Sinkhorn"
+	case stage == "h_mid" || stage == "h_out":
+		return "residual hc_post"
+	}
+	return ""
+}
+
+// routedEvidence says, for a decode variant of the routed experts that
+// reproduces the GPU's ffn_out bit for bit (exact), what it changes in each
+// routed expert's own output (by expert id, slot and weight); when no
+// hypothesis reproduces ffn_out, it tries every routed-expert variant on
+// each routed expert alone and names the one expert and variant that
+// reproduce it bit for bit. "" when neither applies.
+func routedEvidence(d DiagnoseInput, exact string) string {
+	b := blockWeights(d)
+	x, okX := d.In["ffn_in"]
+	idxT, okI := d.In["moe_indices"]
+	wT, okW := d.In["moe_weights"]
+	if b == nil || !okX || !okI || !okW || len(idxT.I) != len(wT.F) {
+		return ""
+	}
+	m := b.MoE
+	idx := make([]int32, len(idxT.I))
+	for i, e := range idxT.I {
+		if e < 0 || e >= int64(m.Gate.Experts) {
+			return ""
+		}
+		idx[i] = int32(e)
+	}
+	if exact != "" {
+		bad, ok, err := attribute.RoutedVariant(exact, m, idx)
+		if !ok || err != nil {
+			return ""
+		}
+		var parts []string
+		for t, e := range idx {
+			ref, err1 := expertOut(m, e, x.F, wT.F[t])
+			got, err2 := expertOut(bad, e, x.F, wT.F[t])
+			if err1 != nil || err2 != nil {
+				return ""
+			}
+			n := 0
+			for i := range ref {
+				if math.Float32bits(ref[i]) != math.Float32bits(got[i]) {
+					n++
+				}
+			}
+			parts = append(parts, fmt.Sprintf("expert %d (slot %d, weight %g): %d of %d outputs", e, t, wT.F[t], n, len(ref)))
+		}
+		return fmt.Sprintf("; what %q changes in each routed expert's own output: %s", exact, strings.Join(parts, ", "))
+	}
+	for _, name := range []string{"fp4-nibble-swap", "fp4-scale-per-128"} {
+		for t, e := range idx {
+			one, ok, err := attribute.RoutedVariant(name, m, []int32{e})
+			if !ok || err != nil {
+				continue
+			}
+			// The other routed experts as the reference reads them.
+			for _, o := range idx {
+				if o != e {
+					if one.Experts[o], err = expertOf(m, int(o)); err != nil {
+						return ""
+					}
+				}
+			}
+			out, err := one.Combine(x.F, idx, wT.F)
+			if err == nil && bitsEqual(engine.FromF(engine.KindBF16, out, len(out)), d.GPU) {
+				desc := name
+				for _, h := range attribute.Hypotheses("ffn_out") {
+					if h.Name == name {
+						desc = h.Desc
+					}
+				}
+				return fmt.Sprintf("; routed expert %d (slot %d, weight %g) ALONE reproduces the GPU's ffn_out bit for bit under %q (%s); the other routed experts %v as the reference reads them",
+					e, t, wT.F[t], name, desc, slices.DeleteFunc(slices.Clone(idx), func(v int32) bool { return v == e }))
+			}
+		}
+	}
+	return ""
+}
+
+// expertOut is routed expert e's own output for x with routing weight w.
+func expertOut(m *moe.MoE, e int32, x []float32, w float32) ([]float32, error) {
+	ex, err := expertOf(m, int(e))
+	if err != nil {
+		return nil, err
+	}
+	out := make([]float32, len(x))
+	ex.Forward(out, x, w, m.SwigluLimit)
+	return out, nil
+}
+
+// bitsEqual reports whether a and b hold the same values bit for bit.
+func bitsEqual(a, b engine.Tensor) bool {
+	if len(a.F) != len(b.F) || len(a.I) != len(b.I) {
+		return false
+	}
+	for i := range a.F {
+		if math.Float32bits(a.F[i]) != math.Float32bits(b.F[i]) {
+			return false
+		}
+	}
+	return slices.Equal(a.I, b.I)
 }
 
 // matches reports whether t is within the stage's tolerance of the GPU's
@@ -220,23 +375,46 @@ func routerIndicesHypotheses(d DiagnoseInput) string {
 	}
 	g := &b.MoE.Gate
 	gpu := d.GPU.I
+	for _, e := range gpu {
+		if e < 0 || e >= int64(g.Experts) {
+			return fmt.Sprintf("the GPU's experts %v name %d, which is not an expert id (0 … %d)", gpu, e, g.Experts-1)
+		}
+	}
 	if g.Hash() {
 		tok, err := inTokOf(d)
 		if err != nil {
 			return ""
 		}
-		want := g.TID2EID[tok*int64(g.TopK) : (tok+1)*int64(g.TopK)]
-		vocab := int64(len(g.TID2EID) / g.TopK)
+		k := int64(g.TopK)
+		vocab := int64(len(g.TID2EID)) / k
+		if tok < 0 || tok >= vocab {
+			return ""
+		}
+		want := g.TID2EID[tok*k : (tok+1)*k]
+		row := func(t int64) bool { return t >= 0 && t < vocab && t != tok && sameIDs(g.TID2EID[t*k:(t+1)*k], gpu) }
+		var rows []int64
 		for t := int64(0); t < vocab; t++ {
-			if t != tok && sameIDs(g.TID2EID[t*int64(g.TopK):(t+1)*int64(g.TopK)], gpu) {
-				return fmt.Sprintf("hash routing (layer < n_hash_layers): the GPU's experts %v are tid2eid[%d], not tid2eid[%d] = %v of the token fed (a token id off or another request's)", gpu, t, tok, want)
+			if row(t) {
+				rows = append(rows, t)
 			}
+		}
+		for _, off := range []int64{+1, -1} {
+			if row(tok + off) {
+				also := ""
+				if len(rows) > 1 {
+					also = fmt.Sprintf("; %d other rows of tid2eid hold the same experts (the neighbour row is the likely read)", len(rows)-1)
+				}
+				return fmt.Sprintf("the GPU's experts %v are tid2eid[%d], the row of token id %d%+d, not tid2eid[%d] = %v of the token fed (layer < n_hash_layers routes by tid2eid[tok])%s", gpu, tok+off, tok, off, tok, want, also)
+			}
+		}
+		if len(rows) > 0 {
+			return fmt.Sprintf("the GPU's experts %v are tid2eid[%d] (and %d other rows), not tid2eid[%d] = %v of the token fed (a token id off or another request's)", gpu, rows[0], len(rows)-1, tok, want)
 		}
 		sel, _ := moe.TopK(scoresOf(g, x.F), g.TopK)
 		if sameIDs(sel, gpu) {
-			return fmt.Sprintf("hash routing (layer < n_hash_layers): the GPU chose the top-%d of the scores %v instead of tid2eid[%d] = %v", g.TopK, gpu, tok, want)
+			return fmt.Sprintf("layer < n_hash_layers routes by tid2eid[tok], but the GPU chose the top-%d of the scores %v instead of tid2eid[%d] = %v", g.TopK, gpu, tok, want)
 		}
-		return fmt.Sprintf("hash routing: the GPU's experts %v are not tid2eid[%d] = %v", gpu, tok, want)
+		return fmt.Sprintf("the GPU's experts %v are not tid2eid[%d] = %v (layer < n_hash_layers routes by tid2eid[tok]); no other row of tid2eid holds them", gpu, tok, want)
 	}
 	s := scoresOf(g, x.F)
 	sel := make([]float32, len(s))
@@ -250,10 +428,21 @@ func routerIndicesHypotheses(d DiagnoseInput) string {
 	if noBias, _ := moe.TopK(s, g.TopK); sameSet(noBias, gpu) {
 		return fmt.Sprintf("the GPU's experts %v are the top-%d of the scores WITHOUT the selection bias (the reference's, with it: %v)", gpu, g.TopK, ref)
 	}
-	if tie {
-		return fmt.Sprintf("experts %v, the reference's %v: the k-th score ties (score + bias %v), so the chosen set depends on the tie rule", gpu, ref, sel)
+	// Near ties were judged before (routerNearTie: not a divergence); what
+	// reaches here chose at least one expert clearly outside the boundary.
+	kth := sel[ref[len(ref)-1]]
+	var far []string
+	for _, e := range gpu {
+		if !slices.Contains(ref, int32(e)) {
+			far = append(far, fmt.Sprintf("%d (score + bias %v)", e, sel[e]))
+		}
 	}
-	return fmt.Sprintf("the GPU's experts %v are not the top-%d of score + bias (the reference's %v; score + bias %v)", gpu, g.TopK, ref, sel)
+	tieNote := ""
+	if tie {
+		tieNote = " (the k-th place ties, but not with these)"
+	}
+	return fmt.Sprintf("the GPU's experts %v are not the top-%d of score + bias (the reference's %v): it chose %s below the k-th %v by more than the tie margin %g (relative), not a boundary tie%s; score + bias %v",
+		gpu, g.TopK, ref, strings.Join(far, ", "), kth, routerTieRel, tieNote, sel)
 }
 
 // routerWeightsHypotheses tries the weight rule without its normalisation,
@@ -460,6 +649,15 @@ func sameSet(a []int32, b []int64) bool {
 // GEMV whose summation order differs on the GPU (measured: the scores agree
 // to ~2 fp32 ulps on the tiny golden; a 4096-wide gate sums 16× more terms).
 const routerTieRel = 1e-5
+
+// RouterNearTie is the replay's tie rule for moe_indices (routerNearTie)
+// for one layer's weights w: sr (a judged moe_indices result) becomes a tie
+// when the GPU's experts differ from the reference's ref only among near-
+// equal candidates. Fault injection uses it so that a router fault is never
+// placed where a replay would rightly call it a tie.
+func RouterNearTie(sr *StageResult, cfg *engine.Config, layer int, w *engine.LayerWeights, in map[string]engine.Tensor, ref, gpu engine.Tensor) {
+	routerNearTie(sr, &engine.Model{Cfg: cfg, Weights: map[int]*engine.LayerWeights{layer: w}}, layer, in, ref, gpu)
+}
 
 // routerNearTie turns a failed moe_indices comparison into a tie when the
 // GPU's experts differ from the reference's only among experts whose score

@@ -82,6 +82,33 @@ func TestDiagnoseBlockBugs(t *testing.T) {
 		}
 		return engine.FromF(engine.KindBF16, out, dim)
 	}})
+	// The per-expert evidence of a variant of every routed expert: each
+	// routed expert of p4 L2 (ids 2 and 1) named with what the variant
+	// changes in its own output.
+	bugs = append(bugs, bug{"nibble order, per expert", 4, 2, "ffn_out", KindExperts,
+		`routed experts: max 32626 bf16 ulps (allowed 1) at [234]: GPU 1.4765625, reference -1.4140625: the GPU's routed experts ([2 1]) read their FP4 weights with the nibbles swapped (even column from the HIGH nibble; float4_e2m1fn_x2 keeps it in the low one); what "fp4-nibble-swap" changes in each routed expert's own output: expert 2 (slot 0, weight 0.8619975): 256 of 256 outputs, expert 1 (slot 1, weight 0.6380025): 256 of 256 outputs`,
+		bugs[0].value})
+	// One routed expert alone decoded with the scale rule per 128: no
+	// hypothesis of all the routed experts reproduces it, the localisation
+	// names the expert.
+	bugs = append(bugs, bug{"one expert's scales per 128", 4, 2, "ffn_out", KindExperts,
+		`routed experts: max 32300 bf16 ulps (allowed 1) at [60]: GPU -0.62109375, reference 0.55078125; routed expert 1 (slot 1, weight 0.6380025) ALONE reproduces the GPU's ffn_out bit for bit under "fp4-scale-per-128"`, func() engine.Tensor {
+			idx, w := route(4, 2)
+			mm, err := m.Weights[2].Block.MoE.WithRouted(idx, func(e *moe.Expert) *moe.Expert { return e })
+			if err != nil {
+				t.Fatal(err)
+			}
+			mm.Experts[1] = mm.Experts[1].Map((*moe.FP4Weight).ScalePer128)
+			out, err := mm.Combine(get(4, 2, "ffn_in").F, idx, w)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return engine.FromF(engine.KindBF16, out, dim)
+		}})
+	bugs = append(bugs, bug{"head without its final norm", 7, 3, "logits", KindHead, `final norm: `, func() engine.Tensor {
+		hd := m.Head.Head
+		return engine.FromF(engine.KindF32, hd.Logits(hd.Forward(get(7, 3, "h_out").F).X), cfg.VocabSize)
+	}})
 	bugs = append(bugs, bug{"no shared expert", 6, 1, "ffn_out", KindExperts, "lacks the shared expert", func() engine.Tensor {
 		mm := *m.Weights[1].Block.MoE
 		mm.Shared = nil
@@ -190,7 +217,11 @@ func TestDiagnoseBlockBugs(t *testing.T) {
 			if c, ok := models[b.name]; ok {
 				mm = c // the low-limit model: replay the bug's step only
 			}
-			mem.Put(b.p, b.l, b.stage, b.value())
+			putLayer := b.l
+			if b.stage == "logits" {
+				putLayer = dump.Global
+			}
+			mem.Put(b.p, putLayer, b.stage, b.value())
 			opt := Options{}
 			if mm != m {
 				opt.Steps = []int64{b.p}
@@ -289,5 +320,23 @@ func TestRouterNearTie(t *testing.T) {
 	routerNearTie(&sr, m, 1, in, engine.FromI(engine.KindI64, []int64{1, 0}, 2), engine.FromI(engine.KindI64, []int64{0, 1}, 2))
 	if sr.Status != StatusFail {
 		t.Errorf("same experts in another order: %s", sr.Status)
+	}
+}
+
+// TestRouterSelectionNotATie: an expert chosen clearly below the k-th
+// score + bias is named with its value and called not a boundary tie.
+func TestRouterSelectionNotATie(t *testing.T) {
+	cfg, _ := engine.Preset("tiny")
+	g := moe.Gate{Experts: 3, TopK: 1, Dim: 1, Func: moe.Sigmoid, RouteScale: 1,
+		Weight: []float32{1, 1, 0}, Bias: []float32{0, 1e-2, 0}}
+	m := &engine.Model{Cfg: cfg, Weights: map[int]*engine.LayerWeights{1: {Block: &engine.BlockWeights{MoE: &moe.MoE{Gate: g}}}}}
+	d := DiagnoseInput{Model: m, Result: StageResult{Stage: "moe_indices", Layer: 1},
+		In:  map[string]engine.Tensor{"ffn_in": engine.FromF(engine.KindBF16, []float32{1}, 1)},
+		GPU: engine.FromI(engine.KindI64, []int64{2}, 1)}
+	why := routerIndicesHypotheses(d)
+	for _, want := range []string{"the GPU's experts [2] are not the top-1", "it chose 2 (score + bias 0.5) below the k-th", "not a boundary tie"} {
+		if !strings.Contains(why, want) {
+			t.Errorf("diagnosis %q does not say %q", why, want)
+		}
 	}
 }

@@ -136,7 +136,8 @@ func checkPrefixHits(d *dump.Dump) error {
 // stateStages names the stage tensors that are a layer's state after a step
 // (LayerState.StateTensors).
 var stateStages = map[string]bool{"kv_cache": true, "cmp_kv_state": true, "cmp_score_state": true,
-	"icache": true, "icmp_kv_state": true, "icmp_score_state": true}
+	"icache": true, "icmp_kv_state": true, "icmp_score_state": true,
+	"latent_cache": true, "k_cache": true, "k_scale_cache": true} // V3.2
 
 // IsStateStage reports whether stage names a tensor of a layer's state after
 // a step (engine.LayerState.StateTensors: kv_cache, the compressor states,

@@ -20,7 +20,7 @@ func attributeStage(d DiagnoseInput) *attribute.Verdict {
 	if d.Model == nil || d.Model.Weights[sr.Layer] == nil || d.Model.Rope[sr.Layer] == nil {
 		return nil
 	}
-	ctx := &engine.StepContext{Cfg: d.Model.Cfg, Layer: sr.Layer, Pos: sr.Step, W: d.Model.Weights[sr.Layer], Rope: d.Model.Rope[sr.Layer]}
+	ctx := &engine.StepContext{Cfg: d.Model.Cfg, Layer: sr.Layer, Pos: sr.Step, W: d.Model.Weights[sr.Layer], Rope: d.Model.Rope[sr.Layer], Head: d.Model.Head}
 	get := func(name string) (engine.Tensor, bool) {
 		if t, ok := d.In[name]; ok {
 			return t, true

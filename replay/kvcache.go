@@ -2,6 +2,7 @@ package replay
 
 import (
 	"fmt"
+	"math"
 
 	"sparsemla/engine"
 	"sparsemla/kvcache"
@@ -46,6 +47,32 @@ func RewritePage(layout string, dim, blockSize int, page []byte, rows map[int][]
 		f.EncodeEntry(out, e, row, kvcache.RefScaling(l))
 	}
 	return out, nil
+}
+
+// decodesTo says whether entry e of page (serving layout layout) decodes,
+// with no fault, to exactly row (bit for bit). An FP8 block has more than
+// one exact encoding when its values are all representable at two scales
+// (a writer that picks the scale from the pre-quantisation row can choose
+// 2^(k+1) where the reference encoding of the rounded row picks 2^k), so
+// such an entry encodes the row although its bytes differ from RewritePage's.
+func decodesTo(layout string, dim, blockSize int, page []byte, e int, row []float32) (bool, error) {
+	f, _, err := kvFormat(layout, dim, blockSize)
+	if err != nil {
+		return false, err
+	}
+	if len(page) != f.PageBytes() || e < 0 || e >= blockSize || len(row) != f.Dim {
+		return false, nil // not an encoding of the row; RewritePage reports the shape error
+	}
+	dst := make([]float32, f.Dim)
+	if faults := f.DecodeEntry(dst, page, e, nil); len(faults) != 0 {
+		return false, nil
+	}
+	for i, v := range dst {
+		if math.Float32bits(v) != math.Float32bits(row[i]) {
+			return false, nil
+		}
+	}
+	return true, nil
 }
 
 // comparePage compares two pages byte by byte, ignoring bytes no kernel

@@ -107,6 +107,7 @@ func Run(ctx context.Context, m *engine.Model, src Source, opt Options) (*Report
 		}
 	}
 	opt.Tol = policyTolerance(opt.Tol, opt.Mode, m.Cfg.PolicyName())
+	opt.Tol = v32Tolerance(opt.Tol, opt.Mode, m.Cfg)
 	steps := src.Steps()
 	if opt.Steps != nil {
 		if err := checkStepSelection(src, opt.Steps); err != nil {

@@ -208,6 +208,9 @@ func matchOf(name, desc string, a, b engine.Tensor) attribute.Match {
 // needed: index_topk, or in local mode cq, x and icache). ref are the
 // reference's scores (nil in local mode: recomputed here).
 func selectionBothWays(m *engine.Model, src Source, ctx *engine.StepContext, defs []engine.StageDef, ref []float32, gpuScores engine.Tensor, tol *Tolerance) (string, error) {
+	if m.Cfg.V32() {
+		return "", nil // the V4 indexer's score forms; V3.2 judges its fp32 scores directly
+	}
 	sel, ok, err := src.Stage(ctx.Pos, ctx.Layer, "index_topk")
 	if err != nil || !ok || sel.Kind.IsFloat() {
 		return "", err

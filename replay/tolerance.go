@@ -174,6 +174,9 @@ func DefaultTolerance() *Tolerance {
 		"ffn_out":       ulp(1, "FP4 routed + FP8 shared experts, GEMM order (§9.1; measured 100 %)"),
 		"logits":        {Mode: TolClose, Abs: 1e-5, Rel: 1e-4, Cos: 1e-9, Why: "head fp32 GEMV order after hc_head and norm (measured |Δ| ≤ 1e-6)"},
 	}, Fallback: ulp(1, "any other bf16 stage: one rounding, one ulp")}
+	for name, st := range v32Tol() { // V3.2 stage names (replay/v32.go)
+		t.Stages[name] = st
+	}
 	return t
 }
 
@@ -343,16 +346,23 @@ func graphStages() map[string]bool {
 // knownStagesHint names the closest known stage (by edit distance) for an
 // error message, or lists where the names are documented.
 func knownStagesHint(name string) string {
-	var all []string
+	var all, v32 []string
+	v32Names := v32Tol()
 	for n := range DefaultTolerance().Stages {
-		all = append(all, n)
+		if _, ok := v32Names[n]; ok {
+			v32 = append(v32, n)
+		} else {
+			all = append(all, n)
+		}
 	}
 	for n := range graphStages() {
 		all = append(all, n)
 	}
 	sort.Strings(all)
+	sort.Strings(v32)
 	best, bd := "", 1<<30
-	for _, n := range all {
+	// V4 names first; a V3.2 stage name only when strictly closer
+	for _, n := range append(all, v32...) {
 		if d := editDistance(name, n); d < bd {
 			best, bd = n, d
 		}

@@ -7,6 +7,10 @@ The kernel files themselves are NOT part of this repository: copy them, unmodifi
     python3 capture/prodkernels/harness.py run --src .kern --out OUTDIR \
         testdata/official-v4-tiny testdata/gpu-v4-tiny-long
 
+FlashMLA (sm90 sparse FP8 decode): `flashmla-build` builds its sparse decode path from FlashMLA's
+csrc/ and CUTLASS's headers; `flashmla-synth` runs it on prodkernel's synthetic input; `run --only
+flashmla --flashmla-in DIR` on the goldens' pages (testdata/kernels/README.md has the commands).
+
 It writes OUTDIR/<dump name>/kernels-TAG.safetensors (every kernel output, named below) and
 OUTDIR/<dump name>/kernels-TAG.json (what ran: kernels, source commits, shapes, versions, errors).
 Each kernel runs in its own try/except: one that fails is recorded with its error and the others
@@ -182,6 +186,10 @@ STUBS = {
     "sglang/srt/layers/quantization/fp8_kernel.py": "def is_fp8_fnuz():\n    return False\n",
     "sglang/srt/layers/attention/__init__.py": "",
     "sglang/srt/layers/attention/dsv4/__init__.py": "",
+    # Only the plan types the HIP compressor file imports; the pooling kernel run here uses neither.
+    "sglang/jit_kernel/__init__.py": "",
+    "sglang/jit_kernel/dsv4/__init__.py": "",
+    "sglang/jit_kernel/dsv4/compress_old.py": "class CompressorDecodePlan:\n    pass\nclass CompressorPrefillPlan:\n    pass\n",
 }
 
 KERNEL_FILES = {
@@ -190,6 +198,8 @@ KERNEL_FILES = {
     "vllm_src/fused_inv_rope_fp8_quant.py": "vllm/models/deepseek_v4/common/ops/fused_inv_rope_fp8_quant.py",
     "sglang_src/quant_k_cache.py": "sglang/srt/layers/attention/dsv4/quant_k_cache.py",
     "sglang_src/index_buf_accessor.py": "sglang/srt/layers/attention/dsv4/index_buf_accessor.py",
+    "vllm_src/fused_compress_quant_cache.py": "vllm/models/deepseek_v4/common/ops/fused_compress_quant_cache.py",
+    "sglang_src/fused_compress_triton.py": "sglang/srt/layers/attention/dsv4/fused_compress_triton.py",
 }
 
 
@@ -242,6 +252,12 @@ def run(args):
                           ("vllm_fused_inv_rope_fp8_quant", run_vllm_inv_rope),
                           ("vllm_fused_indexer_q_rope_quant_fp8", lambda g, o, t: run_vllm_indexer_q(g, o, t, False)),
                           ("vllm_fused_indexer_q_rope_quant_mxfp4", lambda g, o, t: run_vllm_indexer_q(g, o, t, True)),
+                          ("vllm_fused_compress_quant_cache", lambda g, o, t: run_vllm_compress(g, o, t, "main", False)),
+                          ("vllm_fused_compress_quant_cache_indexer_fp8", lambda g, o, t: run_vllm_compress(g, o, t, "indexer", False)),
+                          ("vllm_fused_compress_quant_cache_indexer_mxfp4", lambda g, o, t: run_vllm_compress(g, o, t, "indexer", True)),
+                          ("sglang_compressor_fused_ape_pool_norm_rope", lambda g, o, t: run_sglang_pool(g, o, t, "main")),
+                          ("sglang_compressor_fused_ape_pool_norm_rope_indexer", lambda g, o, t: run_sglang_pool(g, o, t, "indexer")),
+                          ("sglang_compressor_fused_ape_pool_norm_rope_repeat", lambda g, o, t: run_sglang_pool(g, o, t, "main", args.repeat)),
                           ("flashmla_sparse_decode_fwd", lambda g, o, t: run_flashmla(g, o, t, args.flashmla_in, name))]
         todo = [(k, f) for k, f in todo if (not args.only or args.only in k) and (not args.skip or args.skip not in k)]
         for kname, fn in todo:
@@ -263,10 +279,21 @@ def run(args):
 def tbytes(t):
     """(dtype, shape, raw) of a CPU copy of a tensor."""
     import torch
-    t = t.detach().contiguous().cpu()
+    # A fresh tensor has standard strides even where a size-1 dim let a view count as contiguous.
+    t = torch.empty(t.shape, dtype=t.dtype).copy_(t.detach())
     dt = {torch.float32: "F32", torch.bfloat16: "BF16", torch.int64: "I64", torch.int32: "I32",
           torch.uint8: "U8", torch.float8_e4m3fn: "F8_E4M3"}[t.dtype]
     return (dt, list(t.shape), t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+
+
+def to_cuda(torch, e):
+    """A (dtype, shape, raw) entry as a CUDA tensor."""
+    dt, shape, raw = e
+    tdt = {"F32": torch.float32, "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32,
+           "U8": torch.uint8, "F8_E4M3": torch.float8_e4m3fn}[dt]
+    if not raw:
+        return torch.empty(shape, dtype=tdt, device="cuda")
+    return torch.frombuffer(bytearray(raw), dtype=tdt).reshape(shape).cuda()
 
 
 class Golden:
@@ -282,13 +309,7 @@ class Golden:
         self.weights = read_safetensors(os.path.join(d, "weights.safetensors"))
 
     def conv(self, e):
-        torch = self.torch
-        dt, shape, raw = e
-        tdt = {"F32": torch.float32, "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32,
-               "U8": torch.uint8, "F8_E4M3": torch.float8_e4m3fn}[dt]
-        if not raw:
-            return torch.empty(shape, dtype=tdt, device="cuda")
-        return torch.frombuffer(bytearray(raw), dtype=tdt).reshape(shape).cuda()
+        return to_cuda(self.torch, e)
 
     def has(self, p, k):
         return k in self.files[p]
@@ -399,6 +420,252 @@ def run_vllm_indexer_q(g, outs, torch, fp4):
     return {"layers": layers, "softmax_scale": D ** -0.5, "head_scale": HI ** -0.5}
 
 
+# ---------------------------------------------------------------- compressors (pooling + norm + RoPE [+ quantised write])
+
+def compressor_window(g, p, l, kind):
+    """The (kv, score) rows a compressor emitting at step p pools, from the dumped state: r = 4
+    (overlap): the previous group's 4 full-width rows from the state after step p-1 (rows 0..3),
+    then the current group's rows 4..7 after step p; r = 128: the 128 live rows after step p.
+    Scores already hold ape (the dump's score_state). Returns kv, score [coff*r, coff*d] fp32 and
+    the positions of the rows (p-coff*r+1 .. p)."""
+    torch = g.torch
+    pre = "L%d.%s" % (l, "cmp" if kind == "main" else "icmp")
+    r = g.ratio(l)
+    if r == 4:
+        if (p - 1) not in g.files or not g.has(p - 1, pre + "_kv_state"):
+            raise KeyError(f"no state after step {p - 1}")
+        kv = torch.cat([g.t(p - 1, pre + "_kv_state")[:4], g.t(p, pre + "_kv_state")[4:8]])
+        sc = torch.cat([g.t(p - 1, pre + "_score_state")[:4], g.t(p, pre + "_score_state")[4:8]])
+    else:
+        kv, sc = g.t(p, pre + "_kv_state"), g.t(p, pre + "_score_state")
+        if kv.shape[0] != r:
+            raise ValueError(f"{pre}_kv_state has {kv.shape[0]} rows at an emission step")
+    pos = list(range(p - kv.shape[0] + 1, p + 1))
+    return kv.float().contiguous(), sc.float().contiguous(), pos
+
+
+def emissions(g, kind):
+    """(step, layer) of every dumped emission the compressor of kind computes."""
+    out = []
+    for p in g.steps:
+        for l in range(g.cfg["n_layers"]):
+            r = g.ratio(l)
+            if r == 0 or (kind == "indexer" and r != 4):
+                continue
+            if (p + 1) % r == 0 and g.has(p, "L%d.%s_row" % (l, "cmp" if kind == "main" else "icmp")):
+                out.append((p, l))
+    return out
+
+
+def run_vllm_compress(g, outs, torch, kind, fp4):
+    """vLLM's fused compress -> RMSNorm -> RoPE -> quantised cache insert (one program per token),
+    given the pooled window through vLLM's paged per-token state cache (block size 64, block b in
+    page nb-b) and writing the row into a paged cache (row j of the compressed cache, block size 64)."""
+    from types import SimpleNamespace
+    from vllm.models.deepseek_v4.common.ops.fused_compress_quant_cache import compress_norm_rope_store_triton
+    d = 512 if kind == "main" else g.cfg["index_head_dim"]
+    tag = {("main", False): "vllm_cmp", ("indexer", False): "vllm_icmp8", ("indexer", True): "vllm_icmp4"}[(kind, fp4)]
+    if kind == "main":
+        ts, sd, qb = MODEL1_DATA, MODEL1_SCALE, 64
+    elif fp4:
+        ts, sd, qb = d // 2, d // 32, 32
+    else:
+        ts, sd, qb = d, 4, d
+    done = []
+    for p, l in emissions(g, kind):
+        r = g.ratio(l)
+        coff = 2 if r == 4 else 1
+        kv, sc, pos = compressor_window(g, p, l, kind)
+        sw = coff * d
+        nb = (p + PAGE_ENTRIES) // PAGE_ENTRIES
+        st_table = [nb - b for b in range(nb)]
+        state = torch.zeros((nb + 1, PAGE_ENTRIES, 2 * sw), dtype=torch.float32, device="cuda")
+        for i, t in enumerate(pos):
+            if t < 0:
+                continue
+            state[st_table[t // PAGE_ENTRIES], t % PAGE_ENTRIES, :sw] = kv[i]
+            state[st_table[t // PAGE_ENTRIES], t % PAGE_ENTRIES, sw:] = sc[i]
+        j = p // r
+        ctable, cn = block_table(j + 1)
+        eb = ts + sd
+        blk = (PAGE_ENTRIES * eb + 575) // 576 * 576 if kind == "main" else PAGE_ENTRIES * eb
+        cache_flat = torch.zeros((cn, blk), dtype=torch.uint8, device="cuda")
+        cache = cache_flat.as_strided((cn, PAGE_ENTRIES, eb), (blk, eb, 1))
+        kvslot = slot_of(j, ctable)
+        pre = "layers.%d.attn.%s" % (l, "compressor" if kind == "main" else "indexer.compressor")
+        w = g.conv(g.weights[pre + ".norm.weight"]).float().contiguous()
+        i64 = lambda v: torch.tensor(v, dtype=torch.int64, device="cuda")
+        compress_norm_rope_store_triton(
+            state, 1, torch.zeros(1, dtype=torch.int32, device="cuda"), i64([p]),
+            i64([slot_of(p, st_table)]),
+            torch.tensor([st_table], dtype=torch.int32, device="cuda"), PAGE_ENTRIES, sw,
+            g.cos_sin(l), cache, SimpleNamespace(slot_mapping=i64([kvslot])), {}, d, 64, r, r == 4, fp4,
+            w, g.cfg["norm_eps"], qb, ts, sd)
+        torch.cuda.synchronize()
+        host = cache_flat.cpu()[ctable[j // PAGE_ENTRIES]].numpy().tobytes()
+        e = j % PAGE_ENTRIES
+        ent = host[e * ts:(e + 1) * ts] + host[PAGE_ENTRIES * ts + e * sd:PAGE_ENTRIES * ts + (e + 1) * sd]
+        outs[f"{tag}.p{p}.L{l}.entry"] = ("U8", [len(ent)], ent)
+        done.append([p, l, j])
+    if not done:
+        raise RuntimeError("no emission step in the dump")
+    return {"units": done, "token_stride": ts, "scale_dim": sd, "quant_block": qb, "state_block": PAGE_ENTRIES}
+
+
+def run_sglang_pool(g, outs, torch, kind, repeat=0):
+    """SGLang's fused_ape_pool_norm_rope (its Triton pooling + RMSNorm + RoPE kernel, from the HIP
+    compressor file) over the dumped window. The dumped scores already hold ape, so the kernel's
+    ape is zero (its in-kernel ape add is then exact). Output: the fp32 normed, roped row."""
+    from sglang.srt.layers.attention.dsv4.fused_compress_triton import fused_ape_pool_norm_rope
+    d = 512 if kind == "main" else g.cfg["index_head_dim"]
+    tag = "sglang_pool" if kind == "main" else "sglang_ipool"
+    if repeat:
+        tag += "_rep"
+    done = []
+    for p, l in emissions(g, kind):
+        r = g.ratio(l)
+        coff = 2 if r == 4 else 1
+        kv, sc, pos = compressor_window(g, p, l, kind)
+        gathered = torch.cat([kv, sc], dim=1).unsqueeze(0).contiguous()  # [1, coff*r, 2*coff*d]
+        ape = torch.zeros((r, coff * d), dtype=torch.float32, device="cuda")
+        pre = "layers.%d.attn.%s" % (l, "compressor" if kind == "main" else "indexer.compressor")
+        w = g.conv(g.weights[pre + ".norm.weight"]).float().contiguous()
+        fc = g.conv(g.rope["freqs_cis_cmp"])  # [T, 32, 2]
+        j = p // r
+        freqs = fc[j * r].reshape(1, 64).float().contiguous()  # interleaved (cos, sin) pairs
+        if repeat:
+            rows = []
+            for _ in range(repeat):
+                rows.append(fused_ape_pool_norm_rope(gathered, ape, w, g.cfg["norm_eps"], freqs, d, 64, r, r == 4).reshape(-1))
+                torch.cuda.synchronize()
+            outs[f"{tag}.p{p}.L{l}.rows"] = tbytes(torch.stack(rows))
+            done.append([p, l, j])
+            continue
+        out = fused_ape_pool_norm_rope(gathered, ape, w, g.cfg["norm_eps"], freqs, d, 64, r, r == 4)
+        torch.cuda.synchronize()
+        outs[f"{tag}.p{p}.L{l}.row"] = tbytes(out.reshape(-1))
+        done.append([p, l, j])
+    if not done:
+        raise RuntimeError("no emission step in the dump")
+    return {"units": done, "ape": "zero (scores hold ape)"}
+
+
+# ---------------------------------------------------------------- FlashMLA: build the sparse decode path, run it
+
+# Our own binding (not FlashMLA's api.cpp, which also binds the dense and prefill paths): the one
+# function sparse_attn_decode_interface of FlashMLA's csrc/api/sparse_decode.h, unchanged.
+FLASHMLA_BINDING = """#include <pybind11/pybind11.h>
+#include "api/sparse_decode.h"
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+    m.def("sparse_decode_fwd", &sparse_attn_decode_interface);
+}
+"""
+
+# The sources the sm90 sparse decode path needs (FlashMLA setup.py's list, cut to them): the
+# scheduler, the combine, the sm90 MODEL1 kernel for 64 heads. The V32 and 128-head sm90 kernels and
+# the sm100 kernels sparse_decode.h also names are not built: the module is linked and loaded with
+# lazy binding and never calls them on sm90 with 64 heads.
+FLASHMLA_SOURCES = [
+    "smxx/decode/get_decoding_sched_meta/get_decoding_sched_meta.cu",
+    "smxx/decode/combine/combine.cu",
+    "sm90/decode/sparse_fp8/instantiations/model1_persistent_h64.cu",
+]
+
+
+def flashmla_load(csrc, cutlass, out):
+    """Build (or load the built) module flash_mla_sparse_decode into out with torch's JIT
+    extension builder, FlashMLA setup.py's flags for sm_90a (minus -v/-lineinfo/--source-in-ptx)."""
+    from torch.utils.cpp_extension import load
+    os.makedirs(out, exist_ok=True)
+    b = os.path.join(out, "sparse_decode_binding.cpp")
+    with open(b, "w") as f:
+        f.write(FLASHMLA_BINDING)
+    flags = sys.getdlopenflags()
+    sys.setdlopenflags(os.RTLD_LAZY | os.RTLD_GLOBAL)
+    try:
+        return load(
+            name="flash_mla_sparse_decode",
+            sources=[b] + [os.path.join(csrc, s) for s in FLASHMLA_SOURCES],
+            extra_cflags=["-O3", "-std=c++20", "-DNDEBUG", "-Wno-deprecated-declarations"],
+            extra_cuda_cflags=[
+                "-O3", "-std=c++20", "-DNDEBUG", "-D_USE_MATH_DEFINES", "-Wno-deprecated-declarations",
+                "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__",
+                "-U__CUDA_NO_HALF2_OPERATORS__", "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
+                "--expt-relaxed-constexpr", "--expt-extended-lambda", "--use_fast_math",
+                "--ptxas-options=--register-usage-level=10",
+                "-gencode", "arch=compute_90a,code=sm_90a"],
+            extra_include_paths=[csrc, os.path.join(csrc, "kerutils", "include"), os.path.join(csrc, "sm90"),
+                                 os.path.join(cutlass, "include"), os.path.join(cutlass, "tools", "util", "include")],
+            extra_ldflags=["-Wl,-z,lazy"],
+            build_directory=out, verbose=True)
+    finally:
+        sys.setdlopenflags(flags)
+
+
+def flashmla_synth(args):
+    """FlashMLA on the synthetic V4-Flash inputs of prodkernel.FlashInput (flashmla-in.safetensors):
+    one call per case, the index lists mapped to physical slots through the case's block table; the
+    'dropped-split' case is called twice, the second time with the first call's scheduler metadata
+    and num_splits of request 0 one short (the combine then merges all but its last split)."""
+    import torch
+    fm = flashmla_load(args.csrc, args.cutlass, args.module)
+    st = read_safetensors(args.input)
+    conv = lambda e: to_cuda(torch, e)
+    pages = conv(st["kv.pages"])
+    nphys, pb = pages.shape
+    eb = MODEL1_DATA + MODEL1_SCALE
+    kv = pages.as_strided((nphys, PAGE_ENTRIES, 1, eb), (pb, eb, eb, 1))
+    sink = conv(st["sink"]).contiguous()
+    cases = sorted(k[:-2] for k in st if k.endswith(".q"))
+    outs, info = {}, {"env": {"torch": torch.__version__, "cuda": torch.version.cuda,
+                              "gpu": torch.cuda.get_device_name(0),
+                              "sms": str(torch.cuda.get_device_properties(0).multi_processor_count),
+                              "python": sys.version.split()[0]}, "cases": {}}
+    meta = json.loads(open(args.input, "rb").read(8 + struct.unpack("<Q", open(args.input, "rb").read(8))[0])[8:]).get("__metadata__", {})
+    for c in cases:
+        t0 = time.time()
+        try:
+            q = conv(st[c + ".q"]).contiguous()
+            idx = conv(st[c + ".idx"]).long()
+            table = conv(st[c + ".block_table"]).long()
+            phys = torch.where(idx >= 0, table[idx.clamp(min=0) // PAGE_ENTRIES] * PAGE_ENTRIES + idx.clamp(min=0) % PAGE_ENTRIES,
+                               torch.full_like(idx, -1)).int().contiguous()
+            res = fm.sparse_decode_fwd(q, kv, phys, None, sink, None, None, None, None, None, 512, 512 ** -0.5)
+            torch.cuda.synchronize()
+            out, lse, sched, ns = res
+            again = fm.sparse_decode_fwd(q, kv, phys, None, sink, None, None, None, None, None, 512, 512 ** -0.5)
+            torch.cuda.synchronize()
+            ci = {"b": q.shape[0], "s_q": q.shape[1], "topk": phys.shape[2], "num_sm_parts": sched.shape[0],
+                  "num_splits": ns.tolist(), "repeat_bitwise_equal": bool(torch.equal(again[0], out) and torch.equal(again[1], lse)),
+                  "fault": meta.get(c + ".fault", "")}
+            if ci["fault"] == "dropped-split":
+                ns2 = ns.clone()
+                if ns2[1] - ns2[0] < 3:
+                    raise RuntimeError(f"request 0 has {int(ns2[1] - ns2[0])} splits")
+                ns2[1:] -= 1
+                res2 = fm.sparse_decode_fwd(q, kv, phys, None, sink, sched, ns2, None, None, None, 512, 512 ** -0.5)
+                torch.cuda.synchronize()
+                ci["num_splits_given"] = ns2.tolist()
+                ci["clean_o_sha_differs"] = not torch.equal(res2[0], out)
+                out, lse = res2[0], res2[1]
+                outs[c + ".o_clean"] = tbytes(res[0])
+            outs[c + ".o"] = tbytes(out)  # [B, SQ, H, 512] bf16
+            outs[c + ".lse"] = tbytes(lse.contiguous())  # [B, H, SQ] fp32 (natural log, no sink)
+            outs[c + ".num_splits"] = tbytes(ns)
+            outs[c + ".sched"] = tbytes(sched)  # [num_sm_parts, 8] int32 DecodingSchedMeta (FlashMLA params.h)
+            ci["seconds"] = round(time.time() - t0, 3)
+            ci["ok"] = True
+            info["cases"][c] = ci
+            print(f"[flashmla-synth] {c}: ok {ci}", flush=True)
+        except Exception as e:
+            info["cases"][c] = {"ok": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
+            print(f"[flashmla-synth] {c}: FAILED {type(e).__name__}: {e}", flush=True)
+    os.makedirs(args.out, exist_ok=True)
+    write_safetensors(os.path.join(args.out, "kernels-flashmla.safetensors"), outs, {"producer": "capture/prodkernels/harness.py flashmla-synth"})
+    with open(os.path.join(args.out, "kernels-flashmla.json"), "w") as f:
+        json.dump(info, f, indent=1, sort_keys=True)
+
+
 def run_flashmla(g, outs, torch, fin, name):
     """FlashMLA's sparse decode (MODEL1 FP8 pages written by sparsemla's kvcache, testdata/kernels
     README) on the dumped q, attn_sink and topk_idxs. The golden has 4 heads; FlashMLA takes 64 or 128,
@@ -460,11 +727,28 @@ def main():
     r.add_argument("--only", default="", help="run only the kernels whose name contains this")
     r.add_argument("--skip", default="", help="skip the kernels whose name contains this")
     r.add_argument("--tag", default="all", help="output files are kernels-TAG.safetensors / .json")
+    r.add_argument("--repeat", type=int, default=20, help="calls per unit of the _repeat run")
     r.add_argument("dirs", nargs="+")
+    b = sub.add_parser("flashmla-build")
+    b.add_argument("--csrc", required=True)
+    b.add_argument("--cutlass", required=True)
+    b.add_argument("--module", required=True, help="build folder; the module lands here")
+    fs = sub.add_parser("flashmla-synth")
+    fs.add_argument("--csrc", required=True)
+    fs.add_argument("--cutlass", required=True)
+    fs.add_argument("--module", required=True)
+    fs.add_argument("--input", required=True, help="flashmla-in.safetensors (prodkernel TestFlashInput)")
+    fs.add_argument("--out", required=True)
     sub.add_parser("selftest")
     a = ap.parse_args()
     if a.cmd == "selftest":
         selftest()
+    elif a.cmd == "flashmla-build":
+        t0 = time.time()
+        flashmla_load(a.csrc, a.cutlass, a.module)
+        print(f"flashmla-build: ok ({time.time() - t0:.0f}s)", flush=True)
+    elif a.cmd == "flashmla-synth":
+        flashmla_synth(a)
     else:
         run(a)
 

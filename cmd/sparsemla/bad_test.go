@@ -738,6 +738,42 @@ var badMakers = map[string]func(t *testing.T, base, dir, file string) string{
 		}
 		return dir
 	},
+	// The official golden with one routed expert id of step 4, layer 1
+	// out of range (moe_indices[0] = 99 of 4 experts): a fault of the MoE
+	// there must be refused with one line, never a panic.
+	"official-moe-index": func(t *testing.T, _, dir, _ string) string {
+		src := filepath.Join("..", "..", "testdata", "official-v4-tiny")
+		ents, err := os.ReadDir(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range ents {
+			if e.Name() == "step_4.safetensors" || e.IsDir() {
+				continue
+			}
+			abs, _ := filepath.Abs(filepath.Join(src, e.Name()))
+			if err := os.Symlink(abs, filepath.Join(dir, e.Name())); err != nil {
+				t.Fatal(err)
+			}
+		}
+		from := filepath.Join(src, "step_4.safetensors")
+		st, err := dump.OpenSafetensors(from)
+		if err != nil {
+			t.Fatal(err)
+		}
+		meta := st.Metadata
+		st.Close()
+		var recs []dump.Record
+		rewriteSafetensors(t, from, filepath.Join(dir, "step_4.safetensors"), func(r *dump.Record) bool {
+			if r.Name == "L1.moe_indices" {
+				setI(r, 0, 99)
+			}
+			recs = append(recs, *r)
+			return true
+		})
+		writeSafetensorsFileMeta(t, filepath.Join(dir, "step_4.safetensors"), recs, meta)
+		return dir
+	},
 	// A request the dump does not hold (the case's args add --request).
 	"clean-dir": func(t *testing.T, base, dir, _ string) string { return derive(t, base, dir, nil, nil) },
 	// A safetensors copy of the dump's stage records with a name map that

@@ -38,8 +38,15 @@ dump.smd (native), config.json and a copy of the weights, so
   expert-nibble    the routed experts' FP4 GEMM reads the even column from the high nibble (ffn_out)
   router-bias      the router ranks the experts without the selection bias (moe_indices; score layers)
   hc-post-transposed  the attention hc_post mixes the residual streams with comb transposed (h_mid)
-The last three need the whole layer's weights (hyper-connections, MoE), as the
-official layout's weights file holds them.
+  router-hash-off  the hash router reads tid2eid of token id tok+1 (moe_indices; hash layers)
+  router-unnormalised  the router's weights are not divided by their sum (moe_weights)
+  expert-scale-block  the routed experts' FP4 scales are read per 128 columns, not 32 (ffn_out)
+  expert-no-clamp  the routed experts skip the swiglu_limit clamp (ffn_out; where it would act)
+  shared-gate-up-swapped  the shared expert runs with w1 and w3 exchanged (ffn_out)
+  hc-split-no-sigmoid  the FFN hc_split_sinkhorn leaves the sigmoid out of post (hc_ffn_post)
+  head-no-norm     the head skips the final RMSNorm (logits; the last layer)
+The kinds from expert-nibble on need the whole layer's weights
+(hyper-connections, MoE, head), as the official layout's weights file holds them.
 A fault that cannot happen at P, L (or would not change its stage beyond
 tolerance there) is refused with exit status 2. DIR must be new, empty or an
 earlier copy (replaced). Replay DUMP first: if it already diverges before P, its
@@ -87,7 +94,7 @@ func runFault(args []string, stdout, stderr io.Writer) int {
 		return rpFail(stderr, "fault", err)
 	}
 	fmt.Fprintf(stdout, "wrote %s: %s with fault %s (%d records)\n", res.Dir, *in, flt, res.Records)
-	fmt.Fprintf(stdout, "  first divergence expected: decode step %d, layer %d, stage %s — %s\n", flt.Step, flt.Layer, flt.Stage(), flt.Diagnosis())
+	fmt.Fprintf(stdout, "  first divergence expected: decode step %d, layer %d, stage %s — %s\n", flt.Step, flt.Layer, flt.StageIn(o.model.Cfg), flt.DiagnosisIn(o.model.Cfg))
 	fmt.Fprintf(stdout, "  changed: %s\n", stageKeys(res.Changed))
 	if len(res.Dropped) > 0 {
 		fmt.Fprintf(stdout, "  left out (not computed by the faulty GPU): %s\n", stageKeys(res.Dropped))

@@ -24,6 +24,14 @@ var ftDiagnosis = map[string]string{
 	"expert-nibble":      "MoE experts",
 	"router-bias":        "MoE router",
 	"hc-post-transposed": "hyper-connections",
+	// The kinds of issue 12's diagnoses of the whole step.
+	"router-hash-off":        "MoE router",
+	"router-unnormalised":    "MoE router",
+	"expert-scale-block":     "MoE experts",
+	"expert-no-clamp":        "MoE experts",
+	"shared-gate-up-swapped": "MoE experts",
+	"hc-split-no-sigmoid":    "hyper-connections",
+	"head-no-norm":           "head",
 }
 
 // TestFaultCommandGPUDumps: for every fault kind that applies to the GPU
@@ -42,6 +50,12 @@ func TestFaultCommandGPUDumps(t *testing.T) {
 		{"official-v4-tiny", "expert-nibble@4,2", "ffn_out"},
 		{"official-v4-tiny", "router-bias@2,2", "moe_indices"},
 		{"official-v4-tiny", "hc-post-transposed@7,3", "h_mid"},
+		{"official-v4-tiny", "router-hash-off@3,0", "moe_indices"},
+		{"official-v4-tiny", "router-unnormalised@3,2", "moe_weights"},
+		{"official-v4-tiny", "expert-scale-block@4,1", "ffn_out"},
+		{"official-v4-tiny", "shared-gate-up-swapped@5,2", "ffn_out"},
+		{"official-v4-tiny", "hc-split-no-sigmoid@6,1", "hc_ffn_post"},
+		{"official-v4-tiny", "head-no-norm@7,3", "logits"},
 		{"gpu-v4-tiny-long", "topk-off-by-one@255,1", "index_topk"},
 		{"gpu-v4-tiny-long", "scale-byte@128,3", "kv_cache"},
 		{"gpu-v4-tiny-long", "compressor-late@255,2", "kv_cache"}, // HCA, r = 128
@@ -99,6 +113,9 @@ func TestFaultCommandGPUDumps(t *testing.T) {
 			}
 		})
 	}
+	// expert-no-clamp cannot be written on these dumps (the clamp never
+	// acts there: TestFaultCommandErrors).
+	covered["expert-no-clamp"] = true
 	if len(covered) != len(ftDiagnosis) {
 		t.Errorf("cases cover %d of the %d fault kinds", len(covered), len(ftDiagnosis))
 	}
@@ -145,6 +162,11 @@ func TestFaultCommandErrors(t *testing.T) {
 		{[]string{"--in", long, "--fault", "window-order@255,1"}, "no -1 padding"},
 		{[]string{"--in", long, "--fault", "fp8-scale@200,0"}, "not a dumped decode step"},
 		{[]string{"--in", tiny, "--fault", "gremlins@3,1"}, "unknown kind"},
+		{[]string{"--in", tiny, "--fault", "router-hash-off@3,1"}, "it has no tid2eid lookup"},
+		{[]string{"--in", tiny, "--fault", "router-bias@3,0"}, "it has no selection bias"},
+		{[]string{"--in", tiny, "--fault", "head-no-norm@7,2"}, "the head runs after the last layer (3) only"},
+		{[]string{"--in", tiny, "--fault", "expert-no-clamp@4,1"}, "the clamp does not act"},
+		{[]string{"--in", long, "--fault", "expert-scale-block@255,1"}, "does not hold stage ffn_out"},
 		{[]string{"--in", filepath.Join(tiny, "no-such-dump"), "--fault", "wrong-lse@3,1"}, "no-such-dump"},
 		{[]string{"--fault", "wrong-lse@3,1"}, "see 'sparsemla fault --help'"},
 		{[]string{"--in", tiny}, "see 'sparsemla fault --help'"},

@@ -5,10 +5,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"hash/crc32"
 	"math"
-	"os"
 	"path/filepath"
+	"runtime/debug"
+	"slices"
 	"strings"
 	"testing"
 
@@ -23,12 +25,15 @@ import (
 // records of a small clean synthetic dump: flip data bytes, write NaN/inf
 // or extreme integers, reshape, change the dtype, move a record to another
 // step/layer/stage/request, drop it, edit a KV page's layout/id/block
-// table, add prefix-hit frames. The dump is written, opened and replayed
-// (local or propagated, by the scope byte's top bit) on a model loaded
-// once (replay.LoadOptions.From: the weights are loaded and packed before
-// the fuzzing, everything made from the dump — config, RoPE tables, layer
-// and shape checks — is made from each execution's dump). Whatever the
-// dump holds:
+// table, add prefix-hit frames. The dump is encoded in memory (by
+// dump.Writer: the frames of records no edit touched are the Writer's
+// frames of the base dump), opened from those bytes by dump.OpenReaderAt
+// (the reader dump.Open uses for a .smd file: the same checks and errors)
+// and replayed (local or propagated, by the scope byte's top bit:
+// fuzzScope) on a model loaded once (replay.LoadOptions.From: the weights
+// are loaded and packed before the fuzzing, everything made from the dump
+// — config, RoPE tables, layer and shape checks — is made from each
+// execution's dump). Whatever the dump holds:
 //   - nothing panics, and no stage owes a skipped result to a recovered
 //     runtime panic (a reason naming "runtime error" means a stage trusted
 //     a dumped shape it should have checked);
@@ -39,66 +44,121 @@ import (
 //     is one (a failing stage is always "diverged"); "agree" only with a
 //     complete coverage;
 //   - the replay is deterministic: a second replay of the same dump on the
-//     same model gives the same JSON (--json), byte for byte, and so the
-//     model was not changed by the first; checked on every fourth input
-//     (by a checksum of its bytes, so that a failing input fails again),
-//     as it doubles an execution's time; the other inputs are not
-//     encoded as JSON.
+//     same model gives the same JSON (--json's, without its indentation),
+//     byte for byte, and so the model was not changed by the first;
+//     checked on every eighth input (by a checksum of its bytes, so that a
+//     failing input fails again), as it doubles an execution's time; the
+//     other inputs are not encoded as JSON.
 //
 // The model is the smallest the engine replays every stage and page record
-// of (fuzzReplayCfg), loaded once. One execution still costs about 2.3 ms of
-// CPU (6-7 ms under -fuzz instrumentation: writing and re-opening the dump
-// is ~45 % of it), so the target runs ~1-1.4k executions in .ci/run's 10 s
-// on a loaded 2-core machine (an estimated ~3k idle), short of the 10k the
-// other targets reach; opening a dump from memory is the next lever.
+// of (fuzzReplayCfg), loaded once. An execution costs about 2 ms of CPU
+// on the seeds (BenchmarkFuzzReplayExec) and 1.6 ms on the 600 inputs a
+// fuzzing cache held, 2.7 ms under -fuzz instrumentation (4.5 and 7.8 ms
+// when each dump was written to a file and re-opened and every scope was
+// as likely): almost all of it is now the replay itself (the stages
+// computed and compared, the dump decoded). The fuzzer runs ~260-270
+// executions a CPU-second (130-150 before): ~5.5-6k in .ci/run's 10 s on
+// an idle 2-core machine, short of the 10k the other targets reach, and
+// 0.8-2.7k when the machine is shared (measured at load 10, with the
+// shared fuzz cache's 600 inputs to re-run first and without).
 // fuzz: min-execs 500 (see above: an execution replays a whole dump)
 func FuzzReplay(f *testing.F) {
-	// Scope byte: bits 0-1 the layers kept (0 SWA, 1 CSA, 2 HCA, 3 all),
-	// bits 2-3 the decode steps kept (0 and 2 the first, 1 the second, 3
-	// both: one step of one layer is the cheap common case), bit 7
-	// propagated mode.
-	for _, scope := range []byte{0, 1, 2, 3, 4, 5, 6, 12, 13, 14, 15, 0x80, 0x81, 0x82, 0x8c, 0x8d, 0x8e} {
-		f.Add([]byte{scope})
+	for _, seed := range fuzzReplaySeeds() {
+		f.Add(seed)
 	}
-	f.Add([]byte{1, 0, 10, 3, 200})
-	f.Add([]byte{0x81, 1, 40, 0, 5, 1, 41, 1, 9})
-	f.Add([]byte{2, 2, 7, 1, 3, 2, 90, 0, 0})
-	f.Add([]byte{1, 3, 12, 5, 1, 4, 13, 2, 2})
-	f.Add([]byte{3, 5, 77, 0, 1, 6, 3, 0, 0, 7, 100, 1, 1})
-	f.Add([]byte{1, 6, 30, 9, 0, 6, 31, 14, 1, 6, 32, 20, 2})
-	f.Add([]byte{0, 8, 250, 0, 3, 8, 251, 2, 200, 8, 252, 3, 1})
-	f.Add([]byte{0x81, 9, 0, 1, 7, 9, 0, 2, 19, 10, 20, 1, 1})
 	exec := fuzzReplayExec(f)
 	f.Fuzz(func(t *testing.T, prog []byte) { exec(t, prog) })
+}
+
+// fuzzScope decodes an input's scope byte: the layer kept (-1: all
+// three), the decode steps kept (0 the first, 1 the second, -1 both) and
+// the mode. Bits 0-1: 0 SWA, 1 CSA, 2 HCA, 3 all layers when bit 4 is set
+// (else CSA); bits 2-3: 0 and 2 the first step, 1 the second, 3 both when
+// bit 5 is set (else the second); bit 7 propagated mode. One step of one
+// layer, the cheap case, is 49 in 64 inputs; a whole layer of two steps or
+// all three layers cost 2-6 times as much and are one in eight each.
+func fuzzScope(scope byte) (layer, step int, mode replay.Mode) {
+	layer, step, mode = int(scope&3), int(scope>>2&3), replay.Local
+	if layer == 3 {
+		layer = 1
+		if scope&0x10 != 0 {
+			layer = -1
+		}
+	}
+	switch step {
+	case 2:
+		step = 0
+	case 3:
+		step = 1
+		if scope&0x20 != 0 {
+			step = -1
+		}
+	}
+	if scope&0x80 != 0 {
+		mode = replay.Propagated
+	}
+	return layer, step, mode
+}
+
+// fuzzReplaySeeds are FuzzReplay's seed inputs: every scope (fuzzScope),
+// then programs of edits.
+func fuzzReplaySeeds() [][]byte {
+	var seeds [][]byte
+	for _, scope := range []byte{0, 1, 2, 0x13, 4, 5, 6, 0x2c, 0x2d, 0x2e, 0x3f, 0x80, 0x81, 0x82, 0xac, 0xad, 0xae} {
+		seeds = append(seeds, []byte{scope})
+	}
+	return append(seeds,
+		[]byte{1, 0, 10, 3, 200},
+		[]byte{0x81, 1, 40, 0, 5, 1, 41, 1, 9},
+		[]byte{2, 2, 7, 1, 3, 2, 90, 0, 0},
+		[]byte{1, 3, 12, 5, 1, 4, 13, 2, 2},
+		[]byte{0x13, 5, 77, 0, 1, 6, 3, 0, 0, 7, 100, 1, 1},
+		[]byte{1, 6, 30, 9, 0, 6, 31, 14, 1, 6, 32, 20, 2},
+		[]byte{0, 8, 250, 0, 3, 8, 251, 2, 200, 8, 252, 3, 1},
+		[]byte{0x81, 9, 0, 1, 7, 9, 0, 2, 19, 10, 20, 1, 1},
+	)
 }
 
 // fuzzReplayExec prepares FuzzReplay (the base dump and its model, loaded
 // once) and returns one execution.
 func fuzzReplayExec(tb testing.TB) func(t testing.TB, prog []byte) {
 	base := fuzzReplayBase(tb)
-	p := filepath.Join(tb.TempDir(), "dump.smd")
-	dir := filepath.Dir(p)
-	var enc bytes.Buffer
-	bw := bufio.NewWriterSize(&enc, 1<<20)
+	fr := newFrameCache(tb, base)
+	// The live heap is a few MiB and an execution allocates about as much:
+	// at the default GOGC the collector ran several times an execution
+	// (GOGC 1000: 10-15 % of an execution less); the memory limit bounds
+	// the heap that lets grow.
+	gc, limit := debug.SetGCPercent(1000), debug.SetMemoryLimit(512<<20)
+	tb.Cleanup(func() { debug.SetGCPercent(gc); debug.SetMemoryLimit(limit) })
+	var (
+		recs  []dump.Record
+		idx   []int // base index of recs[i]
+		owned = map[int]bool{}
+		drop  = map[int]bool{}
+		seen  = map[recID]bool{}
+		out   []byte
+	)
 	return func(t testing.TB, prog []byte) {
 		if len(prog) == 0 || len(prog) > 65 {
 			return
 		}
-		scope, edits := prog[0], prog[1:]
-		var recs []dump.Record
-		for _, r := range base.recs {
-			if l := scope & 3; l != 3 && r.Layer != dump.Global && r.Layer != int(l) {
+		layer, step, mode := fuzzScope(prog[0])
+		edits := prog[1:]
+		recs, idx = recs[:0], idx[:0]
+		for i, r := range base.recs {
+			if layer >= 0 && r.Layer != dump.Global && r.Layer != layer {
 				continue
 			}
-			if st := scope >> 2 & 3; st != 3 && r.Kind == dump.KindStage && r.Step != base.first+int(st&1) {
+			if step >= 0 && r.Kind == dump.KindStage && r.Step != base.first+step {
 				continue
 			}
-			recs = append(recs, r)
+			recs, idx = append(recs, r), append(idx, i)
 		}
 		prefix := append([]dump.PrefixHit(nil), base.prefix...)
 		// The records share the base's bytes until an edit touches one:
 		// it is then copied first (own).
-		owned := map[int]bool{}
+		clear(owned)
+		clear(drop)
 		own := func(i int) {
 			if owned[i] {
 				return
@@ -113,7 +173,6 @@ func fuzzReplayExec(tb testing.TB) func(t testing.TB, prog []byte) {
 				r.Page = &pg
 			}
 		}
-		drop := map[int]bool{}
 		for i := 0; i+3 < len(edits); i += 4 {
 			op, ri, a, b := edits[i], int(edits[i+1])*len(recs)/256, int(edits[i+2]), int(edits[i+3])
 			if op%11 == 9 { // add a prefix-hit frame
@@ -123,36 +182,49 @@ func fuzzReplayExec(tb testing.TB) func(t testing.TB, prog []byte) {
 			own(ri)
 			mutate(&recs[ri], op%11, a, b, drop, ri)
 		}
-		// Encoded in memory through one reused 1 MiB buffer (NewWriter
-		// takes it as its own), then written as one file.
-		enc.Reset()
-		w, err := dump.NewWriter(bw, base.header)
-		if err != nil {
-			t.Fatal(err)
-		}
+		// The dump as one dump.Writer writes these records in this order
+		// (it refuses invalid records and duplicate keys: they are
+		// skipped): a record no edit touched is its frame as the Writer
+		// wrote it for the base dump; an edited one and the prefix hits are
+		// written by a Writer now.
+		out = append(out[:0], fr.header...)
+		clear(seen)
+		var w *frameWriter // made at the first edited record or prefix hit
+		n := 0
 		for i := range recs {
-			if drop[i] {
+			r := &recs[i]
+			id := recID{r.Key, r.Kind}
+			if drop[i] || seen[id] {
 				continue
 			}
-			_ = w.Write(&recs[i]) // the writer refuses invalid records and duplicate keys: skip them
+			if owned[i] {
+				if w == nil {
+					w = fr.writer(t)
+				}
+				f, err := w.record(r)
+				if err != nil {
+					continue
+				}
+				out = append(out, f...)
+			} else {
+				out = append(out, fr.frames[idx[i]]...)
+			}
+			seen[id] = true
+			n++
 		}
 		for _, ph := range prefix {
-			_ = w.WritePrefix(ph)
+			if w == nil {
+				w = fr.writer(t)
+			}
+			if f, err := w.prefix(ph); err == nil {
+				out = append(out, f...)
+			}
 		}
-		if err := w.Close(); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, enc.Bytes(), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		mode := replay.Local
-		if scope&0x80 != 0 {
-			mode = replay.Propagated
-		}
-		// Every fourth input (by a checksum of its bytes, so that a
+		out = append(out, fr.end(t, n)...)
+		// Every eighth input (by a checksum of its bytes, so that a
 		// failing input fails again) is replayed twice, with its JSON.
-		twice := crc32.ChecksumIEEE(prog)%4 == 0
-		code, rep, out, e := fuzzReplayOnce(dir, base.model, mode, twice)
+		twice := crc32.ChecksumIEEE(prog)%8 == 0
+		code, rep, js, e := fuzzReplayOnce(out, base.model, mode, twice)
 		if code == exitError {
 			if strings.Count(strings.TrimRight(e, "\n"), "\n") != 0 {
 				t.Fatalf("exit 2 with %d stderr lines:\n%s", strings.Count(e, "\n"), e)
@@ -202,29 +274,27 @@ func fuzzReplayExec(tb testing.TB) func(t testing.TB, prog []byte) {
 		if !twice {
 			return
 		}
-		code2, _, out2, e2 := fuzzReplayOnce(dir, base.model, mode, true)
-		if code2 != code || out2 != out || e2 != e {
-			t.Fatalf("a second replay of the same dump differs: exit %d then %d, stderr %q then %q, reports equal: %v", code, code2, e, e2, out == out2)
+		code2, _, js2, e2 := fuzzReplayOnce(out, base.model, mode, true)
+		if code2 != code || js2 != js || e2 != e {
+			t.Fatalf("a second replay of the same dump differs: exit %d then %d, stderr %q then %q, reports equal: %v", code, code2, e, e2, js == js2)
 		}
 	}
 }
 
-// fuzzReplayOnce does what 'sparsemla replay --json --mode MODE DIR' does
-// after parsing its flags (rpOpenDump, replay.Run, rpWrite, rpExit,
-// rpFail), with the layer weights taken from m instead of the weights file.
-// The report comes back (nil for exit 2), with its JSON as stdout when
-// asJSON (encoding it is a third of an execution's time under the fuzzer's
-// instrumentation).
-func fuzzReplayOnce(dir string, m *engine.Model, mode replay.Mode, asJSON bool) (code int, rep *replay.Report, stdout, stderr string) {
+// fuzzReplayOnce does what 'sparsemla replay --json --mode MODE DUMP'
+// does after parsing its flags (rpOpenDump, replay.Run, rpExit, rpFail) for
+// a native dump file holding b, with the layer weights taken from m
+// instead of the weights file. The report comes back (nil for exit 2),
+// with its JSON (less the indentation) as stdout when asJSON.
+func fuzzReplayOnce(b []byte, m *engine.Model, mode replay.Mode, asJSON bool) (code int, rep *replay.Report, stdout, stderr string) {
 	var out, errw bytes.Buffer
 	fail := func(err error) (int, *replay.Report, string, string) {
 		return rpFail(&errw, "replay", err), nil, out.String(), errw.String()
 	}
-	d, err := dump.OpenMapped(dir, nil)
+	d, err := dump.OpenReaderAt("dump.smd", bytes.NewReader(b), int64(len(b)))
 	if err != nil {
 		return fail(err)
 	}
-	defer d.Close()
 	src, err := replay.NewDumpSource(d, "")
 	if err != nil {
 		return fail(err)
@@ -242,12 +312,163 @@ func fuzzReplayOnce(dir string, m *engine.Model, mode replay.Mode, asJSON bool) 
 		return fail(err)
 	}
 	if asJSON {
-		if err := rpWrite(&out, rep, true); err != nil {
+		// The report's JSON as --json prints it, less its indentation
+		// (appendIndent was two thirds of the encoding's time).
+		if err := json.NewEncoder(&out).Encode(rep); err != nil {
 			return fail(err)
 		}
 	}
 	return rpExit(rep), rep, out.String(), errw.String()
 }
+
+// recID is a record's (key, kind): the dump's unique index.
+type recID struct {
+	dump.Key
+	Kind dump.Kind
+}
+
+// frameCache holds the base dump as dump.Writer wrote it, cut into frames
+// (the file header and header frame, one frame per record), and the end
+// frames by record count; a frameWriter writes the frames of edited
+// records and prefix hits. The Writer stays the only encoder of the
+// format: a frame is cut out of its output by flushing the buffer it
+// writes into (a bufio.Writer of its own size, which dump.NewWriter takes
+// as its buffer) after each call.
+type frameCache struct {
+	head   dump.Header
+	header []byte
+	frames [][]byte
+	ends   map[int][]byte
+	fw     *frameWriter
+}
+
+func newFrameCache(tb testing.TB, base *fuzzReplayBaseDump) *frameCache {
+	fc := &frameCache{head: base.header, ends: map[int][]byte{}}
+	fw, err := newFrameWriter(base.header)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	fc.header = bytes.Clone(fw.buf.Bytes())
+	for i := range base.recs {
+		f, err := fw.record(&base.recs[i])
+		if err != nil {
+			tb.Fatalf("base record %d: %v", i, err)
+		}
+		fc.frames = append(fc.frames, bytes.Clone(f))
+	}
+	end, err := fw.close()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	fc.ends[len(base.recs)] = bytes.Clone(end)
+	// The cut is exact: the frames put together are the Writer's file.
+	var whole bytes.Buffer
+	w, err := dump.NewWriter(&whole, base.header)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for i := range base.recs {
+		if err := w.Write(&base.recs[i]); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	if err := w.Close(); err != nil {
+		tb.Fatal(err)
+	}
+	if got := slices.Concat(append([][]byte{fc.header}, append(fc.frames, end)...)...); !bytes.Equal(got, whole.Bytes()) {
+		tb.Fatalf("the base dump cut into frames (%d bytes) is not the Writer's file (%d bytes)", len(got), whole.Len())
+	}
+	return fc
+}
+
+// writer returns a new frameWriter for this execution's edited records,
+// made in the storage of the previous execution's.
+func (fc *frameCache) writer(tb testing.TB) *frameWriter {
+	if fc.fw == nil {
+		fc.fw = &frameWriter{}
+		fc.fw.bw = bufio.NewWriterSize(&fc.fw.buf, 1<<20)
+	}
+	if err := fc.fw.reset(fc.head); err != nil {
+		tb.Fatal(err)
+	}
+	return fc.fw
+}
+
+// end is the end frame of a file of n tensor records.
+func (fc *frameCache) end(tb testing.TB, n int) []byte {
+	if f, ok := fc.ends[n]; ok {
+		return f
+	}
+	fw, err := newFrameWriter(fc.head)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for i := range n {
+		r := dump.Record{Key: dump.Key{Step: i, Layer: dump.Global, Stage: "x"}, Kind: dump.KindStage, DType: dump.U8, Shape: []int{1}, Data: []byte{0}}
+		if _, err := fw.record(&r); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	f, err := fw.close()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	fc.ends[n] = bytes.Clone(f)
+	return fc.ends[n]
+}
+
+// frameWriter is a dump.Writer whose every frame can be cut out of its
+// output: buf[:len] after NewWriter is the file header and header frame,
+// and each call returns the bytes its frame added (valid until the next
+// call).
+type frameWriter struct {
+	buf bytes.Buffer
+	bw  *bufio.Writer
+	w   *dump.Writer
+}
+
+func newFrameWriter(h dump.Header) (*frameWriter, error) {
+	fw := &frameWriter{}
+	fw.bw = bufio.NewWriterSize(&fw.buf, 1<<20) // dump.NewWriter's own size: it writes into bw
+	return fw, fw.reset(h)
+}
+
+// reset starts a new file of header h.
+func (fw *frameWriter) reset(h dump.Header) error {
+	fw.buf.Reset()
+	fw.bw.Reset(&fw.buf)
+	w, err := dump.NewWriter(fw.bw, h)
+	if err != nil {
+		return err
+	}
+	fw.w = w
+	return fw.bw.Flush()
+}
+
+// cut runs one call of the Writer and returns the bytes it wrote.
+func (fw *frameWriter) cut(call func() error) ([]byte, error) {
+	if err := fw.bw.Flush(); err != nil {
+		return nil, err
+	}
+	start := fw.buf.Len()
+	if err := call(); err != nil {
+		return nil, err
+	}
+	if err := fw.bw.Flush(); err != nil {
+		return nil, err
+	}
+	return fw.buf.Bytes()[start:], nil
+}
+
+func (fw *frameWriter) record(r *dump.Record) ([]byte, error) {
+	return fw.cut(func() error { return fw.w.Write(r) })
+}
+
+func (fw *frameWriter) prefix(p dump.PrefixHit) ([]byte, error) {
+	return fw.cut(func() error { return fw.w.WritePrefix(p) })
+}
+
+func (fw *frameWriter) close() ([]byte, error) { return fw.cut(fw.w.Close) }
 
 // mutate applies one coded edit to r.
 func mutate(r *dump.Record, op byte, a, b int, drop map[int]bool, idx int) {
@@ -405,4 +626,15 @@ func fuzzReplayBase(f testing.TB) *fuzzReplayBaseDump {
 		f.Fatalf("the clean base dump does not replay clean: %v %v", err, rep.First)
 	}
 	return &fuzzReplayBaseDump{header: h, recs: recs, prefix: prefix, first: prefill, model: m}
+}
+
+// BenchmarkFuzzReplayExec is one FuzzReplay execution on its seed inputs
+// in turn (the fuzzer's cost of an execution, without its instrumentation).
+func BenchmarkFuzzReplayExec(b *testing.B) {
+	exec := fuzzReplayExec(b)
+	seeds := fuzzReplaySeeds()
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		exec(b, seeds[i%len(seeds)])
+	}
 }

@@ -78,6 +78,8 @@ var goldenFaults = [][3]string{
 	{"fault-official-stale9", "official-v4-tiny", "--fault stale-prefix@6,1 --seed 9"},
 	{"fault-official-late", "official-v4-tiny", "--fault compressor-late@3,1"},
 	{"fault-official-order", "official-v4-tiny", "--fault window-order@2,0"},
+	{"fault-official-hash", "official-v4-tiny", "--fault router-hash-off@3,0"},
+	{"fault-official-expertscale", "official-v4-tiny", "--fault expert-scale-block@4,1"},
 	{"fault-long-topk", "gpu-v4-tiny-long", "--fault topk-off-by-one@255,1"},
 	{"fault-long-scalebyte", "gpu-v4-tiny-long", "--fault scale-byte@128,3"},
 	{"fault-long-late", "gpu-v4-tiny-long", "--fault compressor-late@255,2"},
@@ -118,6 +120,9 @@ func goldenCases() []goldenCase {
 	add("fault/positional", []string{"fault-positional"}, "fault", goldenTestdata("official-v4-tiny"), "--out", "$TMP/fault-positional", "--fault", "wrong-lse@4,2", "--reference")
 	add("fault/refused-layer", nil, "fault", "--in", goldenTestdata("official-v4-tiny"), "--out", "$TMP/refused3", "--fault", "topk-off-by-one@5,0")
 	add("fault/refused-kind", nil, "fault", "--in", goldenTestdata("official-v4-tiny"), "--out", "$TMP/refused4", "--fault", "gremlins@3,1")
+	add("fault/refused-hash-layer", nil, "fault", "--in", goldenTestdata("official-v4-tiny"), "--out", "$TMP/refused6", "--fault", "router-hash-off@3,1")
+	add("fault/refused-no-clamp", nil, "fault", "--in", goldenTestdata("official-v4-tiny"), "--out", "$TMP/refused7", "--fault", "expert-no-clamp@4,1")
+	add("synth/refused-block", nil, "synth", "--out", "$TMP/refused8", "--fault", "head-no-norm@7,3")
 
 	type dumpAt struct{ name, dir, inspect string }
 	var dumps []dumpAt
@@ -162,6 +167,10 @@ func goldenCases() []goldenCase {
 	add("synth-lse/replay-tol-stage", nil, "replay", "--tol-stage", "o=close,abs=2e-3,rel=0.02,cos=1e-5", "$TMP/synth-lse")
 	add("synth-lse/replay-tol-stage-ulp", nil, "replay", "--json", "--tol-stage", "u=ulp,max_ulp=3", "$TMP/synth-lse")
 	add("synth-stale/bisect-reference-json", nil, "bisect", "--json", "--reference", "$TMP/synth-stale")
+	v32 := goldenTestdata("v32-tiny") // DeepSeek-V3.2 (DSA): the official model.py's GPU dump
+	add("v32-tiny/replay", nil, "replay", v32)
+	add("v32-tiny/replay-propagated", nil, "replay", "--mode", "propagated", v32)
+	add("v32-tiny/explain", nil, "explain", "--config", "v32-tiny", "--step", "20")
 
 	// diff: every faulted copy against its input, with and without the referee.
 	for _, f := range goldenFaults {

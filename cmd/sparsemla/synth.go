@@ -78,7 +78,7 @@ func runSynth(args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stdout, "wrote %s: %s config, steps %d..%d after a %d-token prefill, seed %d",
 		*out, *cfg, *prefill, *prefill+*steps-1, *prefill, *seed)
 	if opt.Fault != nil {
-		fmt.Fprintf(stdout, ", fault %s (first divergence expected at stage %s: %s)", opt.Fault, opt.Fault.Stage(), opt.Fault.Diagnosis())
+		fmt.Fprintf(stdout, ", fault %s (first divergence expected at stage %s: %s)", opt.Fault, opt.Fault.StageIn(s.Cfg), opt.Fault.DiagnosisIn(s.Cfg))
 	}
 	fmt.Fprintln(stdout)
 	return exitOK

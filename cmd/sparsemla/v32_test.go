@@ -1,0 +1,68 @@
+package main
+
+import (
+	"bytes"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"sparsemla/engine"
+)
+
+// TestExplainV32 walks one V3.2 step: every V3.2 stage in order, no V4 stage.
+func TestExplainV32(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := run([]string{"explain", "--config", "v32-tiny", "--step", "20"}, &out, &errb); code != exitOK {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	cfg, _ := engine.Preset("v32-tiny")
+	text := out.String()
+	at := 0
+	for _, def := range engine.V32Stages(cfg, 0, 20) {
+		i := strings.Index(text[at:], "\n"+def.Name+" ")
+		if i < 0 {
+			t.Fatalf("stage %s missing or out of order in:\n%s", def.Name, text)
+		}
+		at += i + 1
+	}
+	for _, want := range []string{"DeepSeek-V3.2", "Sparse MLA attention", "top-16", "YaRN"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("output lacks %q", want)
+		}
+	}
+	for _, v4 := range []string{"\nkv_cache ", "\ntopk_idxs ", "\nhc_attn_"} {
+		if strings.Contains(text, v4) {
+			t.Errorf("V3.2 walk prints the V4 stage %q", v4)
+		}
+	}
+	var o2, e2 bytes.Buffer
+	if code := run([]string{"explain", "--config", "v32-tiny", "--policy", "hf-eager"}, &o2, &e2); code != exitError {
+		t.Errorf("explain --policy hf-eager on V3.2: exit %d, want %d", code, exitError)
+	}
+}
+
+// TestSynthReplayV32 is the command-line round trip: synth a clean v32-tiny
+// dump (replay exits 0) and one with a fault (replay exits 1 naming it);
+// a kind V3.2 does not have is refused with exit 2.
+func TestSynthReplayV32(t *testing.T) {
+	dir := t.TempDir()
+	clean, bad := filepath.Join(dir, "clean"), filepath.Join(dir, "bad")
+	for _, c := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"synth", "--config", "v32-tiny", "--out", clean, "--prefill", "16", "--steps", "3"}, exitOK, "v32-tiny"},
+		{[]string{"replay", clean}, exitOK, "agree"},
+		{[]string{"replay", "--mode", "propagated", clean}, exitOK, "agree"},
+		{[]string{"synth", "--config", "v32-tiny", "--out", bad, "--prefill", "16", "--steps", "3", "--fault", "topk-off-by-one@17,1"}, exitOK, "index_topk"},
+		{[]string{"replay", bad}, 1, "first divergence: decode step 17, layer 1, stage index_topk — indexer selection"},
+		{[]string{"synth", "--config", "v32-tiny", "--out", filepath.Join(dir, "no"), "--fault", "wrong-lse@7,1"}, exitError, "no attention sink"},
+	} {
+		var out, errb bytes.Buffer
+		code := run(c.args, &out, &errb)
+		if code != c.code || !strings.Contains(out.String()+errb.String(), c.want) {
+			t.Fatalf("%v: exit %d (want %d), output lacks %q:\n%s%s", c.args, code, c.code, c.want, out.String(), errb.String())
+		}
+	}
+}

@@ -1,0 +1,140 @@
+package fault
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"sparsemla/engine"
+	"sparsemla/replay"
+)
+
+// v32Synth is a v32-tiny synthetic run past the top-k (16) so that the
+// indexer really selects: prefill 14, steps 14..21.
+func v32Synth(t *testing.T, f *Fault, seed uint64) (*Synth, error) {
+	t.Helper()
+	return Synthesize(SynthOptions{Config: "v32-tiny", Prefill: 14, Steps: 8, Seed: seed, Fault: f})
+}
+
+func TestV32SynthCleanAgrees(t *testing.T) {
+	s, err := v32Synth(t, nil, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mode := range []replay.Mode{replay.Local, replay.Propagated} {
+		rep, err := replay.Run(context.Background(), s.Model(), s.Src, replay.Options{Mode: mode})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep.Diverged() {
+			t.Fatalf("%s: clean V3.2 synthetic dump diverged: %s", mode, rep.First.Text)
+		}
+		// 8 steps × 2 layers × every V3.2 stage
+		if want := 8 * 2 * len(engine.V32Stages(s.Cfg, 0, 14)); rep.Summary.Compared != want || rep.Summary.Missing != 0 || rep.Summary.Skipped != 0 {
+			t.Fatalf("%s: summary %+v, want %d stages compared", mode, rep.Summary, want)
+		}
+		for _, r := range rep.Results {
+			if mode == replay.Local && r.Metrics != nil && r.Metrics.Mismatch != 0 {
+				t.Fatalf("step %d layer %d %s: %d mismatches in a clean synthetic dump", r.Step, r.Layer, r.Stage, r.Metrics.Mismatch)
+			}
+		}
+	}
+}
+
+// TestV32SynthFaultsFound: every kind that applies to V3.2 is named exactly
+// (step, layer, stage, kind) by a local and a propagated replay, in a
+// synthetic run and in a faulted copy of a clean dump; every other kind is
+// refused with its one-line reason.
+func TestV32SynthFaultsFound(t *testing.T) {
+	applies := map[Kind]Fault{
+		SplitKMerge:  {SplitKMerge, 17, 1},
+		ScaleByte:    {ScaleByte, 16, 0},
+		TopKOffByOne: {TopKOffByOne, 19, 1},
+	}
+	refused := map[Kind]string{
+		WrongLSE: "no attention sink", FP8Scale: "latent cache in bf16", CompressorLate: "no compressor",
+		WindowOrder: "no sliding window", ExpertNibble: "FP8", RouterBias: "not implemented for V3.2",
+		HCPostTransposed: "no hyper-connections", StalePrefix: "not implemented for V3.2",
+	}
+	clean, err := v32Synth(t, nil, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := clean.Write(dir); err != nil {
+		t.Fatal(err)
+	}
+	d, src, m := openDumpModel(t, filepath.Join(dir, SynthDumpFile))
+	for _, kind := range Kinds() {
+		f, ok := applies[kind]
+		if !ok {
+			f = Fault{kind, 17, 1}
+			_, err := v32Synth(t, &f, 3)
+			if err == nil || !strings.Contains(err.Error(), refused[kind]) || strings.Contains(err.Error(), "\n") {
+				t.Errorf("%s: Synthesize: %v, want a one-line refusal saying %q", f, err, refused[kind])
+			}
+			if _, err := WriteFaulted(d, src, m, t.TempDir(), Options{Fault: f}); err == nil || !strings.Contains(err.Error(), refused[kind]) {
+				t.Errorf("%s: WriteFaulted: %v, want a refusal saying %q", f, err, refused[kind])
+			}
+			continue
+		}
+		want := func(what string, rep *replay.Report) {
+			d := rep.First
+			if d == nil {
+				t.Fatalf("%s (%s): replay agrees, want a divergence", f, what)
+			}
+			if d.Step != f.Step || d.Layer != f.Layer || d.Stage != f.StageIn(m.Cfg) || d.Kind != f.DiagnosisIn(m.Cfg) {
+				t.Fatalf("%s (%s): got step %d layer %d stage %s kind %q; want stage %s kind %q\n%s",
+					f, what, d.Step, d.Layer, d.Stage, d.Kind, f.StageIn(m.Cfg), f.DiagnosisIn(m.Cfg), d.Text)
+			}
+			t.Logf("%s (%s): %s", f, what, d.Text)
+		}
+		s, err := v32Synth(t, &f, 3)
+		if errors.Is(err, ErrInvisible) || err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		for _, mode := range []replay.Mode{replay.Local, replay.Propagated} {
+			rep, err := replay.Run(context.Background(), s.Model(), s.Src, replay.Options{Mode: mode})
+			if err != nil {
+				t.Fatal(err)
+			}
+			want("synth, "+string(mode), rep)
+		}
+		out := t.TempDir()
+		if _, err := WriteFaulted(d, src, m, out, Options{Fault: f, Seed: 3}); err != nil {
+			t.Fatalf("%s: WriteFaulted: %v", f, err)
+		}
+		_, fsrc, fm := openDumpModel(t, filepath.Join(out, SynthDumpFile))
+		rep, err := replay.Run(context.Background(), fm, fsrc, replay.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want("faulted copy", rep)
+	}
+}
+
+// TestV32FaultedGPUDump: the three V3.2 kinds injected into a copy of the
+// GPU dump of the official model.py (testdata/v32-tiny) are named exactly by
+// a local and a propagated replay of the copy.
+func TestV32FaultedGPUDump(t *testing.T) {
+	d, src, m := openFaultInput(t, "v32-tiny")
+	for _, f := range []Fault{{SplitKMerge, 17, 1}, {ScaleByte, 16, 0}, {TopKOffByOne, 18, 1}} {
+		out := t.TempDir()
+		if _, err := WriteFaulted(d, src, m, out, Options{Fault: f, Seed: 1}); err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		_, fsrc, fm := openDumpModel(t, filepath.Join(out, SynthDumpFile))
+		for _, mode := range []replay.Mode{replay.Local, replay.Propagated} {
+			rep, err := replay.Run(context.Background(), fm, fsrc, replay.Options{Mode: mode})
+			if err != nil {
+				t.Fatal(err)
+			}
+			d := rep.First
+			if d == nil || d.Step != f.Step || d.Layer != f.Layer || d.Stage != f.StageIn(m.Cfg) || d.Kind != f.DiagnosisIn(m.Cfg) {
+				t.Fatalf("%s %s: got %+v, want step %d layer %d stage %s kind %q", f, mode, d, f.Step, f.Layer, f.StageIn(m.Cfg), f.DiagnosisIn(m.Cfg))
+			}
+		}
+	}
+}

@@ -1,0 +1,133 @@
+package replay
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"sparsemla/dump"
+	"sparsemla/engine"
+)
+
+// V3.2 (DSA) support of the replay: the tolerances of the V3.2 stage names
+// (engine.V32Stages), the local-mode tolerance of the stages a V3.2 model
+// shares a name with V4 but computes in another number format, and the
+// shape check of a V3.2 dump's records.
+
+// v32Tol are the default tolerances of the V3.2-only stage names (added to
+// DefaultTolerance; a V4 model never has these stages).
+func v32Tol() map[string]StageTol {
+	exact := func(why string) StageTol { return StageTol{Mode: TolExact, Why: why} }
+	ulp := func(n int, why string) StageTol { return StageTol{Mode: TolULP, MaxULP: n, Why: why} }
+	rope := func(why string) StageTol { return StageTol{Mode: TolULP, MaxULP: 0, MaxULPNoTable: 1, Why: why} }
+	return map[string]StageTol{
+		"qr":            ulp(1, "V3.2: RMSNorm q_norm, mean(x²) order"),
+		"q_pe":          rope("V3.2: RoPE of q_b's last 64 dims at p"),
+		"q_absorbed":    ulp(1, "V3.2: bf16 einsum q_nope·wkv_b, fp32 accumulate (cuBLAS order)"),
+		"kv_a":          ulp(1, "V3.2: FP8 linear wkv_a"),
+		"kv_fq8":        exact("V3.2: act_quant of kv_normed and back (FQ8, blocks of 128)"),
+		"k_pe":          rope("V3.2: RoPE of kv_a's last 64 dims at p"),
+		"latent_cache":  exact("V3.2: latent rows are written, never recomputed"),
+		"iq_fp8":        exact("V3.2: act_quant E4M3 codes of iq_had"),
+		"iq_scale":      exact("V3.2: act_quant power-of-two scales"),
+		"ik_raw":        ulp(1, "V3.2: FP8 linear indexer.wk"),
+		"ik_normed":     ulp(1, "V3.2: LayerNorm fp32 (Welford order), bf16 out"),
+		"ik_roped":      rope("V3.2: RoPE of the key's first 64 dims at p"),
+		"ik_had":        ulp(1, "V3.2: Hadamard order"),
+		"ik_fp8":        exact("V3.2: act_quant E4M3 codes of ik_had"),
+		"ik_scale":      exact("V3.2: act_quant power-of-two scale"),
+		"k_cache":       exact("V3.2: index key codes are written, never recomputed"),
+		"k_scale_cache": exact("V3.2: index key scales are written, never recomputed"),
+		"index_weights": {Mode: TolClose, Abs: 1e-7, Rel: 1e-5, Cos: 1e-9, Why: "V3.2: f32(f32(iw·iq_scale)·128^-0.5) of the fp32 iw"},
+		"o_latent": {Mode: TolClose, Abs: flashMLAOutAbs, Rel: flashMLAOutRel, Cos: flashMLAOutCos,
+			Why: "V3.2: masked softmax · latent, FlashMLA sparse-decode 'out' thresholds"},
+		"o_v": ulp(1, "V3.2: bf16 einsum o_latent·wkv_b, fp32 accumulate"),
+	}
+}
+
+// v32SharedTol are a V3.2 model's local-mode tolerances of stage names V4
+// also has: index_score is an fp32 fp8_index output there (a bf16 head sum
+// in V4), iw_raw and iw fp32 (bf16 in V4).
+func v32SharedTol() map[string]StageTol {
+	f32 := StageTol{Mode: TolClose, Abs: 1e-6, Rel: 1e-5, Cos: 1e-9, Why: "V3.2: fp32 GEMV / sum, summation order"}
+	return map[string]StageTol{
+		"index_score": {Mode: TolClose, Abs: 1e-6, Rel: 1e-5, Cos: 1e-9,
+			Why: "V3.2: fp32 fp8_index, head-sum order of the kernel's reduce_sum"},
+		"iw_raw": f32,
+		"iw":     StageTol{Mode: TolClose, Abs: 1e-6, Rel: 1e-5, Cos: 1e-9, Why: "V3.2: f32(iw_raw·H_I^-0.5) of an fp32 GEMV"},
+	}
+}
+
+// v32Tolerance adapts a local replay's tolerances to a V3.2 model: a shared
+// stage whose tolerance is still V4's default takes V3.2's (v32SharedTol); a
+// stage set by the caller keeps it.
+func v32Tolerance(t *Tolerance, mode Mode, cfg *engine.Config) *Tolerance {
+	if !cfg.V32() || mode != Local {
+		return t
+	}
+	def := DefaultTolerance()
+	out := t.Clone()
+	for name, st := range v32SharedTol() {
+		if t.For(name) == def.For(name) {
+			out.Set(name, st)
+		}
+	}
+	return out
+}
+
+// checkV32RecordShape checks one stage or state record of a V3.2 layer.
+func checkV32RecordShape(cfg *engine.Config, e *dump.Entry) error {
+	H, HI, DI := cfg.NHeads, cfg.IndexNHeads, cfg.IndexHeadDim
+	c, r := cfg.KVLoraRank, cfg.QKRopeHeadDim
+	T := e.Step + 1 // tokens cached after step s
+	if e.Step < 0 {
+		T = 0
+	}
+	var want []int
+	switch s := e.Stage; s {
+	case "x", "y":
+		want = []int{cfg.Dim}
+	case "q_a", "qr":
+		want = []int{cfg.QLoraRank}
+	case "q_b":
+		want = []int{H, cfg.V32QKHeadDim()}
+	case "q_pe":
+		want = []int{H, r}
+	case "q_absorbed", "o_latent":
+		want = []int{H, c}
+	case "kv_a":
+		want = []int{cfg.V32KVDim()}
+	case "kv_normed", "kv_fq8":
+		want = []int{c}
+	case "k_pe":
+		want = []int{r}
+	case "iq_b", "iq_roped", "iq_had", "iq_fp8":
+		want = []int{HI, DI}
+	case "iq_scale", "iw_raw", "iw", "index_weights":
+		want = []int{HI}
+	case "ik_raw", "ik_normed", "ik_roped", "ik_had", "ik_fp8":
+		want = []int{DI}
+	case "ik_scale":
+		want = []int{1}
+	case "o_v":
+		want = []int{H, cfg.VHeadDim}
+	case "latent_cache":
+		want = []int{T, cfg.V32KVDim()}
+	case "k_cache":
+		want = []int{T, DI}
+	case "k_scale_cache", "index_score":
+		want = []int{T}
+	case "index_topk":
+		want = []int{min(cfg.IndexTopK, T)}
+	default:
+		if strings.HasPrefix(s, "cmp_") || strings.HasPrefix(s, "icmp_") || s == "kv_cache" || s == "icache" || s == "topk_idxs" {
+			return fmt.Errorf("%s is a V4 stage; a V3.2 model (kv_lora_rank = %d, no compress_ratios) has none", s, c)
+		}
+		return nil
+	}
+	if !slices.Equal(e.Shape, want) {
+		return fmt.Errorf("the V3.2 config needs %v at step %d (dim = %d, n_heads = %d, q_lora_rank = %d, kv_lora_rank = %d, qk_nope/rope/v = %d/%d/%d, index_n_heads = %d, index_topk = %d)",
+			want, e.Step, cfg.Dim, H, cfg.QLoraRank, c, cfg.QKNopeHeadDim, r, cfg.VHeadDim, HI, cfg.IndexTopK)
+	}
+	return nil
+}
