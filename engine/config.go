@@ -68,6 +68,8 @@ type Config struct {
 	HCSinkhornIters int     `json:"hc_sinkhorn_iters"`
 	HCEps           float64 `json:"hc_eps"`
 
+	// V41Args are the DeepSeek-V4.1 keys (engine/v41config.go; IsV41).
+	V41Args
 	// V3.2 (DSA) ModelArgs keys (engine/v32config.go); zero in a V4 config.
 	// A config with kv_lora_rank > 0 is a V3.2 model (Config.V32).
 	InterDim       int     `json:"inter_dim,omitempty"`
@@ -140,6 +142,9 @@ func LoadConfig(path string) (*Config, error) {
 // Validate checks every value the attention path relies on, once, so that the
 // math can assume fixed shapes. The error lists every problem found.
 func (c *Config) Validate() error {
+	if c.IsV41() {
+		return c.validateV41()
+	}
 	if c.V32() {
 		return c.validateV32()
 	}
@@ -233,6 +238,9 @@ func (c *Config) Ratio(layer int) int {
 // window only), "CSA" (r = 4: window + indexer top-k of the compressed rows) or
 // "HCA" (r = 128: window + every compressed row).
 func (c *Config) LayerKind(layer int) string {
+	if c.IsV41() {
+		return c.v41LayerKind(layer)
+	}
 	if c.V32() {
 		return "DSA"
 	}
@@ -312,6 +320,8 @@ func Preset(name string) (*Config, error) {
 		c.CompressRatios = flashRatios(61)
 		c.CompressRatios[0], c.CompressRatios[1] = 128, 128
 		c.CompressRopeTheta, c.OriginalSeqLen, c.RopeFactor = 160000, 65536, 16
+	case "v41-flash", "v41-tiny":
+		return v41Preset(name)
 	case "v32", "v32-tiny":
 		return v32Preset(name), nil
 	default:
@@ -325,7 +335,7 @@ func Preset(name string) (*Config, error) {
 
 // PresetNames lists the built-in presets.
 func PresetNames() []string {
-	n := []string{"tiny", "flash", "pro", "v32", "v32-tiny"}
+	n := append([]string{"tiny", "flash", "pro", "v32", "v32-tiny"}, v41PresetNames...)
 	sort.Strings(n)
 	return n
 }

@@ -63,6 +63,20 @@
 // seeded synthetic layers (Explain, the teaching walk of one step that
 // 'sparsemla explain' prints; benchmarks; package fault's synthetic runs).
 //
+// # DeepSeek-V4.1
+//
+// A config naming KV-source / index-source layers or candidate blocks is
+// V4.1 ("CSA2", Config.IsV41; presets "v41-flash", "v41-tiny";
+// engine/v41config.go). Its attention sub-layer has its own weights, state
+// and stage graph (V41LayerWeights, V41State, V41Stages; engine/v41.go):
+// source layers publish their compressed cache, index keys, top-k list and
+// candidate mask, later layers of the same step read them, so V41Step runs
+// one decode step of every layer (or of V41Needs(l)) in order. The V4 stage
+// graph (Stages, BlockStages, RunStep) does not take V4.1 configs (the V4
+// replay refuses them; replay.V41Replay replays V4.1 dumps in the official
+// layout); docs/v41.md lists what was confirmed in the official code and on
+// the GPU, and what is not implemented (mHC, MoE, Engram, most tools).
+//
 // # Models and records
 //
 // A Model is what a decode step needs besides its inputs: the Config, the

@@ -99,10 +99,13 @@ func parseV32Config(b []byte) (*Config, error) {
 // (kv_lora_rank > 0). Its stages are V32Stages.
 func (c *Config) V32() bool { return c.KVLoraRank > 0 }
 
-// Variant names the model family: "v3.2" or "v4".
+// Variant names the model family: "v3.2", "v4.1" or "v4".
 func (c *Config) Variant() string {
 	if c.V32() {
 		return "v3.2"
+	}
+	if c.IsV41() {
+		return "v4.1"
 	}
 	return "v4"
 }

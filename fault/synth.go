@@ -342,6 +342,9 @@ func Synthesize(opt SynthOptions) (*Synth, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.IsV41() {
+		return nil, fmt.Errorf("synth: config %q is DeepSeek-V4.1 (CSA2): V4.1 dumps are made by SynthesizeV41 ('sparsemla synth --config %s')", opt.Config, opt.Config)
+	}
 	if hd := max(cfg.HeadDim, cfg.KVLoraRank); cfg.Dim*cfg.NHeads*hd*cfg.NLayers > 1<<28 { // KVLoraRank: V3.2
 		return nil, fmt.Errorf("synth: preset %q would need several GB of synthetic weights; use the tiny preset", opt.Config)
 	}

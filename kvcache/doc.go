@@ -15,6 +15,10 @@
 //     DecodePage runs word-at-a-time decoders (codec_fast.go) beside the
 //     per-value reference loops; tests run both and an element-by-element
 //     decoder under fuzzing.
+//   - V4.1 rows (v41.go): [V41Row] encodes and decodes the 528-byte FP8
+//     window row, the 288-byte FP4 (E4M3 block-16 scales) compressed row and
+//     the 68-byte FP4 index key of DeepSeek-V4.1, losslessly for the model's
+//     values; [V41BytesPerToken] is the long-term cache budget.
 //   - Block tables and per-layer caches (table.go, layer.go): slot =
 //     table[pos/B]·B + pos%B; a [LayerCache] holds the window ring, the
 //     compressed rows, the indexer keys and the fp32 compressor state of one

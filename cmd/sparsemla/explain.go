@@ -24,14 +24,14 @@ func init() {
 func runExplain(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("explain", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	cfgName := fs.String("config", "tiny", "model preset: tiny | flash | pro")
-	layer := fs.Int("layer", -1, "layer index (default: the first CSA layer, r = 4)")
+	cfgName := fs.String("config", "tiny", "model preset: tiny | flash | pro | v41-tiny | v41-flash")
+	layer := fs.Int("layer", -1, "layer index (default: the first CSA layer, r = 4; V4.1: the first index source using candidate blocks)")
 	step := fs.Int64("step", 255, "decode position p (> 0); the state holds tokens 0 … p−1")
 	seed := fs.Uint64("seed", 1, "seed of the synthetic weights, state and input")
 	nvals := fs.Int("values", 4, "values printed per stage")
 	policy := fs.String("policy", "official", "numerics policy: official (model.py, FP8 checkpoint), bf16 (model.py on a bf16 checkpoint) or hf-eager (transformers' eager bf16 path); other than official, the stages that differ are listed first")
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: sparsemla explain [--config tiny|flash|pro] [--layer L] [--step P] [--seed N] [--policy official|bf16|hf-eager]\n\n%s", explainDoc)
+		fmt.Fprintf(stderr, "Usage: sparsemla explain [--config tiny|flash|pro|v41-tiny|v41-flash] [--layer L] [--step P] [--seed N] [--policy official|bf16|hf-eager]\n\n%s", explainDoc)
 		fs.PrintDefaults()
 	}
 	pos, err := rpParseArgs(fs, args)
@@ -48,6 +48,9 @@ func runExplain(args []string, stdout, stderr io.Writer) int {
 	cfg, err := engine.Preset(*cfgName)
 	if err != nil {
 		return rpFail(stderr, "explain", err)
+	}
+	if cfg.IsV41() {
+		return runExplainV41(cfg, *cfgName, *policy, *layer, *step, *seed, *nvals, stdout, stderr)
 	}
 	switch *policy {
 	case "official":

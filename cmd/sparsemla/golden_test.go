@@ -223,6 +223,8 @@ func goldenCases() []goldenCase {
 		{"--layer", "9"},
 		{"--step", "0"},
 		{"--config", "huge"},
+		{"--config", "v41-tiny", "--step", "11"},
+		{"--config", "v41-tiny", "--layer", "3", "--step", "6"},
 	} {
 		name := "explain/default"
 		if len(e) > 0 {

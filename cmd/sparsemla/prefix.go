@@ -149,6 +149,9 @@ func runPrefix(args []string, stdout, stderr io.Writer) int {
 				return fail(err)
 			}
 		}
+		if mc.IsV41() {
+			return fail(fmt.Errorf("--model %s is DeepSeek-V4.1 (CSA2): its resume rules (r = 1 / 2 compressors, caches shared across layers) are not implemented", *model))
+		}
 		cfg.SetSchedule(mc.WindowSize, mc.CompressRatios)
 	}
 	if *window >= 0 {

@@ -326,6 +326,9 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 	if !ok {
 		return code
 	}
+	if replay.IsV41Dir(pos[0]) {
+		return runReplayV41(pos[0], &f, stdout, stderr)
+	}
 	tol, err := f.tolerance()
 	if err != nil {
 		return rpFail(stderr, "replay", err)

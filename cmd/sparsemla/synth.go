@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 
+	"sparsemla/engine"
 	"sparsemla/fault"
 	"sparsemla/userfile"
 )
@@ -30,6 +31,10 @@ computed from the faulty value). Fault kinds:
   stale-prefix     the last four window rows come from another request's page
   compressor-late  the compressed row is written one step late (CSA or HCA layers, emission steps)
   window-order     the window index list puts its -1 padding first (the V4.1 layout; steps < 127)
+With --config v41-tiny (DeepSeek-V4.1) it writes a directory in the official
+V4.1 layout (config.json, weights, prefill_state, step_P.safetensors) that
+replay reads; of the kinds above window-order (there: V4's order, -1 last)
+and topk-off-by-one (index sources) apply, the others are refused.
 With --prefix SCENARIO it writes a multi-request prefix-cache run instead
 ('sparsemla synth --prefix x --help').`
 
@@ -39,7 +44,7 @@ func runSynth(args []string, stdout, stderr io.Writer) int {
 	}
 	fs := rpFlagSet("synth", "synth --out DIR [--config tiny] [--steps N] [--prefill N] [--seed S] [--fault KIND@step,layer]", synthDoc, stderr)
 	out := fs.String("out", "", "output directory (required)")
-	cfg := fs.String("config", "tiny", "model preset")
+	cfg := fs.String("config", "tiny", "model preset (tiny, or v41-tiny for DeepSeek-V4.1)")
 	steps := fs.Int("steps", 8, "decode steps to dump")
 	prefill := fs.Int("prefill", 6, "positions run before the first dumped step (the start state is valid after them)")
 	seed := fs.Uint64("seed", 1, "random seed of the weights and the token stream")
@@ -59,6 +64,9 @@ func runSynth(args []string, stdout, stderr io.Writer) int {
 			return rpFail(stderr, "synth", err)
 		}
 		opt.Fault = &f
+	}
+	if c, err := engine.Preset(*cfg); err == nil && c.IsV41() {
+		return runSynthV41(c, opt, *out, stdout, stderr)
 	}
 	s, err := fault.Synthesize(opt)
 	if err != nil {

@@ -1,0 +1,569 @@
+package replay
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+
+	"sparsemla/attention"
+	"sparsemla/dump"
+	"sparsemla/engine"
+	"sparsemla/indexer"
+	"sparsemla/quant"
+	"sparsemla/userfile"
+)
+
+// V4.1 dumps in the official layout (testdata/v41-tiny/README.md): a
+// directory with config.json (V4.1 ModelArgs), weights.safetensors
+// (layers.L.attn.* names, FP8 as U8 codes + U8 UE8M0 32×32 scales),
+// rope.safetensors (the GPU's freqs_cis), prefill_state.safetensors and
+// step_P.safetensors (L<l>.<stage>), meta.json (index_k_at: the layer whose
+// keys model.py's shared index-key slot held before each step). V41Replay
+// compares every dumped stage of every step and layer with the V4.1
+// reference (engine.V41Step), teacher-forced or propagated within each step.
+// The V4 replay machinery (JSON report, diff, bisect, report, fault, native
+// dumps) does not cover V4.1.
+
+// V41Dump is a loaded V4.1 dump.
+type V41Dump struct {
+	Dir      string
+	Cfg      *engine.Config
+	Model    *engine.V41Model
+	Pre      *engine.V41State
+	Steps    []int64
+	IndexKAt map[int64]int
+	step     map[int64]map[string]engine.Tensor
+}
+
+// v41MaxFile bounds each file of a V4.1 dump read whole (the tiny golden's
+// largest is 10 MB).
+const v41MaxFile = 1 << 30
+
+// IsV41Dir reports whether path is a directory whose config.json is a V4.1
+// config (the replay then takes V41Replay's path).
+func IsV41Dir(path string) bool {
+	fi, err := os.Stat(path)
+	if err != nil || !fi.IsDir() {
+		return false
+	}
+	b, err := userfile.ReadFile(filepath.Join(path, "config.json"), 1<<20)
+	if err != nil {
+		return false
+	}
+	cfg, err := engine.ParseConfig(b)
+	return err == nil && cfg.IsV41()
+}
+
+// LoadV41Dir reads a V4.1 dump directory, checking every tensor's dtype and
+// shape against the config before using it.
+func LoadV41Dir(dir string) (*V41Dump, error) {
+	cfg, err := engine.LoadConfig(filepath.Join(dir, "config.json"))
+	if err != nil {
+		return nil, err
+	}
+	if !cfg.IsV41() {
+		return nil, fmt.Errorf("%s: config.json is not a V4.1 config", dir)
+	}
+	d := &V41Dump{Dir: dir, Cfg: cfg, IndexKAt: map[int64]int{}, step: map[int64]map[string]engine.Tensor{}}
+	var meta struct {
+		Prefill  int64          `json:"prefill"`
+		IndexKAt map[string]int `json:"index_k_at"`
+	}
+	mb, err := userfile.ReadFile(filepath.Join(dir, "meta.json"), 1<<20)
+	if err != nil {
+		return nil, err
+	}
+	if err := json.Unmarshal(mb, &meta); err != nil {
+		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, "meta.json"), err)
+	}
+	for k, v := range meta.IndexKAt {
+		var p int64
+		if _, err := fmt.Sscanf(k, "%d", &p); err != nil || v < -1 || v >= cfg.NLayers {
+			return nil, fmt.Errorf("%s: index_k_at %q: %d", filepath.Join(dir, "meta.json"), k, v)
+		}
+		d.IndexKAt[p] = v
+	}
+	if d.Model, err = loadV41Weights(cfg, dir); err != nil {
+		return nil, err
+	}
+	pre, err := readV41Tensors(filepath.Join(dir, "prefill_state.safetensors"))
+	if err != nil {
+		return nil, err
+	}
+	if meta.Prefill <= 0 {
+		return nil, fmt.Errorf("%s: prefill %d", filepath.Join(dir, "meta.json"), meta.Prefill)
+	}
+	if d.Pre, err = v41State(cfg, pre, meta.Prefill, d.IndexKAt[meta.Prefill], "prefill_state.safetensors", false); err != nil {
+		return nil, err
+	}
+	files, _ := filepath.Glob(filepath.Join(dir, "step_*.safetensors"))
+	for _, f := range files {
+		var p int64
+		if _, err := fmt.Sscanf(filepath.Base(f), "step_%d.safetensors", &p); err != nil || p < meta.Prefill || p >= int64(cfg.MaxSeqLen) {
+			return nil, fmt.Errorf("%s: not a decode step of this dump (prefill %d, max_seq_len %d)", f, meta.Prefill, cfg.MaxSeqLen)
+		}
+		m, err := readV41Tensors(f)
+		if err != nil {
+			return nil, err
+		}
+		d.step[p] = m
+		d.Steps = append(d.Steps, p)
+	}
+	slices.Sort(d.Steps)
+	if len(d.Steps) == 0 {
+		return nil, fmt.Errorf("%s: no step_P.safetensors", dir)
+	}
+	for i, p := range d.Steps {
+		if p != meta.Prefill+int64(i) {
+			return nil, fmt.Errorf("%s: steps %v are not consecutive from the prefill (%d)", dir, d.Steps, meta.Prefill)
+		}
+	}
+	return d, nil
+}
+
+func readV41Tensors(path string) (map[string]engine.Tensor, error) {
+	st, err := dump.OpenSafetensors(path)
+	if err != nil {
+		return nil, err
+	}
+	defer st.Close()
+	out := map[string]engine.Tensor{}
+	for _, n := range st.Names() {
+		r, err := st.Read(n)
+		if err != nil {
+			return nil, err
+		}
+		t, err := engine.TensorFromRecord(&r)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %s: %w", path, n, err)
+		}
+		out[n] = t
+	}
+	return out, nil
+}
+
+func loadV41Weights(cfg *engine.Config, dir string) (*engine.V41Model, error) {
+	path := filepath.Join(dir, "weights.safetensors")
+	ws, err := dump.OpenSafetensors(path)
+	if err != nil {
+		return nil, err
+	}
+	defer ws.Close()
+	var errs []error
+	f32 := func(name string, shape ...int) []float32 {
+		v, sh, err := ws.Float32(name)
+		if err == nil && !slices.Equal(sh, shape) {
+			err = fmt.Errorf("%s: %s has shape %v, want %v", path, name, sh, shape)
+		}
+		if err != nil {
+			errs = append(errs, err)
+			return make([]float32, prod(shape))
+		}
+		return v
+	}
+	fp8 := func(name string, rows, cols int) *attention.V41FP8Weight {
+		c, err1 := ws.Read(name + ".weight")
+		s, err2 := ws.Read(name + ".scale")
+		br, bc := (rows+31)/32, (cols+31)/32
+		switch {
+		case err1 != nil || err2 != nil:
+			errs = append(errs, fmt.Errorf("%s: %s: %v %v", path, name, err1, err2))
+		case c.DType != dump.U8 || s.DType != dump.U8 || !slices.Equal(c.Shape, []int{rows, cols}) || !slices.Equal(s.Shape, []int{br, bc}):
+			errs = append(errs, fmt.Errorf("%s: %s: codes %s %v, scales %s %v; want U8 [%d %d] and U8 [%d %d]", path, name, c.DType, c.Shape, s.DType, s.Shape, rows, cols, br, bc))
+		default:
+			return attention.NewV41FP8Weight(c.Data, s.Data, rows, cols)
+		}
+		return attention.NewV41FP8Weight(make([]uint8, rows*cols), make([]uint8, br*bc), rows, cols)
+	}
+	rs, err := dump.OpenSafetensors(filepath.Join(dir, "rope.safetensors"))
+	if err != nil {
+		return nil, err
+	}
+	defer rs.Close()
+	ropes := map[string]*engine.RopeTable{}
+	for _, n := range []string{"freqs_cis_r0", "freqs_cis_cmp"} {
+		v, sh, err := rs.Float32(n)
+		if err != nil {
+			return nil, err
+		}
+		if len(sh) != 3 || sh[1] != attention.RopePairs || sh[2] != 2 || sh[0] < 1 {
+			return nil, fmt.Errorf("%s: %s has shape %v, want [T, 32, 2]", rs.Path, n, sh)
+		}
+		ropes[n] = attention.RopeTableFromCis(v, sh[0], "GPU "+n)
+	}
+	H, D, dim, G, R := cfg.NHeads, cfg.HeadDim, cfg.Dim, cfg.OGroups, cfg.OLoraRank
+	HI, DI := cfg.IndexNHeads, cfg.IndexHeadDim
+	m := &engine.V41Model{Cfg: cfg}
+	eps := float32(cfg.NormEps)
+	for l := 0; l < cfg.NLayers; l++ {
+		p := fmt.Sprintf("layers.%d.attn.", l)
+		r := cfg.Ratio(l)
+		w := &engine.V41LayerWeights{Layer: l, Ratio: r, WqA: fp8(p+"wq_a", cfg.QLoraRank, dim), QNorm: f32(p+"q_norm.weight", cfg.QLoraRank),
+			WqB: fp8(p+"wq_b", H*D, cfg.QLoraRank), Wkv: fp8(p+"wkv", D, dim), KVNorm: f32(p+"kv_norm.weight", D),
+			WoA: f32(p+"wo_a.weight", G*R, H*D/G), WoB: fp8(p+"wo_b", dim, G*R), AttnSink: f32(p+"attn_sink", H)}
+		if cfg.IsKVSource(l) {
+			c := &attention.V41Compressor{Ratio: r, HeadDim: D, Dim: dim, Wkv: f32(p+"compressor.wkv.weight", D, dim),
+				Norm: f32(p+"compressor.norm.weight", D), Eps: eps}
+			if r == 2 {
+				c.Wgate = f32(p+"compressor.wgate.weight", D, dim)
+			}
+			w.Compressor = c
+		}
+		if cfg.IsIndexSource(l) {
+			ix := &indexer.V41Indexer{NHeads: HI, HeadDim: DI, TopK: cfg.IndexTopK, WqB: fp8(p+"indexer.wq_b", HI*DI, cfg.QLoraRank),
+				WeightsProj: f32(p+"indexer.weights_proj.weight", HI, dim), Eps: eps}
+			if cfg.IsKVSource(l) {
+				ix.OwnsK, ix.Wk, ix.KNorm = true, f32(p+"indexer.wk.weight", DI, D), f32(p+"indexer.k_norm.weight", DI)
+			}
+			w.Indexer = ix
+		}
+		m.Layers = append(m.Layers, w)
+		if r == 0 {
+			m.Rope = append(m.Rope, ropes["freqs_cis_r0"])
+		} else {
+			m.Rope = append(m.Rope, ropes["freqs_cis_cmp"])
+		}
+	}
+	if len(errs) > 0 {
+		return nil, errs[0]
+	}
+	return m, nil
+}
+
+func prod(s []int) int {
+	n := 1
+	for _, v := range s {
+		n *= v
+	}
+	return n
+}
+
+// v41State builds the state before position next from dumped tensors: from
+// a state file (window, ckv) or, fromStep, from a step's outputs (the
+// window and compressed rows from kv_cache).
+func v41State(cfg *engine.Config, t map[string]engine.Tensor, next int64, indexKAt int, file string, fromStep bool) (*engine.V41State, error) {
+	st := engine.NewV41State(cfg)
+	st.Next, st.IndexKAt = next, indexKAt
+	W, D, DI := cfg.WindowSize, cfg.HeadDim, cfg.IndexHeadDim
+	get := func(name string, n int) ([]float32, error) {
+		x, ok := t[name]
+		if !ok {
+			return nil, fmt.Errorf("%s: missing %s", file, name)
+		}
+		if !x.Kind.IsFloat() || len(x.F) != n {
+			return nil, fmt.Errorf("%s: %s is %s %v, want %d values", file, name, x.Kind, x.Shape, n)
+		}
+		return append([]float32(nil), x.F...), nil
+	}
+	var err error
+	for l, ls := range st.Layers {
+		r := cfg.Ratio(l)
+		tc := 0
+		if cfg.IsKVSource(l) {
+			tc = int(next / int64(r))
+		}
+		if fromStep {
+			kv, e := get(fmt.Sprintf("L%d.kv_cache", l), (W+attention.VisibleRows(next-1, r))*D)
+			if e != nil {
+				return nil, e
+			}
+			ls.Win = kv[:W*D]
+			if cfg.IsKVSource(l) {
+				ls.CKV = kv[W*D:]
+			}
+		} else {
+			if ls.Win, err = get(fmt.Sprintf("L%d.window", l), W*D); err != nil {
+				return nil, err
+			}
+			if cfg.IsKVSource(l) {
+				if ls.CKV, err = get(fmt.Sprintf("L%d.ckv", l), tc*D); err != nil {
+					return nil, err
+				}
+			}
+		}
+		if !cfg.IsKVSource(l) {
+			continue
+		}
+		if ls.Cmp != nil {
+			if ls.Cmp.KV, err = get(fmt.Sprintf("L%d.cmp_kv_state", l), 2*D); err != nil {
+				return nil, err
+			}
+			if ls.Cmp.Score, err = get(fmt.Sprintf("L%d.cmp_score_state", l), 2*D); err != nil {
+				return nil, err
+			}
+		}
+		if cfg.IsIndexSource(l) {
+			if ls.ICache, err = get(fmt.Sprintf("L%d.icache", l), tc*DI); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return st, nil
+}
+
+// StateBefore is the state before decode step p: the prefill state for the
+// first step, else the state the previous step's dumped outputs leave.
+func (d *V41Dump) StateBefore(p int64) (*engine.V41State, error) {
+	if p == d.Steps[0] {
+		return d.Pre, nil
+	}
+	return v41State(d.Cfg, d.step[p-1], p, d.IndexKAt[p], fmt.Sprintf("step_%d.safetensors", p-1), true)
+}
+
+// Inputs are the dumped attention inputs x of every layer at step p.
+func (d *V41Dump) Inputs(p int64) ([]engine.Tensor, error) {
+	xs := make([]engine.Tensor, d.Cfg.NLayers)
+	for l := range xs {
+		x, ok := d.step[p][fmt.Sprintf("L%d.x", l)]
+		if !ok || len(x.F) != d.Cfg.Dim {
+			return nil, fmt.Errorf("step_%d.safetensors: L%d.x missing or not [%d]", p, l, d.Cfg.Dim)
+		}
+		xs[l] = x
+	}
+	return xs, nil
+}
+
+// V41StageResult is the comparison of one stage at one step and layer.
+type V41StageResult struct {
+	Step   int64
+	Layer  int
+	Stage  string
+	N      int     // values compared
+	Exact  int     // bit-identical
+	MaxULP int     // worst bf16 ulp distance (bf16 stages)
+	MaxRel float64 // worst |ref − dump| / max |dump|
+	OK     bool
+	Detail string // first differing value, for a failed stage
+	// Hypothesis names the known alternative computation
+	// (engine.V41Hypotheses) that reproduces the dumped value bit for bit
+	// from the same inputs, when one does.
+	Hypothesis, HypothesisWhy string
+}
+
+// V41Report is the result of V41Replay.
+type V41Report struct {
+	Dir      string
+	Mode     Mode
+	Steps    []int64
+	Results  []V41StageResult // model order: step, layer, stage
+	First    *V41StageResult  // first failing stage, nil when all agree
+	Compared []string         // stage names compared
+	// NotCompared are the reference's stages the dump does not hold:
+	// computed (locally from dumped inputs) but checked only through the
+	// dumped stages that depend on them.
+	NotCompared []string
+}
+
+// v41Tol is the tolerance of a stage: exact unless listed (measured on the
+// GPU golden testdata/v41-tiny): o ≤ 1 bf16 ulp (P·V order); fp32 GEMM
+// outputs cmp_a / cmp_b (and, propagated, the compressor states holding
+// them) ≤ 1e-6 of max; propagated y ≤ 1e-2 of max (a 1-ulp o moves FP8
+// codes of u before wo_b).
+func v41Tol(stage string, mode Mode) (maxULP int, maxRel float64, desc string) {
+	switch {
+	case stage == "o":
+		return 1, -1, "≤ 1 bf16 ulp"
+	case stage == "cmp_a" || stage == "cmp_b" || (mode == Propagated && (stage == "cmp_kv_state" || stage == "cmp_score_state")):
+		return -1, 1e-6, "|Δ| ≤ 1e-6·max (fp32 GEMM order)"
+	case stage == "y" && mode == Propagated:
+		return -1, 1e-2, "|Δ| ≤ 1e-2·max"
+	}
+	return 0, 0, "exact"
+}
+
+func v41Judge(sr *V41StageResult, ref, gpu engine.Tensor, mode Mode) {
+	maxULP, maxRel, _ := v41Tol(sr.Stage, mode)
+	if !ref.Kind.IsFloat() {
+		sr.N = len(gpu.I)
+		sr.OK = slices.Equal(ref.I, gpu.I)
+		if sr.OK {
+			sr.Exact = sr.N
+		} else {
+			i := 0
+			for i < len(ref.I) && i < len(gpu.I) && ref.I[i] == gpu.I[i] {
+				i++
+			}
+			sr.Detail = fmt.Sprintf("entry %d of %d differs: reference %v, dump %v", i, len(ref.I), v41At(ref.I, i), v41At(gpu.I, i))
+		}
+		return
+	}
+	var mx float64
+	for _, v := range gpu.F {
+		mx = math.Max(mx, math.Abs(float64(v)))
+	}
+	first := -1
+	for i, r := range ref.F {
+		g := gpu.F[i]
+		sr.N++
+		if math.Float32bits(r) == math.Float32bits(g) || (r == 0 && g == 0) || (r != r && g != g) {
+			sr.Exact++
+			continue
+		}
+		if first < 0 {
+			first = i
+		}
+		if gpu.Kind == engine.KindBF16 {
+			d := int(quant.BF16ULPDistance(r, g))
+			sr.MaxULP = max(sr.MaxULP, d, -d)
+		}
+		rel := math.Inf(1)
+		if mx > 0 && !math.IsInf(float64(r-g), 0) && r == r && g == g {
+			rel = math.Abs(float64(r-g)) / mx
+		}
+		sr.MaxRel = math.Max(sr.MaxRel, rel)
+	}
+	sr.OK = sr.Exact == sr.N || (maxULP > 0 && sr.MaxULP <= maxULP && sr.MaxRel < math.Inf(1)) || (maxRel > 0 && sr.MaxRel <= maxRel)
+	if !sr.OK {
+		sr.Detail = fmt.Sprintf("%d of %d values differ; first at index %d: reference %g, dump %g", sr.N-sr.Exact, sr.N, first, ref.F[first], gpu.F[first])
+	}
+}
+
+// v41Same is bit equality of two tensors' values (NaN equal to NaN).
+func v41Same(a, b engine.Tensor) bool {
+	if len(a.F) != len(b.F) || !slices.Equal(a.I, b.I) {
+		return false
+	}
+	for i, x := range a.F {
+		y := b.F[i]
+		if math.Float32bits(x) != math.Float32bits(y) && !(x == 0 && y == 0) && !(x != x && y != y) {
+			return false
+		}
+	}
+	return true
+}
+
+func v41At(v []int64, i int) any {
+	if i < len(v) {
+		return v[i]
+	}
+	return "none"
+}
+
+// V41Replay compares every dumped stage with the reference. Local
+// (teacher-forced): each stage is computed from the dumped values of its
+// inputs (the window and K from kv_cache when not dumped); propagated: the
+// stages of each step chain on the reference's own values from the dumped x
+// of every layer and the dumped state before the step. Stages the dump does
+// not hold are computed but not compared (Compared lists the others).
+func V41Replay(d *V41Dump, mode Mode) (*V41Report, error) {
+	if mode != Local && mode != Propagated {
+		return nil, fmt.Errorf("V4.1 replay: mode %q: local or propagated", mode)
+	}
+	rep := &V41Report{Dir: d.Dir, Mode: mode, Steps: d.Steps}
+	seen, all := map[string]bool{}, map[string]bool{}
+	cfg := d.Cfg
+	for _, p := range d.Steps {
+		dumped := d.step[p]
+		st, err := d.StateBefore(p)
+		if err != nil {
+			return nil, err
+		}
+		xs, err := d.Inputs(p)
+		if err != nil {
+			return nil, err
+		}
+		hook := func(l int, def engine.V41StageDef, in map[string]engine.Tensor, ref engine.Tensor) (engine.Tensor, error) {
+			gpu, ok := dumped[fmt.Sprintf("L%d.%s", l, def.Name)]
+			if kv, has := dumped[fmt.Sprintf("L%d.kv_cache", l)]; has && (def.Name == "window" || def.Name == "kv") {
+				W, D := cfg.WindowSize, cfg.HeadDim
+				if len(kv.F) >= W*D {
+					if def.Name == "window" {
+						gpu, ok = engine.FromF(engine.KindBF16, kv.F[:W*D], W, D), true
+					} else {
+						s := int(p%int64(W)) * D
+						gpu, ok = engine.FromF(engine.KindBF16, kv.F[s:s+D], D), true
+					}
+				}
+			}
+			if !ok {
+				return ref, nil
+			}
+			if len(gpu.F) != len(ref.F) || len(gpu.I) != len(ref.I) || gpu.Kind.IsFloat() != ref.Kind.IsFloat() {
+				return ref, fmt.Errorf("step_%d.safetensors: L%d.%s is %s %v, the reference's %s %v", p, l, def.Name, gpu.Kind, gpu.Shape, ref.Kind, ref.Shape)
+			}
+			gpu.Shape, gpu.Kind = ref.Shape, ref.Kind
+			sr := V41StageResult{Step: p, Layer: l, Stage: def.Name}
+			v41Judge(&sr, ref, gpu, mode)
+			if !sr.OK {
+				ctx := &engine.V41Context{Cfg: cfg, Layer: l, Pos: p, W: d.Model.Layers[l], Rope: d.Model.Rope[l]}
+				for _, h := range engine.V41Hypotheses(def.Name) {
+					if alt, err := h.Compute(ctx, in); err == nil && v41Same(alt, gpu) {
+						sr.Hypothesis, sr.HypothesisWhy = h.Name, h.Why
+						break
+					}
+				}
+			}
+			rep.Results = append(rep.Results, sr)
+			if rep.First == nil && !sr.OK {
+				rep.First = &rep.Results[len(rep.Results)-1]
+			}
+			seen[def.Name] = true
+			if mode == Local {
+				return gpu, nil
+			}
+			return ref, nil
+		}
+		if _, err := engine.V41Step(d.Model, st, xs, p, hook); err != nil {
+			return nil, err
+		}
+		for l := 0; l < cfg.NLayers; l++ {
+			for _, def := range engine.V41Stages(cfg, l, p) {
+				all[def.Name] = true
+			}
+		}
+	}
+	if rep.First != nil { // Results grew after First was taken: re-point it
+		for i := range rep.Results {
+			if !rep.Results[i].OK {
+				rep.First = &rep.Results[i]
+				break
+			}
+		}
+	}
+	for n := range all {
+		if seen[n] {
+			rep.Compared = append(rep.Compared, n)
+		} else {
+			rep.NotCompared = append(rep.NotCompared, n)
+		}
+	}
+	sort.Strings(rep.Compared)
+	sort.Strings(rep.NotCompared)
+	return rep, nil
+}
+
+// Text is the report for a terminal: what was compared, then the verdict.
+func (r *V41Report) Text() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "replay (DeepSeek-V4.1, %s): %s: decode steps %d … %d, %d stage comparisons\n", r.Mode, r.Dir, r.Steps[0], r.Steps[len(r.Steps)-1], len(r.Results))
+	fmt.Fprintf(&b, "compared: %s (window and kv: the dumped kv_cache's window rows)\n", strings.Join(r.Compared, ", "))
+	if len(r.NotCompared) > 0 {
+		fmt.Fprintf(&b, "not in the dump, checked only through the stages above: %s\n", strings.Join(r.NotCompared, ", "))
+	}
+	var tol []string
+	for _, s := range r.Compared {
+		if _, _, desc := v41Tol(s, r.Mode); desc != "exact" {
+			tol = append(tol, s+" "+desc)
+		}
+	}
+	fmt.Fprintf(&b, "tolerance: exact, except %s\n", strings.Join(tol, "; "))
+	if r.First == nil {
+		fmt.Fprintf(&b, "agree: every compared stage of every step and layer is within tolerance\n")
+		return b.String()
+	}
+	f := r.First
+	fmt.Fprintf(&b, "first divergence: decode step %d, layer %d, stage %s — %s", f.Step, f.Layer, f.Stage, f.Detail)
+	if f.MaxULP > 0 {
+		fmt.Fprintf(&b, " (max %d bf16 ulp)", f.MaxULP)
+	}
+	if f.Hypothesis != "" {
+		fmt.Fprintf(&b, "; reproduced bit for bit by hypothesis %q: %s", f.Hypothesis, f.HypothesisWhy)
+	}
+	b.WriteString("\n")
+	return b.String()
+}
