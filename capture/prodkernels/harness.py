@@ -14,6 +14,8 @@ flashmla --flashmla-in DIR` on the goldens' pages (testdata/kernels/README.md ha
 Indexer scores and top-k: `run --only paged_mqa --tag index --vllm-topk BUILD` runs SGLang's and
 vLLM's torch scorers, SGLang's torch top-k and (built from vLLM's sampler.cu into BUILD) vLLM's CUDA
 top_k_per_row_decode on the goldens; `index-synth` on synthetic units at V4-Flash dims.
+`ptopk --csrc VLLM --module BUILD --out OUT DIR...` builds vLLM's persistent_topk (topk.cu) and runs
+it at k = 512 on the vllm_logits stored in testdata/kernels/DIR (and on PTOPK_EXTRA).
 
 It writes OUTDIR/<dump name>/kernels-TAG.safetensors (every kernel output, named below) and
 OUTDIR/<dump name>/kernels-TAG.json (what ran: kernels, source commits, shapes, versions, errors).
