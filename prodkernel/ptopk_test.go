@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -206,4 +207,17 @@ func TestPTopKDroppedRow(t *testing.T) {
 		t.Fatalf("%v\nwant exactly one mismatch %q", c, want)
 	}
 	t.Logf("%v", c)
+}
+
+// TestRunJoinTwice: a name joined twice is an error naming it, not a silent
+// replacement of the first list.
+func TestRunJoinTwice(t *testing.T) {
+	_, r := openIndexRun(t, "official-v4-tiny")
+	p := openPTopK(t, kernelDir("official-v4-tiny"))
+	if n, err := r.Join(p, "."+PTopKName); err != nil || n != 11 {
+		t.Fatalf("first join: %d, %v; want 11 lists", n, err)
+	}
+	if _, err := r.Join(p, "."+PTopKName); err == nil || !strings.Contains(err.Error(), "iscore.p3.L1.vllm_ptopk512 is in both") {
+		t.Fatalf("second join: %v, want iscore.p3.L1.vllm_ptopk512 named", err)
+	}
 }
