@@ -51,5 +51,9 @@
 // holds each list to a top-k of the kernel's own logits (an index off by one
 // is named) and to the reference's set up to boundary ties within that
 // tolerance. CheckIndexSynthScores / CheckIndexSynthTopK do the same on
-// synthetic units at V4-Flash dims.
+// synthetic units at V4-Flash dims. vLLM's persistent_topk (k = 512, run on
+// vLLM's logits) is read from its own kernels-ptopk file, joined onto the
+// kernels-index run by unit key (Run.Join), and checked the same way;
+// CheckPTopKExtra holds its logits-only units to a top-k of their own logits
+// (exact ties only).
 package prodkernel

@@ -86,8 +86,13 @@ func (r *Run) Patch(name string, edit func(data []byte)) error {
 	return nil
 }
 
-// Has says whether the run holds a tensor.
-func (r *Run) Has(name string) bool { return r.st.Has(name) }
+// Has says whether the run holds a tensor (its file's, or one Join added).
+func (r *Run) Has(name string) bool {
+	if _, ok := r.patched[name]; ok {
+		return true
+	}
+	return r.st.Has(name)
+}
 
 // Bytes returns a U8 tensor's bytes and shape.
 func (r *Run) Bytes(name string) ([]byte, []int, error) {

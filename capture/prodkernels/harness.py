@@ -14,6 +14,8 @@ flashmla --flashmla-in DIR` on the goldens' pages (testdata/kernels/README.md ha
 Indexer scores and top-k: `run --only paged_mqa --tag index --vllm-topk BUILD` runs SGLang's and
 vLLM's torch scorers, SGLang's torch top-k and (built from vLLM's sampler.cu into BUILD) vLLM's CUDA
 top_k_per_row_decode on the goldens; `index-synth` on synthetic units at V4-Flash dims.
+`ptopk --csrc VLLM --module BUILD --out OUT DIR...` builds vLLM's persistent_topk (topk.cu) and runs
+it at k = 512 on the vllm_logits stored in testdata/kernels/DIR (and on PTOPK_EXTRA).
 
 It writes OUTDIR/<dump name>/kernels-TAG.safetensors (every kernel output, named below) and
 OUTDIR/<dump name>/kernels-TAG.json (what ran: kernels, source commits, shapes, versions, errors).
@@ -541,6 +543,144 @@ def vllm_topk_load(csrc, out):
     return torch.ops.sparsemla_vllm.top_k_per_row_decode
 
 
+# Our binding of vLLM's persistent_topk (csrc/libtorch_stable/topk.cu + persistent_topk.cuh, compiled
+# unmodified): the schema line of vLLM's torch_bindings.cpp, under a namespace of our own.
+VLLM_PTOPK_FILES = ["csrc/libtorch_stable/topk.cu", "csrc/libtorch_stable/persistent_topk.cuh",
+                    "csrc/libtorch_stable/torch_utils.h"]
+VLLM_PTOPK_BINDING = r"""
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/tensor.h>
+void persistent_topk(const torch::stable::Tensor& logits,
+                     const torch::stable::Tensor& lengths,
+                     torch::stable::Tensor& output,
+                     torch::stable::Tensor& workspace, int64_t k,
+                     int64_t max_seq_len);
+STABLE_TORCH_LIBRARY(sparsemla_vllm_pt, ops) {
+  ops.def("persistent_topk(Tensor logits, Tensor lengths, Tensor! output, "
+          "Tensor workspace, int k, int max_seq_len) -> ()");
+}
+STABLE_TORCH_LIBRARY_IMPL(sparsemla_vllm_pt, CUDA, ops) {
+  ops.impl("persistent_topk", TORCH_BOX(&persistent_topk));
+}
+"""
+
+# vLLM's RADIX_TOPK_WORKSPACE_SIZE (vllm/model_executor/layers/sparse_attn_indexer.py).
+VLLM_PTOPK_WORKSPACE = 1024 * 1024
+
+
+def vllm_ptopk_load(csrc, out):
+    """Build vLLM's topk.cu (persistent_topk, its header persistent_topk.cuh, cub) with our binding, as
+    vllm_topk_load builds sampler.cu (same flags and defines). The op is
+    torch.ops.sparsemla_vllm_pt.persistent_topk."""
+    import torch
+    from torch.utils import cpp_extension
+    os.makedirs(out, exist_ok=True)
+    b = os.path.join(out, "vllm_ptopk_binding.cpp")
+    with open(b, "w") as f:
+        f.write(VLLM_PTOPK_BINDING)
+    defs = ["-DUSE_CUDA", "-DTORCH_TARGET_VERSION=0x020B000000000000ULL"]
+    cpp_extension.load(name="sparsemla_vllm_ptopk", sources=[b, os.path.join(csrc, "csrc/libtorch_stable/topk.cu")],
+                       extra_cflags=["-O3", "-std=c++17"] + defs,
+                       extra_cuda_cflags=["-O3", "-std=c++17", "-gencode", "arch=compute_90a,code=sm_90a"] + defs,
+                       extra_include_paths=[os.path.join(csrc, "csrc/libtorch_stable")],
+                       build_directory=out, is_python_module=False, verbose=False)
+    return torch.ops.sparsemla_vllm_pt.persistent_topk
+
+
+# Extra logits-only units for persistent_topk's other paths (V4-Flash k = 512): name, rows, Tc of row 0,
+# Tc step per row, width (the row stride, vLLM's max_model_len), seed, quantum (0: randn as drawn; q:
+# rounded to multiples of q, many exact ties). Tc <= 8192: histogram_2048_topk; <= 32768:
+# histogram_256_topk; above: the multi-CTA radix_topk; more than 32 rows: FilteredTopK.
+PTOPK_EXTRA = [("x0", 1, 12000, 0, 16384, 11, 0), ("x1", 1, 40000, 0, 65536, 12, 0),
+               ("x2", 1, 5000, 0, 8192, 13, 0.25), ("x3", 33, 600, 97, 4096, 14, 0)]
+
+
+def ptopk_run(args):
+    """vLLM's persistent_topk (k = 512) on the logits vLLM's scorer gave in the captured index runs
+    (DIR/kernels-index{,-synth}.safetensors: every <unit>.vllm_logits, fed at the width it was
+    computed at, one row, lengths = Tc, max_seq_len = Tc, a 1 MiB workspace as vLLM's) and on
+    PTOPK_EXTRA; OUT/<dir name>/kernels-ptopk.{safetensors,json}: <unit>.vllm_ptopk512 (int32 [512]),
+    and for the extra units ptopk.<name>.r<i>.logits too."""
+    import torch
+    import hashlib
+    t0 = time.time()
+    info = {"errors": {}, "env": {"torch": torch.__version__, "cuda": torch.version.cuda,
+                                  "gpu": torch.cuda.get_device_name(0), "python": sys.version.split()[0]}}
+    try:
+        op = vllm_ptopk_load(args.csrc, args.module)
+    except Exception as e:
+        info["errors"]["build"] = f"{type(e).__name__}: {e}"[-6000:]
+        op = None
+    info["build_s"] = round(time.time() - t0, 1)
+    info["vllm_csrc_sha256"] = {rel: hashlib.sha256(open(os.path.join(args.csrc, rel), "rb").read()).hexdigest()
+                                for rel in VLLM_PTOPK_FILES}
+    ws = torch.zeros(VLLM_PTOPK_WORKSPACE, dtype=torch.uint8, device="cuda")
+
+    def call(lg, tcs):
+        lens = torch.tensor(tcs, dtype=torch.int32, device="cuda")[:, None]  # (B, 1), as vLLM's seq_lens
+        out = torch.full((lg.shape[0], 512), -7, dtype=torch.int32, device="cuda")
+        op(lg, lens, out, ws, 512, max(tcs))
+        torch.cuda.synchronize()
+        return out
+
+    for d in args.dirs:
+        name = os.path.basename(os.path.normpath(d))
+        synth = os.path.exists(os.path.join(d, "kernels-index-synth.safetensors"))
+        tag = "index-synth" if synth else "index"
+        src = read_safetensors(os.path.join(d, f"kernels-{tag}.safetensors"))
+        js = json.load(open(os.path.join(d, f"kernels-{tag}.json")))
+        tcs = {}
+        if synth:
+            width = 16384  # index_synth's vLLM width
+            for u in js["units"]:
+                tcs[f"isynth.{u['case']}."] = u["tc"]
+        else:
+            width = 0
+            r = js["runs"]["sglang_fp8_paged_mqa_logits_torch"]
+            for u in r["units"]:
+                tcs[f"iscore.p{u['step']}.L{u['layer']}."] = u["tc"]
+            f = r["fault"]
+            tcs[f"iscore_fault.p{f['step']}.L{f['layer']}."] = tcs[f"iscore.p{f['step']}.L{f['layer']}."]
+        outs, dinfo = {}, {"units": [], "errors": {}, "source": f"kernels-{tag}.safetensors"}
+        for base, tc in sorted(tcs.items()):
+            dt, shape, raw = src[base + "vllm_logits"]
+            stored = torch.frombuffer(bytearray(raw), dtype=torch.float32).cuda()
+            w = width or stored.numel()
+            lg = torch.full((1, w), float("-inf"), dtype=torch.float32, device="cuda")
+            lg[0, :stored.numel()] = stored
+            try:
+                outs[base + "vllm_ptopk512"] = tbytes(call(lg, [tc])[0])
+                dinfo["units"].append({"unit": base, "tc": tc, "width": w})
+            except Exception as e:
+                dinfo["errors"][base] = f"{type(e).__name__}: {e}"[-2000:]
+        if synth:
+            for nm, rows, tc0, step, w, seed, qn in PTOPK_EXTRA:
+                gen = torch.Generator(device="cuda").manual_seed(seed)
+                lg = torch.randn(rows, w, generator=gen, device="cuda")
+                if qn:
+                    lg = torch.round(lg / qn) * qn
+                rtc = [tc0 + i * step for i in range(rows)]
+                try:
+                    o = call(lg, rtc)
+                    for i in range(rows):
+                        pre = f"ptopk.{nm}.r{i}."
+                        outs[pre + "logits"] = tbytes(lg[i, :rtc[i]].contiguous())
+                        outs[pre + "vllm_ptopk512"] = tbytes(o[i])
+                    dinfo["units"].append({"unit": f"ptopk.{nm}", "rows": rows, "tc": rtc, "width": w, "seed": seed,
+                                           "quantum": qn})
+                except Exception as e:
+                    dinfo["errors"][f"ptopk.{nm}"] = f"{type(e).__name__}: {e}"[-2000:]
+        od = os.path.join(args.out, name)
+        os.makedirs(od, exist_ok=True)
+        write_safetensors(os.path.join(od, "kernels-ptopk.safetensors"), outs, {"producer": "capture/prodkernels/harness.py"})
+        ok = op is not None and not dinfo["errors"]
+        with open(os.path.join(od, "kernels-ptopk.json"), "w") as f:
+            json.dump({"dump": name, "runs": {"vllm_persistent_topk": {"ok": ok, "error": json.dumps(
+                {**info["errors"], **dinfo["errors"]})[:3000] if not ok else "", "seconds": round(time.time() - t0, 1)}},
+                **info, **dinfo}, f, indent=1, sort_keys=True)
+        print(f"ptopk {name}: {len(dinfo['units'])} units, errors {dinfo['errors'] or info['errors']}", flush=True)
+
+
 def index_calls(torch, sg, vl, vtopk, u, pre, outs, info, ks, width=0):
     """One unit through the scorers and top-k's: SGLang's logits (width nb·64) and its top-k for each k in
     ks; vLLM's logits at `width` (its max_model_len; nb·64 when 0; stored up to nb·64) and vLLM's CUDA
@@ -1014,6 +1154,11 @@ def main():
     xs.add_argument("--src", default=".kern")
     xs.add_argument("--out", required=True)
     xs.add_argument("--vllm-topk", default="", help="build folder for vLLM's top-k; empty: not run")
+    pt = sub.add_parser("ptopk")
+    pt.add_argument("--csrc", required=True, help="folder holding vLLM's csrc/ files (README)")
+    pt.add_argument("--module", required=True, help="build folder")
+    pt.add_argument("--out", required=True)
+    pt.add_argument("dirs", nargs="+", help="testdata/kernels/<dump> folders holding kernels-index{,-synth}")
     sub.add_parser("selftest")
     a = ap.parse_args()
     if a.cmd == "selftest":
@@ -1026,6 +1171,8 @@ def main():
         t0 = time.time()
         vllm_topk_load(a.csrc, a.module)
         print(f"vllm-topk-build: ok ({time.time() - t0:.0f}s)", flush=True)
+    elif a.cmd == "ptopk":
+        ptopk_run(a)
     elif a.cmd == "index-synth":
         index_synth(a)
     elif a.cmd == "flashmla-synth":
