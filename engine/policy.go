@@ -205,9 +205,9 @@ func hfProject(idx, wantA bool) func(*StepContext, map[string]Tensor) (Tensor, e
 		if err != nil {
 			return Tensor{}, err
 		}
-		w := c.Wgate
+		wkv, w := c.Weights()
 		if wantA {
-			w = c.Wkv
+			w = wkv
 		}
 		y := make([]float32, c.Width())
 		attention.BF16Linear(y, x, w, c.Width(), c.Dim)
