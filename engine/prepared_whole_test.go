@@ -164,7 +164,7 @@ func TestCompactLayerReferenceSameBits(t *testing.T) {
 		t.Fatal(err)
 	}
 	const seed, pos = 23, int64(511) // emits a compressed row on r = 4 and r = 128 layers
-	var hIn Tensor // the previous layer's h_out (full weights), the next layer's h_in
+	var hIn Tensor                   // the previous layer's h_out (full weights), the next layer's h_in
 	for l := 0; l < small.NLayers; l++ {
 		full := RandomLayerWeights(small, l, seed)
 		full.Block = RandomBlockWeights(small, l, seed)
