@@ -384,6 +384,21 @@ func (c *checkpointExperts) touch(e int) {
 // LoadHeadWeights reads the embedding and the head (HeadWeights) with the
 // same checks as LoadBlockWeights.
 func LoadHeadWeights(cfg *Config, st dump.WeightSource) (*HeadWeights, error) {
+	return LoadHeadWeightsWith(cfg, st, HeadLoadOptions{})
+}
+
+// HeadLoadOptions configure LoadHeadWeightsWith.
+type HeadLoadOptions struct {
+	// LazyEmbed leaves embed.weight in the weights file: each step reads
+	// its token's row (2·dim bytes of the bf16 tensor) when it needs it
+	// (a CheckpointEmbedding), instead of holding the table (1 GiB for
+	// V4-Flash). st must stay open and read rows by range
+	// (dump.Safetensors, dump.Checkpoint); the tensor must be bf16.
+	LazyEmbed bool
+}
+
+// LoadHeadWeightsWith is LoadHeadWeights with options.
+func LoadHeadWeightsWith(cfg *Config, st dump.WeightSource, opt HeadLoadOptions) (*HeadWeights, error) {
 	if err := cfg.ValidateBlock(); err != nil {
 		return nil, err
 	}
@@ -391,7 +406,12 @@ func LoadHeadWeights(cfg *Config, st dump.WeightSource) (*HeadWeights, error) {
 	hc, dim, V := cfg.HCMult, cfg.Dim, cfg.VocabSize
 	hw := &HeadWeights{Head: &head.Head{Mult: hc, Dim: dim, Vocab: V, NormEps: float32(cfg.NormEps), HCEps: float32(cfg.HCEps)}}
 	var err error
-	if hw.Embed, err = r.embedding(V, dim); err != nil {
+	if opt.LazyEmbed {
+		hw.Embed, err = r.lazyEmbedding(V, dim)
+	} else {
+		hw.Embed, err = r.embedding(V, dim)
+	}
+	if err != nil {
 		return nil, err
 	}
 	h := hw.Head
@@ -447,6 +467,65 @@ func (r weightReader) embedding(vocab, dim int) (head.Embedding, error) {
 		w[i] = b
 	}
 	return &head.BF16Table{Dim: dim, W: w}, nil
+}
+
+// RangeSource is a weights file that reads part of a tensor
+// (dump.Safetensors, dump.Checkpoint).
+type RangeSource interface {
+	dump.WeightSource
+	ReadRange(name string, off int64, dst []byte) error
+}
+
+// CheckpointEmbedding is embed.weight [Vocab][Dim] (bf16) left in the
+// weights file (HeadLoadOptions.LazyEmbed): Row reads the token's row,
+// 2·Dim bytes at byte 2·Dim·tok of the tensor, and widens it exactly — the
+// values of a head.BF16Table of the same tensor. A non-finite value is an
+// error naming the tensor, the row and the column.
+type CheckpointEmbedding struct {
+	Src        RangeSource
+	Name       string
+	Vocab, Dim int
+}
+
+// Row implements head.Embedding (safe for concurrent use as the source's
+// ReadAt is).
+func (c *CheckpointEmbedding) Row(e []float32, tok int64) error {
+	if len(e) != c.Dim {
+		return fmt.Errorf("engine: embedding row of %d values, the table has dim %d", len(e), c.Dim)
+	}
+	if tok < 0 || tok >= int64(c.Vocab) {
+		return fmt.Errorf("head: token id %d outside the vocabulary [0, %d)", tok, c.Vocab)
+	}
+	buf := make([]byte, 2*c.Dim)
+	if err := c.Src.ReadRange(c.Name, 2*int64(c.Dim)*tok, buf); err != nil {
+		return fmt.Errorf("engine: weights %s: %s row %d: %w", c.Src.Name(), c.Name, tok, err)
+	}
+	for i := range e {
+		b := uint16(buf[2*i]) | uint16(buf[2*i+1])<<8
+		if b&0x7f80 == 0x7f80 {
+			return fmt.Errorf("engine: weights %s: %s[%d][%d] is %g (a weight must be finite)", c.Src.Name(), c.Name, tok, i, math.Float32frombits(uint32(b)<<16))
+		}
+		e[i] = math.Float32frombits(uint32(b) << 16)
+	}
+	return nil
+}
+
+// lazyEmbedding checks embed.weight's dtype and shape and returns a
+// CheckpointEmbedding on it (reading no value).
+func (r weightReader) lazyEmbedding(vocab, dim int) (head.Embedding, error) {
+	const name = "embed.weight"
+	src, ok := r.st.(RangeSource)
+	if !ok {
+		return nil, fmt.Errorf("engine: weights %s: cannot read %s row by row (the source reads whole tensors only)", r.st.Name(), name)
+	}
+	e, ok := r.st.Lookup(name)
+	switch {
+	case !ok:
+		return nil, fmt.Errorf("engine: weights %s: no tensor %s", r.st.Name(), name)
+	case e.DType != dump.BF16 || !sameInts(e.Shape, []int{vocab, dim}):
+		return nil, fmt.Errorf("engine: weights %s: %s is %s %v, reading it row by row needs bf16 [%d %d]", r.st.Name(), name, e.DType, e.Shape, vocab, dim)
+	}
+	return &CheckpointEmbedding{Src: src, Name: name, Vocab: vocab, Dim: dim}, nil
 }
 
 // HashLayer reports whether layer l routes by token id (layer < n_hash_layers,

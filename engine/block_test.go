@@ -299,3 +299,90 @@ func TestLazyExperts(t *testing.T) {
 		t.Errorf("lazy load without an expert scale: %v", err)
 	}
 }
+
+// TestLazyEmbedSameRows: embed.weight read row by row from the file
+// (HeadLoadOptions.LazyEmbed, a CheckpointEmbedding) gives every row the
+// bits of the in-memory table; a token outside the vocabulary, a
+// non-finite value in the row read, an fp32 table and a source that cannot
+// read ranges are errors.
+func TestLazyEmbedSameRows(t *testing.T) {
+	st, err := dump.OpenSafetensors(filepath.Join(goldenTiny, "weights.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	cfg, _ := Preset("tiny")
+	mem, err := LoadHeadWeights(cfg, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lazy, err := LoadHeadWeightsWith(cfg, st, HeadLoadOptions{LazyEmbed: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := lazy.Embed.(*CheckpointEmbedding); !ok {
+		t.Fatalf("LazyEmbed loaded a %T", lazy.Embed)
+	}
+	a, b := make([]float32, cfg.Dim), make([]float32, cfg.Dim)
+	for tok := int64(0); tok < int64(cfg.VocabSize); tok++ {
+		if err := mem.Embed.Row(a, tok); err != nil {
+			t.Fatal(err)
+		}
+		if err := lazy.Embed.Row(b, tok); err != nil {
+			t.Fatal(err)
+		}
+		if k := bitsEqual(a, b); k != -1 {
+			t.Fatalf("token %d: row differs at %d: %g read from the file, %g in memory", tok, k, b[k], a[k])
+		}
+	}
+	for _, tok := range []int64{-1, int64(cfg.VocabSize)} {
+		if err := lazy.Embed.Row(b, tok); err == nil || !strings.Contains(err.Error(), "outside the vocabulary") {
+			t.Errorf("token %d: %v", tok, err)
+		}
+	}
+	// a NaN in row 3 of an otherwise valid table, an fp32 table
+	rec, err := st.Read("embed.weight")
+	if err != nil {
+		t.Fatal(err)
+	}
+	withEmbed := func(r dump.Record) *dump.Safetensors {
+		var buf bytes.Buffer
+		if err := dump.WriteSafetensors(&buf, []dump.Record{r}, nil); err != nil {
+			t.Fatal(err)
+		}
+		s, err := dump.NewSafetensors(bytes.NewReader(buf.Bytes()), int64(buf.Len()), "edited")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	if rec.DType != dump.BF16 {
+		t.Fatalf("the golden's embed.weight is %s, the test needs bf16", rec.DType)
+	}
+	bad := rec
+	bad.Data = slices.Clone(rec.Data)
+	o := 2 * (3*cfg.Dim + 5)
+	bad.Data[o], bad.Data[o+1] = 0xc0, 0x7f // bf16 NaN
+	e := &CheckpointEmbedding{Src: withEmbed(bad), Name: "embed.weight", Vocab: cfg.VocabSize, Dim: cfg.Dim}
+	if err := e.Row(b, 2); err != nil {
+		t.Fatalf("row 2 has no NaN: %v", err)
+	}
+	if err := e.Row(b, 3); err == nil || !strings.Contains(err.Error(), "embed.weight[3][5]") {
+		t.Errorf("NaN in row 3: %v", err)
+	}
+	f32 := rec
+	v, err := rec.Float32()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f32.DType, f32.Data = dump.F32, f32Bytes(v)
+	if _, err := (weightReader{withEmbed(f32)}).lazyEmbedding(cfg.VocabSize, cfg.Dim); err == nil || !strings.Contains(err.Error(), "needs bf16") {
+		t.Errorf("fp32 table: %v", err)
+	}
+	if _, err := (weightReader{wholeOnly{st}}).lazyEmbedding(cfg.VocabSize, cfg.Dim); err == nil || !strings.Contains(err.Error(), "row by row") {
+		t.Errorf("a source without ReadRange: %v", err)
+	}
+}
+
+// wholeOnly hides a source's ReadRange.
+type wholeOnly struct{ dump.WeightSource }
