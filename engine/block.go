@@ -577,8 +577,8 @@ type CheckpointEmbedding struct {
 	Vocab, Dim int
 }
 
-// Row implements head.Embedding (safe for concurrent use as the source's
-// ReadAt is).
+// Row implements head.Embedding; concurrent Rows only read the file
+// (lazyEmbedding opened its shard at load).
 func (c *CheckpointEmbedding) Row(e []float32, tok int64) error {
 	if len(e) != c.Dim {
 		return fmt.Errorf("engine: embedding row of %d values, the table has dim %d", len(e), c.Dim)
@@ -614,6 +614,11 @@ func (r weightReader) lazyEmbedding(vocab, dim int) (head.Embedding, error) {
 		return nil, fmt.Errorf("engine: weights %s: no tensor %s", r.st.Name(), name)
 	case e.DType != dump.BF16 || !sameInts(e.Shape, []int{vocab, dim}):
 		return nil, fmt.Errorf("engine: weights %s: %s is %s %v, reading it row by row needs bf16 [%d %d]", r.st.Name(), name, e.DType, e.Shape, vocab, dim)
+	}
+	// open its shard now (a dump.Checkpoint opens shards on first use), so
+	// that the steps only read
+	if err := src.ReadRange(name, 0, nil); err != nil {
+		return nil, fmt.Errorf("engine: weights %s: %s: %w", r.st.Name(), name, err)
 	}
 	return &CheckpointEmbedding{Src: src, Name: name, Vocab: vocab, Dim: dim}, nil
 }
