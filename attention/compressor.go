@@ -40,6 +40,37 @@ type Compressor struct {
 	Wgate []float32 // compressor.wgate.weight [coff·d, Dim]
 	Ape   []float32 // compressor.ape          [r, coff·d]
 	Norm  []float32 // compressor.norm.weight  [d]
+
+	// panels hold wkv and wgate instead of Wkv and Wgate after UsePanels
+	// (the prepared path's only copy, bf16 for checkpoint weights)
+	pkv, pgate *Panels
+}
+
+// UsePanels makes the packed projections wkv and wgate [coff·d, Dim] the
+// compressor's only copy of its weights: Wkv and Wgate are dropped (nil),
+// and Project (the reference loop) reads each row from the panels, widened
+// to the same fp32 values, with the same sums (F32Linear's order). The
+// panels must hold this compressor's weights (the caller packed them from
+// Wkv and Wgate).
+func (c *Compressor) UsePanels(wkv, wgate *Panels) {
+	w := c.Width()
+	if wkv.Rows != w || wkv.Cols != c.Dim || wgate.Rows != w || wgate.Cols != c.Dim {
+		panic("attention: Compressor.UsePanels: the panels are not this compressor's shape")
+	}
+	c.Wkv, c.Wgate, c.pkv, c.pgate = nil, nil, wkv, wgate
+}
+
+// Panels returns the packed projections UsePanels gave the compressor (nil
+// before).
+func (c *Compressor) Panels() (wkv, wgate *Panels) { return c.pkv, c.pgate }
+
+// Weights returns wkv and wgate [coff·d, Dim] row-major fp32: Wkv and
+// Wgate, or new copies unpacked from the panels (UsePanels).
+func (c *Compressor) Weights() (wkv, wgate []float32) {
+	if c.pkv == nil {
+		return c.Wkv, c.Wgate
+	}
+	return c.pkv.RowMajor(), c.pgate.RowMajor()
 }
 
 // CompressorState is the decode state of one compressor (kv_state and
@@ -75,7 +106,11 @@ func (c *Compressor) check() {
 		panic("attention: compressor has bad dimensions")
 	}
 	w := c.Width()
-	if len(c.Wkv) != w*c.Dim || len(c.Wgate) != w*c.Dim || len(c.Ape) != c.Ratio*w || len(c.Norm) != c.HeadDim {
+	proj := len(c.Wkv) == w*c.Dim && len(c.Wgate) == w*c.Dim
+	if c.pkv != nil {
+		proj = c.Wkv == nil && c.Wgate == nil && c.pkv.Rows == w && c.pkv.Cols == c.Dim && c.pgate.Rows == w && c.pgate.Cols == c.Dim
+	}
+	if !proj || len(c.Ape) != c.Ratio*w || len(c.Norm) != c.HeadDim {
 		panic("attention: compressor weight shape mismatch")
 	}
 }
@@ -125,6 +160,17 @@ func (c *Compressor) Project(a, b, x []float32) {
 	w := c.Width()
 	if len(a) != w || len(b) != w || len(x) != c.Dim {
 		panic("attention: compressor Project length mismatch")
+	}
+	if c.pkv != nil {
+		// the same loop as F32Linear, each weight row widened from the panels
+		row := make([]float32, c.Dim)
+		for n := 0; n < w; n++ {
+			c.pkv.Row(row, n)
+			a[n] = dot(x, row)
+			c.pgate.Row(row, n)
+			b[n] = dot(x, row)
+		}
+		return
 	}
 	F32Linear(a, x, c.Wkv, w, c.Dim)
 	F32Linear(b, x, c.Wgate, w, c.Dim)

@@ -436,3 +436,57 @@ func TestCompressorPanics(t *testing.T) {
 		}()
 	}
 }
+
+// TestCompressorUsePanels: a compressor whose projections are only panels
+// (UsePanels, the prepared path's compact form) projects the same bits as
+// with its fp32 Wkv and Wgate, for bf16 (checkpoint) and fp32 weights and a
+// row count that is not a multiple of PanelRows; Weights gives back the
+// same values; the state machine runs on it.
+func TestCompressorUsePanels(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	for _, bf := range []bool{true, false} {
+		for _, r := range []int{4, 128} {
+			d, dim := 40, 96 // width 80 (r = 4) or 40: partial panels
+			c := &Compressor{Ratio: r, HeadDim: d, Dim: dim, Eps: 1e-6}
+			w := c.Width()
+			gen := func(n int) []float32 {
+				v := make([]float32, n)
+				for i := range v {
+					v[i] = float32(rng.NormFloat64())
+					if bf {
+						v[i] = quant.BF16Round(v[i])
+					}
+				}
+				return v
+			}
+			c.Wkv, c.Wgate, c.Ape, c.Norm = gen(w*dim), gen(w*dim), gen(r*w), gen(d)
+			x := gen(dim)
+			a0, b0 := make([]float32, w), make([]float32, w)
+			c.Project(a0, b0, x)
+			wkv, wgate := append([]float32(nil), c.Wkv...), append([]float32(nil), c.Wgate...)
+			pk, pg := PackPanels(c.Wkv, w, dim), PackPanels(c.Wgate, w, dim)
+			if (pk.BF16 != nil) != bf {
+				t.Fatalf("bf16 %v: panels stored as bf16 = %v", bf, pk.BF16 != nil)
+			}
+			c.UsePanels(pk, pg)
+			if c.Wkv != nil || c.Wgate != nil {
+				t.Fatal("UsePanels kept the fp32 weights")
+			}
+			a1, b1 := make([]float32, w), make([]float32, w)
+			c.Project(a1, b1, x)
+			for i := range a0 {
+				if math.Float32bits(a0[i]) != math.Float32bits(a1[i]) || math.Float32bits(b0[i]) != math.Float32bits(b1[i]) {
+					t.Fatalf("bf16 %v r %d: row %d: (%g, %g) from panels, (%g, %g) from fp32", bf, r, i, a1[i], b1[i], a0[i], b0[i])
+				}
+			}
+			gk, gg := c.Weights()
+			for i := range gk {
+				if gk[i] != wkv[i] || gg[i] != wgate[i] {
+					t.Fatalf("Weights()[%d] = (%g, %g), want (%g, %g)", i, gk[i], gg[i], wkv[i], wgate[i])
+				}
+			}
+			st := c.NewState()
+			c.Ingest(st, a1, b1, 0)
+		}
+	}
+}

@@ -79,6 +79,31 @@ func PackPanels(W []float32, rows, cols int) *Panels {
 	return p
 }
 
+// Row writes row n of the weight (its fp32 values, widened from bf16
+// storage exactly) to dst [Cols].
+func (p *Panels) Row(dst []float32, n int) {
+	if len(dst) != p.Cols || n < 0 || n >= p.Rows {
+		panic("attention: Panels.Row shape mismatch")
+	}
+	o, l := (n/PanelRows)*p.Cols*PanelRows, n%PanelRows
+	for k := range dst {
+		if p.BF16 != nil {
+			dst[k] = quant.BF16ToF32(p.BF16[o+k*PanelRows+l])
+		} else {
+			dst[k] = p.F32[o+k*PanelRows+l]
+		}
+	}
+}
+
+// RowMajor returns the weight [Rows, Cols] row-major in fp32 (a new copy).
+func (p *Panels) RowMajor() []float32 {
+	w := make([]float32, p.Rows*p.Cols)
+	for n := 0; n < p.Rows; n++ {
+		p.Row(w[n*p.Cols:(n+1)*p.Cols], n)
+	}
+	return w
+}
+
 // Bytes is the memory the packed weight holds.
 func (p *Panels) Bytes() int64 { return int64(2*len(p.BF16) + 4*len(p.F32)) }
 

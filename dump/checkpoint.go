@@ -218,6 +218,20 @@ func (c *Checkpoint) Read(name string) (Record, error) {
 	return r, nil
 }
 
+// ReadRange is Safetensors.ReadRange on the shard that holds name
+// (official or HF spelling). Like Read, it opens the shard on first use.
+func (c *Checkpoint) ReadRange(name string, off int64, dst []byte) error {
+	st, ok := c.resolve(name)
+	if !ok {
+		return fmt.Errorf("dump: checkpoint %s: no tensor %q", c.Dir, name)
+	}
+	s, err := c.shard(c.stored[st])
+	if err != nil {
+		return err
+	}
+	return s.ReadRange(st, off, dst)
+}
+
 // LayerAttention lists the official names of layer n's attention weights
 // (layers.n.attn.* and layers.n.attn_norm.*) present in the checkpoint.
 func (c *Checkpoint) LayerAttention(n int) []string {

@@ -106,3 +106,40 @@ func TestOfficialName(t *testing.T) {
 		}
 	}
 }
+
+// TestReadRange: part of a tensor, from a file and from a checkpoint by its
+// official name; a range past the tensor's bytes and an unknown tensor are
+// errors naming them.
+func TestReadRange(t *testing.T) {
+	dir := t.TempDir()
+	a := Record{Name: "model.embed_tokens.weight", DType: BF16, Shape: []int{3, 2}, Data: []byte{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}}
+	b := Record{Name: "model.norm.weight", DType: F32, Shape: []int{1}, Data: []byte{0, 0, 0x80, 0x3f}}
+	path := filepath.Join(dir, "model.safetensors")
+	writeST(t, path, []Record{b, a})
+	st, err := OpenSafetensors(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	got := make([]byte, 4)
+	if err := st.ReadRange(a.Name, 4, got); err != nil || !bytes.Equal(got, []byte{5, 6, 7, 8}) {
+		t.Fatalf("row 1: %v %v", got, err)
+	}
+	if err := st.ReadRange(a.Name, 10, got); err == nil || !strings.Contains(err.Error(), "bytes [10, 14) outside its 12 bytes") {
+		t.Errorf("past the end: %v", err)
+	}
+	if err := st.ReadRange("nope", 0, got); err == nil || !strings.Contains(err.Error(), `no tensor "nope"`) {
+		t.Errorf("unknown tensor: %v", err)
+	}
+	c, err := OpenCheckpoint(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.ReadRange("embed.weight", 8, got); err != nil || !bytes.Equal(got, []byte{9, 10, 11, 12}) {
+		t.Fatalf("checkpoint row 2: %v %v", got, err)
+	}
+	if err := c.ReadRange("embed.nope", 0, got); err == nil || !strings.Contains(err.Error(), "no tensor") {
+		t.Errorf("checkpoint unknown tensor: %v", err)
+	}
+}

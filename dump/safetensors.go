@@ -229,6 +229,22 @@ func (s *Safetensors) Read(name string) (Record, error) {
 	}, nil
 }
 
+// ReadRange reads len(dst) bytes of tensor name from byte off of its data
+// (e.g. one row of a large table): the range must lie inside the tensor.
+func (s *Safetensors) ReadRange(name string, off int64, dst []byte) error {
+	e, ok := s.Entry(name)
+	if !ok {
+		return fmt.Errorf("dump: %s: no tensor %q", s.Path, name)
+	}
+	if off < 0 || off > e.Size || int64(len(dst)) > e.Size-off {
+		return fmt.Errorf("dump: %s: tensor %q: bytes [%d, %d) outside its %d bytes", s.Path, name, off, off+int64(len(dst)), e.Size)
+	}
+	if err := readAt(s.r, dst, e.Offset+off); err != nil {
+		return fmt.Errorf("dump: %s: tensor %q: reading %d bytes at offset %d: %w", s.Path, name, len(dst), e.Offset+off, err)
+	}
+	return nil
+}
+
 // Float32 reads name and decodes it to fp32 (see Record.Float32).
 func (s *Safetensors) Float32(name string) ([]float32, []int, error) {
 	r, err := s.Read(name)

@@ -43,12 +43,19 @@ import (
 // ≈ 139 GiB): the routed experts the step routes to are written (normal
 // samples, bf16, quantised to FP4 with per-32 UE8M0 scales by
 // quant.QuantizeFP4, as a checkpoint is), every other expert is a hole of the
-// sparse file. The layers are loaded by LoadBlockWeightsWith(LazyExperts):
-// each routed expert is read from the file when the step first routes to it
-// and kept in the layer's bounded cache (ExpertCache), as a replay does. The
-// attention weights and caches are benchLayer's (checkpoint-like FP8 codes,
-// 64K context); the head is RandomHead packed to bf16 panels, the embedding
-// RandomEmbedding (a row on demand).
+// sparse file. The layers are loaded by LoadBlockWeightsWith(LazyExperts)
+// with one ExpertCache for all layers at the default budget
+// (Config.ExpertCacheBytes, 3.3 GiB): each routed expert is read from the
+// file when the step first routes to it and kept in the cache, as a replay
+// does; each block is then PrepareBlock'ed and Compact'ed (hc_*_fn and the
+// gate as panels only, as a prepared load holds them). embed.weight is in
+// the same file (bf16, only the token's row written) and read row by row
+// (CheckpointEmbedding, as LoadHeadWeightsWith(LazyEmbed) does). The
+// attention weights and caches are benchLayer's (checkpoint-like FP8
+// codes, 64K context) with the compressor projections as bf16 panels only
+// (PreparedLayer.CompactCompressors, as LoadLayerWeightsPrepared leaves
+// them); the head is RandomHead packed to bf16 panels and its fp32 weight
+// dropped (LoadHeadWeights' form).
 //
 // Setup: the routing is not known before the step runs, so a first step runs
 // with a source that writes each expert into the file the first time it is
@@ -62,11 +69,10 @@ import (
 // (VmHWM since the process started, the setup included) and stepRSS-GiB
 // (VmHWM reset after the setup through /proc/self/clear_refs: what the steps
 // and the weights they hold need). It runs at GOGC = wholeStepGOGC (10): with
-// ≈ 11 GiB live, the default 100 lets the heap reach twice that. Memory it
-// does not hold that a model loaded by LoadLayerWeightsPrepared would: one
-// fp32 copy of the compressor projections per layer (≈ 1.1 GiB; here one per
-// shape, shareCompressorWeights) and the block's fp32 hc_*_fn and gate
-// weights (≈ 0.3 GiB; Step reads their panels).
+// ≈ 11 GiB live, the default 100 lets the heap reach twice that. Every
+// weight is held in the form the real loaders leave it in; what is not
+// read from a checkpoint is the attention weights and the head (generated
+// in their loaded form, the same sizes).
 func BenchmarkWholeStep(b *testing.B) {
 	if !benchBig() {
 		b.Skip("set SPARSEMLA_BENCH_BIG=1 (≈ 12 GiB of memory, ≈ 4.5 GiB of disk)")
@@ -94,24 +100,27 @@ func BenchmarkWholeStep(b *testing.B) {
 
 	t0 := time.Now()
 	m := &PreparedWhole{Cfg: cfg, Attn: &PreparedModel{Cfg: cfg, Layers: make([]*PreparedLayer, n), Rope: make([]*RopeTable, n)},
-		Blocks: make([]*PreparedBlock, n), Embed: RandomEmbedding(cfg, seed)}
+		Blocks: make([]*PreparedBlock, n)}
 	// the head first, while its fp32 form (2 GiB, dropped once packed) is
 	// the only large thing in memory
 	hd := RandomHead(cfg, seed)
 	m.Head = PrepareHead(hd)
-	hd.Weight = nil // the bf16 panels are the head's only copy
+	hd.Weight = nil // the bf16 panels are the head's only copy (as LoadHeadWeights keeps it)
 	runtime.GC()
 	states := make([]*LayerState, n)
 	var g errgroup.Group
 	g.SetLimit(runtime.GOMAXPROCS(0))
 	for l := 0; l < n; l++ {
 		g.Go(func() error {
-			m.Attn.Layers[l], states[l], m.Attn.Rope[l], _, _ = benchLayer(cfg, "checkpoint", l, ctx, seed)
+			p, st, rope, _, _ := benchLayer(cfg, "checkpoint", l, ctx, seed)
+			// what LoadLayerWeightsPrepared keeps: the compressor
+			// projections as their bf16 panels only
+			p.CompactCompressors()
+			m.Attn.Layers[l], states[l], m.Attn.Rope[l] = p, st, rope
 			return nil
 		})
 	}
 	g.Wait()
-	shareCompressorWeights(m.Attn.Layers)
 	runtime.GC()
 	tAttn := time.Since(t0)
 
@@ -122,23 +131,32 @@ func BenchmarkWholeStep(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer ck.f.Close()
+	if err := ck.writeEmbedRow(cfg, seed, tok); err != nil {
+		b.Fatal(err)
+	}
 	st, err := dump.OpenSafetensors(path)
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer st.Close()
-	srcs := make([]*checkpointExperts, n)
+	// the embedding as LoadHeadWeightsWith(LazyEmbed) loads it: the row
+	// of the token read from the file at each step
+	if m.Embed, err = (weightReader{st}).lazyEmbedding(cfg.VocabSize, cfg.Dim); err != nil {
+		b.Fatal(err)
+	}
+	// one expert cache for all layers, the default budget
+	cache := NewExpertCache(cfg.ExpertCacheBytes())
+	srcs := make([]moe.ExpertSource, n)
 	for l := 0; l < n; l++ {
-		bw, err := LoadBlockWeightsWith(cfg, l, st, BlockLoadOptions{LazyExperts: true, ExpertCache: 32})
+		bw, err := LoadBlockWeightsWith(cfg, l, st, BlockLoadOptions{LazyExperts: true, Cache: cache})
 		if err != nil {
 			b.Fatal(err)
 		}
-		srcs[l] = bw.MoE.Source.(*checkpointExperts)
+		srcs[l] = bw.MoE.Source
 		bw.MoE.Source = &writingExperts{ck: ck, layer: l, inter: cfg.MoEInterDim, dim: cfg.Dim, seed: seed, inner: srcs[l], done: map[int]bool{}}
 		m.Blocks[l] = PrepareBlock(cfg, bw)
-		// Step reads the panels only: drop the fp32 copies the reference
-		// stages would read (hc_*_fn, the gate weight)
-		bw.AttnSite.Fn, bw.FFNSite.Fn, bw.MoE.Gate.Weight = nil, nil, nil
+		// a prepared block's form: hc_*_fn and the gate as panels only
+		m.Blocks[l].Compact()
 	}
 	tLoad := time.Since(t0)
 	resetStates := func() {
@@ -159,14 +177,14 @@ func BenchmarkWholeStep(b *testing.B) {
 	for l := 0; l < n; l++ {
 		written += int64(len(m.Blocks[l].Block.MoE.Source.(*writingExperts).done))
 		m.Blocks[l].Block.MoE.Source = srcs[l]
-		srcs[l].reset()
 	}
+	cache.Reset()
 	if err := ck.f.Sync(); err != nil {
 		b.Fatal(err)
 	}
 	disk, logical := fileBlocks(path)
-	b.Logf("setup: attention %v, checkpoint + load %v, routing step %v; %d routed experts written, checkpoint %.1f GiB logical, %.2f GiB on disk",
-		tAttn.Round(time.Second), tLoad.Round(time.Second), tRoute.Round(time.Second), written, float64(logical)/(1<<30), float64(disk)/(1<<30))
+	b.Logf("setup: attention %v, checkpoint + load %v, routing step %v; %d routed experts written, checkpoint %.1f GiB logical, %.2f GiB on disk; expert cache budget %.2f GiB",
+		tAttn.Round(time.Second), tLoad.Round(time.Second), tRoute.Round(time.Second), written, float64(logical)/(1<<30), float64(disk)/(1<<30), float64(cache.Budget())/(1<<30))
 	same := func(what string, s *WholeStep) {
 		if k := bitsEqual(s.Logits, first.Logits); k != -1 || s.Token != first.Token {
 			b.Fatalf("%s: logits differ from the routing step's at %d (token %d vs %d)", what, k, s.Token, first.Token)
@@ -224,37 +242,6 @@ func BenchmarkWholeStep(b *testing.B) {
 	b.ReportMetric(float64(max(hwm, hwmSetup))/(1<<30), "peakRSS-GiB")
 	b.ReportMetric(float64(hwm)/(1<<30), "stepRSS-GiB")
 	ropeCache.Clear()
-}
-
-// shareCompressorWeights points the fp32 projection weights of every
-// layer's compressors (Compressor.Wkv, Wgate: read only by the reference
-// Compressor.Project, whose shape check the state machine runs) at one
-// array per shape, after the layers' own bf16 panels were packed from their
-// own weights: ≈ 1.1 GiB less for 43 V4-Flash layers. A model loaded by
-// LoadLayerWeightsPrepared still holds one fp32 copy per layer.
-func shareCompressorWeights(layers []*PreparedLayer) {
-	shared := map[int][]float32{}
-	one := func(v []float32) []float32 {
-		if s, ok := shared[len(v)]; ok {
-			return s
-		}
-		shared[len(v)] = v
-		return v
-	}
-	for _, p := range layers {
-		for _, c := range []*attention.Compressor{p.Compressor, indexerCompressor(p)} {
-			if c != nil {
-				c.Wkv, c.Wgate = one(c.Wkv), one(c.Wgate)
-			}
-		}
-	}
-}
-
-func indexerCompressor(p *PreparedLayer) *attention.Compressor {
-	if p.Indexer == nil {
-		return nil
-	}
-	return p.Indexer.Compressor
 }
 
 // wholeStepGOGC is the GC percentage BenchmarkWholeStep runs at.
@@ -355,13 +342,6 @@ func timedWholeStep(m *PreparedWhole, states []*LayerState, tok, pos int64) (*wh
 	return p, nil
 }
 
-// reset empties the expert cache.
-func (c *checkpointExperts) reset() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.cache, c.order = map[int]*moe.Expert{}, nil
-}
-
 // writingExperts is the routing step's expert source: the first time layer
 // l's expert e is asked for, it is generated (genFP4Expert) and written into
 // the checkpoint file; then it is read back through the checkpoint reader.
@@ -369,7 +349,7 @@ type writingExperts struct {
 	ck                *sparseCkpt
 	layer, dim, inter int
 	seed              uint64
-	inner             *checkpointExperts
+	inner             moe.ExpertSource
 	mu                sync.Mutex
 	done              map[int]bool
 }
@@ -498,13 +478,30 @@ func (c *sparseCkpt) write(name string, data []byte) error {
 	return err
 }
 
+// writeEmbedRow writes row tok of embed.weight: RandomEmbedding(cfg,
+// seed)'s row, as bf16 bytes.
+func (c *sparseCkpt) writeEmbedRow(cfg *Config, seed uint64, tok int64) error {
+	e := make([]float32, cfg.Dim)
+	if err := RandomEmbedding(cfg, seed).Row(e, tok); err != nil {
+		return err
+	}
+	o := c.off["embed.weight"]
+	row := make([]byte, 2*cfg.Dim)
+	for i, x := range e {
+		binary.LittleEndian.PutUint16(row[2*i:], uint16(math.Float32bits(x)>>16))
+	}
+	_, err := c.f.WriteAt(row, c.base+o[0]+2*int64(cfg.Dim)*tok)
+	return err
+}
+
 // writeFlashMoECheckpoint lays out the block parameters of every V4-Flash
 // layer in the checkpoint's names, dtypes and shapes, and writes all of them
 // but the routed experts: hc_{attn,ffn}_{fn,base,scale} fp32, attn_norm /
 // ffn_norm bf16, ffn.gate.weight bf16, gate.bias fp32 (tid2eid int32 on the
 // hash layers), the shared expert FP8 with 128×128 UE8M0 scales
 // (checkpoint-like codes), each routed expert's w1/w2/w3 as U8 FP4 pairs
-// and UE8M0 per-32 scales (holes until written).
+// and UE8M0 per-32 scales (holes until written), and embed.weight bf16
+// [vocab, dim] (a hole but the rows writeEmbedRow writes).
 func writeFlashMoECheckpoint(path string, cfg *Config, seed uint64) (*sparseCkpt, error) {
 	hc, dim, E, inter, k := cfg.HCMult, cfg.Dim, cfg.NRoutedExperts, cfg.MoEInterDim, cfg.NActivatedExperts
 	nm := mhc.NMixes(hc)
@@ -543,6 +540,7 @@ func writeFlashMoECheckpoint(path string, cfg *Config, seed uint64) (*sparseCkpt
 			}
 		}
 	}
+	add("embed.weight", dump.BF16, cfg.VocabSize, dim) // a hole until writeEmbedRow
 	c, err := createSparseCkpt(path, ts)
 	if err != nil {
 		return nil, err
@@ -713,8 +711,19 @@ func TestWholeStepFromSparseCheckpoint(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
+	for tok := int64(11); tok <= 12; tok++ {
+		if err := ck.writeEmbedRow(cfg, seed, tok); err != nil {
+			t.Fatal(err)
+		}
+	}
 	m := &PreparedWhole{Cfg: cfg, Attn: &PreparedModel{Cfg: cfg, Layers: make([]*PreparedLayer, n), Rope: make([]*RopeTable, n)},
-		Blocks: make([]*PreparedBlock, n), Embed: RandomEmbedding(cfg, seed), Head: PrepareHead(RandomHead(cfg, seed))}
+		Blocks: make([]*PreparedBlock, n), Head: PrepareHead(RandomHead(cfg, seed))}
+	// the embedding read from the file, one expert cache for every layer
+	// holding 5 experts (a step routes 4·k: evictions across layers)
+	if m.Embed, err = (weightReader{st}).lazyEmbedding(cfg.VocabSize, cfg.Dim); err != nil {
+		t.Fatal(err)
+	}
+	cache := NewExpertCache(5 * cfg.ExpertBytes() / int64(cfg.NRoutedExperts))
 	ws := make([]*LayerWeights, n)
 	states := make([]*LayerState, n)
 	writers := make([]*writingExperts, n)
@@ -723,13 +732,14 @@ func TestWholeStepFromSparseCheckpoint(t *testing.T) {
 		m.Attn.Layers[l] = Prepare(cfg, ws[l])
 		m.Attn.Rope[l] = LayerRope(cfg, l, start+3)
 		states[l] = SyntheticState(cfg, ws[l], m.Attn.Rope[l], start, seed)
-		bw, err := LoadBlockWeightsWith(cfg, l, st, BlockLoadOptions{LazyExperts: true, ExpertCache: 4})
+		bw, err := LoadBlockWeightsWith(cfg, l, st, BlockLoadOptions{LazyExperts: true, Cache: cache})
 		if err != nil {
 			t.Fatal(err)
 		}
-		writers[l] = &writingExperts{ck: ck, layer: l, inter: cfg.MoEInterDim, dim: cfg.Dim, seed: seed, inner: bw.MoE.Source.(*checkpointExperts), done: map[int]bool{}}
+		writers[l] = &writingExperts{ck: ck, layer: l, inter: cfg.MoEInterDim, dim: cfg.Dim, seed: seed, inner: bw.MoE.Source, done: map[int]bool{}}
 		bw.MoE.Source = writers[l]
 		m.Blocks[l] = PrepareBlock(cfg, bw)
+		m.Blocks[l].Compact()
 	}
 	refStates := make([]*LayerState, n)
 	for l := range states {

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"container/list"
 	"fmt"
 	"math"
 	"slices"
@@ -173,12 +174,23 @@ func LoadBlockWeights(cfg *Config, layer int, st dump.WeightSource) (*BlockWeigh
 type BlockLoadOptions struct {
 	// LazyExperts leaves the routed experts in the weights file: each is read
 	// (and checked) the first time a token is routed to it, through the MoE's
-	// ExpertSource, which keeps at most ExpertCache of them (default 32) and
-	// reads st until the program ends — st must stay open. At load only the
-	// presence, dtype and shape of every expert tensor are checked. A
-	// V4-Flash layer's 256 experts take 3.2 GiB; a decode step routes 6.
+	// ExpertSource, which keeps it in Cache and reads st until the program
+	// ends — st must stay open. At load only the presence, dtype and shape
+	// of every expert tensor are checked. A V4-Flash layer's 256 experts
+	// take 3.2 GiB; a decode step routes 6.
 	LazyExperts bool
-	ExpertCache int
+	// Cache holds the experts read, bounded in bytes; pass one cache to
+	// every layer to bound the whole model (NewExpertCache with
+	// Config.ExpertCacheBytes fits one step of every layer). Nil: the layer
+	// gets a cache of its own of Config.ExpertCacheBytes / n_layers.
+	Cache *ExpertCache
+}
+
+// ExpertCacheBytes is the default expert cache budget of a whole model:
+// the k routed experts of every layer for one step, plus k more (their FP4
+// codes and scales; 3.3 GiB for V4-Flash: 43·6 + 6 experts of 12.75 MiB).
+func (c *Config) ExpertCacheBytes() int64 {
+	return int64(c.NLayers+1) * int64(c.NActivatedExperts) * c.ExpertBytes() / int64(c.NRoutedExperts)
 }
 
 // ExpertBytes is the size of one layer's routed FP4 expert weights and
@@ -270,12 +282,12 @@ func LoadBlockWeightsWith(cfg *Config, layer int, st dump.WeightSource, opt Bloc
 				}
 			}
 		}
-		n := opt.ExpertCache
-		if n <= 0 {
-			n = 32
+		c := opt.Cache
+		if c == nil {
+			c = NewExpertCache(cfg.ExpertCacheBytes() / int64(cfg.NLayers))
 		}
 		m.Experts = make([]*moe.Expert, E)
-		m.Source = &checkpointExperts{r: r, prefix: f, dim: dim, inter: inter, max: n, cache: map[int]*moe.Expert{}}
+		m.Source = &checkpointExperts{r: r, prefix: f, layer: layer, dim: dim, inter: inter, cache: c}
 	}
 	for e := 0; e < E && !opt.LazyExperts; e++ {
 		ex, err := readExpert(r, f, e, dim, inter)
@@ -343,47 +355,140 @@ func (r weightReader) checkFP4(name string, rows, cols int) error {
 	return nil
 }
 
-// checkpointExperts reads routed experts from the weights file on demand
-// (BlockLoadOptions.LazyExperts) and keeps the last max of them.
+// checkpointExperts reads layer's routed experts from the weights file on
+// demand (BlockLoadOptions.LazyExperts) and keeps them in cache.
 type checkpointExperts struct {
 	r          weightReader
 	prefix     string
+	layer      int
 	dim, inter int
-	max        int
-	mu         sync.Mutex
-	cache      map[int]*moe.Expert
-	order      []int // least recently used first
+	cache      *ExpertCache
 }
 
 // Expert implements moe.ExpertSource.
 func (c *checkpointExperts) Expert(e int) (*moe.Expert, error) {
+	return c.cache.get(expertKey{c.layer, e}, func() (*moe.Expert, error) {
+		return readExpert(c.r, c.prefix, e, c.dim, c.inter)
+	})
+}
+
+// ExpertCache keeps routed experts read from a weights file
+// (BlockLoadOptions.LazyExperts), for one layer or shared by many: at most
+// Budget bytes of expert weights (FP4 codes and scales, expertBytes), the
+// least recently used expert of any layer evicted first. An expert larger
+// than the whole budget is used but not kept. The eviction order is a
+// function of the sequence of requests only (a step asks layer after
+// layer, each layer's experts in ascending id: moe.Combine), so a replay
+// evicts the same experts at any GOMAXPROCS. Safe for concurrent use.
+type ExpertCache struct {
+	budget int64
+
+	mu    sync.Mutex
+	used  int64
+	items map[expertKey]*list.Element // of *cachedExpert
+	lru   *list.List                  // most recently used first
+	reads int64
+}
+
+type expertKey struct{ layer, expert int }
+
+type cachedExpert struct {
+	key   expertKey
+	ex    *moe.Expert
+	bytes int64
+}
+
+// NewExpertCache returns an empty cache holding at most budget bytes.
+func NewExpertCache(budget int64) *ExpertCache {
+	return &ExpertCache{budget: budget, items: map[expertKey]*list.Element{}, lru: list.New()}
+}
+
+// Budget is the cache's bound in bytes.
+func (c *ExpertCache) Budget() int64 { return c.budget }
+
+// Bytes is the memory of the experts held now (≤ Budget).
+func (c *ExpertCache) Bytes() int64 { c.mu.Lock(); defer c.mu.Unlock(); return c.used }
+
+// Reads is the number of experts read from the file so far.
+func (c *ExpertCache) Reads() int64 { c.mu.Lock(); defer c.mu.Unlock(); return c.reads }
+
+// Held lists the experts held, most recently used first, as (layer,
+// expert) pairs.
+func (c *ExpertCache) Held() [][2]int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if ex, ok := c.cache[e]; ok {
-		c.touch(e)
-		return ex, nil
+	var out [][2]int
+	for el := c.lru.Front(); el != nil; el = el.Next() {
+		k := el.Value.(*cachedExpert).key
+		out = append(out, [2]int{k.layer, k.expert})
 	}
-	ex, err := readExpert(c.r, c.prefix, e, c.dim, c.inter)
+	return out
+}
+
+// Reset empties the cache.
+func (c *ExpertCache) Reset() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.used, c.items, c.lru = 0, map[expertKey]*list.Element{}, list.New()
+}
+
+// get returns the expert k, read by read when not held (under the lock:
+// requests are served in order).
+func (c *ExpertCache) get(k expertKey, read func() (*moe.Expert, error)) (*moe.Expert, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if el, ok := c.items[k]; ok {
+		c.lru.MoveToFront(el)
+		return el.Value.(*cachedExpert).ex, nil
+	}
+	ex, err := read()
 	if err != nil {
 		return nil, err
 	}
-	if len(c.order) >= c.max {
-		delete(c.cache, c.order[0])
-		c.order = c.order[1:]
+	c.reads++
+	n := expertBytes(ex)
+	if n > c.budget {
+		return ex, nil
 	}
-	c.cache[e] = ex
-	c.order = append(c.order, e)
+	for c.used+n > c.budget {
+		el := c.lru.Back()
+		old := el.Value.(*cachedExpert)
+		c.lru.Remove(el)
+		delete(c.items, old.key)
+		c.used -= old.bytes
+	}
+	c.items[k] = c.lru.PushFront(&cachedExpert{key: k, ex: ex, bytes: n})
+	c.used += n
 	return ex, nil
 }
 
-func (c *checkpointExperts) touch(e int) {
-	i := slices.Index(c.order, e)
-	c.order = append(append(c.order[:i:i], c.order[i+1:]...), e)
+// expertBytes is the memory of an expert's FP4 codes and scales.
+func expertBytes(ex *moe.Expert) int64 {
+	var n int64
+	for _, w := range []*moe.FP4Weight{ex.W1, ex.W2, ex.W3} {
+		n += int64(len(w.Packed) + len(w.Scale))
+	}
+	return n
 }
 
 // LoadHeadWeights reads the embedding and the head (HeadWeights) with the
 // same checks as LoadBlockWeights.
 func LoadHeadWeights(cfg *Config, st dump.WeightSource) (*HeadWeights, error) {
+	return LoadHeadWeightsWith(cfg, st, HeadLoadOptions{})
+}
+
+// HeadLoadOptions configure LoadHeadWeightsWith.
+type HeadLoadOptions struct {
+	// LazyEmbed leaves embed.weight in the weights file: each step reads
+	// its token's row (2·dim bytes of the bf16 tensor) when it needs it
+	// (a CheckpointEmbedding), instead of holding the table (1 GiB for
+	// V4-Flash). st must stay open and read rows by range
+	// (dump.Safetensors, dump.Checkpoint); the tensor must be bf16.
+	LazyEmbed bool
+}
+
+// LoadHeadWeightsWith is LoadHeadWeights with options.
+func LoadHeadWeightsWith(cfg *Config, st dump.WeightSource, opt HeadLoadOptions) (*HeadWeights, error) {
 	if err := cfg.ValidateBlock(); err != nil {
 		return nil, err
 	}
@@ -391,7 +496,12 @@ func LoadHeadWeights(cfg *Config, st dump.WeightSource) (*HeadWeights, error) {
 	hc, dim, V := cfg.HCMult, cfg.Dim, cfg.VocabSize
 	hw := &HeadWeights{Head: &head.Head{Mult: hc, Dim: dim, Vocab: V, NormEps: float32(cfg.NormEps), HCEps: float32(cfg.HCEps)}}
 	var err error
-	if hw.Embed, err = r.embedding(V, dim); err != nil {
+	if opt.LazyEmbed {
+		hw.Embed, err = r.lazyEmbedding(V, dim)
+	} else {
+		hw.Embed, err = r.embedding(V, dim)
+	}
+	if err != nil {
 		return nil, err
 	}
 	h := hw.Head
@@ -447,6 +557,70 @@ func (r weightReader) embedding(vocab, dim int) (head.Embedding, error) {
 		w[i] = b
 	}
 	return &head.BF16Table{Dim: dim, W: w}, nil
+}
+
+// RangeSource is a weights file that reads part of a tensor
+// (dump.Safetensors, dump.Checkpoint).
+type RangeSource interface {
+	dump.WeightSource
+	ReadRange(name string, off int64, dst []byte) error
+}
+
+// CheckpointEmbedding is embed.weight [Vocab][Dim] (bf16) left in the
+// weights file (HeadLoadOptions.LazyEmbed): Row reads the token's row,
+// 2·Dim bytes at byte 2·Dim·tok of the tensor, and widens it exactly — the
+// values of a head.BF16Table of the same tensor. A non-finite value is an
+// error naming the tensor, the row and the column.
+type CheckpointEmbedding struct {
+	Src        RangeSource
+	Name       string
+	Vocab, Dim int
+}
+
+// Row implements head.Embedding; concurrent Rows only read the file
+// (lazyEmbedding opened its shard at load).
+func (c *CheckpointEmbedding) Row(e []float32, tok int64) error {
+	if len(e) != c.Dim {
+		return fmt.Errorf("engine: embedding row of %d values, the table has dim %d", len(e), c.Dim)
+	}
+	if tok < 0 || tok >= int64(c.Vocab) {
+		return fmt.Errorf("head: token id %d outside the vocabulary [0, %d)", tok, c.Vocab)
+	}
+	buf := make([]byte, 2*c.Dim)
+	if err := c.Src.ReadRange(c.Name, 2*int64(c.Dim)*tok, buf); err != nil {
+		return fmt.Errorf("engine: weights %s: %s row %d: %w", c.Src.Name(), c.Name, tok, err)
+	}
+	for i := range e {
+		b := uint16(buf[2*i]) | uint16(buf[2*i+1])<<8
+		if b&0x7f80 == 0x7f80 {
+			return fmt.Errorf("engine: weights %s: %s[%d][%d] is %g (a weight must be finite)", c.Src.Name(), c.Name, tok, i, math.Float32frombits(uint32(b)<<16))
+		}
+		e[i] = math.Float32frombits(uint32(b) << 16)
+	}
+	return nil
+}
+
+// lazyEmbedding checks embed.weight's dtype and shape and returns a
+// CheckpointEmbedding on it (reading no value).
+func (r weightReader) lazyEmbedding(vocab, dim int) (head.Embedding, error) {
+	const name = "embed.weight"
+	src, ok := r.st.(RangeSource)
+	if !ok {
+		return nil, fmt.Errorf("engine: weights %s: cannot read %s row by row (the source reads whole tensors only)", r.st.Name(), name)
+	}
+	e, ok := r.st.Lookup(name)
+	switch {
+	case !ok:
+		return nil, fmt.Errorf("engine: weights %s: no tensor %s", r.st.Name(), name)
+	case e.DType != dump.BF16 || !sameInts(e.Shape, []int{vocab, dim}):
+		return nil, fmt.Errorf("engine: weights %s: %s is %s %v, reading it row by row needs bf16 [%d %d]", r.st.Name(), name, e.DType, e.Shape, vocab, dim)
+	}
+	// open its shard now (a dump.Checkpoint opens shards on first use), so
+	// that the steps only read
+	if err := src.ReadRange(name, 0, nil); err != nil {
+		return nil, fmt.Errorf("engine: weights %s: %s: %w", r.st.Name(), name, err)
+	}
+	return &CheckpointEmbedding{Src: src, Name: name, Vocab: vocab, Dim: dim}, nil
 }
 
 // HashLayer reports whether layer l routes by token id (layer < n_hash_layers,

@@ -140,7 +140,7 @@ func hcMixesStage(side, from string) func(*StepContext, map[string]Tensor) (Tens
 			return Tensor{}, err
 		}
 		mixes := make([]float32, mhc.NMixes(hc))
-		mhc.Mixes(mixes, h, site(b, side).Fn, float32(ctx.Cfg.NormEps))
+		site(b, side).Mixes(mixes, h, float32(ctx.Cfg.NormEps))
 		return FromF(KindF32, mixes, len(mixes)), nil
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"sparsemla/dump"
+	"sparsemla/moe"
 )
 
 // TestLoadBlockWeightsGolden loads the block and head weights of every layer
@@ -244,7 +245,7 @@ func TestLazyExperts(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		lazy, err := LoadBlockWeightsWith(cfg, l, st, BlockLoadOptions{LazyExperts: true, ExpertCache: 1})
+		lazy, err := LoadBlockWeightsWith(cfg, l, st, BlockLoadOptions{LazyExperts: true, Cache: NewExpertCache(cfg.ExpertBytes() / int64(cfg.NRoutedExperts))})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -297,5 +298,160 @@ func TestLazyExperts(t *testing.T) {
 	}
 	if _, err := LoadBlockWeightsWith(cfg, 1, edited, BlockLoadOptions{LazyExperts: true}); err == nil || !strings.Contains(err.Error(), "experts.3.w2.scale") {
 		t.Errorf("lazy load without an expert scale: %v", err)
+	}
+}
+
+// TestLazyEmbedSameRows: embed.weight read row by row from the file
+// (HeadLoadOptions.LazyEmbed, a CheckpointEmbedding) gives every row the
+// bits of the in-memory table; a token outside the vocabulary, a
+// non-finite value in the row read, an fp32 table and a source that cannot
+// read ranges are errors.
+func TestLazyEmbedSameRows(t *testing.T) {
+	st, err := dump.OpenSafetensors(filepath.Join(goldenTiny, "weights.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	cfg, _ := Preset("tiny")
+	mem, err := LoadHeadWeights(cfg, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lazy, err := LoadHeadWeightsWith(cfg, st, HeadLoadOptions{LazyEmbed: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := lazy.Embed.(*CheckpointEmbedding); !ok {
+		t.Fatalf("LazyEmbed loaded a %T", lazy.Embed)
+	}
+	a, b := make([]float32, cfg.Dim), make([]float32, cfg.Dim)
+	for tok := int64(0); tok < int64(cfg.VocabSize); tok++ {
+		if err := mem.Embed.Row(a, tok); err != nil {
+			t.Fatal(err)
+		}
+		if err := lazy.Embed.Row(b, tok); err != nil {
+			t.Fatal(err)
+		}
+		if k := bitsEqual(a, b); k != -1 {
+			t.Fatalf("token %d: row differs at %d: %g read from the file, %g in memory", tok, k, b[k], a[k])
+		}
+	}
+	for _, tok := range []int64{-1, int64(cfg.VocabSize)} {
+		if err := lazy.Embed.Row(b, tok); err == nil || !strings.Contains(err.Error(), "outside the vocabulary") {
+			t.Errorf("token %d: %v", tok, err)
+		}
+	}
+	// a NaN in row 3 of an otherwise valid table, an fp32 table
+	rec, err := st.Read("embed.weight")
+	if err != nil {
+		t.Fatal(err)
+	}
+	withEmbed := func(r dump.Record) *dump.Safetensors {
+		var buf bytes.Buffer
+		if err := dump.WriteSafetensors(&buf, []dump.Record{r}, nil); err != nil {
+			t.Fatal(err)
+		}
+		s, err := dump.NewSafetensors(bytes.NewReader(buf.Bytes()), int64(buf.Len()), "edited")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	if rec.DType != dump.BF16 {
+		t.Fatalf("the golden's embed.weight is %s, the test needs bf16", rec.DType)
+	}
+	bad := rec
+	bad.Data = slices.Clone(rec.Data)
+	o := 2 * (3*cfg.Dim + 5)
+	bad.Data[o], bad.Data[o+1] = 0xc0, 0x7f // bf16 NaN
+	e := &CheckpointEmbedding{Src: withEmbed(bad), Name: "embed.weight", Vocab: cfg.VocabSize, Dim: cfg.Dim}
+	if err := e.Row(b, 2); err != nil {
+		t.Fatalf("row 2 has no NaN: %v", err)
+	}
+	if err := e.Row(b, 3); err == nil || !strings.Contains(err.Error(), "embed.weight[3][5]") {
+		t.Errorf("NaN in row 3: %v", err)
+	}
+	f32 := rec
+	v, err := rec.Float32()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f32.DType, f32.Data = dump.F32, f32Bytes(v)
+	if _, err := (weightReader{withEmbed(f32)}).lazyEmbedding(cfg.VocabSize, cfg.Dim); err == nil || !strings.Contains(err.Error(), "needs bf16") {
+		t.Errorf("fp32 table: %v", err)
+	}
+	if _, err := (weightReader{wholeOnly{st}}).lazyEmbedding(cfg.VocabSize, cfg.Dim); err == nil || !strings.Contains(err.Error(), "row by row") {
+		t.Errorf("a source without ReadRange: %v", err)
+	}
+}
+
+// wholeOnly hides a source's ReadRange.
+type wholeOnly struct{ dump.WeightSource }
+
+// TestExpertCacheBudget: the cache shared by layers keeps at most its
+// budget in bytes, evicts the least recently used expert of any layer
+// first (a hit refreshes it), re-reads an evicted expert, keeps no expert
+// larger than the budget, and the same request sequence leaves the same
+// experts in the same order.
+func TestExpertCacheBudget(t *testing.T) {
+	mk := func(rows int) *moe.Expert { // 3·rows·(64+4) bytes
+		w := func() *moe.FP4Weight {
+			return &moe.FP4Weight{Rows: rows, Cols: 128, Packed: make([]uint8, rows*64), Scale: make([]uint8, rows*4)}
+		}
+		return &moe.Expert{W1: w(), W2: w(), W3: w()}
+	}
+	const unit = 3 * 68 // bytes of mk(1)
+	run := func() ([][2]int, int64, *ExpertCache) {
+		c := NewExpertCache(3 * unit)
+		var log []expertKey
+		get := func(l, e, rows int) {
+			k := expertKey{l, e}
+			if _, err := c.get(k, func() (*moe.Expert, error) { log = append(log, k); return mk(rows), nil }); err != nil {
+				t.Fatal(err)
+			}
+			if c.Bytes() > c.Budget() {
+				t.Fatalf("after (%d, %d): %d bytes held, budget %d", l, e, c.Bytes(), c.Budget())
+			}
+		}
+		get(0, 1, 1)
+		get(1, 1, 1)
+		get(2, 7, 1) // full: (2,7) (1,1) (0,1)
+		get(0, 1, 1) // a hit: (0,1) (2,7) (1,1)
+		get(3, 0, 1) // evicts (1,1), the least recently used
+		if got := c.Held(); !slices.Equal(got, [][2]int{{3, 0}, {0, 1}, {2, 7}}) {
+			t.Fatalf("held %v", got)
+		}
+		get(1, 1, 2) // re-read, 2 units: evicts (2,7) and (0,1)
+		if got := c.Held(); !slices.Equal(got, [][2]int{{1, 1}, {3, 0}}) {
+			t.Fatalf("held %v", got)
+		}
+		get(4, 4, 4) // larger than the budget: used, not kept
+		if got := c.Held(); !slices.Equal(got, [][2]int{{1, 1}, {3, 0}}) || c.Bytes() != 3*unit {
+			t.Fatalf("after an expert larger than the budget: held %v, %d bytes", got, c.Bytes())
+		}
+		want := []expertKey{{0, 1}, {1, 1}, {2, 7}, {3, 0}, {1, 1}, {4, 4}}
+		if !slices.Equal(log, want) || c.Reads() != int64(len(want)) {
+			t.Fatalf("reads %v (%d), want %v", log, c.Reads(), want)
+		}
+		return c.Held(), c.Bytes(), c
+	}
+	h1, b1, c := run()
+	h2, b2, _ := run()
+	if !slices.Equal(h1, h2) || b1 != b2 {
+		t.Fatalf("the same requests left %v (%d bytes), then %v (%d bytes)", h1, b1, h2, b2)
+	}
+	c.Reset()
+	if c.Bytes() != 0 || len(c.Held()) != 0 {
+		t.Fatal("Reset left experts")
+	}
+	// an error from the read is returned and nothing is kept
+	if _, err := c.get(expertKey{0, 0}, func() (*moe.Expert, error) { return nil, fmt.Errorf("bad tensor") }); err == nil || len(c.Held()) != 0 {
+		t.Fatalf("read error: %v, held %v", err, c.Held())
+	}
+	// the V4-Flash default: one step of every layer plus k experts
+	flash, _ := Preset("flash")
+	per := flash.ExpertBytes() / int64(flash.NRoutedExperts)
+	if got, want := flash.ExpertCacheBytes(), int64(44*6)*per; got != want || per != 13369344 {
+		t.Errorf("flash ExpertCacheBytes = %d (per expert %d), want %d", got, per, want)
 	}
 }

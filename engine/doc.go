@@ -85,8 +85,14 @@
 // load from safetensors files in the checkpoint's layout (LoadLayerWeights,
 // LoadLayerWeightsPrepared; LoadBlockWeights, LoadHeadWeights for the rest of
 // the model, HasBlockWeights / HasHeadWeights say whether a file has them; from
-// a dump.Safetensors); LayerWeightRecords writes them back as records under the
-// official names. TensorFromRecord, TensorRecord and RecordLike convert
+// a dump.Safetensors). A large checkpoint can stay on disk: lazy routed experts
+// (BlockLoadOptions.LazyExperts) live in one byte-bounded ExpertCache shared by
+// the layers (Config.ExpertCacheBytes), embedding rows are read on demand
+// (HeadLoadOptions.LazyEmbed, CheckpointEmbedding), and a prepared layer or
+// block keeps its compressor, hc_*_fn and gate weights as panels only
+// (PreparedLayer.CompactCompressors, PreparedBlock.Compact; the reference loops
+// read their rows, the same bits). LayerWeightRecords writes them back as
+// records under the official names. TensorFromRecord, TensorRecord and RecordLike convert
 // between dump records and Tensors.
 //
 // # Shapes and axis order

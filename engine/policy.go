@@ -208,11 +208,21 @@ func hfProject(idx, wantA bool) func(*StepContext, map[string]Tensor) (Tensor, e
 		if err != nil {
 			return Tensor{}, err
 		}
+		y := make([]float32, c.Width())
+		if pkv, pgate := c.Panels(); pkv != nil {
+			// a compact compressor (its weights as panels only):
+			// Panels.Linear is BF16Linear's bits
+			if wantA {
+				pkv.Linear(y, x)
+			} else {
+				pgate.Linear(y, x)
+			}
+			return bf16T(y, len(y)), nil
+		}
 		w := c.Wgate
 		if wantA {
 			w = c.Wkv
 		}
-		y := make([]float32, c.Width())
 		attention.BF16Linear(y, x, w, c.Width(), c.Dim)
 		return bf16T(y, len(y)), nil
 	}

@@ -64,3 +64,36 @@ func diffNames(d []string) []string {
 	sort.Strings(n)
 	return n
 }
+
+// TestHFProjectCompact: HF's bf16 compressor projections on a compressor
+// whose weights are panels only (PreparedLayer.CompactCompressors) are the
+// bits of those on its fp32 weights.
+func TestHFProjectCompact(t *testing.T) {
+	cfg, _ := Preset("tiny")
+	for l := 0; l < cfg.NLayers; l++ {
+		full, cw := RandomLayerWeights(cfg, l, 3), RandomLayerWeights(cfg, l, 3)
+		if full.Compressor == nil {
+			continue
+		}
+		Prepare(cfg, cw).CompactCompressors()
+		in := map[string]Tensor{"x": SyntheticInput(cfg, 9, 4)}
+		for _, idx := range []bool{false, true} {
+			if idx && full.Indexer == nil {
+				continue
+			}
+			for _, wantA := range []bool{false, true} {
+				a, err := hfProject(idx, wantA)(&StepContext{Cfg: cfg, Layer: l, W: full}, in)
+				if err != nil {
+					t.Fatal(err)
+				}
+				b, err := hfProject(idx, wantA)(&StepContext{Cfg: cfg, Layer: l, W: cw}, in)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if k := bitsEqual(a.F, b.F); k != -1 || len(a.F) == 0 {
+					t.Fatalf("layer %d indexer %v a %v: differs at %d", l, idx, wantA, k)
+				}
+			}
+		}
+	}
+}

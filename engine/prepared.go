@@ -62,8 +62,7 @@ func Prepare(cfg *Config, w *LayerWeights) *PreparedLayer {
 	}
 	if c := w.Compressor; c != nil {
 		p.Compressor = c
-		p.CmpWkv = attention.PackPanels(c.Wkv, c.Width(), c.Dim)
-		p.CmpWgate = attention.PackPanels(c.Wgate, c.Width(), c.Dim)
+		p.CmpWkv, p.CmpWgate = packCompressor(c)
 	}
 	p.src = map[*attention.FP8Weight]*attention.FP8Panels{w.WqA: p.WqA, w.WqB: p.WqB, w.Wkv: p.Wkv, w.WoB: p.WoB}
 	if ix := w.Indexer; ix != nil {
@@ -71,16 +70,37 @@ func Prepare(cfg *Config, w *LayerWeights) *PreparedLayer {
 		p.IWqB = attention.PackFP8Weight(ix.WqB)
 		p.src[ix.WqB] = p.IWqB
 		p.IWeightsProj = attention.PackPanels(ix.WeightsProj, ix.NHeads, len(ix.WeightsProj)/ix.NHeads)
-		c := ix.Compressor
-		p.ICmpWkv = attention.PackPanels(c.Wkv, c.Width(), c.Dim)
-		p.ICmpWgate = attention.PackPanels(c.Wgate, c.Width(), c.Dim)
+		p.ICmpWkv, p.ICmpWgate = packCompressor(ix.Compressor)
 	}
 	return p
 }
 
+// packCompressor returns the compressor's projections as panels: those it
+// already holds its weights in (Compressor.UsePanels), else packed from its
+// fp32 Wkv and Wgate (bf16 storage for checkpoint weights).
+func packCompressor(c *attention.Compressor) (wkv, wgate *attention.Panels) {
+	if wkv, wgate = c.Panels(); wkv != nil {
+		return wkv, wgate
+	}
+	return attention.PackPanels(c.Wkv, c.Width(), c.Dim), attention.PackPanels(c.Wgate, c.Width(), c.Dim)
+}
+
+// CompactCompressors makes the layer's packed compressor projections the
+// compressors' only copy (Compressor.UsePanels): their fp32 Wkv and Wgate
+// are dropped (≈ 25 MiB a V4-Flash r = 4 layer); the reference
+// Compressor.Project then reads the panels, the same bits.
+func (p *PreparedLayer) CompactCompressors() {
+	if c := p.Compressor; c != nil {
+		c.UsePanels(p.CmpWkv, p.CmpWgate)
+	}
+	if p.Indexer != nil {
+		p.Indexer.Compressor.UsePanels(p.ICmpWkv, p.ICmpWgate)
+	}
+}
+
 // PackedBytes is the memory of the packed weights (what a replay of many steps
-// keeps per layer besides the small vectors and the fp32 compressor weights
-// the reference state machine shares).
+// keeps per layer besides the small vectors; a layer loaded by
+// LoadLayerWeightsPrepared holds no other copy of the compressor weights).
 func (p *PreparedLayer) PackedBytes() int64 {
 	n := p.WqA.Bytes() + p.WqB.Bytes() + p.Wkv.Bytes() + p.WoB.Bytes() + p.WoA.Bytes()
 	for _, q := range []*attention.Panels{p.CmpWkv, p.CmpWgate, p.IWeightsProj, p.ICmpWkv, p.ICmpWgate} {

@@ -25,19 +25,36 @@ type PreparedBlock struct {
 // PrepareBlock packs b's GEMVs (PreparedBlock) and its shared expert
 // (moe.Shared.Pack, in place: b's reference loops then read the same codes
 // from the panels). The fp32 hc_*_fn and gate weights of b are kept (the
-// reference stages read them).
+// reference stages read them) unless Compact drops them; a block already
+// compact keeps its panels.
 func PrepareBlock(cfg *Config, b *BlockWeights) *PreparedBlock {
 	hc, dim := cfg.HCMult, cfg.Dim
 	nm := mhc.NMixes(hc)
-	p := &PreparedBlock{Block: b,
-		AttnFn: attention.PackPanels(b.AttnSite.Fn, nm, hc*dim),
-		FFNFn:  attention.PackPanels(b.FFNSite.Fn, nm, hc*dim),
-		Gate:   attention.PackPanels(b.MoE.Gate.Weight, b.MoE.Gate.Experts, dim),
+	fn := func(s *mhc.Site) *attention.Panels {
+		if p, ok := s.Packed.(*attention.Panels); ok && s.Fn == nil {
+			return p
+		}
+		return attention.PackPanels(s.Fn, nm, hc*dim)
+	}
+	p := &PreparedBlock{Block: b, AttnFn: fn(b.AttnSite), FFNFn: fn(b.FFNSite), Gate: b.MoE.Gate.Packed}
+	if b.MoE.Gate.Weight != nil || p.Gate == nil {
+		p.Gate = attention.PackPanels(b.MoE.Gate.Weight, b.MoE.Gate.Experts, dim)
 	}
 	if b.MoE.Shared != nil {
 		b.MoE.Shared.Pack()
 	}
 	return p
+}
+
+// Compact makes the panels the block's only copy of hc_attn_fn, hc_ffn_fn
+// and gate.weight (mhc.Site.UsePacked, moe.Gate.UsePanels): the fp32
+// copies are dropped (≈ 7 MiB a V4-Flash layer) and the reference stages
+// read the rows from the panels, the same bits.
+func (p *PreparedBlock) Compact() {
+	b := p.Block
+	b.AttnSite.UsePacked(p.AttnFn)
+	b.FFNSite.UsePacked(p.FFNFn)
+	b.MoE.Gate.UsePanels(p.Gate)
 }
 
 // PackedBytes is the memory of the block's packed GEMV weights (the shared

@@ -31,6 +31,7 @@ func newWholeFixture(cfg *Config, start int64, steps int, seed uint64) *wholeFix
 		f.fast.Attn.Layers[l] = Prepare(cfg, w)
 		f.fast.Attn.Rope[l] = rope
 		f.fast.Blocks[l] = PrepareBlock(cfg, RandomBlockWeights(cfg, l, seed))
+		f.fast.Blocks[l].Compact() // a real load's form: Step reads the panels only
 		f.states = append(f.states, SyntheticState(cfg, w, rope, start, seed+1))
 	}
 	return f
@@ -146,5 +147,69 @@ func TestPreparedWholeStepEqualsRunLayer(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// TestCompactLayerReferenceSameBits: a layer whose compressor projections
+// (PreparedLayer.CompactCompressors) and block GEMV weights
+// (PreparedBlock.Compact) are held only as panels runs the REFERENCE
+// loops (RunLayer with no prepared attention) to the same bits as the
+// layer with its fp32 weights — every output, every state tensor — and
+// the fp32 copies are gone.
+func TestCompactLayerReferenceSameBits(t *testing.T) {
+	small := smallFlash(t)
+	small.NLayers, small.CompressRatios, small.NHashLayers = 4, flashRatios(4), 1
+	small.VocabSize, small.NRoutedExperts, small.MoEInterDim = 700, 16, 256
+	if err := small.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	const seed, pos = 23, int64(511) // emits a compressed row on r = 4 and r = 128 layers
+	var hIn Tensor                   // the previous layer's h_out (full weights), the next layer's h_in
+	for l := 0; l < small.NLayers; l++ {
+		full := RandomLayerWeights(small, l, seed)
+		full.Block = RandomBlockWeights(small, l, seed)
+		cw := RandomLayerWeights(small, l, seed)
+		cw.Block = RandomBlockWeights(small, l, seed)
+		if p := Prepare(small, cw); p.Compressor != nil {
+			p.CompactCompressors()
+			if cw.Compressor.Wkv != nil || (cw.Indexer != nil && cw.Indexer.Compressor.Wgate != nil) {
+				t.Fatalf("layer %d: CompactCompressors kept an fp32 projection", l)
+			}
+		}
+		PrepareBlock(small, cw.Block).Compact()
+		if b := cw.Block; b.AttnSite.Fn != nil || b.FFNSite.Fn != nil || b.MoE.Gate.Weight != nil {
+			t.Fatalf("layer %d: Compact kept an fp32 hc_*_fn or gate weight", l)
+		}
+		rope := LayerRope(small, l, int(pos)+1)
+		hw := &HeadWeights{Embed: RandomEmbedding(small, seed), Head: RandomHead(small, seed)}
+		run := func(w *LayerWeights) (map[string]Tensor, *LayerState) {
+			ctx := &StepContext{Cfg: small, Layer: l, Pos: pos, W: w, Rope: rope, Head: hw}
+			seeds := map[string]Tensor{GlobalPrefix + "tok": FromI(KindI64, []int64{99}, 1)}
+			if l > 0 {
+				seeds["h_in"] = hIn
+			}
+			out, st, err := RunLayer(ctx, seeds, SyntheticState(small, full, rope, pos, seed+1))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return out, st
+		}
+		o1, s1 := run(full)
+		o2, s2 := run(cw)
+		if len(o1) != len(o2) {
+			t.Fatalf("layer %d: %d outputs, full %d", l, len(o2), len(o1))
+		}
+		for name, v := range o1 {
+			if k := bitsEqual(o2[name].F, v.F); k != -1 || !slices.Equal(o2[name].I, v.I) {
+				t.Fatalf("layer %d: %s differs at %d on the compact weights", l, name, k)
+			}
+		}
+		hIn = o1["h_out"]
+		t1, t2 := s1.StateTensors(), s2.StateTensors()
+		for name, v := range t1 {
+			if k := bitsEqual(t2[name].F, v.F); k != -1 {
+				t.Fatalf("layer %d: state %s differs at %d on the compact weights", l, name, k)
+			}
+		}
 	}
 }

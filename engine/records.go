@@ -74,8 +74,9 @@ func LayerWeightRecords(cfg *Config, lw *LayerWeights) []dump.Record {
 	f32("attn_sink", lw.AttnSink, H)
 	cmp := func(prefix string, c *attention.Compressor) {
 		w := c.Width()
-		f32(prefix+"wkv.weight", c.Wkv, w, dim)
-		f32(prefix+"wgate.weight", c.Wgate, w, dim)
+		wkv, wgate := c.Weights()
+		f32(prefix+"wkv.weight", wkv, w, dim)
+		f32(prefix+"wgate.weight", wgate, w, dim)
 		f32(prefix+"ape", c.Ape, c.Ratio, w)
 		f32(prefix+"norm.weight", c.Norm, c.HeadDim)
 	}

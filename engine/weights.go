@@ -82,7 +82,9 @@ func LoadLayerWeights(cfg *Config, layer int, st dump.WeightSource) (*LayerWeigh
 // packed weights (PrepareLayer); the FP8 weights are read without their fp32
 // copy (attention.NewFP8WeightCodes) and then keep only their packed panels
 // (FP8Weight.UsePanels: no Codes, no W; a reference loop that reads them
-// dequantises row by row from the panels, the same values); WoA's fp32
+// dequantises row by row from the panels, the same values); the
+// compressors' fp32 wkv and wgate are dropped the same way
+// (PreparedLayer.CompactCompressors); WoA's fp32
 // values are dropped once packed (WoA nil: only w.Fast.WoA holds them). The stage graph never
 // reads WoA of a prepared layer; the reference loops cannot run on such a
 // layer without its Fast (the wo_a stage panics), so keep it set.
@@ -101,6 +103,8 @@ func LoadLayerWeightsPrepared(cfg *Config, layer int, st dump.WeightSource) (*La
 	}
 	PrepareLayer(cfg, lw)
 	lw.WoA = nil
+	// the compressor projections live on in their bf16 panels only
+	lw.Fast.CompactCompressors()
 	// the FP8 codes live on in the panels only
 	for w, p := range lw.Fast.src {
 		w.UsePanels(p)

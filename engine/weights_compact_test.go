@@ -80,6 +80,30 @@ func TestLoadPreparedSameBits(t *testing.T) {
 		if !cw.Compact() || cw.WoA != nil || cw.Fast == nil {
 			t.Fatalf("layer %d: LoadLayerWeightsPrepared kept wo_a (%d values) or has no prepared weights", l, len(cw.WoA))
 		}
+		for i, c := range []*attention.Compressor{cw.Compressor, compactIndexerCompressor(cw)} {
+			if c == nil {
+				continue
+			}
+			if c.Wkv != nil || c.Wgate != nil {
+				t.Fatalf("layer %d: compressor %d of a compact layer kept its fp32 wkv/wgate", l, i)
+			}
+			fc := full.Compressor
+			if i == 1 {
+				fc = full.Indexer.Compressor
+			}
+			wkv, wgate := c.Weights()
+			if bitsEqual(wkv, fc.Wkv) != -1 || bitsEqual(wgate, fc.Wgate) != -1 {
+				t.Fatalf("layer %d: compressor %d: the weights unpacked from its panels differ", l, i)
+			}
+			a0, b0 := make([]float32, fc.Width()), make([]float32, fc.Width())
+			a1, b1 := make([]float32, fc.Width()), make([]float32, fc.Width())
+			xi := SyntheticInput(cfg, 5, 4).F
+			fc.Project(a0, b0, xi)
+			c.Project(a1, b1, xi)
+			if bitsEqual(a0, a1) != -1 || bitsEqual(b0, b1) != -1 {
+				t.Fatalf("layer %d: compressor %d: the reference Project on the compact panels differs", l, i)
+			}
+		}
 		fast := cw.Fast
 		PrepareLayer(cfg, cw) // a compact layer keeps its packed weights
 		if cw.Fast != fast {
@@ -208,4 +232,11 @@ func BenchmarkLoadPreparedFlash(b *testing.B) {
 		b.ReportMetric(load.Seconds(), "load-s")
 		runtime.KeepAlive(layers)
 	}
+}
+
+func compactIndexerCompressor(w *LayerWeights) *attention.Compressor {
+	if w.Indexer == nil {
+		return nil
+	}
+	return w.Indexer.Compressor
 }

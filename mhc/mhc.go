@@ -14,6 +14,32 @@ type Site struct {
 	Fn    []float32 // hc_*_fn [(2+Mult)*Mult][Mult*Dim]
 	Base  []float32 // hc_*_base [(2+Mult)*Mult]
 	Scale []float32 // hc_*_scale [3]: pre, post, comb
+
+	// Packed holds hc_*_fn instead of Fn (Fn nil) after UsePacked: the
+	// prepared path's packed copy, read row by row by the reference loop.
+	Packed Rows
+}
+
+// Rows is a weight [rows][cols] read one row at a time (attention.Panels,
+// the fast path's packed form): Row writes row n's fp32 values to dst.
+type Rows interface {
+	Row(dst []float32, n int)
+}
+
+// UsePacked makes p (hc_*_fn [(2+Mult)·Mult][Mult·Dim], packed from Fn) the
+// site's only copy of fn: Fn is dropped and HCPre / Site.Mixes read the
+// rows from p, the same values and sums.
+func (s *Site) UsePacked(p Rows) { s.Fn, s.Packed = nil, p }
+
+// Mixes is Mixes(mixes, h, fn, normEps) on the site's fn (Fn, or its rows
+// from Packed: the same bits).
+func (s *Site) Mixes(mixes, h []float32, normEps float32) {
+	if s.Packed == nil {
+		Mixes(mixes, h, s.Fn, normEps)
+		return
+	}
+	row := make([]float32, len(h))
+	mixesRows(mixes, h, func(r int) []float32 { s.Packed.Row(row, r); return row }, normEps)
 }
 
 // NMixes returns the number of mixes of a block site, (2+hc)·hc (24 for hc = 4).
@@ -23,7 +49,8 @@ func NMixes(hc int) int { return (2 + hc) * hc }
 // agree with Mult and Dim (callers validate files first).
 func (s *Site) Check() {
 	m := NMixes(s.Mult)
-	if s.Mult <= 0 || s.Dim <= 0 || len(s.Fn) != m*s.Mult*s.Dim || len(s.Base) != m || len(s.Scale) != 3 {
+	fn := len(s.Fn) == m*s.Mult*s.Dim || (s.Fn == nil && s.Packed != nil)
+	if s.Mult <= 0 || s.Dim <= 0 || !fn || len(s.Base) != m || len(s.Scale) != 3 {
 		panic("mhc: Site parameter shapes do not match hc_mult and dim")
 	}
 }
@@ -56,7 +83,7 @@ func (s *Site) HCPre(h []float32, normEps, eps float32, iters int) Pre {
 		Comb:  make([]float32, hc*hc),
 		X:     make([]float32, s.Dim),
 	}
-	Mixes(p.Mixes, h, s.Fn, normEps)
+	s.Mixes(p.Mixes, h, normEps)
 	SplitSinkhorn(p.Pre, p.Post, p.Comb, p.Mixes, s.Scale, s.Base, hc, iters, eps)
 	Collapse(p.X, h, p.Pre)
 	return p
@@ -76,13 +103,25 @@ func Mixes(mixes, h, fn []float32, normEps float32) {
 	if n == 0 || len(fn) != len(mixes)*n {
 		panic("mhc: Mixes shape mismatch")
 	}
+	mixesRows(mixes, h, func(r int) []float32 { return fn[r*n : (r+1)*n] }, normEps)
+}
+
+// mixesRows is Mixes with fn's row r given by row(r).
+func mixesRows(mixes, h []float32, row func(r int) []float32, normEps float32) {
+	n := len(h)
+	if n == 0 {
+		panic("mhc: Mixes shape mismatch")
+	}
 	var ss float32
 	for _, v := range h {
 		ss += float32(v * v)
 	}
 	rho := rsqrt(ss/float32(n) + normEps)
 	for r := range mixes {
-		row := fn[r*n : (r+1)*n]
+		row := row(r)
+		if len(row) != n {
+			panic("mhc: Mixes shape mismatch")
+		}
 		var acc float32
 		for c, v := range h {
 			acc += float32(row[c] * v)

@@ -41,6 +41,20 @@ type Gate struct {
 	// TID2EID [vocab][k] are the expert ids of each token on the hash layers
 	// (layer < n_hash_layers); nil elsewhere.
 	TID2EID []int32
+	// Packed holds gate.weight instead of Weight (Weight nil) after
+	// UsePanels: the prepared path's bf16 panels, read row by row by
+	// Scores.
+	Packed *attention.Panels
+}
+
+// UsePanels makes p (gate.weight [E][dim] packed from Weight) the gate's
+// only copy of its weight: Weight is dropped and Scores reads each row from
+// p, the same values and sums.
+func (g *Gate) UsePanels(p *attention.Panels) {
+	if p.Rows != g.Experts || p.Cols != g.Dim {
+		panic("moe: Gate.UsePanels: the panels are not this gate's shape")
+	}
+	g.Weight, g.Packed = nil, p
 }
 
 // Hash reports whether the gate routes by token id (tid2eid) instead of top-k.
@@ -48,7 +62,8 @@ func (g *Gate) Hash() bool { return g.TID2EID != nil }
 
 // Check panics with a "moe: …" message when the parameter shapes disagree.
 func (g *Gate) Check() {
-	if g.Experts <= 0 || g.TopK <= 0 || g.TopK > g.Experts || g.Dim <= 0 || len(g.Weight) != g.Experts*g.Dim {
+	w := len(g.Weight) == g.Experts*g.Dim || (g.Weight == nil && g.Packed != nil && g.Packed.Rows == g.Experts && g.Packed.Cols == g.Dim)
+	if g.Experts <= 0 || g.TopK <= 0 || g.TopK > g.Experts || g.Dim <= 0 || !w {
 		panic("moe: Gate shape mismatch")
 	}
 	if g.Bias != nil && len(g.Bias) != g.Experts {
@@ -81,7 +96,16 @@ func (g *Gate) Scores(s, x []float32) {
 	if len(x) != g.Dim || len(s) != g.Experts {
 		panic("moe: Gate.Scores shape mismatch")
 	}
-	attention.F32Linear(s, x, g.Weight, g.Experts, g.Dim)
+	if g.Packed != nil {
+		// F32Linear row by row, each row widened from the panels
+		row := make([]float32, g.Dim)
+		for e := range s {
+			g.Packed.Row(row, e)
+			attention.F32Linear(s[e:e+1], x, row, 1, g.Dim)
+		}
+	} else {
+		attention.F32Linear(s, x, g.Weight, g.Experts, g.Dim)
+	}
 	ApplyScoreFunc(s, g.Func)
 }
 

@@ -107,6 +107,8 @@ func LoadModelWith(d *dump.Dump, src Source, opt LoadOptions) (*engine.Model, er
 	// A model whose routed experts are read on demand (a real-size
 	// checkpoint: BlockLoadOptions.LazyExperts) keeps its weights file open.
 	lazy := cfg.ExpertBytes() > lazyExpertBytes
+	// one byte-bounded cache for the lazy experts of every layer
+	experts := engine.NewExpertCache(cfg.ExpertCacheBytes())
 	keep := false
 	defer func() {
 		if st != nil && !keep {
@@ -168,7 +170,7 @@ func LoadModelWith(d *dump.Dump, src Source, opt LoadOptions) (*engine.Model, er
 			// path only, or a model whose MoE the reference does not
 			// implement — bf16 experts, an inter dim that is not a multiple
 			// of 128 — leaves Block nil and the replay compares that part).
-			if lw.Block, err = engine.LoadBlockWeightsWith(cfg, l, st, engine.BlockLoadOptions{LazyExperts: lazy}); err != nil {
+			if lw.Block, err = engine.LoadBlockWeightsWith(cfg, l, st, engine.BlockLoadOptions{LazyExperts: lazy, Cache: experts}); err != nil {
 				return nil, err
 			}
 			keep = keep || lazy
