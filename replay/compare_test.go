@@ -204,7 +204,7 @@ func finitePlain(v float32) bool { return !math.IsNaN(float64(v)) && !math.IsInf
 
 // TestCompareFloatOnePass: CompareFloat gives exactly compareFloatPlain's
 // metrics on tensors mixing identical pairs, near and far values, ±0, NaN
-// and ±inf, under every tolerance mode (including a close tolerance of 0,
+// and ±inf (all identical and finite in some), under every tolerance mode (including a close tolerance of 0,
 // where even identical elements fail, and a negative ulp allowance).
 func TestCompareFloatOnePass(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -234,6 +234,15 @@ func TestCompareFloatOnePass(t *testing.T) {
 			}
 		}
 		if trial%7 == 0 { // all identical
+			copy(gpu, ref)
+		}
+		if trial%7 == 1 { // all identical and finite (CompareFloat's whole-tensor short path)
+			for i := range ref {
+				ref[i] = []float32{float32(rng.NormFloat64()), 0, float32(math.Copysign(0, -1)), 1e-30}[rng.IntN(4)]
+				if trial%2 == 0 {
+					ref[i] = ref[i] * 1e-20 // CosDiff's sums below 1e-12
+				}
+			}
 			copy(gpu, ref)
 		}
 		shape := []int{n}

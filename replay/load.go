@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"sync"
 
 	"sparsemla/attention"
 	"sparsemla/dump"
@@ -68,7 +69,7 @@ func LoadModelWith(d *dump.Dump, src Source, opt LoadOptions) (*engine.Model, er
 		}
 		return nil, fmt.Errorf("dump %s: no model config (ModelArgs) in the dump; write config.json beside it or use a native dump%s", d.Path, why)
 	}
-	cfg, err := engine.ParseConfig([]byte(d.Header.ModelArgs))
+	cfg, err := parseModelArgs(d.Header.ModelArgs)
 	if err != nil {
 		return nil, fmt.Errorf("dump %s: %w", d.Path, err)
 	}
@@ -198,6 +199,34 @@ func LoadModelWith(d *dump.Dump, src Source, opt LoadOptions) (*engine.Model, er
 		return nil, fmt.Errorf("dump %s: %w", d.Path, err)
 	}
 	return m, nil
+}
+
+// lastConfig is the last ModelArgs text engine.ParseConfig accepted and its
+// config: dumps of one run (a diff's two, a fuzzer's executions) carry the
+// same text, and parsing it was several per cent of a small replay.
+var lastConfig struct {
+	sync.Mutex
+	text string
+	cfg  engine.Config
+}
+
+// parseModelArgs is engine.ParseConfig of a dump header's ModelArgs text: a
+// new config each call (CompressRatios its own), the parse skipped when the
+// text is the last accepted one byte for byte. Errors are never cached.
+func parseModelArgs(text string) (*engine.Config, error) {
+	lastConfig.Lock()
+	defer lastConfig.Unlock()
+	if lastConfig.text == "" || lastConfig.text != text {
+		cfg, err := engine.ParseConfig([]byte(text))
+		if err != nil {
+			return nil, err
+		}
+		lastConfig.text, lastConfig.cfg = text, *cfg
+		lastConfig.cfg.CompressRatios = slices.Clone(cfg.CompressRatios)
+	}
+	c := lastConfig.cfg
+	c.CompressRatios = slices.Clone(c.CompressRatios)
+	return &c, nil
 }
 
 // FindWeights resolves the weights of the dump at dumpPath: weights itself,

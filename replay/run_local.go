@@ -85,12 +85,13 @@ func localUnit(m *engine.Model, src Source, u unit, tol *Tolerance, prevChecked 
 			return res, err
 		}
 	}
-	own := map[string]engine.Tensor{} // the reference's values at this step
-	status := map[string]string{}     // this step's stage statuses
-	start := &startState{}            // loaded on first use
+	own := map[string]engine.Tensor{}    // the reference's values at this step
+	status := map[string]string{}        // this step's stage statuses
+	start := &startState{}               // loaded on first use
+	judged := map[string]engine.Tensor{} // this step's dumped values read to be judged (copies)
 	for _, def := range defs {
 		sr := StageResult{Step: u.step, Layer: u.layer, Stage: def.Name, Equation: def.Equation}
-		in, infos, missing, err := localInputs(src, u, def, prevChecked, start, status, own)
+		in, infos, missing, err := localInputs(src, u, def, prevChecked, start, status, own, judged)
 		if err != nil {
 			return res, err
 		}
@@ -125,6 +126,9 @@ func localUnit(m *engine.Model, src Source, u unit, tol *Tolerance, prevChecked 
 		gpu, ok, err := src.Stage(u.step, gpuLayer, def.Name)
 		if err != nil {
 			return res, err
+		}
+		if ok && !def.Global {
+			judged[def.Name] = gpu.Clone()
 		}
 		sr.Shape = ref.Shape
 		if !ok {
@@ -225,8 +229,10 @@ type startState struct {
 // step's dumped value; any other this step's dumped value, else the
 // reference's own (own). status holds this step's stage statuses so far.
 // missing, when not empty, says why an input has no value; infos then lists
-// the inputs before it.
-func localInputs(src Source, u unit, def engine.StageDef, prevChecked bool, start *startState, status map[string]string, own map[string]engine.Tensor) (in map[string]engine.Tensor, infos []InputInfo, missing string, err error) {
+// the inputs before it. judged holds copies of this step's dumped values
+// already read (to be judged): an input among them is a copy of it, not read
+// and decoded again.
+func localInputs(src Source, u unit, def engine.StageDef, prevChecked bool, start *startState, status map[string]string, own, judged map[string]engine.Tensor) (in map[string]engine.Tensor, infos []InputInfo, missing string, err error) {
 	prevStep := u.step - 1
 	in = make(map[string]engine.Tensor, len(def.Inputs))
 	for _, name := range def.Inputs {
@@ -279,8 +285,10 @@ func localInputs(src Source, u unit, def engine.StageDef, prevChecked bool, star
 			in[name] = v
 			info.From, info.Status = FromDump, "unchecked"
 		} else {
-			v, ok, err := src.Stage(u.step, u.layer, name)
-			if err != nil {
+			v, ok := judged[name]
+			if ok {
+				v = v.Clone()
+			} else if v, ok, err = src.Stage(u.step, u.layer, name); err != nil {
 				return in, infos, missing, err
 			}
 			switch {
