@@ -11,7 +11,9 @@ import (
 	"sparsemla/attention"
 	"sparsemla/dump"
 	"sparsemla/engine"
+	"sparsemla/head"
 	"sparsemla/indexer"
+	"sparsemla/mhc"
 	"sparsemla/quant"
 	"sparsemla/replay"
 )
@@ -399,12 +401,12 @@ func Synthesize(opt SynthOptions) (*Synth, error) {
 	for l := 0; l < cfg.NLayers; l++ {
 		s.Weights[l] = engine.RandomLayerWeights(cfg, l, opt.Seed)
 		if opt.Whole {
-			s.Weights[l].Block = engine.RandomBlockWeights(cfg, l, opt.Seed)
+			s.Weights[l].Block = wholeBlockWeights(cfg, l, opt.Seed)
 		}
 		s.Rope[l] = engine.LayerRope(cfg, l, cfg.MaxSeqLen)
 	}
 	if opt.Whole {
-		s.Head = &engine.HeadWeights{Embed: engine.RandomEmbedding(cfg, opt.Seed), Head: engine.RandomHead(cfg, opt.Seed)}
+		s.Head = &engine.HeadWeights{Embed: engine.RandomEmbedding(cfg, opt.Seed), Head: wholeHead(cfg, opt.Seed)}
 	}
 	s.Src = replay.NewMemSource(fmt.Sprintf("synth(%s, seed %d)", opt.Config, opt.Seed))
 	s.Src.StartAfter = first - 1
@@ -456,6 +458,40 @@ func Synthesize(opt SynthOptions) (*Synth, error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// wholeBlockWeights is engine.RandomBlockWeights with the hyper-connection
+// parameters at the magnitudes of the official-v4-tiny golden's weights
+// (measured: hc_*_fn rms 0.031 = 1/sqrt(hc·dim), hc_*_base rms 0.5–0.6,
+// hc_*_scale about 0.7–1.5): fn ×10 (N(0, 1)/sqrt(hc·dim)), base ×5
+// (0.5·N), scale ×2 (1 + 0.2·N). RandomBlockWeights' own (fn 0.1/sqrt,
+// base 0.1·N, scale 0.5 + 0.1·N) make every comb nearly uniform and the
+// hc_mult streams nearly equal, so that a transposed comb or a wrong split
+// would barely show — unlike on the GPU's model.
+func wholeBlockWeights(cfg *engine.Config, layer int, seed uint64) *engine.BlockWeights {
+	b := engine.RandomBlockWeights(cfg, layer, seed)
+	for _, s := range []*mhc.Site{b.AttnSite, b.FFNSite} {
+		scaleAll(s.Fn, 10)
+		scaleAll(s.Base, 5)
+		scaleAll(s.Scale, 2)
+	}
+	return b
+}
+
+// wholeHead is engine.RandomHead with hc_head_base and hc_head_scale at the
+// golden's magnitudes (rms 0.2 and 1.15): base ×2, scale ×2.
+func wholeHead(cfg *engine.Config, seed uint64) *head.Head {
+	h := engine.RandomHead(cfg, seed)
+	scaleAll(h.HCFn, 10)
+	scaleAll(h.HCBase, 2)
+	h.HCScale *= 2
+	return h
+}
+
+func scaleAll(v []float32, f float32) {
+	for i := range v {
+		v[i] *= f
+	}
 }
 
 // gpuRun runs the stage graph like a GPU: each stage from the values the
