@@ -49,23 +49,7 @@ func TestSynthWholeCleanAgrees(t *testing.T) {
 	if _, ok := s.Src.Values[replay.StageKey{Step: 7, Layer: dump.Global, Stage: "tok"}]; !ok || len(want) < 30 {
 		t.Errorf("no global tok, or only %d whole-step stages", len(want))
 	}
-	dir := filepath.Join(t.TempDir(), "whole")
-	if err := s.Write(dir); err != nil {
-		t.Fatal(err)
-	}
-	d, err := dump.Open(filepath.Join(dir, SynthDumpFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
-	fsrc, err := replay.NewDumpSource(d, SynthRequest)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fm, err := replay.LoadModel(d, fsrc, "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	fm, fsrc := writtenSynth(t, s)
 	if fm.Head == nil || fm.Weights[1].Block == nil || fm.Cfg.SwigluLimit != SynthWholeSwigluLimit {
 		t.Fatalf("the written weights do not load as the whole model (head %v, block %v, swiglu_limit %g)", fm.Head != nil, fm.Weights[1].Block != nil, fm.Cfg.SwigluLimit)
 	}
@@ -101,11 +85,46 @@ func TestSynthWholeCleanAgrees(t *testing.T) {
 	}
 }
 
+// writtenSynth writes s (Synth.Write) and opens it as 'sparsemla replay'
+// does: the native dump and the model loaded from its weights file.
+func writtenSynth(t *testing.T, s *Synth) (*engine.Model, replay.Source) {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "synth")
+	if err := s.Write(dir); err != nil {
+		t.Fatal(err)
+	}
+	d, err := dump.Open(filepath.Join(dir, SynthDumpFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	src, err := replay.NewDumpSource(d, SynthRequest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := replay.LoadModel(d, src, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, src
+}
+
+// replayLocal replays src against m in local mode.
+func replayLocal(t *testing.T, m *engine.Model, src replay.Source) *replay.Report {
+	t.Helper()
+	rep, err := replay.Run(context.Background(), m, src, replay.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rep
+}
+
 // TestSynthWholeFaultsFound injects every fault of the whole layer
 // (NeedsBlock) into a whole synthetic model at seeded random positions: the
 // local replay names exactly the injected step, layer, stage and diagnosis
 // kind, the diagnosis names the part (faultWhy) and the hypothesis that
-// reproduces it bit for bit (faultHyp).
+// reproduces it bit for bit (faultHyp) — from memory and from the files
+// Write makes.
 func TestSynthWholeFaultsFound(t *testing.T) {
 	cfg := wholeCfg(t)
 	const prefill, steps = 6, 3
@@ -131,17 +150,24 @@ func TestSynthWholeFaultsFound(t *testing.T) {
 				t.Fatalf("%s (seed %d): %v", f, seed, err)
 			}
 			found = true
-			rep := replaySynth(t, s)
-			d := rep.First
-			if d == nil {
-				t.Fatalf("%s (seed %d): replay agrees, want a divergence", f, seed)
+			// From memory, and from the files synth writes (what
+			// 'sparsemla replay DIR' reads).
+			m, src := writtenSynth(t, s)
+			for _, c := range []struct {
+				name string
+				rep  *replay.Report
+			}{{"memory", replaySynth(t, s)}, {"files", replayLocal(t, m, src)}} {
+				d := c.rep.First
+				if d == nil {
+					t.Fatalf("%s (seed %d, %s): replay agrees, want a divergence", f, seed, c.name)
+				}
+				if d.Step != f.Step || d.Layer != f.Layer || d.Stage != f.Stage() || d.Kind != f.Diagnosis() {
+					t.Fatalf("%s (seed %d, %s): got step %d layer %d stage %s kind %q; want step %d layer %d stage %s kind %q\n%s",
+						f, seed, c.name, d.Step, d.Layer, d.Stage, d.Kind, f.Step, f.Layer, f.Stage(), f.Diagnosis(), d.Text)
+				}
+				checkWhy(t, f, d.Text, true)
 			}
-			if d.Step != f.Step || d.Layer != f.Layer || d.Stage != f.Stage() || d.Kind != f.Diagnosis() {
-				t.Fatalf("%s (seed %d): got step %d layer %d stage %s kind %q; want step %d layer %d stage %s kind %q\n%s",
-					f, seed, d.Step, d.Layer, d.Stage, d.Kind, f.Step, f.Layer, f.Stage(), f.Diagnosis(), d.Text)
-			}
-			checkWhy(t, f, d.Text, true)
-			t.Logf("%s: %s", f, d.Text)
+			t.Logf("%s: %s", f, replaySynth(t, s).First.Text)
 		}
 		if !found {
 			t.Fatalf("%s: no visible injection in 20 tries", kind)
