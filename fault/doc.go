@@ -38,9 +38,18 @@
 // Synthesize builds a model of a preset with engine.RandomLayerWeights and
 // runs the reference over a seeded token stream as a GPU would (the residual
 // stream between layers is synthetic glue standing in for mHC and the FFN),
-// recording every stage of the dumped steps in a replay.MemSource. Synth.Write
-// writes it as a model directory (SynthConfigFile, SynthWeightsFile under the
-// official state_dict names, SynthDumpFile with KV pages in the v4-model1
+// recording every stage of the dumped steps in a replay.MemSource. With
+// SynthOptions.Whole the model is the whole one instead (block weights from
+// engine.RandomBlockWeights with the hyper-connection parameters at the
+// official golden's magnitudes, the embedding and the head; swiglu_limit
+// SynthWholeSwigluLimit, so the clamp acts): layer 0 from the embedding of a
+// seeded random token, each later layer from the h_out below, every stage of
+// engine.BlockStages (and the logits) recorded, so that every kind of the
+// whole layer (NeedsBlock) can be injected into a synthetic run too.
+// Synth.Write writes it as a model directory (SynthConfigFile,
+// SynthWeightsFile under the official state_dict names — a whole model's
+// block and head parameters too, engine.BlockWeightRecords and
+// HeadWeightRecords — and SynthDumpFile with KV pages in the v4-model1
 // layout). The output of both is deterministic for a seed.
 //
 // # Prefix-cache decision faults (prefix.go, prefix_fault.go)

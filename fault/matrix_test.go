@@ -25,13 +25,15 @@ type matrixSource struct {
 	golden  string // testdata directory, "" for synthetic
 	prefill int    // synthetic: positions before the dump
 	steps   int    // synthetic: dumped steps
+	whole   bool   // synthetic: the whole model (SynthOptions.Whole)
 }
 
 // The layer kinds of the tiny config (compress ratios [0, 4, 128, 4]).
 var matrixLayers = map[int][]int{0: {0}, 4: {1, 3}, 128: {2}}
 
 // TestFaultMatrix is the done-when test of honest verdicts: every fault kind
-// × every layer kind it applies to × (synthetic, both GPU goldens), in local
+// × every layer kind it applies to × (synthetic, both GPU goldens; the faults
+// of the whole layer also the whole synthetic model, on every run), in local
 // and propagated mode, gives exactly the injected (step, layer, stage,
 // kind) as the first divergence — no misattribution — and bisect names the
 // same (verdict, step, layer, stage, kind) as replay on every cell. A cell a
@@ -50,6 +52,10 @@ func TestFaultMatrix(t *testing.T) {
 		{name: "official-v4-tiny", golden: "official-v4-tiny"}, // steps 2..7
 		{name: "gpu-v4-tiny-long", golden: "gpu-v4-tiny-long"}, // steps 126..128, 255..256
 	}
+	// The faults of the whole layer run on the whole synthetic model too, in
+	// every run (after the rotating source): its swiglu_limit is reached, so
+	// expert-no-clamp has cells there and nowhere else.
+	whole := matrixSource{name: "synthetic-whole", prefill: 6, steps: 3, whole: true} // steps 6..8
 	var notApplicable, ran []string
 	cell := 0
 	for _, kind := range Kinds() {
@@ -68,13 +74,16 @@ func TestFaultMatrix(t *testing.T) {
 					k := cell % len(order)
 					order = append(order[k:], order[:k]...)
 				}
+				if (Fault{Kind: kind}).NeedsBlock() {
+					order = append(order, whole)
+				}
 				cell++
 				for _, s := range order {
 					if s.name == "synthetic-hca" && !(kind == CompressorLate && r == 128) {
 						continue // only the r = 128 emission needs it
 					}
-					if !*fullMatrix && applies {
-						break
+					if !*fullMatrix && applies && !s.whole {
+						continue
 					}
 					name := fmt.Sprintf("%s/r%d-layer%d/%s", kind, r, l, s.name)
 					considered++
@@ -117,10 +126,9 @@ func kindApplies(cfg *engine.Config, kind Kind, l int) bool {
 	case ExpertNoClamp:
 		// The goldens' routed experts never reach swiglu_limit (gate and
 		// |up| < 4 < 10): the clamp cannot act there, so the fault is
-		// refused at every position (TestExpertNoClampRefused); its
-		// diagnosis is tested with a low-limit model (replay's
-		// TestDiagnoseBlockBugs).
-		return false
+		// refused at every position (TestExpertNoClampRefused); the whole
+		// synthetic model (swiglu_limit SynthWholeSwigluLimit) reaches it.
+		return true
 	}
 	return true
 }
@@ -128,8 +136,15 @@ func kindApplies(cfg *engine.Config, kind Kind, l int) bool {
 // matrixCell injects kind at layer l of source s at the first step where it
 // is visible and checks the cell; false when the source has no such step.
 func matrixCell(t *testing.T, cfg *engine.Config, s matrixSource, kind Kind, l int) bool {
-	if s.golden == "" && (Fault{Kind: kind}).NeedsBlock() {
-		return false // synthetic models hold the attention path only
+	if s.golden == "" && !s.whole && (Fault{Kind: kind}).NeedsBlock() {
+		return false // this synthetic model holds the attention path only
+	}
+	if s.whole && kind == HCPostTransposed && l == 0 {
+		// Layer 0's hc_mult streams are copies of one embedding row: a
+		// transposed comb changes h_mid only by the Sinkhorn residual of
+		// comb's row and column sums (≤ 1 ulp on the synthetic model), which
+		// a local replay sees and a propagated chain (cos_diff) cannot.
+		return false
 	}
 	var steps []int64
 	if s.golden != "" {
@@ -168,7 +183,7 @@ func matrixCell(t *testing.T, cfg *engine.Config, s matrixSource, kind Kind, l i
 // matrixInject returns the model and source of source s with fault f.
 func matrixInject(t *testing.T, s matrixSource, f Fault) (*engine.Model, replay.Source, error) {
 	if s.golden == "" {
-		syn, err := Synthesize(SynthOptions{Prefill: s.prefill, Steps: s.steps, Seed: 5, Fault: &f})
+		syn, err := Synthesize(SynthOptions{Prefill: s.prefill, Steps: s.steps, Seed: 5, Fault: &f, Whole: s.whole})
 		if err != nil {
 			return nil, nil, err
 		}

@@ -9,8 +9,11 @@ import (
 	"strings"
 
 	"sparsemla/attention"
+	"sparsemla/dump"
 	"sparsemla/engine"
+	"sparsemla/head"
 	"sparsemla/indexer"
+	"sparsemla/mhc"
 	"sparsemla/quant"
 	"sparsemla/replay"
 )
@@ -280,14 +283,32 @@ type SynthOptions struct {
 	Steps     int // decode steps dumped: Prefill .. Prefill+Steps-1
 	Seed      uint64
 	Fault     *Fault
+	// Whole makes the whole model (engine.BlockStages): every layer's
+	// hyper-connections, norms and MoE (engine.RandomBlockWeights), the
+	// embedding and the head (engine.RandomHead), a seeded random token
+	// stream, and every whole-step stage in the dump (h_in, hc_attn_*,
+	// attn_norm_in, x, …, h_mid, hc_ffn_*, ffn_norm_in, ffn_in, moe_indices,
+	// moe_weights, ffn_out, h_out, and the global tok and logits). Its
+	// swiglu_limit is SynthWholeSwigluLimit (the preset's 10 is out of reach
+	// of the synthetic activations), so the clamp acts and expert-no-clamp
+	// can be injected. Without it the model is the attention path only.
+	Whole bool
 }
+
+// SynthWholeSwigluLimit is the swiglu_limit of a whole synthetic model
+// (SynthOptions.Whole), written into its config: the routed experts' gate
+// and up projections of the synthetic model are about N(0, 1) (weights
+// N(0, 1/in) on RMS-normed inputs), so a limit of 2 clamps a few percent of
+// them, as the preset's 10 does to a real model's outliers.
+const SynthWholeSwigluLimit = 2
 
 // Synth is a synthetic model and the dump a GPU running it would write.
 type Synth struct {
 	Cfg     *engine.Config
 	Weights map[int]*engine.LayerWeights
 	Rope    map[int]*engine.RopeTable
-	Src     *replay.MemSource // request "B" (the replayed one)
+	Head    *engine.HeadWeights // the embedding and the head (whole models only; nil otherwise)
+	Src     *replay.MemSource   // request "B" (the replayed one)
 	Fault   *Fault
 	Seed    uint64
 	// PageBlock is the entries per KV page Write encodes (0: SynthPageBlock).
@@ -297,7 +318,7 @@ type Synth struct {
 // Model returns the reference model of the synthetic dump (its RoPE tables
 // are the ones the "GPU" used, so they count as the GPU's own).
 func (s *Synth) Model() *engine.Model {
-	return &engine.Model{Cfg: s.Cfg, Weights: s.Weights, Rope: s.Rope, GPURope: true}
+	return &engine.Model{Cfg: s.Cfg, Weights: s.Weights, Rope: s.Rope, Head: s.Head, GPURope: true}
 }
 
 // ErrInvisible is returned when a fault, injected at the position asked
@@ -319,7 +340,11 @@ const (
 // The attention input x of layer l is a weightless RMS norm of a residual
 // stream h (h₀ = a random bf16 embedding per token, h_{l+1} = bf16(h_l + y_l)):
 // synthetic glue standing in for the mHC block, so that an error in one
-// layer's output reaches the next layer's input as it would on a GPU.
+// layer's output reaches the next layer's input as it would on a GPU. With
+// opt.Whole the model is the whole one instead: layer 0's h_in is the
+// embedding of a seeded random token, each later layer's h_in the h_out of
+// the layer below, every stage of engine.BlockStages computed by the
+// reference (and the last layer's logits).
 func Synthesize(opt SynthOptions) (*Synth, error) {
 	if opt.Config == "" {
 		opt.Config = "tiny"
@@ -352,9 +377,18 @@ func Synthesize(opt SynthOptions) (*Synth, error) {
 	if last >= int64(cfg.MaxSeqLen) {
 		return nil, fmt.Errorf("synth: %d positions exceed max_seq_len %d", last+1, cfg.MaxSeqLen)
 	}
+	if opt.Whole {
+		if cfg.V32() {
+			return nil, fmt.Errorf("synth: config %q is DeepSeek-V3.2: it has no hyper-connections or FP4 experts to make the whole model of", opt.Config)
+		}
+		cfg.SwigluLimit = SynthWholeSwigluLimit
+		if err := cfg.ValidateBlock(); err != nil {
+			return nil, fmt.Errorf("synth: the whole model of config %q: %w", opt.Config, err)
+		}
+	}
 	if opt.Fault != nil {
-		if opt.Fault.NeedsBlock() && !cfg.V32() { // V3.2: checkV32 refuses them with its reason
-			return nil, fmt.Errorf("fault %s: needs the whole layer (hyper-connections, MoE); synthetic models hold the attention path only: inject it into a copy of a dump of the official layout (fault --in)", *opt.Fault)
+		if opt.Fault.NeedsBlock() && !opt.Whole && !cfg.V32() { // V3.2: checkV32 refuses them with its reason
+			return nil, fmt.Errorf("fault %s: needs the whole layer (hyper-connections, MoE); this synthetic model holds the attention path only: make the whole model (synth --whole) or inject it into a copy of a dump of the official layout (fault --in)", *opt.Fault)
 		}
 		if err := opt.Fault.Check(cfg, first, last); err != nil {
 			return nil, err
@@ -366,7 +400,13 @@ func Synthesize(opt SynthOptions) (*Synth, error) {
 	s := &Synth{Cfg: cfg, Weights: map[int]*engine.LayerWeights{}, Rope: map[int]*engine.RopeTable{}, Fault: opt.Fault, Seed: opt.Seed, PageBlock: opt.PageBlock}
 	for l := 0; l < cfg.NLayers; l++ {
 		s.Weights[l] = engine.RandomLayerWeights(cfg, l, opt.Seed)
+		if opt.Whole {
+			s.Weights[l].Block = wholeBlockWeights(cfg, l, opt.Seed)
+		}
 		s.Rope[l] = engine.LayerRope(cfg, l, cfg.MaxSeqLen)
+	}
+	if opt.Whole {
+		s.Head = &engine.HeadWeights{Embed: engine.RandomEmbedding(cfg, opt.Seed), Head: wholeHead(cfg, opt.Seed)}
 	}
 	s.Src = replay.NewMemSource(fmt.Sprintf("synth(%s, seed %d)", opt.Config, opt.Seed))
 	s.Src.StartAfter = first - 1
@@ -402,6 +442,10 @@ func Synthesize(opt SynthOptions) (*Synth, error) {
 			if g.inj != nil && g.inj.hides(p, l, name) {
 				continue
 			}
+			if base, ok := strings.CutPrefix(name, engine.GlobalPrefix); ok {
+				s.Src.Put(p, dump.Global, base, t) // tok, logits
+				continue
+			}
 			s.Src.Put(p, l, name, t)
 		}
 	}
@@ -414,6 +458,40 @@ func Synthesize(opt SynthOptions) (*Synth, error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// wholeBlockWeights is engine.RandomBlockWeights with the hyper-connection
+// parameters at the magnitudes of the official-v4-tiny golden's weights
+// (measured: hc_*_fn rms 0.031 = 1/sqrt(hc·dim), hc_*_base rms 0.5–0.6,
+// hc_*_scale about 0.7–1.5): fn ×10 (N(0, 1)/sqrt(hc·dim)), base ×5
+// (0.5·N), scale ×2 (1 + 0.2·N). RandomBlockWeights' own (fn 0.1/sqrt,
+// base 0.1·N, scale 0.5 + 0.1·N) make every comb nearly uniform and the
+// hc_mult streams nearly equal, so that a transposed comb or a wrong split
+// would barely show — unlike on the GPU's model.
+func wholeBlockWeights(cfg *engine.Config, layer int, seed uint64) *engine.BlockWeights {
+	b := engine.RandomBlockWeights(cfg, layer, seed)
+	for _, s := range []*mhc.Site{b.AttnSite, b.FFNSite} {
+		scaleAll(s.Fn, 10)
+		scaleAll(s.Base, 5)
+		scaleAll(s.Scale, 2)
+	}
+	return b
+}
+
+// wholeHead is engine.RandomHead with hc_head_base and hc_head_scale at the
+// golden's magnitudes (rms 0.2 and 1.15): base ×2, scale ×2.
+func wholeHead(cfg *engine.Config, seed uint64) *head.Head {
+	h := engine.RandomHead(cfg, seed)
+	scaleAll(h.HCFn, 10)
+	scaleAll(h.HCBase, 2)
+	h.HCScale *= 2
+	return h
+}
+
+func scaleAll(v []float32, f float32) {
+	for i := range v {
+		v[i] *= f
+	}
 }
 
 // gpuRun runs the stage graph like a GPU: each stage from the values the
@@ -434,6 +512,9 @@ func (g *gpuRun) run() error {
 	for l := range states {
 		states[l] = engine.NewLayerState(cfg, l).StateTensors()
 	}
+	if g.s.Head != nil {
+		return g.runWhole(rng, states)
+	}
 	for p := int64(0); p <= g.last; p++ {
 		h := make([]float32, cfg.Dim)
 		for i := range h {
@@ -441,7 +522,7 @@ func (g *gpuRun) run() error {
 		}
 		for l := 0; l < cfg.NLayers; l++ {
 			x := synthNorm(h)
-			vals, err := g.layerStep(p, l, x, states[l])
+			vals, err := g.layerStep(p, l, map[string]engine.Tensor{"x": x}, states[l])
 			if err != nil {
 				return fmt.Errorf("synth: step %d layer %d: %w", p, l, err)
 			}
@@ -450,20 +531,56 @@ func (g *gpuRun) run() error {
 					states[l][name] = t
 				}
 			}
-			if g.onStep != nil {
-				g.onStep(p, l, vals)
-			}
-			if g.onState != nil {
-				cp := make(map[string]engine.Tensor, len(states[l]))
-				for k, v := range states[l] {
-					cp[k] = v
-				}
-				g.onState(p, l, cp)
-			}
+			g.report(p, l, vals, states[l])
 			y := vals["y"].F
 			for i := range h {
 				h[i] = quant.BF16Round(h[i] + y[i])
 			}
+		}
+	}
+	return nil
+}
+
+// report hands one layer's step to onStep and its state after it to
+// onState.
+func (g *gpuRun) report(p int64, l int, vals, st map[string]engine.Tensor) {
+	if g.onStep != nil {
+		g.onStep(p, l, vals)
+	}
+	if g.onState != nil {
+		cp := make(map[string]engine.Tensor, len(st))
+		for k, v := range st {
+			cp[k] = v
+		}
+		g.onState(p, l, cp)
+	}
+}
+
+// runWhole is run for a whole model: at each position a seeded random token
+// (global tok), layer 0 from its embedding, each later layer from the h_out
+// of the layer below (faulty ones included), the last layer's stages ending
+// in the logits.
+func (g *gpuRun) runWhole(rng *rand.Rand, states []map[string]engine.Tensor) error {
+	cfg := g.s.Cfg
+	for p := int64(0); p <= g.last; p++ {
+		tok := engine.FromI(engine.KindI64, []int64{rng.Int64N(int64(cfg.VocabSize))}, 1)
+		var hOut engine.Tensor
+		for l := 0; l < cfg.NLayers; l++ {
+			seeds := map[string]engine.Tensor{engine.GlobalPrefix + "tok": tok}
+			if l > 0 {
+				seeds["h_in"] = hOut
+			}
+			vals, err := g.layerStep(p, l, seeds, states[l])
+			if err != nil {
+				return fmt.Errorf("synth: step %d layer %d: %w", p, l, err)
+			}
+			for name := range states[l] {
+				if t, ok := vals[name]; ok {
+					states[l][name] = t
+				}
+			}
+			g.report(p, l, vals, states[l])
+			hOut = vals["h_out"]
 		}
 	}
 	return nil
@@ -483,12 +600,26 @@ func synthNorm(h []float32) engine.Tensor {
 	return engine.FromF(engine.KindBF16, x, len(x))
 }
 
-func (g *gpuRun) layerStep(p int64, l int, x engine.Tensor, prev map[string]engine.Tensor) (map[string]engine.Tensor, error) {
+// layerStep runs one layer's stages at position p from seeds (the
+// attention path: x; a whole model: global:tok, and h_in above layer 0) and
+// the state before the step. The values it returns hold the seeds and every
+// stage; a global stage (logits) under engine.GlobalPrefix.
+func (g *gpuRun) layerStep(p int64, l int, seeds, prev map[string]engine.Tensor) (map[string]engine.Tensor, error) {
 	cfg := g.s.Cfg
-	ctx := &engine.StepContext{Cfg: cfg, Layer: l, Pos: p, W: g.s.Weights[l], Rope: g.s.Rope[l]}
-	vals := map[string]engine.Tensor{"x": x}
-	for _, def := range engine.Stages(cfg, l, p) {
+	ctx := &engine.StepContext{Cfg: cfg, Layer: l, Pos: p, W: g.s.Weights[l], Rope: g.s.Rope[l], Head: g.s.Head}
+	vals := make(map[string]engine.Tensor, len(seeds))
+	for k, t := range seeds {
+		vals[k] = t
+	}
+	defs := engine.Stages(cfg, l, p)
+	if g.s.Head != nil {
+		defs = engine.BlockStages(cfg, l, p, g.s.Weights[l], g.s.Head)
+	}
+	for _, def := range defs {
 		if p == 0 && prefillSkips[def.Name] {
+			if def.Name == "y" {
+				vals["y"] = engine.NewF(engine.KindBF16, cfg.Dim)
+			}
 			continue
 		}
 		in := make(map[string]engine.Tensor, len(def.Inputs))
@@ -513,6 +644,10 @@ func (g *gpuRun) layerStep(p int64, l int, x engine.Tensor, prev map[string]engi
 		if g.inj != nil {
 			out = g.inj.lateWrite(ctx, def.Name, out)
 		}
+		if def.Global {
+			vals[engine.GlobalPrefix+def.Name] = out
+			continue
+		}
 		vals[def.Name] = out
 		if def.Name == "o" {
 			// The GPU's split-K partials (FlashMLA form), dumped beside o.
@@ -525,9 +660,6 @@ func (g *gpuRun) layerStep(p int64, l int, x engine.Tensor, prev map[string]engi
 				}
 			}
 		}
-	}
-	if p == 0 {
-		vals["y"] = engine.NewF(engine.KindBF16, cfg.Dim)
 	}
 	return vals, nil
 }

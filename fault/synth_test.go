@@ -135,7 +135,8 @@ func TestSynthFaultsFound(t *testing.T) {
 	}
 	for _, kind := range Kinds() {
 		if (Fault{Kind: kind}).NeedsBlock() {
-			// Synthetic models hold the attention path only.
+			// Without Whole the synthetic model holds the attention path only
+			// (TestSynthWholeFaultsFound injects these into the whole model).
 			if _, err := Synthesize(SynthOptions{Prefill: prefill, Steps: steps, Fault: &Fault{Kind: kind, Step: first, Layer: 1}}); err == nil || !strings.Contains(err.Error(), "whole layer") {
 				t.Errorf("%s: Synthesize accepted a fault of the whole layer: %v", kind, err)
 			}

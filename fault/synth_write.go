@@ -25,6 +25,8 @@ const (
 // config.json, weights.safetensors (attention-path parameters under the
 // official state_dict names: FP8 codes as F8_E4M3 with U8 UE8M0 block scales,
 // bf16 wo_a / weights_proj, fp32 norms, sinks and compressor parameters), and
+// (a whole model, SynthOptions.Whole: also every block parameter and the
+// embedding and head, engine.BlockWeightRecords / HeadWeightRecords), and
 // dump.smd, a native dump holding the header (ModelArgs), the GPU RoPE tables,
 // the start state of every layer, every stage of every dumped step of request
 // B, and for a stale-prefix fault the prefix-hit record and request A's cache.
@@ -77,6 +79,20 @@ func (s *Synth) writeWeights(f io.Writer, path string) error {
 	var recs []dump.Record
 	for l := 0; l < s.Cfg.NLayers; l++ {
 		recs = append(recs, engine.LayerWeightRecords(s.Cfg, s.Weights[l])...)
+		if b := s.Weights[l].Block; b != nil {
+			br, err := engine.BlockWeightRecords(s.Cfg, l, b)
+			if err != nil {
+				return fmt.Errorf("synth: %s: %w", path, err)
+			}
+			recs = append(recs, br...)
+		}
+	}
+	if s.Head != nil {
+		hr, err := engine.HeadWeightRecords(s.Cfg, s.Head)
+		if err != nil {
+			return fmt.Errorf("synth: %s: %w", path, err)
+		}
+		recs = append(recs, hr...)
 	}
 	meta := map[string]string{"producer": "sparsemla synth", "seed": fmt.Sprint(s.Seed)}
 	if err := dump.WriteSafetensors(f, recs, meta); err != nil {

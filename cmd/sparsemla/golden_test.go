@@ -123,6 +123,14 @@ func goldenCases() []goldenCase {
 	add("fault/refused-hash-layer", nil, "fault", "--in", goldenTestdata("official-v4-tiny"), "--out", "$TMP/refused6", "--fault", "router-hash-off@3,1")
 	add("fault/refused-no-clamp", nil, "fault", "--in", goldenTestdata("official-v4-tiny"), "--out", "$TMP/refused7", "--fault", "expert-no-clamp@4,1")
 	add("synth/refused-block", nil, "synth", "--out", "$TMP/refused8", "--fault", "head-no-norm@7,3")
+	// The whole synthetic model (synth --whole): clean in every mode, and a
+	// fault of the whole layer found where it was injected.
+	add("synth/whole-clean", []string{"synth-whole"}, "synth", "--whole", "--out", "$TMP/synth-whole", "--steps", "3", "--seed", "11")
+	add("synth/whole-router", []string{"synth-whole-router"}, "synth", "--whole", "--out", "$TMP/synth-whole-router", "--steps", "3", "--seed", "11", "--fault", "router-bias@8,2")
+	for _, m := range []string{"local", "propagated", "chained"} {
+		add("synth-whole/replay-"+m, nil, "replay", "--mode", m, "$TMP/synth-whole")
+		add("synth-whole-router/replay-"+m, nil, "replay", "--mode", m, "$TMP/synth-whole-router")
+	}
 
 	type dumpAt struct{ name, dir, inspect string }
 	var dumps []dumpAt

@@ -31,6 +31,28 @@ computed from the faulty value). Fault kinds:
   stale-prefix     the last four window rows come from another request's page
   compressor-late  the compressed row is written one step late (CSA or HCA layers, emission steps)
   window-order     the window index list puts its -1 padding first (the V4.1 layout; steps < 127)
+With --whole the model is the whole one, not the attention path only: every
+layer's hyper-connections (hc_attn_*, hc_ffn_*), attn_norm / ffn_norm, the MoE
+(gate weight with its bias, or tid2eid on the first n_hash_layers; routed
+experts in FP4 E2M1 with UE8M0 per-32 scales; the FP8 shared expert), the
+embedding, the final norm and the head, all under the official state_dict
+names, run on a seeded random token stream; the dump holds every stage of the
+whole decode step (h_in, hc_attn_*, attn_norm_in, x, ..., y, h_mid, hc_ffn_*,
+ffn_norm_in, ffn_in, moe_indices, moe_weights, ffn_out, h_out; tok and, after
+the last layer, logits) and replays in every mode (--mode chained too). Its
+swiglu_limit is 2 (written into config.json; the preset's 10 is out of reach
+of the synthetic activations), so the clamp acts. The faults of the whole
+layer need --whole:
+  expert-nibble          routed FP4 experts read the even column from the high nibble: ffn_out
+  expert-scale-block     routed FP4 experts index their UE8M0 scales per 128 columns: ffn_out
+  expert-no-clamp        routed experts skip the swiglu_limit clamp: ffn_out
+  shared-gate-up-swapped the shared expert runs with w1 and w3 exchanged: ffn_out
+  router-bias            the router ranks experts without gate.bias (score layers): moe_indices
+  router-hash-off        the router reads tid2eid[tok+1] (hash layers): moe_indices
+  router-unnormalised    the router's weights are not divided by their sum: moe_weights
+  hc-post-transposed     the attention-side hc_post mixes the streams with comb transposed: h_mid
+  hc-split-no-sigmoid    the FFN-side hc split leaves the sigmoid out of post: hc_ffn_post
+  head-no-norm           the head skips the final RMSNorm (last layer): logits
 With --config v41-tiny (DeepSeek-V4.1) it writes a directory in the official
 V4.1 layout (config.json, weights, prefill_state, step_P.safetensors) that
 replay reads; of the kinds above window-order (there: V4's order, -1 last)
@@ -42,13 +64,14 @@ func runSynth(args []string, stdout, stderr io.Writer) int {
 	if prefixSynthRequested(args) {
 		return runPrefixSynth(args, stdout, stderr)
 	}
-	fs := rpFlagSet("synth", "synth --out DIR [--config tiny] [--steps N] [--prefill N] [--seed S] [--fault KIND@step,layer]", synthDoc, stderr)
+	fs := rpFlagSet("synth", "synth --out DIR [--config tiny] [--steps N] [--prefill N] [--seed S] [--whole] [--fault KIND@step,layer]", synthDoc, stderr)
 	out := fs.String("out", "", "output directory (required)")
 	cfg := fs.String("config", "tiny", "model preset (tiny, or v41-tiny for DeepSeek-V4.1)")
 	steps := fs.Int("steps", 8, "decode steps to dump")
 	prefill := fs.Int("prefill", 6, "positions run before the first dumped step (the start state is valid after them)")
 	seed := fs.Uint64("seed", 1, "random seed of the weights and the token stream")
 	faultFlag := fs.String("fault", "", "inject a fault, KIND@step,layer (see above)")
+	whole := fs.Bool("whole", false, "the whole model (hyper-connections, MoE, head) and every whole-step stage, not the attention path only")
 	if _, code, ok := rpArgs(fs, args, 0, func() bool { return *out != "" }); !ok {
 		return code
 	}
@@ -57,7 +80,7 @@ func runSynth(args []string, stdout, stderr io.Writer) int {
 	if err := (&userfile.Guard{}).CheckDir(*out); err != nil {
 		return rpFail(stderr, "synth", err)
 	}
-	opt := fault.SynthOptions{Config: *cfg, Prefill: *prefill, Steps: *steps, Seed: *seed}
+	opt := fault.SynthOptions{Config: *cfg, Prefill: *prefill, Steps: *steps, Seed: *seed, Whole: *whole}
 	if *faultFlag != "" {
 		f, err := fault.Parse(*faultFlag)
 		if err != nil {
@@ -66,6 +89,9 @@ func runSynth(args []string, stdout, stderr io.Writer) int {
 		opt.Fault = &f
 	}
 	if c, err := engine.Preset(*cfg); err == nil && c.IsV41() {
+		if *whole {
+			return rpFail(stderr, "synth", fmt.Errorf("--whole: the DeepSeek-V4.1 synthetic model (--config %s) holds the attention path only", *cfg))
+		}
 		return runSynthV41(c, opt, *out, stdout, stderr)
 	}
 	s, err := fault.Synthesize(opt)
@@ -75,8 +101,12 @@ func runSynth(args []string, stdout, stderr io.Writer) int {
 	if err := s.Write(*out); err != nil {
 		return rpFail(stderr, "synth", err)
 	}
-	fmt.Fprintf(stdout, "wrote %s: %s config, steps %d..%d after a %d-token prefill, seed %d",
-		*out, *cfg, *prefill, *prefill+*steps-1, *prefill, *seed)
+	what := ""
+	if *whole {
+		what = " (the whole model)"
+	}
+	fmt.Fprintf(stdout, "wrote %s: %s config%s, steps %d..%d after a %d-token prefill, seed %d",
+		*out, *cfg, what, *prefill, *prefill+*steps-1, *prefill, *seed)
 	if opt.Fault != nil {
 		fmt.Fprintf(stdout, ", fault %s (first divergence expected at stage %s: %s)", opt.Fault, opt.Fault.StageIn(s.Cfg), opt.Fault.DiagnosisIn(s.Cfg))
 	}
