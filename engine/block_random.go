@@ -14,8 +14,10 @@ import (
 )
 
 // RandomBlockWeights makes synthetic block weights for layer l (mHC, norms,
-// MoE), seeded and deterministic, distributed like the golden's generator:
-// hc_*_fn N(0,1)/sqrt(hc·dim)·0.1, hc_*_base 0.1·N, hc_*_scale 0.5 + 0.1·N
+// MoE), seeded and deterministic, with the golden's shapes but not its
+// mHC magnitudes (the official-v4-tiny weights measure hc_*_fn RMS ≈ 0.031,
+// hc_*_base 0.5–0.6, hc_*_scale 0.7–1.5; fault's synth --whole rescales to
+// those): hc_*_fn N(0,1)/sqrt(hc·dim)·0.1, hc_*_base 0.1·N, hc_*_scale 0.5 + 0.1·N
 // (fp32), norms bf16(1 + 0.1·N), gate weight bf16(N/sqrt(dim)), gate bias
 // 0.1·N, tid2eid the first k of a random permutation per token, experts
 // bf16(N/sqrt(in)) quantised to FP4 (per-32 ceil2 scales, RNE), the shared
