@@ -39,18 +39,25 @@ func runBisect(args []string, stdout, stderr io.Writer) int {
 	if !ok {
 		return code
 	}
-	tol, err := f.tolerance()
-	if err != nil {
-		return rpFail(stderr, "bisect", err)
-	}
-	o, err := rpOpenDump(pos[0], &f, true)
-	if err != nil {
-		return rpFail(stderr, "bisect", err)
-	}
-	defer o.Close()
-	rep, err := replay.BisectWith(context.Background(), o.model, o.src, replay.BisectOptions{Tol: tol, AssumePersistent: *persistent})
-	if err != nil {
-		return rpFail(stderr, "bisect", err)
+	var rep *replay.Report
+	if replay.IsV41Dir(pos[0]) {
+		if rep, code = rpBisectV41(pos[0], &f, *persistent, stderr); rep == nil {
+			return code
+		}
+	} else {
+		tol, err := f.tolerance()
+		if err != nil {
+			return rpFail(stderr, "bisect", err)
+		}
+		o, err := rpOpenDump(pos[0], &f, true)
+		if err != nil {
+			return rpFail(stderr, "bisect", err)
+		}
+		defer o.Close()
+		rep, err = replay.BisectWith(context.Background(), o.model, o.src, replay.BisectOptions{Tol: tol, AssumePersistent: *persistent})
+		if err != nil {
+			return rpFail(stderr, "bisect", err)
+		}
 	}
 	if f.json {
 		if err := rep.WriteJSON(stdout); err != nil {
