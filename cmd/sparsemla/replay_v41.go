@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 
+	"sparsemla/fault"
 	"sparsemla/replay"
 )
 
@@ -131,4 +132,25 @@ func rpBisectV41(dir string, f *replayFlags, persistent bool, stderr io.Writer) 
 		return nil, rpFail(stderr, "bisect", err)
 	}
 	return rep, exitOK
+}
+
+// runFaultV41 is fault --in on a V4.1 dump directory (fault.WriteFaultedV41).
+func runFaultV41(in, out string, flt fault.Fault, f *replayFlags, stdout, stderr io.Writer) int {
+	if !rpRefuseV41("fault", f, stderr) {
+		return exitError
+	}
+	d, err := replay.LoadV41Dir(in)
+	if err != nil {
+		return rpFail(stderr, "fault", err)
+	}
+	res, err := fault.WriteFaultedV41(in, d, out, flt)
+	if err != nil {
+		return rpFail(stderr, "fault", err)
+	}
+	stage, why := fault.V41FaultStage(flt)
+	fmt.Fprintf(stdout, "wrote %s: %s (DeepSeek-V4.1) with fault %s\n", res.Dir, in, flt)
+	fmt.Fprintf(stdout, "  first divergence expected: decode step %d, layer %d, stage %s — %s\n", flt.Step, flt.Layer, stage, why)
+	fmt.Fprintf(stdout, "  changed: %s\n", stageKeys(res.Changed))
+	fmt.Fprintf(stdout, "replay it: sparsemla replay %s\n", res.Dir)
+	return exitOK
 }

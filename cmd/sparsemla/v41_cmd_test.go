@@ -118,3 +118,40 @@ func TestV41Commands(t *testing.T) {
 		t.Errorf("bisect --json: %v %+v", err, rep.Probes)
 	}
 }
+
+// TestFaultV41In: fault --in on the V4.1 golden writes a copy that replays to
+// exactly the injected step, layer, stage and hypothesis; a kind V4.1 does
+// not have and a layer where the kind does not apply are refused in one
+// line; the golden itself is not changed (it still agrees).
+func TestFaultV41In(t *testing.T) {
+	g := goldenTestdata("v41-tiny")
+	dir := t.TempDir()
+	var out, errb bytes.Buffer
+	if code := run([]string{"fault", "--in", g, "--out", dir + "/t", "--fault", "topk-off-by-one@14,2"}, &out, &errb); code != exitOK {
+		t.Fatalf("fault: exit %d: %s", code, errb.String())
+	}
+	if !strings.Contains(out.String(), "changed: p14/L2: index_sel, topk_idxs, o, y; p14/L3: topk_idxs, o, y; p14/L4: topk_idxs, o, y") {
+		t.Errorf("fault output: %s", out.String())
+	}
+	out.Reset()
+	if code := run([]string{"replay", dir + "/t"}, &out, &errb); code != exitDiverged ||
+		!strings.Contains(out.String(), "1 fail;") ||
+		!strings.Contains(out.String(), "first divergence: decode step 14, layer 2, stage index_sel — indexer selection:") ||
+		!strings.Contains(out.String(), `hypothesis "topk-off-by-one"`) {
+		t.Errorf("replay faulted copy: exit %d: %s", code, out.String())
+	}
+	for _, c := range []struct{ flt, want string }{
+		{"wrong-lse@13,2", "fault wrong-lse@13,2: not implemented for DeepSeek-V4.1 dumps"},
+		{"topk-off-by-one@13,3", "layer 3 runs no indexer"},
+	} {
+		errb.Reset()
+		if code := run([]string{"fault", "--in", g, "--out", dir + "/x", "--fault", c.flt}, &out, &errb); code != exitError ||
+			strings.Count(errb.String(), "\n") != 1 || !strings.Contains(errb.String(), c.want) {
+			t.Errorf("fault %s: exit %d, %q", c.flt, code, errb.String())
+		}
+	}
+	out.Reset()
+	if code := run([]string{"replay", g}, &out, &errb); code != exitOK {
+		t.Errorf("golden after fault: exit %d: %s", code, out.String())
+	}
+}
