@@ -162,7 +162,7 @@ func WriteFaultedV41(in string, d *replay.V41Dump, out string, f Fault) (*V41Fau
 		}
 		recs = append(recs, r)
 	}
-	meta := map[string]string{"producer": "sparsemla fault", "injected_fault": f.String(), "faulted_from": in}
+	meta := map[string]string{"producer": "sparsemla fault", "injected_fault": f.String()}
 	if err := od.WriteFile(filepath.Base(stepFile), 0o644, func(w io.Writer) error { return dump.WriteSafetensors(w, recs, meta) }); err != nil {
 		return nil, err
 	}
