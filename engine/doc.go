@@ -75,7 +75,8 @@
 // graph (Stages, BlockStages, RunStep) does not take V4.1 configs (the V4
 // replay refuses them; replay.V41Run replays V4.1 dumps in the official
 // layout); docs/v41.md lists what was confirmed in the official code and on
-// the GPU, and what is not implemented (mHC, MoE, Engram, most tools).
+// the GPU, and what is not implemented (mHC, MoE, Engram; the dump formats
+// the V4.1 commands refuse).
 //
 // # Models and records
 //
