@@ -72,10 +72,12 @@ func V41Diff(a, b *V41Dump, tol *Tolerance) (*Report, error) {
 					continue
 				}
 				in := map[string]engine.Tensor{}
-				if s, ok := a.step[p][fmt.Sprintf("L%d.index_score", l)]; ok {
-					in["index_score"] = s
+				for _, n := range []string{"index_score", "index_score_masked"} {
+					if s, ok := a.step[p][fmt.Sprintf("L%d.%s", l, n)]; ok {
+						in[n] = s
+					}
 				}
-				JudgeStage(&sr, ta, tb, in, tol.For(name), JudgeContext{GPURope: true, Window: cfg.WindowSize})
+				v41JudgeStage(&sr, ta, tb, in, tol.For(name), cfg.WindowSize)
 				rep.Results = append(rep.Results, sr)
 				if sr.Status == StatusFail && first == nil {
 					if name == "x" && sr.Metrics != nil && sr.Metrics.CosDiff > differentRunCos {

@@ -41,6 +41,7 @@ func V41Tolerance(mode Mode) *Tolerance {
 	f32 := StageTol{Mode: TolClose, Abs: 1e-6, Rel: 1e-5, Cos: 1e-9, Why: "V4.1: fp32 GEMM of the r = 2 compressor, summation order (golden: |Δ| ≤ 2.7e-7 of max)"}
 	t.Stages["o"] = StageTol{Mode: TolULP, MaxULP: 1, Why: "V4.1: sparse_attn P·V order (golden: max 1 bf16 ulp)"}
 	t.Stages["cmp_a"], t.Stages["cmp_b"] = f32, f32
+	t.Stages["index_sel"] = StageTol{Mode: TolSet, Why: "V4.1: top-k rows + window_size, compared as a set (torch.topk order among ties is unspecified), and sorted by position"}
 	if mode == Propagated {
 		t.Stages["cmp_kv_state"], t.Stages["cmp_score_state"] = f32, f32
 		t.Stages["y"] = StageTol{Mode: TolClose, Abs: 1e-2, Rel: 2e-2, Cos: 1e-4, Why: "V4.1 propagated: a 1-ulp o moves FP8 codes of u before wo_b"}
@@ -182,7 +183,7 @@ func V41Run(d *V41Dump, opt V41Options) (*Report, error) {
 				return ref, fmt.Errorf("step_%d.safetensors: L%d.%s is %s %v, the reference's %s %v", p, l, def.Name, gpu.Kind, gpu.Shape, ref.Kind, ref.Shape)
 			}
 			gpu.Shape, gpu.Kind = ref.Shape, ref.Kind
-			JudgeStage(&sr, ref, gpu, in, tol.For(def.Name), JudgeContext{GPURope: true, Window: W})
+			v41JudgeStage(&sr, ref, gpu, in, tol.For(def.Name), W)
 			status[key] = sr.Status
 			rep.Results = append(rep.Results, sr)
 			if sr.Status == StatusFail && rep.First == nil {
@@ -215,6 +216,24 @@ func V41Run(d *V41Dump, opt V41Options) (*Report, error) {
 	slices.Sort(rep.Coverage.NotModelled)
 	rep.finish()
 	return rep, nil
+}
+
+// v41JudgeStage is JudgeStage for a V4.1 stage: a set-mode index_sel is
+// judged against the scores its top-k ran on (index_score_masked at a
+// layer using the candidate mask) and must also be sorted by position (V4.1
+// re-sorts the top-k; a set in another order is another list for the
+// chunked attention kernel).
+func v41JudgeStage(sr *StageResult, ref, gpu engine.Tensor, in map[string]engine.Tensor, st StageTol, window int) {
+	if st.Mode == TolSet {
+		if m, ok := in["index_score_masked"]; ok {
+			in = map[string]engine.Tensor{"index_score": m}
+		}
+	}
+	JudgeStage(sr, ref, gpu, in, st, JudgeContext{GPURope: true, Window: window})
+	if st.Mode == TolSet && sr.Stage == "index_sel" && sr.Status != StatusFail && !slices.IsSorted(gpu.I) {
+		sr.Status, sr.Severity = StatusFail, 1
+		sr.Reason = fmt.Sprintf("the selected rows %v are not sorted by position (V4.1 re-sorts the top-k)", gpu.I)
+	}
 }
 
 // v41Inputs says where each input of a stage came from in this replay.

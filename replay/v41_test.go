@@ -80,8 +80,9 @@ func TestV41GoldenOfficial(t *testing.T) {
 }
 
 // TestV41ReplayNamesCorruption: a copy of the golden with one value of layer
-// 3's y at step 13 changed, and one with layer 6's window list in V4's order
-// at step 14, diverge first exactly there.
+// 3's y at step 13 changed, one with layer 6's window list in V4's order at
+// step 14, and one with layer 5's top-k rows at step 13 out of position
+// order, diverge first exactly there.
 func TestV41ReplayNamesCorruption(t *testing.T) {
 	for _, c := range []struct {
 		step  int64
@@ -104,6 +105,9 @@ func TestV41ReplayNamesCorruption(t *testing.T) {
 			}
 			copy(x.I, append(v, pad...))
 		}, 6, "topk_idxs", "v4-window-order"},
+		// the right set of rows, not sorted by position (index_sel is
+		// compared as a set, and its order too)
+		{13, "L5.index_sel", func(x *engine.Tensor) { x.I[0], x.I[1] = x.I[1], x.I[0] }, 5, "index_sel", ""},
 	} {
 		dir := t.TempDir()
 		ents, _ := os.ReadDir(v41Golden)
