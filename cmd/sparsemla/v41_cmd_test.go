@@ -150,6 +150,17 @@ func TestFaultV41In(t *testing.T) {
 			t.Errorf("fault %s: exit %d, %q", c.flt, code, errb.String())
 		}
 	}
+	// A fault at the last step: bisect's first probe diverges, the search
+	// narrows to it, and the answer is the replay's.
+	if code := run([]string{"fault", "--in", g, "--out", dir + "/w", "--fault", "window-order@15,0"}, &out, &errb); code != exitOK {
+		t.Fatalf("fault window-order: exit %d: %s", code, errb.String())
+	}
+	out.Reset()
+	if code := run([]string{"bisect", dir + "/w"}, &out, &errb); code != exitDiverged ||
+		!strings.Contains(out.String(), "probes: step 15 diverged, step 13 agrees, step 14 agrees; then scanned steps 12)") ||
+		!strings.Contains(out.String(), "first divergence: decode step 15, layer 0, stage topk_idxs") {
+		t.Errorf("bisect: exit %d: %s", code, out.String())
+	}
 	out.Reset()
 	if code := run([]string{"replay", g}, &out, &errb); code != exitOK {
 		t.Errorf("golden after fault: exit %d: %s", code, out.String())
