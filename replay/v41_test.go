@@ -169,3 +169,36 @@ func v41Hyp(d *Divergence) string {
 	}
 	return d.Hypothesis.Best.Name
 }
+
+// TestV41Diff: the golden against itself agrees with the referee saying
+// both are right; a copy whose attention input x differs (another run) is
+// refused; a copy with one y value changed diverges exactly there.
+func TestV41Diff(t *testing.T) {
+	a, err := LoadV41Dir(v41Golden)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := V41Diff(a, a, nil)
+	if err != nil || rep.Verdict != VerdictAgree || rep.Referee == nil || rep.Referee.Right != "both" {
+		t.Fatalf("golden vs itself: %v %+v", err, rep)
+	}
+	b, err := LoadV41Dir(v41Golden)
+	if err != nil {
+		t.Fatal(err)
+	}
+	y := b.step[14]["L6.y"].Clone()
+	y.F[3] = -y.F[3] - 1
+	b.step[14]["L6.y"] = y
+	rep, err = V41Diff(a, b, nil)
+	if err != nil || rep.First == nil || rep.First.Step != 14 || rep.First.Layer != 6 || rep.First.Stage != "y" || rep.Referee.Right != "a" {
+		t.Errorf("one y changed: %v %s", err, v41Text(rep))
+	}
+	x := b.step[13]["L0.x"].Clone()
+	for i := range x.F {
+		x.F[i] = -x.F[i]
+	}
+	b.step[13]["L0.x"] = x
+	if _, err := V41Diff(a, b, nil); err == nil || !strings.Contains(err.Error(), "not of the same run") {
+		t.Errorf("x negated: err = %v", err)
+	}
+}
