@@ -73,9 +73,10 @@
 // candidate mask, later layers of the same step read them, so V41Step runs
 // one decode step of every layer (or of V41Needs(l)) in order. The V4 stage
 // graph (Stages, BlockStages, RunStep) does not take V4.1 configs (the V4
-// replay refuses them; replay.V41Replay replays V4.1 dumps in the official
+// replay refuses them; replay.V41Run replays V4.1 dumps in the official
 // layout); docs/v41.md lists what was confirmed in the official code and on
-// the GPU, and what is not implemented (mHC, MoE, Engram, most tools).
+// the GPU, and what is not implemented (mHC, MoE, Engram; the dump formats
+// the V4.1 commands refuse).
 //
 // # Models and records
 //

@@ -34,12 +34,12 @@ func TestSynthV41Faults(t *testing.T) {
 	}
 	clean := write(nil)
 	for _, mode := range []replay.Mode{replay.Local, replay.Propagated} {
-		rep, err := replay.V41Replay(clean, mode)
+		rep, err := replay.V41Run(clean, replay.V41Options{Mode: mode})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if rep.First != nil || len(rep.NotCompared) != 0 {
-			t.Errorf("clean %s: %s", mode, rep.Text())
+		if rep.Verdict != replay.VerdictAgree || rep.Summary.Missing != 0 || len(rep.Coverage.NotModelled) != 0 {
+			t.Errorf("clean %s: %s", mode, v41Text(rep))
 		}
 	}
 	for _, c := range []struct {
@@ -52,14 +52,15 @@ func TestSynthV41Faults(t *testing.T) {
 		{Fault{Kind: TopKOffByOne, Step: 11, Layer: 2}, "topk-off-by-one"},
 		{Fault{Kind: TopKOffByOne, Step: 9, Layer: 7}, "topk-off-by-one"},
 	} {
-		rep, err := replay.V41Replay(write(&c.f), replay.Local)
+		rep, err := replay.V41Run(write(&c.f), replay.V41Options{Mode: replay.Local})
 		if err != nil {
 			t.Fatal(err)
 		}
 		stage, _ := V41FaultStage(c.f)
 		fd := rep.First
-		if fd == nil || fd.Step != c.f.Step || fd.Layer != c.f.Layer || fd.Stage != stage || fd.Hypothesis != c.hyp {
-			t.Errorf("%s: %s", c.f, rep.Text())
+		if fd == nil || fd.Step != c.f.Step || fd.Layer != c.f.Layer || fd.Stage != stage ||
+			fd.Hypothesis == nil || fd.Hypothesis.Best == nil || !fd.Hypothesis.Best.Exact || fd.Hypothesis.Best.Name != c.hyp {
+			t.Errorf("%s: %s", c.f, v41Text(rep))
 		}
 	}
 	for _, c := range []struct {
@@ -75,4 +76,10 @@ func TestSynthV41Faults(t *testing.T) {
 			t.Errorf("%s: err = %v, want %q", c.f, err, c.want)
 		}
 	}
+}
+
+func v41Text(r *replay.Report) string {
+	var b strings.Builder
+	r.WriteText(&b)
+	return b.String()
 }

@@ -59,6 +59,13 @@
 // hits row by row with kvcache.VerifyPrefixHit: a library caller of Run gets
 // both with no wiring.
 //
+// # DeepSeek-V4.1
+//
+// A V4.1 dump directory (IsV41Dir: its config.json is a V4.1 config) has
+// its own loader and stage graph (LoadV41Dir, engine.V41Step): V41Run
+// replays it into the same Report (local or propagated, V41Tolerance),
+// V41Diff and V41Bisect are its diff and bisect; docs/v41.md.
+//
 // # Reports
 //
 // A Report holds every stage result, the summary, the coverage (what the

@@ -24,6 +24,7 @@ type Report struct {
 	Dump          string        `json:"dump"`
 	Against       string        `json:"against,omitempty"` // diff: the second dump
 	Mode          string        `json:"mode"`              // local | propagated
+	Model         string        `json:"model,omitempty"`   // the model family when not DeepSeek-V4 (e.g. DeepSeek-V4.1), detected from the config
 	GPURope       bool          `json:"gpu_rope_table"`    // RoPE from the GPU's own table
 	Kernels       string        `json:"kernels,omitempty"` // prepared | reference | mixed (Model.Kernels); empty: no reference ran
 	Policy        string        `json:"policy,omitempty"`  // numerics policy other than engine.PolicyOfficial (e.g. hf-eager)
@@ -300,6 +301,9 @@ func (r *Report) WriteText(w io.Writer) {
 	s := r.Summary
 	fmt.Fprintf(w, "%s %s (%s mode): %d steps x %d layers, %d stages compared: %d pass, %d tie, %d fail; %d not dumped, %d skipped\n",
 		r.Command, r.Dump, r.Mode, len(r.Steps), len(r.Layers), s.Compared, s.Pass, s.Tie, s.Fail, s.Missing, s.Skipped)
+	if r.Model != "" {
+		fmt.Fprintf(w, "  model: %s (detected from the dump's config)\n", r.Model)
+	}
 	if !r.GPURope {
 		fmt.Fprintln(w, "  (no GPU RoPE table in the dump: RoPE stages allowed one bf16 ulp)")
 	}

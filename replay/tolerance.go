@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -321,7 +322,7 @@ func KnownStage(name string) bool {
 	if _, ok := DefaultTolerance().Stages[name]; ok {
 		return true
 	}
-	return graphStages()[name]
+	return graphStages()[name] || slices.Contains(V41StageNames(), name)
 }
 
 // graphStages is the set of stage names of the stage graph over every layer

@@ -7,14 +7,11 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"sort"
-	"strings"
 
 	"sparsemla/attention"
 	"sparsemla/dump"
 	"sparsemla/engine"
 	"sparsemla/indexer"
-	"sparsemla/quant"
 	"sparsemla/userfile"
 )
 
@@ -23,11 +20,11 @@ import (
 // (layers.L.attn.* names, FP8 as U8 codes + U8 UE8M0 32×32 scales),
 // rope.safetensors (the GPU's freqs_cis), prefill_state.safetensors and
 // step_P.safetensors (L<l>.<stage>), meta.json (index_k_at: the layer whose
-// keys model.py's shared index-key slot held before each step). V41Replay
-// compares every dumped stage of every step and layer with the V4.1
-// reference (engine.V41Step), teacher-forced or propagated within each step.
-// The V4 replay machinery (JSON report, diff, bisect, report, fault, native
-// dumps) does not cover V4.1.
+// keys model.py's shared index-key slot held before each step). V41Run
+// (v41_report.go) compares every dumped stage of every step and layer with
+// the V4.1 reference (engine.V41Step), teacher-forced or propagated within
+// each step, into the common Report; native .smd dumps and name maps do not
+// cover V4.1.
 
 // V41Dump is a loaded V4.1 dump.
 type V41Dump struct {
@@ -45,7 +42,7 @@ type V41Dump struct {
 const v41MaxFile = 1 << 30
 
 // IsV41Dir reports whether path is a directory whose config.json is a V4.1
-// config (the replay then takes V41Replay's path).
+// config (the replay then takes V41Run's path).
 func IsV41Dir(path string) bool {
 	fi, err := os.Stat(path)
 	if err != nil || !fi.IsDir() {
@@ -328,101 +325,6 @@ func (d *V41Dump) Inputs(p int64) ([]engine.Tensor, error) {
 	return xs, nil
 }
 
-// V41StageResult is the comparison of one stage at one step and layer.
-type V41StageResult struct {
-	Step   int64
-	Layer  int
-	Stage  string
-	N      int     // values compared
-	Exact  int     // bit-identical
-	MaxULP int     // worst bf16 ulp distance (bf16 stages)
-	MaxRel float64 // worst |ref − dump| / max |dump|
-	OK     bool
-	Detail string // first differing value, for a failed stage
-	// Hypothesis names the known alternative computation
-	// (engine.V41Hypotheses) that reproduces the dumped value bit for bit
-	// from the same inputs, when one does.
-	Hypothesis, HypothesisWhy string
-}
-
-// V41Report is the result of V41Replay.
-type V41Report struct {
-	Dir      string
-	Mode     Mode
-	Steps    []int64
-	Results  []V41StageResult // model order: step, layer, stage
-	First    *V41StageResult  // first failing stage, nil when all agree
-	Compared []string         // stage names compared
-	// NotCompared are the reference's stages the dump does not hold:
-	// computed (locally from dumped inputs) but checked only through the
-	// dumped stages that depend on them.
-	NotCompared []string
-}
-
-// v41Tol is the tolerance of a stage: exact unless listed (measured on the
-// GPU golden testdata/v41-tiny): o ≤ 1 bf16 ulp (P·V order); fp32 GEMM
-// outputs cmp_a / cmp_b (and, propagated, the compressor states holding
-// them) ≤ 1e-6 of max; propagated y ≤ 1e-2 of max (a 1-ulp o moves FP8
-// codes of u before wo_b).
-func v41Tol(stage string, mode Mode) (maxULP int, maxRel float64, desc string) {
-	switch {
-	case stage == "o":
-		return 1, -1, "≤ 1 bf16 ulp"
-	case stage == "cmp_a" || stage == "cmp_b" || (mode == Propagated && (stage == "cmp_kv_state" || stage == "cmp_score_state")):
-		return -1, 1e-6, "|Δ| ≤ 1e-6·max (fp32 GEMM order)"
-	case stage == "y" && mode == Propagated:
-		return -1, 1e-2, "|Δ| ≤ 1e-2·max"
-	}
-	return 0, 0, "exact"
-}
-
-func v41Judge(sr *V41StageResult, ref, gpu engine.Tensor, mode Mode) {
-	maxULP, maxRel, _ := v41Tol(sr.Stage, mode)
-	if !ref.Kind.IsFloat() {
-		sr.N = len(gpu.I)
-		sr.OK = slices.Equal(ref.I, gpu.I)
-		if sr.OK {
-			sr.Exact = sr.N
-		} else {
-			i := 0
-			for i < len(ref.I) && i < len(gpu.I) && ref.I[i] == gpu.I[i] {
-				i++
-			}
-			sr.Detail = fmt.Sprintf("entry %d of %d differs: reference %v, dump %v", i, len(ref.I), v41At(ref.I, i), v41At(gpu.I, i))
-		}
-		return
-	}
-	var mx float64
-	for _, v := range gpu.F {
-		mx = math.Max(mx, math.Abs(float64(v)))
-	}
-	first := -1
-	for i, r := range ref.F {
-		g := gpu.F[i]
-		sr.N++
-		if math.Float32bits(r) == math.Float32bits(g) || (r == 0 && g == 0) || (r != r && g != g) {
-			sr.Exact++
-			continue
-		}
-		if first < 0 {
-			first = i
-		}
-		if gpu.Kind == engine.KindBF16 {
-			d := int(quant.BF16ULPDistance(r, g))
-			sr.MaxULP = max(sr.MaxULP, d, -d)
-		}
-		rel := math.Inf(1)
-		if mx > 0 && !math.IsInf(float64(r-g), 0) && r == r && g == g {
-			rel = math.Abs(float64(r-g)) / mx
-		}
-		sr.MaxRel = math.Max(sr.MaxRel, rel)
-	}
-	sr.OK = sr.Exact == sr.N || (maxULP > 0 && sr.MaxULP <= maxULP && sr.MaxRel < math.Inf(1)) || (maxRel > 0 && sr.MaxRel <= maxRel)
-	if !sr.OK {
-		sr.Detail = fmt.Sprintf("%d of %d values differ; first at index %d: reference %g, dump %g", sr.N-sr.Exact, sr.N, first, ref.F[first], gpu.F[first])
-	}
-}
-
 // v41Same is bit equality of two tensors' values (NaN equal to NaN).
 func v41Same(a, b engine.Tensor) bool {
 	if len(a.F) != len(b.F) || !slices.Equal(a.I, b.I) {
@@ -435,135 +337,4 @@ func v41Same(a, b engine.Tensor) bool {
 		}
 	}
 	return true
-}
-
-func v41At(v []int64, i int) any {
-	if i < len(v) {
-		return v[i]
-	}
-	return "none"
-}
-
-// V41Replay compares every dumped stage with the reference. Local
-// (teacher-forced): each stage is computed from the dumped values of its
-// inputs (the window and K from kv_cache when not dumped); propagated: the
-// stages of each step chain on the reference's own values from the dumped x
-// of every layer and the dumped state before the step. Stages the dump does
-// not hold are computed but not compared (Compared lists the others).
-func V41Replay(d *V41Dump, mode Mode) (*V41Report, error) {
-	if mode != Local && mode != Propagated {
-		return nil, fmt.Errorf("V4.1 replay: mode %q: local or propagated", mode)
-	}
-	rep := &V41Report{Dir: d.Dir, Mode: mode, Steps: d.Steps}
-	seen, all := map[string]bool{}, map[string]bool{}
-	cfg := d.Cfg
-	for _, p := range d.Steps {
-		dumped := d.step[p]
-		st, err := d.StateBefore(p)
-		if err != nil {
-			return nil, err
-		}
-		xs, err := d.Inputs(p)
-		if err != nil {
-			return nil, err
-		}
-		hook := func(l int, def engine.V41StageDef, in map[string]engine.Tensor, ref engine.Tensor) (engine.Tensor, error) {
-			gpu, ok := dumped[fmt.Sprintf("L%d.%s", l, def.Name)]
-			if kv, has := dumped[fmt.Sprintf("L%d.kv_cache", l)]; has && (def.Name == "window" || def.Name == "kv") {
-				W, D := cfg.WindowSize, cfg.HeadDim
-				if len(kv.F) >= W*D {
-					if def.Name == "window" {
-						gpu, ok = engine.FromF(engine.KindBF16, kv.F[:W*D], W, D), true
-					} else {
-						s := int(p%int64(W)) * D
-						gpu, ok = engine.FromF(engine.KindBF16, kv.F[s:s+D], D), true
-					}
-				}
-			}
-			if !ok {
-				return ref, nil
-			}
-			if len(gpu.F) != len(ref.F) || len(gpu.I) != len(ref.I) || gpu.Kind.IsFloat() != ref.Kind.IsFloat() {
-				return ref, fmt.Errorf("step_%d.safetensors: L%d.%s is %s %v, the reference's %s %v", p, l, def.Name, gpu.Kind, gpu.Shape, ref.Kind, ref.Shape)
-			}
-			gpu.Shape, gpu.Kind = ref.Shape, ref.Kind
-			sr := V41StageResult{Step: p, Layer: l, Stage: def.Name}
-			v41Judge(&sr, ref, gpu, mode)
-			if !sr.OK {
-				ctx := &engine.V41Context{Cfg: cfg, Layer: l, Pos: p, W: d.Model.Layers[l], Rope: d.Model.Rope[l]}
-				for _, h := range engine.V41Hypotheses(def.Name) {
-					if alt, err := h.Compute(ctx, in); err == nil && v41Same(alt, gpu) {
-						sr.Hypothesis, sr.HypothesisWhy = h.Name, h.Why
-						break
-					}
-				}
-			}
-			rep.Results = append(rep.Results, sr)
-			if rep.First == nil && !sr.OK {
-				rep.First = &rep.Results[len(rep.Results)-1]
-			}
-			seen[def.Name] = true
-			if mode == Local {
-				return gpu, nil
-			}
-			return ref, nil
-		}
-		if _, err := engine.V41Step(d.Model, st, xs, p, hook); err != nil {
-			return nil, err
-		}
-		for l := 0; l < cfg.NLayers; l++ {
-			for _, def := range engine.V41Stages(cfg, l, p) {
-				all[def.Name] = true
-			}
-		}
-	}
-	if rep.First != nil { // Results grew after First was taken: re-point it
-		for i := range rep.Results {
-			if !rep.Results[i].OK {
-				rep.First = &rep.Results[i]
-				break
-			}
-		}
-	}
-	for n := range all {
-		if seen[n] {
-			rep.Compared = append(rep.Compared, n)
-		} else {
-			rep.NotCompared = append(rep.NotCompared, n)
-		}
-	}
-	sort.Strings(rep.Compared)
-	sort.Strings(rep.NotCompared)
-	return rep, nil
-}
-
-// Text is the report for a terminal: what was compared, then the verdict.
-func (r *V41Report) Text() string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "replay (DeepSeek-V4.1, %s): %s: decode steps %d … %d, %d stage comparisons\n", r.Mode, r.Dir, r.Steps[0], r.Steps[len(r.Steps)-1], len(r.Results))
-	fmt.Fprintf(&b, "compared: %s (window and kv: the dumped kv_cache's window rows)\n", strings.Join(r.Compared, ", "))
-	if len(r.NotCompared) > 0 {
-		fmt.Fprintf(&b, "not in the dump, checked only through the stages above: %s\n", strings.Join(r.NotCompared, ", "))
-	}
-	var tol []string
-	for _, s := range r.Compared {
-		if _, _, desc := v41Tol(s, r.Mode); desc != "exact" {
-			tol = append(tol, s+" "+desc)
-		}
-	}
-	fmt.Fprintf(&b, "tolerance: exact, except %s\n", strings.Join(tol, "; "))
-	if r.First == nil {
-		fmt.Fprintf(&b, "agree: every compared stage of every step and layer is within tolerance\n")
-		return b.String()
-	}
-	f := r.First
-	fmt.Fprintf(&b, "first divergence: decode step %d, layer %d, stage %s — %s", f.Step, f.Layer, f.Stage, f.Detail)
-	if f.MaxULP > 0 {
-		fmt.Fprintf(&b, " (max %d bf16 ulp)", f.MaxULP)
-	}
-	if f.Hypothesis != "" {
-		fmt.Fprintf(&b, "; reproduced bit for bit by hypothesis %q: %s", f.Hypothesis, f.HypothesisWhy)
-	}
-	b.WriteString("\n")
-	return b.String()
 }

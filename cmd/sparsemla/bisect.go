@@ -28,6 +28,8 @@ none diverged) are then replayed too: the verdict, step, layer and stage are
 those of 'replay' in local mode, and the steps after the first persistent
 divergence are saved. --assume-persistent skips that scan and says which steps
 it did not check (verdict 'incomplete' when no probe diverged).
+A DeepSeek-V4.1 directory is probed with V4.1's local replay, without the separate
+cache check (its window and kv_cache stages are checked at every step replayed).
 Exit status: 0 agree (every step replayed), 1 diverged, 2 error, 3 incomplete.`
 
 func runBisect(args []string, stdout, stderr io.Writer) int {
@@ -39,18 +41,25 @@ func runBisect(args []string, stdout, stderr io.Writer) int {
 	if !ok {
 		return code
 	}
-	tol, err := f.tolerance()
-	if err != nil {
-		return rpFail(stderr, "bisect", err)
-	}
-	o, err := rpOpenDump(pos[0], &f, true)
-	if err != nil {
-		return rpFail(stderr, "bisect", err)
-	}
-	defer o.Close()
-	rep, err := replay.BisectWith(context.Background(), o.model, o.src, replay.BisectOptions{Tol: tol, AssumePersistent: *persistent})
-	if err != nil {
-		return rpFail(stderr, "bisect", err)
+	var rep *replay.Report
+	if replay.IsV41Dir(pos[0]) {
+		if rep, code = rpBisectV41(pos[0], &f, *persistent, stderr); rep == nil {
+			return code
+		}
+	} else {
+		tol, err := f.tolerance()
+		if err != nil {
+			return rpFail(stderr, "bisect", err)
+		}
+		o, err := rpOpenDump(pos[0], &f, true)
+		if err != nil {
+			return rpFail(stderr, "bisect", err)
+		}
+		defer o.Close()
+		rep, err = replay.BisectWith(context.Background(), o.model, o.src, replay.BisectOptions{Tol: tol, AssumePersistent: *persistent})
+		if err != nil {
+			return rpFail(stderr, "bisect", err)
+		}
 	}
 	if f.json {
 		if err := rep.WriteJSON(stdout); err != nil {

@@ -27,7 +27,9 @@ tokens or positions at a step, an unrelated attention input) are refused: their
 first difference would be the runs', not a kernel's. Steps only one dump holds
 are reported as not checked. Exit status: 0 the dumps agree at every step, 1 they
 differ, 2 error (also: not the same run), 3 incomplete (no difference among the
-common steps, but steps only one dump holds).`
+common steps, but steps only one dump holds). Two DeepSeek-V4.1 directories are
+compared with V4.1's stages and tolerances (docs/v41.md); a V4.1 dump is not
+diffed against a V4 one.`
 
 func runDiff(args []string, stdout, stderr io.Writer) int {
 	var f replayFlags
@@ -36,6 +38,9 @@ func runDiff(args []string, stdout, stderr io.Writer) int {
 	pos, code, ok := rpArgs(fs, args, 2, nil)
 	if !ok {
 		return code
+	}
+	if v41a, v41b := replay.IsV41Dir(pos[0]), replay.IsV41Dir(pos[1]); v41a || v41b {
+		return runDiffV41(pos, v41a && v41b, &f, stdout, stderr)
 	}
 	tol, err := f.tolerance()
 	if err != nil {

@@ -50,7 +50,11 @@ The kinds from expert-nibble on need the whole layer's weights
 A fault that cannot happen at P, L (or would not change its stage beyond
 tolerance there) is refused with exit status 2. DIR must be new, empty or an
 earlier copy (replaced). Replay DUMP first: if it already diverges before P, its
-copy reports that earlier divergence first.`
+copy reports that earlier divergence first.
+A DeepSeek-V4.1 dump directory (its config.json) takes window-order (there the
+V4 order, -1 padding last, is the fault; steps < window-1) and topk-off-by-one
+(index-source layers, Tc > index_topk); the other kinds are refused. The copy
+keeps the V4.1 layout: the step file of P is rewritten, the rest copied.`
 
 func runFault(args []string, stdout, stderr io.Writer) int {
 	fs := rpFlagSet("fault", "fault --in DUMP --out DIR --fault KIND@step,layer [--seed S] [--weights W] [--map FILE] [--request R] [--reference]", faultDoc, stderr)
@@ -81,6 +85,9 @@ func runFault(args []string, stdout, stderr io.Writer) int {
 	flt, err := fault.Parse(*faultFlag)
 	if err != nil {
 		return rpFail(stderr, "fault", err)
+	}
+	if replay.IsV41Dir(*in) {
+		return runFaultV41(*in, *out, flt, &f, stdout, stderr)
 	}
 	o, err := rpOpenDump(*in, &f, true)
 	if err != nil {

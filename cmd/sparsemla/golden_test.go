@@ -180,6 +180,37 @@ func goldenCases() []goldenCase {
 	add("v32-tiny/replay-propagated", nil, "replay", "--mode", "propagated", v32)
 	add("v32-tiny/explain", nil, "explain", "--config", "v32-tiny", "--step", "20")
 
+	// DeepSeek-V4.1: the official model.py's GPU golden, synthetic dumps,
+	// faulted copies of the golden; every replay command on them.
+	v41 := goldenTestdata("v41-tiny")
+	add("synth/v41-clean", []string{"v41-clean"}, "synth", "--config", "v41-tiny", "--steps", "4", "--seed", "3", "--out", "$TMP/v41-clean")
+	add("synth/v41-order", []string{"v41-order"}, "synth", "--config", "v41-tiny", "--steps", "4", "--seed", "3", "--fault", "window-order@8,3", "--out", "$TMP/v41-order")
+	add("fault/v41-golden-order", []string{"v41-fault-order"}, "fault", "--in", v41, "--out", "$TMP/v41-fault-order", "--fault", "window-order@13,4")
+	add("fault/v41-golden-topk", []string{"v41-fault-topk"}, "fault", "--in", v41, "--out", "$TMP/v41-fault-topk", "--fault", "topk-off-by-one@14,2")
+	add("fault/v41-refused-kind", nil, "fault", "--in", v41, "--out", "$TMP/refused-v41a", "--fault", "wrong-lse@13,2")
+	add("fault/v41-refused-layer", nil, "fault", "--in", v41, "--out", "$TMP/refused-v41b", "--fault", "topk-off-by-one@13,3")
+	for _, d := range []struct{ name, dir string }{{"v41-tiny", v41}, {"v41-clean", "$TMP/v41-clean"}, {"v41-order", "$TMP/v41-order"},
+		{"v41-fault-order", "$TMP/v41-fault-order"}, {"v41-fault-topk", "$TMP/v41-fault-topk"}} {
+		n := d.name + "/"
+		add(n+"replay", nil, "replay", d.dir)
+		add(n+"replay-propagated", nil, "replay", "--mode", "propagated", d.dir)
+		add(n+"bisect", nil, "bisect", d.dir)
+		html := "$TMP/html/" + d.name + ".html"
+		add(n+"report", []string{"html/" + d.name + ".html"}, "report", d.dir, "--html", html)
+	}
+	add("v41-tiny/replay-json", nil, "replay", "--json", v41)
+	add("v41-fault-topk/replay-json", nil, "replay", "--json", "--steps", "14", "$TMP/v41-fault-topk")
+	add("v41-fault-order/bisect-json", nil, "bisect", "--json", "$TMP/v41-fault-order")
+	add("v41-tiny/replay-steps", nil, "replay", "--steps", "13-14", v41)
+	add("v41-tiny/replay-tol-stage", nil, "replay", "--tol-stage", "o=exact", v41)
+	add("v41-tiny/replay-refused-map", nil, "replay", "--map", "x.json", v41)
+	add("v41-tiny/replay-refused-step", nil, "replay", "--steps", "3", v41)
+	add("diff/v41-golden-topk", nil, "diff", v41, "$TMP/v41-fault-topk")
+	add("diff/v41-golden-order-json", nil, "diff", "--json", v41, "$TMP/v41-fault-order")
+	add("diff/v41-synth-order", nil, "diff", "$TMP/v41-clean", "$TMP/v41-order")
+	add("diff/v41-golden-synth", nil, "diff", v41, "$TMP/v41-clean")
+	add("diff/v41-v4", nil, "diff", v41, off)
+
 	// diff: every faulted copy against its input, with and without the referee.
 	for _, f := range goldenFaults {
 		a := goldenTestdata(f[1])

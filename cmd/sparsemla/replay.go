@@ -310,8 +310,9 @@ func rpWrite(stdout io.Writer, r *replay.Report, asJSON bool) error {
 const replayDoc = `Replays every stage of every layer at every decode step of DUMP through the
 CPU reference and names the first stage out of tolerance, with a diagnosis.
 DUMP is a native dump (.smd file or directory), a safetensors/npz directory
-with a name map (e.g. the official-v4-tiny layout), or any format 'inspect'
-reads. The stages run on the prepared fast kernels (weights packed once, the
+with a name map (e.g. the official-v4-tiny layout), any format 'inspect'
+reads, or a DeepSeek-V4.1 directory in the official V4.1 layout (detected from
+its config.json; testdata/v41-tiny, docs/v41.md). The stages run on the prepared fast kernels (weights packed once, the
 same bits as the reference loops); --reference runs the plain reference loops.
 Exit status: 0 agree (every stage the dump holds at the steps asked for was
 compared, none out of tolerance), 1 diverged, 2 error (also: --steps naming a

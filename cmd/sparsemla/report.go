@@ -43,24 +43,31 @@ func runReport(args []string, stdout, stderr io.Writer) int {
 	if err := g.Check(*out); err != nil {
 		return rpFail(stderr, "report", err)
 	}
-	tol, err := f.tolerance()
-	if err != nil {
-		return rpFail(stderr, "report", err)
-	}
-	o, err := rpOpenDump(pos[0], &f, true)
-	if err != nil {
-		return rpFail(stderr, "report", err)
-	}
-	defer o.Close()
-	steps, err := parseSteps(f.steps)
-	if err != nil {
-		return rpFail(stderr, "report", err)
-	}
-	rep, err := replay.Run(context.Background(), o.model, o.src, replay.Options{
-		Mode: replay.Mode(f.mode), Tol: tol, Steps: steps, Progress: rpProgress(stderr, "report"),
-	})
-	if err != nil {
-		return rpFail(stderr, "report", err)
+	var rep *replay.Report
+	if replay.IsV41Dir(pos[0]) {
+		if rep, code = rpRunV41("report", pos[0], &f, stderr); rep == nil {
+			return code
+		}
+	} else {
+		tol, err := f.tolerance()
+		if err != nil {
+			return rpFail(stderr, "report", err)
+		}
+		o, err := rpOpenDump(pos[0], &f, true)
+		if err != nil {
+			return rpFail(stderr, "report", err)
+		}
+		defer o.Close()
+		steps, err := parseSteps(f.steps)
+		if err != nil {
+			return rpFail(stderr, "report", err)
+		}
+		rep, err = replay.Run(context.Background(), o.model, o.src, replay.Options{
+			Mode: replay.Mode(f.mode), Tol: tol, Steps: steps, Progress: rpProgress(stderr, "report"),
+		})
+		if err != nil {
+			return rpFail(stderr, "report", err)
+		}
 	}
 	if err := g.WriteFile(*out, 0o644, func(w io.Writer) error { return htmlreport.Write(w, rep) }); err != nil {
 		return rpFail(stderr, "report", err)

@@ -1,0 +1,201 @@
+package fault
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+
+	"sparsemla/attention"
+	"sparsemla/dump"
+	"sparsemla/engine"
+	"sparsemla/replay"
+	"sparsemla/userfile"
+)
+
+// Faulting an existing V4.1 dump (fault --in on a directory in the official
+// V4.1 layout, e.g. testdata/v41-tiny): WriteFaultedV41 copies the
+// directory, replacing in step_P.safetensors the faulty stage of layer L
+// with the faulty computation from the dumped inputs and every stage of the
+// step that reads it (within the layer, and at later layers through the
+// shared runtime: a faulty index_sel of an index source reaches the layers
+// that consume it) recomputed with the reference from it — as the GPU with
+// that bug would have dumped them. Neither V4.1 fault kind reaches the
+// cache, so the other steps are copied unchanged. The later layers' inputs
+// x (produced by the mHC and FFN, which the V4.1 reference does not model)
+// stay as dumped.
+
+// V41FaultResult says what WriteFaultedV41 wrote.
+type V41FaultResult struct {
+	Dir     string
+	Changed []replay.StageKey // stages whose dumped value the fault changed, model order
+}
+
+// v41Inject is the faulty value of the fault's stage given its inputs and
+// the correct value t.
+func v41Inject(cfg *engine.Config, f Fault, p int64, in map[string]engine.Tensor, t engine.Tensor) engine.Tensor {
+	t = t.Clone()
+	switch f.Kind {
+	case WindowOrder:
+		for i, v := range attention.WindowIdx(p, cfg.WindowSize) {
+			t.I[i] = int64(v)
+		}
+	case TopKOffByOne:
+		sc, ok := in["index_score_masked"]
+		if !ok {
+			sc = in["index_score"]
+		}
+		t.I = V41OffByOne(sc.F, len(t.I), cfg.WindowSize)
+	}
+	return t
+}
+
+// WriteFaultedV41 writes into out a copy of the V4.1 dump directory in
+// (loaded as d) with fault f injected (see above). out must be new, empty or
+// an earlier copy, and must not be or hold an input. A fault kind that does
+// not exist in V4.1, a step the dump lacks, or a place where the kind does
+// not apply (or would leave the dumped value unchanged) is refused.
+func WriteFaultedV41(in string, d *replay.V41Dump, out string, f Fault) (*V41FaultResult, error) {
+	cfg := d.Cfg
+	if err := checkV41Fault(cfg, f, d.Steps[0], d.Steps[len(d.Steps)-1]); err != nil {
+		return nil, err
+	}
+	p := f.Step
+	stepFile := filepath.Join(in, fmt.Sprintf("step_%d.safetensors", p))
+	st, err := d.StateBefore(p)
+	if err != nil {
+		return nil, err
+	}
+	xs, err := d.Inputs(p)
+	if err != nil {
+		return nil, err
+	}
+	dumped, err := readStepRecords(stepFile)
+	if err != nil {
+		return nil, err
+	}
+	faultStage := v41FaultStage[f.Kind]
+	tainted := map[string]bool{} // "L.stage" computed from the faulty value
+	changed := map[string]engine.Tensor{}
+	res := &V41FaultResult{}
+	published := map[string]int{} // stage → latest layer that produced it this step
+	hook := func(l int, def engine.V41StageDef, inp map[string]engine.Tensor, ref engine.Tensor) (engine.Tensor, error) {
+		key := fmt.Sprintf("L%d.%s", l, def.Name)
+		bad := false
+		for _, name := range def.Inputs {
+			if base, ok := strings.CutPrefix(name, engine.SharedPrefix); ok {
+				if k, has := published[base]; has && tainted[fmt.Sprintf("L%d.%s", k, base)] {
+					bad = true
+				}
+			} else if !strings.HasPrefix(name, engine.PrevPrefix) && tainted[fmt.Sprintf("L%d.%s", l, name)] {
+				bad = true
+			}
+		}
+		published[def.Name] = l
+		var out engine.Tensor
+		rec, isDumped := dumped.byName[key]
+		switch {
+		case l == f.Layer && def.Name == faultStage:
+			out, bad = v41Inject(cfg, f, p, inp, ref), true
+		case bad:
+			out = ref
+		case isDumped:
+			t, err := engine.TensorFromRecord(&rec)
+			if err != nil {
+				return ref, fmt.Errorf("%s: %s: %w", stepFile, key, err)
+			}
+			t.Shape, t.Kind = ref.Shape, ref.Kind
+			return t, nil // teacher-forced: the dumped value
+		default:
+			return ref, nil
+		}
+		tainted[key] = bad
+		if isDumped {
+			changed[key] = out
+			res.Changed = append(res.Changed, replay.StageKey{Step: p, Layer: l, Stage: def.Name})
+		}
+		return out, nil
+	}
+	if _, err := engine.V41Step(d.Model, st, xs, p, hook); err != nil {
+		return nil, err
+	}
+	fk := fmt.Sprintf("L%d.%s", f.Layer, faultStage)
+	if _, ok := changed[fk]; !ok {
+		return nil, fmt.Errorf("fault %s: the dump holds no %s of layer %d at step %d to corrupt", f, faultStage, f.Layer, p)
+	}
+	orig, _ := engine.TensorFromRecord(ptr(dumped.byName[fk]))
+	if slices.Equal(orig.I, changed[fk].I) {
+		return nil, fmt.Errorf("fault %s: the faulty %s equals the dumped one at step %d, layer %d: nothing to inject", f, faultStage, p, f.Layer)
+	}
+	g, err := userfile.NewGuard(in)
+	if err != nil {
+		return nil, err
+	}
+	od, err := g.CreateDir(out)
+	if err != nil {
+		return nil, err
+	}
+	defer od.Abort()
+	entries, err := os.ReadDir(in)
+	if err != nil {
+		return nil, fmt.Errorf("fault: %w", err)
+	}
+	for _, e := range entries {
+		name := e.Name()
+		if !e.Type().IsRegular() || name == filepath.Base(stepFile) || !(strings.HasSuffix(name, ".safetensors") || strings.HasSuffix(name, ".json")) {
+			continue
+		}
+		src := filepath.Join(in, name)
+		if err := od.WriteFile(name, 0o644, func(w io.Writer) error { return copyFile(w, src) }); err != nil {
+			return nil, err
+		}
+	}
+	recs := make([]dump.Record, 0, len(dumped.order))
+	for _, n := range dumped.order {
+		r := dumped.byName[n]
+		if t, ok := changed[n]; ok {
+			r = engine.TensorRecord(t, r.Key, r.Kind)
+			r.Name = n
+		}
+		recs = append(recs, r)
+	}
+	meta := map[string]string{"producer": "sparsemla fault", "injected_fault": f.String()}
+	if err := od.WriteFile(filepath.Base(stepFile), 0o644, func(w io.Writer) error { return dump.WriteSafetensors(w, recs, meta) }); err != nil {
+		return nil, err
+	}
+	if err := od.Commit(); err != nil {
+		return nil, err
+	}
+	res.Dir = od.Final()
+	return res, nil
+}
+
+type stepRecords struct {
+	order  []string
+	byName map[string]dump.Record
+}
+
+func readStepRecords(path string) (*stepRecords, error) {
+	st, err := dump.OpenSafetensors(path)
+	if err != nil {
+		return nil, err
+	}
+	defer st.Close()
+	out := &stepRecords{byName: map[string]dump.Record{}}
+	for _, n := range st.Names() {
+		r, err := st.Read(n)
+		if err != nil {
+			return nil, err
+		}
+		r.Name = n
+		out.order = append(out.order, n)
+		out.byName[n] = r
+	}
+	sort.Strings(out.order)
+	return out, nil
+}
+
+func ptr[T any](v T) *T { return &v }

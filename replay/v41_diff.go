@@ -1,0 +1,146 @@
+package replay
+
+import (
+	"fmt"
+	"slices"
+
+	"sparsemla/engine"
+)
+
+// V41Diff compares two V4.1 dumps of the same run (the same config, prefill
+// and decode steps in common) stage by stage in model order and names the
+// first stage where B leaves A's tolerance (tol, nil: V41Tolerance(Local)).
+// Both directories carry their weights, so the reference referees: each dump
+// is replayed (local) and, at the diverging stage, the verdict of each
+// replay there is given (each fed its own dump's inputs). Dumps whose
+// configs differ, that share no decode step, or whose attention input x
+// already differs (cos_diff > 0.1: other tokens) are refused.
+func V41Diff(a, b *V41Dump, tol *Tolerance) (*Report, error) {
+	if tol == nil {
+		tol = V41Tolerance(Local)
+	}
+	if f := firstConfigDifference(a.Cfg, b.Cfg); f != "" {
+		return nil, fmt.Errorf("diff %s %s: these dumps are of different models (config %s)", a.Dir, b.Dir, f)
+	}
+	if a.Pre.Next != b.Pre.Next {
+		return nil, fmt.Errorf("diff %s %s: these dumps start after different prefills (A %d tokens, B %d)", a.Dir, b.Dir, a.Pre.Next, b.Pre.Next)
+	}
+	steps := intersectSteps(a.Steps, b.Steps)
+	if len(steps) == 0 {
+		return nil, fmt.Errorf("diff %s %s: these dumps decode different steps, none in common (A: %s, B: %s)", a.Dir, b.Dir, StepList(a.Steps), StepList(b.Steps))
+	}
+	cfg := a.Cfg
+	layers := make([]int, cfg.NLayers)
+	for l := range layers {
+		layers[l] = l
+	}
+	rep := newReport(a.Dir, string(Local), true, steps, layers)
+	rep.Command, rep.Against, rep.Model = "diff", b.Dir, V41ModelName
+	for _, p := range append(slices.Clone(a.Steps), b.Steps...) {
+		if !slices.Contains(steps, p) && !slices.Contains(rep.Coverage.StepsNotChecked, p) {
+			rep.Coverage.StepsNotChecked = append(rep.Coverage.StepsNotChecked, p)
+		}
+	}
+	if len(rep.Coverage.StepsNotChecked) > 0 {
+		slices.Sort(rep.Coverage.StepsNotChecked)
+		rep.Coverage.StepsWhy = "only one of the two dumps holds them"
+	}
+	var first *StageResult
+	for _, p := range steps {
+		for l := 0; l < cfg.NLayers; l++ {
+			defs := engine.V41Stages(cfg, l, p)
+			names := []string{"x"}
+			eq := map[string]string{}
+			for _, d := range defs {
+				names = append(names, d.Name)
+				eq[d.Name] = d.Equation
+			}
+			if !slices.Contains(names, "kv_cache") {
+				names = append(names, "kv_cache")
+			}
+			for _, name := range names {
+				key := fmt.Sprintf("L%d.%s", l, name)
+				ta, okA := a.step[p][key]
+				tb, okB := b.step[p][key]
+				if !okA && !okB {
+					continue
+				}
+				sr := StageResult{Step: p, Layer: l, Stage: name, Equation: eq[name], Inputs: []InputInfo{}}
+				if !okA || !okB {
+					sr.Status, sr.Reason = StatusMissing, fmt.Sprintf("in A: %t, in B: %t", okA, okB)
+					rep.Results = append(rep.Results, sr)
+					continue
+				}
+				in := map[string]engine.Tensor{}
+				for _, n := range []string{"index_score", "index_score_masked"} {
+					if s, ok := a.step[p][fmt.Sprintf("L%d.%s", l, n)]; ok {
+						in[n] = s
+					}
+				}
+				v41JudgeStage(&sr, ta, tb, in, tol.For(name), cfg.WindowSize)
+				rep.Results = append(rep.Results, sr)
+				if sr.Status == StatusFail && first == nil {
+					if name == "x" && sr.Metrics != nil && sr.Metrics.CosDiff > differentRunCos {
+						return nil, fmt.Errorf("diff %s %s: these dumps are not of the same run: the attention input x of layer %d at step %d already differs (cos_diff %.3g; %s) — other tokens or prompt, or a difference upstream of attention", a.Dir, b.Dir, l, p, sr.Metrics.CosDiff, sr.Reason)
+					}
+					first = &rep.Results[len(rep.Results)-1]
+					kind := v41Kind(name)
+					rep.First = &Divergence{Step: p, Layer: l, Stage: name, Kind: kind, Mode: "diff", Why: "A and B differ: " + sr.Reason,
+						Inputs: []InputInfo{}, Hint: v41Hints[kind]}
+					rep.First.Text = fmt.Sprintf("first divergence: decode step %d, layer %d, stage %s — %s: %s", p, l, name, kind, rep.First.Why)
+				}
+			}
+		}
+	}
+	rep.StepsReplayed = len(steps)
+	rep.finish()
+	rep.Referee = &Referee{A: "not-run", B: "not-run", Right: "unknown"}
+	ra, errA := V41Run(a, V41Options{Mode: Local, Tol: tol, Steps: steps})
+	rb, errB := V41Run(b, V41Options{Mode: Local, Tol: tol, Steps: steps})
+	if errA == nil {
+		rep.Referee.A = ra.Verdict
+	}
+	if errB == nil {
+		rep.Referee.B = rb.Verdict
+	}
+	switch {
+	case errA != nil || errB != nil:
+	case ra.Diverged() && rb.Diverged():
+		rep.Referee.Right = "neither"
+	case ra.Diverged():
+		rep.Referee.Right = "b"
+	case rb.Diverged():
+		rep.Referee.Right = "a"
+	default:
+		rep.Referee.Right = "both"
+	}
+	if rep.First != nil && errA == nil && errB == nil {
+		f := rep.First
+		sa, sb := v41ResultAt(ra, f.Step, f.Layer, f.Stage), v41ResultAt(rb, f.Step, f.Layer, f.Stage)
+		okA, okB := sa != nil && sa.Status == StatusPass, sb != nil && sb.Status == StatusPass
+		line := "referee (each dump's own inputs): "
+		switch {
+		case sa == nil || sb == nil:
+			line += "the reference does not compute this stage; no verdict"
+		case okA && !okB:
+			line += "the reference agrees with A: B is wrong here (" + sb.Reason + ")"
+		case okB && !okA:
+			line += "the reference agrees with B: A is wrong here (" + sa.Reason + ")"
+		case okA && okB:
+			line += "the reference is within tolerance of both"
+		default:
+			line += "the reference agrees with neither (A: " + sa.Reason + "; B: " + sb.Reason + ")"
+		}
+		f.Detail = append(f.Detail, line)
+	}
+	return rep, nil
+}
+
+func v41ResultAt(r *Report, p int64, l int, stage string) *StageResult {
+	for i := range r.Results {
+		if s := &r.Results[i]; s.Step == p && s.Layer == l && s.Stage == stage && s.Status != StatusMissing {
+			return s
+		}
+	}
+	return nil
+}
