@@ -71,13 +71,75 @@ func BisectWith(ctx context.Context, m *engine.Model, src Source, opt BisectOpti
 	if p := m.Cfg.PolicyName(); p != engine.PolicyOfficial {
 		rep.Policy = p
 	}
-	rep.Probes = []Probe{}
-	rep.Scanned = []int64{}
-	byStep := map[int64]*Report{}      // local replay of each step replayed
 	cacheBad := map[int64]cacheFault{} // probes whose cache check failed
+	search := bisectSearch{
+		steps:            steps,
+		assumePersistent: opt.AssumePersistent,
+		replay: func(ps []int64) (*Report, error) {
+			return Run(ctx, m, src, Options{Mode: Local, Tol: tol, Steps: ps})
+		},
+		check: func(p int64) (string, error) {
+			cf, err := cacheConsistency(m, src, p)
+			if err != nil || cf.why == "" {
+				return "", err
+			}
+			cacheBad[p] = cf
+			return fmt.Sprintf("layer %d: %s", cf.layer, cf.why), nil
+		},
+	}
+	first, byStep, err := search.run(rep)
+	if err != nil {
+		return nil, err
+	}
+	if first < 0 {
+		return rep, nil
+	}
+	r := byStep[first]
+	rep.Results = r.Results
+	rep.First = r.First
+	rep.Coverage.NotModelled = r.Coverage.NotModelled
+	if rep.First == nil {
+		// The step's own stages agree; the divergence is in the cache it
+		// holds (rows that changed after they were written, at a step the
+		// dump does not replay).
+		cf := cacheBad[first]
+		rep.First = &Divergence{Step: first, Layer: cf.layer, Stage: "kv_cache", Kind: KindCache, Mode: string(Local),
+			Why: cf.why, Inputs: []InputInfo{}, Hint: hints[KindCache]}
+		rep.First.Text = fmt.Sprintf("first divergence: decode step %d, layer %d, stage kv_cache — %s: %s", first, cf.layer, KindCache, cf.why)
+	}
+	rep.finish()
+	return rep, nil
+}
+
+// bisectSearch is the search BisectWith describes, shared by the V4 and
+// V4.1 bisections: a binary search over steps for a persistent divergence,
+// probing one step at a time with replay (a local replay of the steps it is
+// given) and, where the step's own stages agree, check (a further test of
+// the state after the step; "" when it passes, else why it failed), then,
+// unless assumePersistent, one replay of the steps before the first
+// diverging probe that no probe replayed.
+type bisectSearch struct {
+	steps            []int64
+	assumePersistent bool
+	replay           func(steps []int64) (*Report, error)
+	check            func(p int64) (string, error) // nil: no further check
+}
+
+// run searches, recording in rep the probes, the scanned steps, the steps
+// replayed and the coverage. It returns the first diverging step (-1 when
+// none: rep then holds the results of every step replayed and is finished)
+// and the local report of each step replayed.
+func (b bisectSearch) run(rep *Report) (first int64, byStep map[int64]*Report, err error) {
+	steps := b.steps
+	rep.Probes, rep.Scanned = []Probe{}, []int64{}
+	byStep = map[int64]*Report{}
+	if len(steps) == 0 {
+		rep.finish()
+		return -1, byStep, nil
+	}
 	probe := func(i int) (bool, error) {
 		p := steps[i]
-		r, err := Run(ctx, m, src, Options{Mode: Local, Tol: tol, Steps: []int64{p}})
+		r, err := b.replay([]int64{p})
 		if err != nil {
 			return false, err
 		}
@@ -86,37 +148,32 @@ func BisectWith(ctx context.Context, m *engine.Model, src Source, opt BisectOpti
 		if r.First != nil {
 			pr.Why = fmt.Sprintf("layer %d stage %s: %s", r.First.Layer, r.First.Stage, r.First.Kind)
 		}
-		if !pr.Diverged {
-			cf, err := cacheConsistency(m, src, p)
+		if !pr.Diverged && b.check != nil {
+			why, err := b.check(p)
 			if err != nil {
 				return false, err
 			}
-			if cf.why != "" {
-				pr.Diverged, pr.Why = true, fmt.Sprintf("layer %d: %s", cf.layer, cf.why)
-				cacheBad[p] = cf
+			if why != "" {
+				pr.Diverged, pr.Why = true, why
 			}
 		}
 		rep.Probes = append(rep.Probes, pr)
 		return pr.Diverged, nil
 	}
-	if len(steps) == 0 {
-		rep.finish()
-		return rep, nil
-	}
 	cand := -1 // index of the first diverging probe under the persistence assumption
 	bad, err := probe(len(steps) - 1)
 	if err != nil {
-		return nil, err
+		return -1, nil, err
 	}
 	if bad {
 		lo, hi := 0, len(steps)-1 // steps[hi] diverges; all before lo are unknown
 		for lo < hi {
 			mid := (lo + hi) / 2
-			b, err := probe(mid)
+			bd, err := probe(mid)
 			if err != nil {
-				return nil, err
+				return -1, nil, err
 			}
-			if b {
+			if bd {
 				hi = mid
 			} else {
 				lo = mid + 1
@@ -135,10 +192,10 @@ func BisectWith(ctx context.Context, m *engine.Model, src Source, opt BisectOpti
 		}
 	}
 	var scanFirst *Divergence
-	if len(rest) > 0 && !opt.AssumePersistent {
-		r, err := Run(ctx, m, src, Options{Mode: Local, Tol: tol, Steps: rest})
+	if len(rest) > 0 && !b.assumePersistent {
+		r, err := b.replay(rest)
 		if err != nil {
-			return nil, err
+			return -1, nil, err
 		}
 		rep.Scanned = rest
 		for _, p := range rest {
@@ -146,7 +203,7 @@ func BisectWith(ctx context.Context, m *engine.Model, src Source, opt BisectOpti
 		}
 		scanFirst = r.First
 	}
-	var first int64 = -1
+	first = -1
 	switch {
 	case scanFirst != nil:
 		first = scanFirst.Step
@@ -175,23 +232,8 @@ func BisectWith(ctx context.Context, m *engine.Model, src Source, opt BisectOpti
 			rep.Coverage.NotModelled = mergeNames(rep.Coverage.NotModelled, byStep[p].Coverage.NotModelled)
 		}
 		rep.finish()
-		return rep, nil
 	}
-	r := byStep[first]
-	rep.Results = r.Results
-	rep.First = r.First
-	rep.Coverage.NotModelled = r.Coverage.NotModelled
-	if rep.First == nil {
-		// The step's own stages agree; the divergence is in the cache it
-		// holds (rows that changed after they were written, at a step the
-		// dump does not replay).
-		cf := cacheBad[first]
-		rep.First = &Divergence{Step: first, Layer: cf.layer, Stage: "kv_cache", Kind: KindCache, Mode: string(Local),
-			Why: cf.why, Inputs: []InputInfo{}, Hint: hints[KindCache]}
-		rep.First.Text = fmt.Sprintf("first divergence: decode step %d, layer %d, stage kv_cache — %s: %s", first, cf.layer, KindCache, cf.why)
-	}
-	rep.finish()
-	return rep, nil
+	return first, byStep, nil
 }
 
 // stepReport is the part of r (a local replay of several steps) about
