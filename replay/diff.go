@@ -124,28 +124,36 @@ func Diff(ctx context.Context, cfg *engine.Config, m *engine.Model, a, b Source,
 	rep.StepsReplayed = len(steps)
 	rep.finish()
 	if m != nil {
-		rep.Referee = &Referee{A: "not-run", B: "not-run", Right: "unknown"}
 		ra, errA := Run(ctx, m, a, Options{Tol: tol})
 		rb, errB := Run(ctx, m, b, Options{Tol: tol})
-		if errA == nil {
-			rep.Referee.A = ra.Verdict
-		}
-		if errB == nil {
-			rep.Referee.B = rb.Verdict
-		}
-		switch {
-		case errA != nil || errB != nil:
-		case ra.Diverged() && rb.Diverged():
-			rep.Referee.Right = "neither"
-		case ra.Diverged():
-			rep.Referee.Right = "b"
-		case rb.Diverged():
-			rep.Referee.Right = "a"
-		default:
-			rep.Referee.Right = "both"
-		}
+		rep.Referee = referee(ra, rb, errA, errB)
 	}
 	return rep, nil
+}
+
+// referee is the verdict of the reference on each side of a diff, from a
+// replay of each (ra, rb; "not-run" where it failed) and which side is
+// right: "a", "b", "both", "neither" or "unknown" (a replay failed).
+func referee(ra, rb *Report, errA, errB error) *Referee {
+	r := &Referee{A: "not-run", B: "not-run", Right: "unknown"}
+	if errA == nil {
+		r.A = ra.Verdict
+	}
+	if errB == nil {
+		r.B = rb.Verdict
+	}
+	switch {
+	case errA != nil || errB != nil:
+	case ra.Diverged() && rb.Diverged():
+		r.Right = "neither"
+	case ra.Diverged():
+		r.Right = "b"
+	case rb.Diverged():
+		r.Right = "a"
+	default:
+		r.Right = "both"
+	}
+	return r
 }
 
 // refereeStage computes stage def from A's dumped inputs and says which of the

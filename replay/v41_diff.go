@@ -94,26 +94,9 @@ func V41Diff(a, b *V41Dump, tol *Tolerance) (*Report, error) {
 	}
 	rep.StepsReplayed = len(steps)
 	rep.finish()
-	rep.Referee = &Referee{A: "not-run", B: "not-run", Right: "unknown"}
 	ra, errA := V41Run(a, V41Options{Mode: Local, Tol: tol, Steps: steps})
 	rb, errB := V41Run(b, V41Options{Mode: Local, Tol: tol, Steps: steps})
-	if errA == nil {
-		rep.Referee.A = ra.Verdict
-	}
-	if errB == nil {
-		rep.Referee.B = rb.Verdict
-	}
-	switch {
-	case errA != nil || errB != nil:
-	case ra.Diverged() && rb.Diverged():
-		rep.Referee.Right = "neither"
-	case ra.Diverged():
-		rep.Referee.Right = "b"
-	case rb.Diverged():
-		rep.Referee.Right = "a"
-	default:
-		rep.Referee.Right = "both"
-	}
+	rep.Referee = referee(ra, rb, errA, errB)
 	if rep.First != nil && errA == nil && errB == nil {
 		f := rep.First
 		sa, sb := v41ResultAt(ra, f.Step, f.Layer, f.Stage), v41ResultAt(rb, f.Step, f.Layer, f.Stage)
