@@ -53,7 +53,7 @@ func V41IdentityPreMix(hc int) []float32 {
 // collapse in front of a sub-layer uses the pre-mix the PREVIOUS site
 // produced — the attention takes pre_mix_in (the previous block's hc_ffn_pre,
 // one-hot [1,0,…] at layer 0), the FFN takes hc_attn_pre, and the block hands
-// hc_ffn_pre to the next block (pre_mix_out). All three mix sets use
+// hc_ffn_pre to the next block (pre_mix_out). Both sites' hc_mixes use
 // norm_eps (1e-20 in V4.1) in the rsqrt and hc_eps in the Sinkhorn split.
 //
 //	hc_attn_mixes = (hc_attn_fn · hf) · rsqrt(mean(hf²) + norm_eps)   hf = f32(flatten(h_in))  [(2+hc)·hc] fp32
@@ -344,9 +344,9 @@ func V41Head(cfg *Config, w *V41HeadWeights, hOut Tensor, preMixOut []float32) (
 	return out, nil
 }
 
-// RandomV41BlockWeights draws one block's hc and norm weights from seed
-// (fn ~ N(0, 1/(hc·dim)), base, scale and norms as RandomBlockWeights' mHC
-// part draws them: magnitudes are not the golden's).
+// RandomV41BlockWeights draws one block's hc and norm weights from seed, for
+// tests: fn ~ N(0, 1)/(hc·dim), base ~ N(0, 0.1²), scale ~ 0.5 + N(0, 0.1²),
+// norms bf16(1 + N(0, 0.1²)) (not a checkpoint's magnitudes).
 func RandomV41BlockWeights(cfg *Config, l int, seed uint64) *V41BlockWeights {
 	r := rand.New(rand.NewPCG(seed^0x41b10c, uint64(l)<<32|0xb10c))
 	hc, dim := cfg.HCMult, cfg.Dim
