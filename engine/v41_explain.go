@@ -49,8 +49,10 @@ var v41Sections = []struct {
 // publishes to and reads from the shared runtime. Weights, the state of
 // tokens 0 … p−1 and the attention inputs are synthetic
 // (RandomV41LayerWeights, SyntheticV41State, SyntheticV41Input with seed).
-// The hyper-connections (pipelined in V4.1) and the MoE are not part of this
-// walk.
+// The pipelined hyper-connections around layer l's sub-layers and the head
+// after the last layer are listed with their equations (V41BlockStages,
+// V41HeadStages; no values: the synthetic walk has no streams); the MoE is not
+// part of it.
 func ExplainV41(w io.Writer, cfg *Config, name string, l int, p int64, seed uint64, nvals int) error {
 	if !cfg.IsV41() {
 		return fmt.Errorf("ExplainV41 on a %s config", cfg.Variant())
@@ -75,7 +77,7 @@ func ExplainV41(w io.Writer, cfg *Config, name string, l int, p int64, seed uint
 	}
 	fmt.Fprintf(w, "\nlayer %d: %s; its step reads the publications of layers %v, walked below in order\n", l, cfg.LayerKind(l), layers)
 	fmt.Fprintf(w, "synthetic: weights, the %d earlier tokens' state and each layer's input x (seed %d); dims and arithmetic are the model's\n", p, seed)
-	fmt.Fprintf(w, "not shown: the pipelined hyper-connections and the MoE around each attention sub-layer\n")
+	fmt.Fprintf(w, "not walked: the pipelined hyper-connections (listed at the end, equations only) and the MoE around each attention sub-layer\n")
 	for _, k := range layers {
 		r := cfg.Ratio(k)
 		fmt.Fprintf(w, "\n════ layer %d: %s ════\n", k, cfg.LayerKind(k))
@@ -132,5 +134,57 @@ func ExplainV41(w io.Writer, cfg *Config, name string, l int, p int64, seed uint
 		}
 	}
 	fmt.Fprintf(w, "\ny (bf16 [%d]) goes to hc_post; in V4.1 the next sub-layer collapses the streams with the pre-mix THIS sub-layer's hc_mixes produced (pipelined mHC).\n", cfg.Dim)
+	explainV41Block(w, cfg, l)
 	return nil
+}
+
+// explainV41Block lists the stages of V4.1's pipelined hyper-connections
+// around layer l's sub-layers, and the head after the last layer.
+func explainV41Block(w io.Writer, cfg *Config, l int) {
+	hc := cfg.HCMult
+	fmt.Fprintf(w, "\n════ layer %d: pipelined hyper-connections (hc_mult %d, norm_eps %g, hc_eps %g, %d Sinkhorn iterations) ════\n", l, hc, cfg.NormEps, cfg.HCEps, cfg.HCSinkhornIters)
+	fmt.Fprintf(w, "   each site's hc_mixes comes from its own input streams, but a sub-layer is fed by the PREVIOUS site's pre-mix: the attention by pre_mix_in (")
+	if l == 0 {
+		fmt.Fprintf(w, "layer 0: one-hot [1,0,…,0], make_identity_pre_mix")
+	} else {
+		fmt.Fprintf(w, "layer %d's hc_ffn_pre", l-1)
+	}
+	fmt.Fprintf(w, "), the FFN by hc_attn_pre; hc_ffn_pre goes on to the next block (V4: each sub-layer uses its own site's pre).\n")
+	shape := map[string]string{"h_in": fmt.Sprintf("[%d,%d]", hc, cfg.Dim), "h_mid": fmt.Sprintf("[%d,%d]", hc, cfg.Dim), "h_out": fmt.Sprintf("[%d,%d]", hc, cfg.Dim),
+		"hc_attn_mixes": fmt.Sprintf("[%d]", (2+hc)*hc), "hc_ffn_mixes": fmt.Sprintf("[%d]", (2+hc)*hc), "hc_attn_comb": fmt.Sprintf("[%d,%d]", hc, hc), "hc_ffn_comb": fmt.Sprintf("[%d,%d]", hc, hc)}
+	row := func(name, eq string) {
+		kind, sh := "bf16", fmt.Sprintf("[%d]", cfg.Dim)
+		if strings.HasPrefix(name, "hc_") || strings.HasPrefix(name, "pre_mix") || name == "logits" {
+			kind, sh = "f32", fmt.Sprintf("[%d]", hc)
+		}
+		if name == "logits" {
+			sh = fmt.Sprintf("[%d]", cfg.VocabSize)
+		}
+		if s, ok := shape[name]; ok {
+			sh = s
+		}
+		fmt.Fprintf(w, "%-18s %-4s %-10s %s\n", name, kind, sh, eq)
+	}
+	a, m, f := V41BlockStages(cfg)
+	fmt.Fprintf(w, "\n── attention site ──\n")
+	for _, d := range a {
+		row(d.Name, d.Equation)
+	}
+	fmt.Fprintf(w, "%-18s %-4s %-10s %s\n", "…", "", "", "attention sub-layer above: x → y")
+	fmt.Fprintf(w, "\n── FFN site ──\n")
+	for _, d := range m {
+		row(d.Name, d.Equation)
+	}
+	fmt.Fprintf(w, "%-18s %-4s %-10s %s\n", "…", "", "", "MoE: ffn_in → ffn_out (not modelled for V4.1)")
+	for _, d := range f {
+		row(d.Name, d.Equation)
+	}
+	if l == cfg.NLayers-1 {
+		fmt.Fprintf(w, "\n── head (after the last layer) ──\n")
+	} else {
+		fmt.Fprintf(w, "\n── head (after the last layer, %d) ──\n", cfg.NLayers-1)
+	}
+	for _, d := range V41HeadStages() {
+		row(d.Name, d.Equation)
+	}
 }
