@@ -34,6 +34,9 @@ const GlobalPrefix = "global:"
 //	h_out[j]        = bf16(post_j · ffn_out + Σ_k comb[k][j] · h_mid[k])
 //	logits          = head · RMSNorm(hc_head(h_out)) ⊙ norm       last layer, fp32
 func BlockStages(cfg *Config, layer int, pos int64, w *LayerWeights, hw *HeadWeights) []StageDef {
+	if cfg.V32() {
+		return V32BlockStages(cfg, layer, pos, w)
+	}
 	attn := Stages(cfg, layer, pos)
 	if w == nil || w.Block == nil {
 		return attn

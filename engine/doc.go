@@ -187,9 +187,13 @@
 // official inference/model.py of deepseek-ai/DeepSeek-V3.2-Exp (8631a81,
 // "fix indexer rope"), checked against that code run on an H200
 // (testdata/v32-tiny, docs/v32-agreement.md: every stage bit-exact except
-// summation-order ulps in kv_normed, iw_raw, index_score, o_v). The attention
-// sub-layer only: V3.2's MoE / dense FFN, norms and head are not implemented;
-// reference loops only (no prepared fast path), official policy only.
+// summation-order ulps in kv_normed, iw_raw, index_score, o_v). With the
+// layer's FFN weights (V32Weights.FFN, engine/v32ffn.go) BlockStages is
+// V32BlockStages, the whole layer: Block inputs x_in / res_in, the fused
+// add-RMSNorms (h_in, x, h_mid, ffn_in), the dense MLP or the V3 MoE
+// (moe_indices, moe_weights, ffn_out) and the logits; without them the
+// attention only. Reference loops only (no prepared fast path), official
+// policy only.
 //
 // # Numerics policies
 //

@@ -28,20 +28,31 @@ var v32ExplainSections = []struct {
 		func(s string) bool { return s == "o_latent" }},
 	{"Output", "the value half of wkv_b maps each head's latent output to v_head_dim dims (o_v), then wo (FP8) maps all heads back to dim.",
 		func(s string) bool { return s == "o_v" || s == "y" }},
+	{"Residual and attn_norm (Block.forward)", "the residual stream is a pair (x, residual): RMSNorm adds them in fp32, normalises that fp32 sum (not its bf16 rounding) and hands on the bf16 sum as the new residual (h_in); layer 0 has no residual yet.",
+		func(s string) bool { return s == "h_in" || s == "x" }},
+	{"Residual and ffn_norm", "the same fused add-RMSNorm around the FFN: h_mid = bf16(y + h_in), ffn_in = ffn_norm of their fp32 sum.",
+		func(s string) bool { return s == "h_mid" || s == "ffn_in" }},
+	{"FFN", "dense MLP on the first n_dense_layers layers, else the V3 MoE: sigmoid (or softmax) gate scores, + bias for the selection only, n_expert_groups groups of which the n_limited_groups best (by max, or top-2 sum with a bias) are kept, top-k experts weighted by their unbiased scores (normalised under sigmoid) × route_scale; every expert and the shared expert an FP8 SiLU·up MLP, summed in fp32 in ascending expert order.",
+		func(s string) bool { return s == "ffn_out" || strings.HasPrefix(s, "moe_") }},
+	{"Final norm and head", "after the last layer: norm of the fp32 sum ffn_out + h_mid, then the fp32 head over the vocabulary.",
+		func(s string) bool { return s == "logits" }},
 }
 
 // explainV32 is Explain for a V3.2 model: the attention sub-layer of one
-// decode step (the V3 MoE around it is not part of the reference).
+// decode step: attn_norm, the attention, ffn_norm, the dense MLP or V3 MoE
+// (and the head on the last layer), as V32BlockStages.
 func explainV32(w io.Writer, cfg *Config, name string, l int, p int64, seed uint64, nvals int) error {
 	if cfg.DType != "fp8" || cfg.PolicyName() != PolicyOfficial {
 		return fmt.Errorf("a V3.2 model has the official FP8 path only (dtype %q, policy %s)", cfg.DType, cfg.PolicyName())
 	}
 	rope := LayerRope(cfg, l, int(p)+1)
 	W := RandomLayerWeights(cfg, l, seed)
+	W.V32.FFN = RandomV32FFNWeights(cfg, l, seed)
 	st := SyntheticState(cfg, W, rope, p, seed)
-	x := SyntheticInput(cfg, p, seed)
+	xIn := SyntheticInput(cfg, p, seed)
+	resIn := SyntheticInput(cfg, p, seed+1)
 	ctx := &StepContext{Cfg: cfg, Layer: l, Pos: p, W: W, Rope: rope}
-	fmt.Fprintf(w, "sparsemla explain: one decode step of one DeepSeek-V3.2 (DSA) layer's attention (MLA + lightning indexer), in the order of model.py (8631a81)\n\n")
+	fmt.Fprintf(w, "sparsemla explain: one decode step of one DeepSeek-V3.2 (DSA) layer (norms, MLA + lightning indexer, FFN), in the order of model.py (8631a81)\n\n")
 	fmt.Fprintf(w, "config %s: dim %d, %d query heads × (%d nope + %d rope), ONE latent KV row of %d + %d dims per token; q_lora_rank %d; v_head_dim %d\n",
 		name, cfg.Dim, cfg.NHeads, cfg.QKNopeHeadDim, cfg.QKRopeHeadDim, cfg.KVLoraRank, cfg.QKRopeHeadDim, cfg.QLoraRank, cfg.VHeadDim)
 	fmt.Fprintf(w, "indexer: %d heads × %d, top-%d over the whole context\n", cfg.IndexNHeads, cfg.IndexHeadDim, cfg.IndexTopK)
@@ -56,18 +67,31 @@ func explainV32(w io.Writer, cfg *Config, name string, l int, p int64, seed uint
 	if l < cfg.NDenseLayers {
 		ffn = "dense MLP"
 	}
-	fmt.Fprintf(w, "layer %d (%s FFN, not shown): step p = %d: the query may see tokens 0 … %d; the indexer keeps %d of them\n",
+	fmt.Fprintf(w, "layer %d (%s FFN): step p = %d: the query may see tokens 0 … %d; the indexer keeps %d of them\n",
 		l, ffn, p, p, min(int64(cfg.IndexTopK), p+1))
-	fmt.Fprintf(w, "synthetic: weights, the %d earlier tokens' state and the layer input x (seed %d); dims and arithmetic are the model's\n", p, seed)
+	fmt.Fprintf(w, "synthetic: weights, the %d earlier tokens' state and the Block inputs x_in, res_in (seed %d); dims and arithmetic are the model's\n", p, seed)
 	fmt.Fprintf(w, "\n%-16s %-4s %-10s %s\n", "stage", "type", "shape", "equation / first values and RMS")
-	fmt.Fprintf(w, "%-16s %-4s %-10s %s\n", "x", x.Kind, shapeStr(x.Shape), "attention input: attn_norm of the residual (synthetic)")
-	fmt.Fprintf(w, "%-16s %-4s %-10s %s\n", "", "", "", valuesStr(x, 0, nvals))
-	avail := map[string]Tensor{"x": x}
+	avail := map[string]Tensor{"x_in": xIn}
+	leaves := []struct {
+		name, why string
+		t         Tensor
+	}{{"x_in", "Block input x: the previous layer's ffn_out (layer 0: the embedding row; synthetic)", xIn}}
+	if l > 0 {
+		avail["res_in"] = resIn
+		leaves = append(leaves, struct {
+			name, why string
+			t         Tensor
+		}{"res_in", "Block input residual: the previous layer's h_mid (synthetic)", resIn})
+	}
+	for _, lf := range leaves {
+		fmt.Fprintf(w, "%-16s %-4s %-10s %s\n", lf.name, lf.t.Kind, shapeStr(lf.t.Shape), lf.why)
+		fmt.Fprintf(w, "%-16s %-4s %-10s %s\n", "", "", "", valuesStr(lf.t, 0, nvals))
+	}
 	for n, t := range st.StateTensors() {
 		avail[PrevPrefix+n] = t
 	}
 	section := -1
-	for _, def := range V32Stages(cfg, l, p) {
+	for _, def := range V32BlockStages(cfg, l, p, W) {
 		for i, s := range v32ExplainSections {
 			if s.match(def.Name) {
 				if i != section {
@@ -89,6 +113,5 @@ func explainV32(w io.Writer, cfg *Config, name string, l int, p int64, seed uint
 		fmt.Fprintf(w, "%-16s %-4s %-10s %s\n", def.Name, t.Kind, shapeStr(t.Shape), def.Equation)
 		fmt.Fprintf(w, "%-16s %-4s %-10s %s\n", "", "", "", valuesStr(t, 0, nvals))
 	}
-	fmt.Fprintf(w, "\ny is added to the residual (h = h + y), then ffn_norm and the %s (not part of the V3.2 reference).\n", ffn)
 	return nil
 }

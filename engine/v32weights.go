@@ -31,6 +31,9 @@ type V32Weights struct {
 	IWqB, IWk                *attention.FP8Weight
 	IKNormW, IKNormB         []float32
 	IWeightsProj             []float32
+	// FFN holds the layer's norms, FFN and (last layer) head
+	// (engine/v32ffn.go); nil when the weights hold the attention only.
+	FFN *V32FFNWeights
 }
 
 // v32Shapes lists every tensor of a V3.2 layer's attention: FP8 weights
@@ -87,6 +90,11 @@ func loadV32LayerWeights(cfg *Config, layer int, st dump.WeightSource) (*LayerWe
 			return nil, err
 		}
 	}
+	if HasV32FFNWeights(st, layer) {
+		if v.FFN, err = loadV32FFN(cfg, layer, st); err != nil {
+			return nil, err
+		}
+	}
 	return &LayerWeights{Layer: layer, V32: v}, nil
 }
 
@@ -110,6 +118,9 @@ func v32WeightRecords(cfg *Config, lw *LayerWeights) []dump.Record {
 	f32("indexer.k_norm.bias", v.IKNormB, cfg.IndexHeadDim)
 	out = append(out, dump.Record{Name: pre + "indexer.weights_proj.weight", DType: dump.BF16,
 		Shape: []int{cfg.IndexNHeads, cfg.Dim}, Data: bf16Bytes(v.IWeightsProj)})
+	if v.FFN != nil {
+		out = append(out, v32FFNRecords(cfg, lw.Layer, v.FFN)...)
+	}
 	return out
 }
 

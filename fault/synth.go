@@ -292,6 +292,10 @@ type SynthOptions struct {
 	// swiglu_limit is SynthWholeSwigluLimit (the preset's 10 is out of reach
 	// of the synthetic activations), so the clamp acts and expert-no-clamp
 	// can be injected. Without it the model is the attention path only.
+	// On a V3.2 config it is the whole V3.2 layer instead
+	// (engine.V32BlockStages with engine.RandomV32FFNWeights): a seeded
+	// random x_in for layer 0, x_in / res_in = ffn_out / h_mid of the layer
+	// below, and the norms, FFN and logits in the dump.
 	Whole bool
 }
 
@@ -377,10 +381,7 @@ func Synthesize(opt SynthOptions) (*Synth, error) {
 	if last >= int64(cfg.MaxSeqLen) {
 		return nil, fmt.Errorf("synth: %d positions exceed max_seq_len %d", last+1, cfg.MaxSeqLen)
 	}
-	if opt.Whole {
-		if cfg.V32() {
-			return nil, fmt.Errorf("synth: config %q is DeepSeek-V3.2: it has no hyper-connections or FP4 experts to make the whole model of", opt.Config)
-		}
+	if opt.Whole && !cfg.V32() { // V3.2: the whole layer is engine.V32BlockStages (RandomV32FFNWeights)
 		cfg.SwigluLimit = SynthWholeSwigluLimit
 		if err := cfg.ValidateBlock(); err != nil {
 			return nil, fmt.Errorf("synth: the whole model of config %q: %w", opt.Config, err)
@@ -400,12 +401,14 @@ func Synthesize(opt SynthOptions) (*Synth, error) {
 	s := &Synth{Cfg: cfg, Weights: map[int]*engine.LayerWeights{}, Rope: map[int]*engine.RopeTable{}, Fault: opt.Fault, Seed: opt.Seed, PageBlock: opt.PageBlock}
 	for l := 0; l < cfg.NLayers; l++ {
 		s.Weights[l] = engine.RandomLayerWeights(cfg, l, opt.Seed)
-		if opt.Whole {
+		if opt.Whole && cfg.V32() {
+			s.Weights[l].V32.FFN = engine.RandomV32FFNWeights(cfg, l, opt.Seed)
+		} else if opt.Whole {
 			s.Weights[l].Block = wholeBlockWeights(cfg, l, opt.Seed)
 		}
 		s.Rope[l] = engine.LayerRope(cfg, l, cfg.MaxSeqLen)
 	}
-	if opt.Whole {
+	if opt.Whole && !cfg.V32() {
 		s.Head = &engine.HeadWeights{Embed: engine.RandomEmbedding(cfg, opt.Seed), Head: wholeHead(cfg, opt.Seed)}
 	}
 	s.Src = replay.NewMemSource(fmt.Sprintf("synth(%s, seed %d)", opt.Config, opt.Seed))
@@ -515,6 +518,9 @@ func (g *gpuRun) run() error {
 	if g.s.Head != nil {
 		return g.runWhole(rng, states)
 	}
+	if w := g.s.Weights[0]; cfg.V32() && w != nil && w.V32 != nil && w.V32.FFN != nil {
+		return g.runV32Whole(rng, states)
+	}
 	for p := int64(0); p <= g.last; p++ {
 		h := make([]float32, cfg.Dim)
 		for i := range h {
@@ -586,6 +592,36 @@ func (g *gpuRun) runWhole(rng *rand.Rand, states []map[string]engine.Tensor) err
 	return nil
 }
 
+// runV32Whole is run for a whole V3.2 model (synth --whole): at each
+// position a seeded random bf16 x_in for layer 0 (the stand-in of its
+// embedding row), each later layer from the Block outputs of the layer below
+// (x_in = its ffn_out, res_in = its h_mid, faulty ones included), the last
+// layer ending in the logits.
+func (g *gpuRun) runV32Whole(rng *rand.Rand, states []map[string]engine.Tensor) error {
+	cfg := g.s.Cfg
+	for p := int64(0); p <= g.last; p++ {
+		x := make([]float32, cfg.Dim)
+		for i := range x {
+			x[i] = quant.BF16Round(float32(rng.NormFloat64()))
+		}
+		seeds := map[string]engine.Tensor{"x_in": engine.FromF(engine.KindBF16, x, cfg.Dim)}
+		for l := 0; l < cfg.NLayers; l++ {
+			vals, err := g.layerStep(p, l, seeds, states[l])
+			if err != nil {
+				return fmt.Errorf("synth: step %d layer %d: %w", p, l, err)
+			}
+			for name := range states[l] {
+				if t, ok := vals[name]; ok {
+					states[l][name] = t
+				}
+			}
+			g.report(p, l, vals, states[l])
+			seeds = map[string]engine.Tensor{"x_in": vals["ffn_out"], "res_in": vals["h_mid"]}
+		}
+	}
+	return nil
+}
+
 // synthNorm is x = bf16(h · rsqrt(mean(h²) + 1e-6)), a weightless RMS norm.
 func synthNorm(h []float32) engine.Tensor {
 	var ss float64
@@ -612,7 +648,7 @@ func (g *gpuRun) layerStep(p int64, l int, seeds, prev map[string]engine.Tensor)
 		vals[k] = t
 	}
 	defs := engine.Stages(cfg, l, p)
-	if g.s.Head != nil {
+	if g.s.Head != nil || cfg.V32() { // V3.2: the whole layer when its FFN weights are set
 		defs = engine.BlockStages(cfg, l, p, g.s.Weights[l], g.s.Head)
 	}
 	for _, def := range defs {

@@ -138,3 +138,45 @@ func TestV32FaultedGPUDump(t *testing.T) {
 		}
 	}
 }
+
+// TestV32SynthWholeAgrees: synth --whole on a V3.2 config makes the whole
+// layer (engine.V32BlockStages: norms and residuals, the dense MLP of layer
+// 0, the MoE of layer 1, the logits), and both replay modes compare every
+// stage of it, bit for bit in local mode.
+func TestV32SynthWholeAgrees(t *testing.T) {
+	s, err := Synthesize(SynthOptions{Config: "v32-tiny", Prefill: 14, Steps: 4, Seed: 2, Whole: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	perStep := 0
+	for l := 0; l < s.Cfg.NLayers; l++ {
+		perStep += len(engine.V32BlockStages(s.Cfg, l, 14, s.Weights[l]))
+	}
+	if attn := 2 * len(engine.V32Stages(s.Cfg, 0, 14)); perStep != attn+4+8 {
+		t.Fatalf("%d stages per step, want the attention's %d + 4 (layer 0) + 8 (layer 1 with the logits)", perStep, attn)
+	}
+	for _, mode := range []replay.Mode{replay.Local, replay.Propagated} {
+		rep, err := replay.Run(context.Background(), s.Model(), s.Src, replay.Options{Mode: mode})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep.Diverged() {
+			t.Fatalf("%s: clean whole V3.2 synthetic dump diverged: %s", mode, rep.First.Text)
+		}
+		if want := 4 * perStep; rep.Summary.Compared != want || rep.Summary.Missing != 0 || rep.Summary.Skipped != 0 {
+			t.Fatalf("%s: summary %+v, want %d stages compared", mode, rep.Summary, want)
+		}
+		seen := map[string]bool{}
+		for _, r := range rep.Results {
+			seen[r.Stage] = true
+			if mode == replay.Local && r.Metrics != nil && r.Metrics.Mismatch != 0 {
+				t.Fatalf("step %d layer %d %s: %d mismatches in a clean synthetic dump", r.Step, r.Layer, r.Stage, r.Metrics.Mismatch)
+			}
+		}
+		for _, n := range []string{"h_in", "x", "h_mid", "ffn_in", "moe_indices", "moe_weights", "ffn_out", "logits"} {
+			if !seen[n] {
+				t.Fatalf("%s: stage %s not compared", mode, n)
+			}
+		}
+	}
+}

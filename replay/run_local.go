@@ -80,6 +80,12 @@ func localUnit(m *engine.Model, src Source, u unit, tol *Tolerance, prevChecked 
 	var res unitResult
 	ctx := &engine.StepContext{Cfg: m.Cfg, Layer: u.layer, Pos: u.step, W: m.Weights[u.layer], Rope: m.Rope[u.layer], Head: m.Head}
 	defs := engine.BlockStages(m.Cfg, u.layer, u.step, m.Weights[u.layer], m.Head)
+	if m.Cfg.V32() {
+		var err error
+		if defs, err = v32LocalDefs(m, src, u, defs); err != nil {
+			return res, err
+		}
+	}
 	if u.layer > 0 && m.Weights[u.layer].Block != nil {
 		if err := localBelow(m, src, u, tol, &res); err != nil {
 			return res, err

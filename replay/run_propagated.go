@@ -114,6 +114,10 @@ func propagateLayer(ctx context.Context, m *engine.Model, src Source, steps []in
 		if err != nil {
 			return nil, failStep, err
 		}
+		v32Whole, err := v32WholeSeeds(m, src, p, layer, below != nil, seeds)
+		if err != nil {
+			return nil, failStep, err
+		}
 		seeded := map[string]bool{} // the whole layer's inputs taken from the dump (h_in, tok)
 		if whole {
 			for n := range seeds {
@@ -145,7 +149,7 @@ func propagateLayer(ctx context.Context, m *engine.Model, src Source, steps []in
 		}
 		var outs map[string]engine.Tensor
 		var next *engine.LayerState
-		if whole {
+		if whole || v32Whole {
 			outs, next, err = engine.RunLayerHooked(sctx, seeds, st, cs.judge)
 		} else {
 			outs, next, err = engine.RunStepHooked(sctx, x, st, cs.judge)

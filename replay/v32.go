@@ -131,3 +131,52 @@ func checkV32RecordShape(cfg *engine.Config, e *dump.Entry) error {
 	}
 	return nil
 }
+
+// v32WholeSeeds makes a V3.2 layer's propagated step start from the
+// Block.forward inputs when the weights hold the layer's FFN part and the
+// dump holds them at step p (x_in, and res_in above layer 0): seeds then
+// holds those instead of x and the step runs the whole layer
+// (engine.V32BlockStages). A step without them runs the attention from the
+// dumped x, as before (the FFN stages are not compared there).
+func v32WholeSeeds(m *engine.Model, src Source, p int64, layer int, chained bool, seeds map[string]engine.Tensor) (bool, error) {
+	w := m.Weights[layer]
+	if chained || !m.Cfg.V32() || w == nil || w.V32 == nil || w.V32.FFN == nil {
+		return false, nil
+	}
+	names := []string{"x_in"}
+	if layer > 0 {
+		names = append(names, "res_in")
+	}
+	got := map[string]engine.Tensor{}
+	for _, n := range names {
+		t, ok, err := src.Stage(p, layer, n)
+		if err != nil {
+			return false, err
+		}
+		if !ok {
+			return false, nil
+		}
+		got[n] = t
+	}
+	delete(seeds, "x")
+	for n, t := range got {
+		seeds[n] = t
+	}
+	return true, nil
+}
+
+// v32LocalDefs are the stages a local replay checks at one V3.2 unit: the
+// whole layer (defs, engine.V32BlockStages) when the dump holds the step's
+// Block input x_in, else the attention alone from the dumped x
+// (engine.V32Stages), as propagated mode runs such a step. FFN-side tensors
+// dumped at such a step are then reported as not compared (coverage).
+func v32LocalDefs(m *engine.Model, src Source, u unit, defs []engine.StageDef) ([]engine.StageDef, error) {
+	if w := m.Weights[u.layer]; w == nil || w.V32 == nil || w.V32.FFN == nil {
+		return defs, nil
+	}
+	ok, err := heldBy(src, u.step, u.layer, "x_in")
+	if err != nil || ok {
+		return defs, err
+	}
+	return engine.V32Stages(m.Cfg, u.layer, u.step), nil
+}

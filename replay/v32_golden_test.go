@@ -25,7 +25,8 @@ func TestReplayV32GPUDumpAgrees(t *testing.T) {
 	exactOn := map[string]bool{"q_a": true, "qr": true, "q_b": true, "q_pe": true, "q_absorbed": true, "kv_a": true,
 		"kv_fq8": true, "k_pe": true, "latent_cache": true, "iq_b": true, "iq_roped": true, "iq_had": true, "iq_fp8": true,
 		"iq_scale": true, "ik_raw": true, "ik_normed": true, "ik_roped": true, "ik_had": true, "ik_fp8": true, "ik_scale": true,
-		"k_cache": true, "k_scale_cache": true, "iw": true, "index_weights": true, "o_latent": true, "y": true}
+		"k_cache": true, "k_scale_cache": true, "iw": true, "index_weights": true, "o_latent": true, "y": true,
+		"h_in": true, "x": true, "h_mid": true, "ffn_in": true, "ffn_out": true, "moe_indices": true}
 	for _, mode := range []Mode{Local, Propagated} {
 		rep, err := Run(context.Background(), m, src, Options{Mode: mode})
 		if err != nil {
@@ -34,9 +35,18 @@ func TestReplayV32GPUDumpAgrees(t *testing.T) {
 		if rep.Diverged() {
 			t.Fatalf("%s: %s", mode, rep.First.Text)
 		}
-		// + one check of the GPU's RoPE table per layer against the config's
-		if want := 12*2*nStages + m.Cfg.NLayers; rep.Summary.Compared != want || rep.Summary.Missing != 0 || rep.Summary.Skipped != 0 {
-			t.Fatalf("%s: summary %+v, want %d stages compared", mode, rep.Summary, want)
+		// + one check of the GPU's RoPE table per layer against the config's;
+		// steps 10..13 hold the whole layer (Block inputs x_in / res_in, the
+		// norms, the FFN, the logits): x, h_mid, ffn_in, ffn_out on the dense
+		// layer 0, h_in, x, h_mid, ffn_in, moe_indices, moe_weights, ffn_out on
+		// the MoE layer 1, and the logits: 12 more stages per step
+		const wholeSteps, wholeStages = 4, 4 + 7 + 1
+		want := 12*2*nStages + m.Cfg.NLayers + wholeSteps*wholeStages
+		// steps 10..13 run the whole layer, steps 14..21 (no x_in dumped) the
+		// attention from the dumped x, in both modes
+		missing, skipped := 0, 0
+		if rep.Summary.Compared != want || rep.Summary.Missing != missing || rep.Summary.Skipped != skipped {
+			t.Fatalf("%s: summary %+v, want %d stages compared, %d missing, %d skipped", mode, rep.Summary, want, missing, skipped)
 		}
 		for _, r := range rep.Results {
 			if mode == Local && exactOn[r.Stage] && r.Metrics != nil && r.Metrics.Mismatch != 0 {

@@ -207,6 +207,43 @@ class Capture:
 
             ix.register_forward_hook(topk_hook)
 
+            # whole layer (Block.forward): its inputs (x, residual), the two
+            # fused add-RMSNorms' outputs, the FFN output, the MoE gate's.
+            def blk_pre(mod, inp, l=l):
+                if self.on:
+                    self.layer = l
+                    self.put("x_in", inp[0].reshape(-1))
+                    if inp[1] is not None:
+                        self.put("res_in", inp[1].reshape(-1))
+
+            def attn_norm_hook(mod, inp, out, l=l):
+                if self.on and isinstance(out, tuple):
+                    self.layer = l
+                    self.put("h_in", out[1].reshape(-1))
+
+            def ffn_norm_hook(mod, inp, out, l=l):
+                if self.on:
+                    self.layer = l
+                    self.put("ffn_in", out[0].reshape(-1))
+                    self.put("h_mid", out[1].reshape(-1))
+
+            def ffn_hook(mod, inp, out, l=l):
+                if self.on:
+                    self.layer = l
+                    self.put("ffn_out", out.reshape(-1))
+
+            blk.register_forward_pre_hook(blk_pre)
+            blk.attn_norm.register_forward_hook(attn_norm_hook)
+            blk.ffn_norm.register_forward_hook(ffn_norm_hook)
+            blk.ffn.register_forward_hook(ffn_hook)
+            if hasattr(blk.ffn, "gate"):
+                def gate_hook(mod, inp, out, l=l):
+                    if self.on:
+                        self.layer = l
+                        self.put("moe_weights", out[0].reshape(-1).float())
+                        self.put("moe_indices", out[1].reshape(-1).to(torch.int64))
+                blk.ffn.gate.register_forward_hook(gate_hook)
+
         rope_names = ["q_pe", "k_pe", "iq_pe", "ik_pe"]
         f_rope = o.apply_rotary_emb
 
@@ -392,6 +429,7 @@ def main():
                 if f"L{l}.kv_fq8" not in rec:
                     # code without the latent's FP8 round trip (2305c7e): the latent it cached
                     rec[f"L{l}.kv_fq8"] = rec[f"L{l}.latent_cache"][p, :args.kv_lora_rank].clone()
+            rec["logits"] = logits.reshape(-1).float()
             rec["pos"] = torch.tensor([p], dtype=torch.int64)
             rec["tok"] = tokens[p:p + 1].to(torch.int64)
             save_file(to_cpu(rec), os.path.join(opt.out, f"step_{p}.safetensors"))
