@@ -42,6 +42,13 @@ var matrixLayers = map[int][]int{0: {0}, 4: {1, 3}, 128: {2}}
 // applicable; a fault that does not change its stage beyond tolerance at a
 // step (ErrInvisible) moves to the next candidate step.
 func TestFaultMatrix(t *testing.T) {
+	if raceDetector && testing.Short() {
+		// .ci/run's race step (-race -short): the matrix runs in its plain
+		// `go test ./...` step; under the race detector it alone takes over
+		// ten minutes on 2 cores, and its concurrency is replay's, which the
+		// replay and engine race tests cover.
+		t.Skip("the fault matrix runs without -race (go test ./...); skipped under -race -short")
+	}
 	cfg, err := engine.Preset("tiny")
 	if err != nil {
 		t.Fatal(err)
