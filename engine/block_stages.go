@@ -211,27 +211,34 @@ func hcNormStage(side, from string) func(*StepContext, map[string]Tensor) (Tenso
 
 func hcPostStage(side, residual, sub string) func(*StepContext, map[string]Tensor) (Tensor, error) {
 	return func(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
-		hc, dim := ctx.Cfg.HCMult, ctx.Cfg.Dim
-		a, err := inF(in, sub, dim)
-		if err != nil {
-			return Tensor{}, err
-		}
-		h, err := inF(in, residual, hc*dim)
-		if err != nil {
-			return Tensor{}, err
-		}
-		post, err := inF(in, "hc_"+side+"_post", hc)
-		if err != nil {
-			return Tensor{}, err
-		}
-		comb, err := inF(in, "hc_"+side+"_comb", hc*hc)
-		if err != nil {
-			return Tensor{}, err
-		}
-		out := make([]float32, hc*dim)
-		mhc.Post(out, a, h, post, comb)
-		return bf16T(out, hc, dim), nil
+		return hcPost(ctx.Cfg, side, residual, sub, in)
 	}
+}
+
+// hcPost is the hc_post of one side: the sub-layer output sub [dim] mixed
+// back into the residual streams [hc, dim] with hc_<side>_post and
+// hc_<side>_comb (mhc.Post), rounded to bf16. V4's and V4.1's stages share it.
+func hcPost(cfg *Config, side, residual, sub string, in map[string]Tensor) (Tensor, error) {
+	hc, dim := cfg.HCMult, cfg.Dim
+	a, err := inF(in, sub, dim)
+	if err != nil {
+		return Tensor{}, err
+	}
+	h, err := inF(in, residual, hc*dim)
+	if err != nil {
+		return Tensor{}, err
+	}
+	post, err := inF(in, "hc_"+side+"_post", hc)
+	if err != nil {
+		return Tensor{}, err
+	}
+	comb, err := inF(in, "hc_"+side+"_comb", hc*hc)
+	if err != nil {
+		return Tensor{}, err
+	}
+	out := make([]float32, hc*dim)
+	mhc.Post(out, a, h, post, comb)
+	return bf16T(out, hc, dim), nil
 }
 
 func stageMoEIndices(ctx *StepContext, in map[string]Tensor) (Tensor, error) {

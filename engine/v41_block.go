@@ -215,26 +215,7 @@ func v41Norm(from string, ffn bool) func(*Config, *V41BlockWeights, map[string]T
 
 func v41Post(side, residual, sub string) func(*Config, *V41BlockWeights, map[string]Tensor) (Tensor, error) {
 	return func(cfg *Config, _ *V41BlockWeights, in map[string]Tensor) (Tensor, error) {
-		hc, dim := cfg.HCMult, cfg.Dim
-		a, err := inF(in, sub, dim)
-		if err != nil {
-			return Tensor{}, err
-		}
-		h, err := inF(in, residual, hc*dim)
-		if err != nil {
-			return Tensor{}, err
-		}
-		post, err := inF(in, "hc_"+side+"_post", hc)
-		if err != nil {
-			return Tensor{}, err
-		}
-		comb, err := inF(in, "hc_"+side+"_comb", hc*hc)
-		if err != nil {
-			return Tensor{}, err
-		}
-		out := make([]float32, hc*dim)
-		mhc.Post(out, a, h, post, comb)
-		return bf16T(out, hc, dim), nil
+		return hcPost(cfg, side, residual, sub, in)
 	}
 }
 
