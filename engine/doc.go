@@ -68,7 +68,8 @@
 // A config naming KV-source / index-source layers or candidate blocks is
 // V4.1 ("CSA2", Config.IsV41; presets "v41-flash", "v41-tiny";
 // engine/v41config.go). Its attention sub-layer has its own weights, state
-// and stage graph (V41LayerWeights, V41State, V41Stages; engine/v41.go):
+// and stage graph (V41LayerWeights, V41State, V41Stages; engine/v41.go, the
+// stage computations in engine/v41_compute.go):
 // source layers publish their compressed cache, index keys, top-k list and
 // candidate mask, later layers of the same step read them, so V41Step runs
 // one decode step of every layer (or of V41Needs(l)) in order. The V4 stage

@@ -51,7 +51,7 @@
 // judged against the reference's own scores), FP8 cache scales, compressor,
 // index list, cache write, prefix cache (only with a recorded hit), KV cache,
 // RoPE table (the GPU's own table against the config's, stage rope_table),
-// upstream, NaN/inf; around the attention sub-layer (diagnose_block.go)
+// upstream, NaN/inf; around the attention sub-layer (diagnose_block.go, its hypotheses in hypotheses_block_diag.go)
 // embedding, layer link, hyper-connections, MoE router and experts, head;
 // and the stage's hypotheses (package attribute) name the known alternative
 // computation that reproduces the GPU's value. KV pages are
