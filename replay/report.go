@@ -385,7 +385,10 @@ func judgeSet(sr *StageResult, ref, gpu engine.Tensor, in map[string]engine.Tens
 	k := len(ref.I)
 	scores, ok := in["index_score"]
 	var d indexer.SelectionDiff
-	if ok && scores.Kind.IsFloat() {
+	// The scores recognise ties only when they are the scores the
+	// selection was made over: at least k of them (a dumped index_score of
+	// another length, as a hostile or mismatched dump has, is not).
+	if ok && scores.Kind.IsFloat() && k <= len(scores.F) {
 		d = indexer.CompareSelection(g, scores.F, k)
 	} else {
 		// No scores at hand: the reference's own list defines the set, so
