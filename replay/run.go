@@ -307,6 +307,24 @@ func intersectSteps(have, want []int64) []int64 {
 	return out
 }
 
+// errInternal marks an error made from a panic that escaped a replay unit:
+// a bug in sparsemla, never a property of the dump. The fuzzers fail on it.
+const errInternal = "internal error (a sparsemla bug; please report it with the dump)"
+
+// guardUnit runs one replay unit (a local step-layer, a propagated layer's
+// chain) and turns a panic that escapes it into an error naming the unit,
+// so that a bug on a goroutine of the replay ends the command with one line
+// and exit 2 instead of a crash of the whole process. The message holds no
+// address or stack: it is the same on every run.
+func guardUnit(what string, f func() error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%s: %s: %v", errInternal, what, r)
+		}
+	}()
+	return f()
+}
+
 // ComputeStage runs a stage's Compute on dumped inputs. Compute validates its
 // inputs and returns errors; a panic that slips through on malformed dump data
 // is turned into an error naming the stage, so outside input never crashes a

@@ -41,7 +41,11 @@ func replayLocal(ctx context.Context, m *engine.Model, src Source, steps []int64
 				errs[i] = err
 				return nil
 			}
-			r, err := localUnit(m, src, u, opt.Tol, replayed[u.step-1])
+			var r unitResult
+			err := guardUnit(fmt.Sprintf("replaying step %d layer %d", u.step, u.layer), func() (err error) {
+				r, err = localUnit(m, src, u, opt.Tol, replayed[u.step-1])
+				return err
+			})
 			if err != nil {
 				errs[i] = err
 				return nil

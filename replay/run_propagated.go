@@ -35,7 +35,14 @@ func replayPropagated(ctx context.Context, m *engine.Model, src Source, steps []
 	g.SetLimit(runtime.GOMAXPROCS(0))
 	for li, l := range layers {
 		g.Go(func() error {
-			r, p, err := propagateLayer(ctx, m, src, steps, l, opt.Tol, nil)
+			var (
+				r []unitResult
+				p int64
+			)
+			err := guardUnit(fmt.Sprintf("replaying layer %d", l), func() (err error) {
+				r, p, err = propagateLayer(ctx, m, src, steps, l, opt.Tol, nil)
+				return err
+			})
 			perLayer[li], errs[li], errStep[li] = r, err, p
 			return nil
 		})

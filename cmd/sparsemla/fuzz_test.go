@@ -34,7 +34,7 @@ import (
 // are loaded and packed before the fuzzing, everything made from the dump
 // — config, RoPE tables, layer and shape checks — is made from each
 // execution's dump). Whatever the dump holds:
-//   - nothing panics, and no stage owes a skipped result to a recovered
+//   - nothing panics (nor recovers into replay's "internal error"), and no stage owes a skipped result to a recovered
 //     runtime panic (a reason naming "runtime error" means a stage trusted
 //     a dumped shape it should have checked);
 //   - an error is one line (as the CLI prints it, exit 2);
@@ -238,6 +238,9 @@ func fuzzReplayExec(tb testing.TB) func(t testing.TB, prog []byte) {
 		if code == exitError {
 			if strings.Count(strings.TrimRight(e, "\n"), "\n") != 0 {
 				t.Fatalf("exit 2 with %d stderr lines:\n%s", strings.Count(e, "\n"), e)
+			}
+			if strings.Contains(e, "internal error") {
+				t.Fatalf("a replay unit panicked (recovered into exit 2): %s", e)
 			}
 			return
 		}
