@@ -371,6 +371,9 @@ def main():
             save_st(rec, os.path.join(o.out, f"step_{p}.safetensors"))
     cfg = dataclasses.asdict(args)
     cfg = {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()}
+    # the ViT's own shape keys (vision_dim .. vision_max_wh_ratio) are left out: unused with
+    # vision_n_layers = 0, and sparsemla's config reader does not know them (it refuses unknown keys)
+    cfg = {k: v for k, v in cfg.items() if not k.startswith("vision_") or k == "vision_n_layers"}
     json.dump(cfg, open(os.path.join(o.out, "config.json"), "w"), indent=1)
     json.dump(meta, open(os.path.join(o.out, "meta.json"), "w"), indent=1)
     print("torch", torch.__version__, "device", dev, "wrote", sorted(os.listdir(o.out)))
