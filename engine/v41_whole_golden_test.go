@@ -10,6 +10,7 @@ import (
 
 	"sparsemla/attention"
 	"sparsemla/dump"
+	"sparsemla/mhc"
 	"sparsemla/moe"
 	"sparsemla/quant"
 )
@@ -560,4 +561,25 @@ func v41WholeFP8(t *testing.T, g *v41Whole, name string, rows, cols int) *attent
 		t.Fatal(err1, err2)
 	}
 	return attention.NewV41FP8Weight(c.Data, s.Data, rows, cols)
+}
+
+// TestV41WholeGoldenMHCDiscriminates: on the whole-step golden, collapsing a
+// sub-layer's input with its own site's pre-mix (V4's order) instead of the
+// previous site's (V4.1's pipelined order; one-hot at layer 0) reproduces
+// attn_norm_in / ffn_norm_in at no layer and step.
+func TestV41WholeGoldenMHCDiscriminates(t *testing.T) {
+	g := openV41Whole(t)
+	dim := g.cfg.Dim
+	for _, p := range g.order {
+		s := g.steps[p]
+		for l := 0; l < g.cfg.NLayers; l++ {
+			for _, c := range []struct{ stage, in, ownPre string }{{"attn_norm_in", "h_in", "hc_attn_pre"}, {"ffn_norm_in", "h_mid", "hc_ffn_pre"}} {
+				x := make([]float32, dim)
+				mhc.Collapse(x, v41MHCRead(t, s, fmt.Sprintf("L%d.%s", l, c.in)), v41MHCRead(t, s, fmt.Sprintf("L%d.%s", l, c.ownPre)))
+				if slices.Equal(x, v41MHCRead(t, s, fmt.Sprintf("L%d.%s", l, c.stage))) {
+					t.Errorf("P%d L%d %s: V4's order (collapse with %s) reproduces the golden", p, l, c.stage, c.ownPre)
+				}
+			}
+		}
+	}
 }
