@@ -62,3 +62,52 @@ func TestFP8ProductsSpreadOverGoroutines(t *testing.T) {
 		}
 	}
 }
+
+// TestParallelForPool: the worker pool runs every index of every call
+// exactly once — calls from many goroutines at once, calls nested in a
+// chunk of another call, GOMAXPROCS changed between calls (1, 2, 16, 3) —
+// and each call returns only when all its chunks are done.
+func TestParallelForPool(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
+	for _, procs := range []int{1, 2, 16, 3} {
+		runtime.GOMAXPROCS(procs)
+		const callers, n = 24, 1000
+		errs := make(chan string, callers)
+		for c := range callers {
+			go func() {
+				hits := make([]int32, n)
+				inner := make([]int32, 7*n)
+				parallelFor(n, 1<<20, func(lo, hi int) {
+					for i := lo; i < hi; i++ {
+						hits[i]++
+						if i%97 == 0 { // a nested call inside a chunk
+							parallelFor(7, 1<<20, func(lo, hi int) {
+								for k := lo; k < hi; k++ {
+									inner[7*i+k]++
+								}
+							})
+						}
+					}
+				})
+				for i, h := range hits {
+					if h != 1 {
+						errs <- fmt.Sprintf("GOMAXPROCS %d caller %d: index %d ran %d times", procs, c, i, h)
+						return
+					}
+					for k := range 7 {
+						if want := int32(0); i%97 == 0 && inner[7*i+k] != 1 || i%97 != 0 && inner[7*i+k] != want {
+							errs <- fmt.Sprintf("GOMAXPROCS %d caller %d: nested index %d/%d ran %d times", procs, c, i, k, inner[7*i+k])
+							return
+						}
+					}
+				}
+				errs <- ""
+			}()
+		}
+		for range callers {
+			if e := <-errs; e != "" {
+				t.Error(e)
+			}
+		}
+	}
+}
