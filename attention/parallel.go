@@ -17,14 +17,17 @@ import (
 // depend on the split or the number of goroutines.
 //
 // The pool's workers are long-lived goroutines (started once, GOMAXPROCS−1
-// of them): after a job they spin for poolSpin, yielding the processor to
-// any other runnable goroutine, before they park. A decode step is a chain
-// of GEMVs of 20-700 µs each; starting fresh goroutines for each one (the
-// previous form of this function) woke parked OS threads one after the
-// other for every call — on the 16-core GPU host a ramp of tens of µs per
-// call, which capped the small weights (wkv, wq_a) at 12-25 % of the
-// streaming read. Spinning workers join the next call within a
-// microsecond.
+// of them): after a job they spin for poolSpin (spinUntil), yielding the
+// processor to other goroutines every few µs, before they park. A decode
+// step is a chain of GEMVs of 20-700 µs each; starting fresh goroutines for
+// each one (the previous form of this function) woke parked OS threads one
+// after the other for every call — on the 16-core GPU host a ramp of tens
+// of µs per call, which capped the small weights (wkv, wq_a) at 12-25 % of
+// the streaming read. Spinning workers join the next call within a
+// microsecond. They join without a lock (the job list is an immutable
+// snapshot, a helper slot is taken by compare-and-swap): a mutex that 15
+// workers reach at once puts most of them to sleep on its semaphore, the
+// very wake-up cost the pool avoids.
 //
 // Concurrent calls (a layer's four branches, a model step's layers) all sit
 // in the pool's job list; a free worker joins the listed job with the
@@ -40,35 +43,55 @@ func parallelFor(n int, work int, f func(lo, hi int)) {
 		return
 	}
 	helpersStarted.Add(int64(workers - 1))
-	j := &poolJob{f: f, n: int64(n), chunk: int64(max(1, n/(8*workers))), cap: int32(workers - 1)}
+	j := &poolJob{f: f, n: int64(n), chunk: int64(max(1, n/(8*workers))), cap: int32(workers - 1), fin: make(chan struct{})}
 	thePool.submit(j, workers-1)
 	j.loop()
 	thePool.retire(j)
-	// wait for the helpers still on a chunk: they finish within a chunk's
-	// time, so spin briefly before blocking
-	for i := 0; j.busy.Load() != 0; i++ {
-		if i < 1000 {
-			runtime.Gosched()
-			continue
-		}
-		j.wg.Wait()
-		break
+	// close the job to new helpers, then wait for those still on a chunk:
+	// they finish within a chunk's time, so spin briefly before blocking
+	joined := j.state.Or(jobClosed) &^ jobClosed
+	if !spinUntil(func() bool { return j.done.Load() == joined }) {
+		<-j.fin
 	}
 }
 
 // poolSpin is how long an idle pool worker keeps looking for a job before
-// it parks.
-const poolSpin = 100 * time.Microsecond
+// it parks (and a caller polls for its helpers before it blocks).
+var poolSpin = 50 * time.Microsecond
+
+// spinUntil polls cond for up to poolSpin and reports whether it became
+// true. It polls in a plain loop (an atomic load every iteration), yielding
+// the processor only every few µs: a runtime.Gosched per iteration (the
+// first form) made 15 idle workers hammer the scheduler's global run queue
+// lock.
+func spinUntil(cond func() bool) bool {
+	t0 := time.Now()
+	for i := 1; ; i++ {
+		if cond() {
+			return true
+		}
+		if i%2048 == 0 {
+			if time.Since(t0) > poolSpin {
+				return false
+			}
+			runtime.Gosched()
+		}
+	}
+}
+
+// jobClosed is the bit of poolJob.state set once the caller has taken its
+// last chunk: no helper joins after it.
+const jobClosed = 1 << 30
 
 // poolJob is one parallelFor call.
 type poolJob struct {
 	f        func(lo, hi int)
 	n, chunk int64
-	next     atomic.Int64 // first index not yet taken
-	cap      int32        // most helpers the call asks for
-	helpers  int32        // helpers joined (under pool.mu)
-	busy     atomic.Int32 // helpers joined and not yet done
-	wg       sync.WaitGroup
+	next     atomic.Int64  // first index not yet taken
+	cap      int32         // most helpers the call asks for
+	state    atomic.Int32  // helpers joined, | jobClosed once closed
+	done     atomic.Int32  // helpers finished
+	fin      chan struct{} // closed by the last helper to finish once the job is closed
 }
 
 // loop takes chunks until none is left.
@@ -82,14 +105,36 @@ func (j *poolJob) loop() {
 	}
 }
 
+// join takes a helper slot of j (false: closed, full or no chunk left).
+func (j *poolJob) join() bool {
+	for {
+		s := j.state.Load()
+		if s&jobClosed != 0 || s >= j.cap || j.next.Load() >= j.n {
+			return false
+		}
+		if j.state.CompareAndSwap(s, s+1) {
+			return true
+		}
+	}
+}
+
+// leave ends a helper's part; the last one out of a closed job wakes the
+// caller if it blocks.
+func (j *poolJob) leave() {
+	d := j.done.Add(1)
+	if s := j.state.Load(); s&jobClosed != 0 && d == s&^jobClosed {
+		close(j.fin)
+	}
+}
+
 // workPool is the process-wide pool of helper goroutines.
 type workPool struct {
-	mu      sync.Mutex
+	jobs    atomic.Pointer[[]*poolJob] // calls not yet retired (an immutable snapshot)
+	gen     atomic.Int64               // jobs submitted
+	mu      sync.Mutex                 // guards the rest, and updates of jobs
 	cond    sync.Cond
-	jobs    []*poolJob   // calls with chunks left (under mu)
-	gen     atomic.Int64 // jobs submitted, read without the lock by spinning workers
-	started int          // workers started (under mu)
-	parked  int          // workers waiting on cond (under mu)
+	started int // workers started
+	parked  int // workers waiting on cond
 }
 
 var thePool = func() *workPool {
@@ -101,7 +146,12 @@ var thePool = func() *workPool {
 // submit lists j, starts workers up to want, and wakes parked ones.
 func (p *workPool) submit(j *poolJob, want int) {
 	p.mu.Lock()
-	p.jobs = append(p.jobs, j)
+	var list []*poolJob
+	if old := p.jobs.Load(); old != nil {
+		list = append(list, *old...)
+	}
+	list = append(list, j)
+	p.jobs.Store(&list)
 	p.gen.Add(1)
 	for p.started < want {
 		p.started++
@@ -116,57 +166,54 @@ func (p *workPool) submit(j *poolJob, want int) {
 // retire removes j from the list (its caller found no chunk left).
 func (p *workPool) retire(j *poolJob) {
 	p.mu.Lock()
-	if i := slices.Index(p.jobs, j); i >= 0 {
-		p.jobs = slices.Delete(p.jobs, i, i+1)
+	if old := p.jobs.Load(); old != nil {
+		list := slices.DeleteFunc(slices.Clone(*old), func(x *poolJob) bool { return x == j })
+		p.jobs.Store(&list)
 	}
 	p.mu.Unlock()
 }
 
 // take joins the listed job with chunks left and the fewest helpers (nil
-// when there is none), unlisting jobs whose chunks are all taken. Under mu.
+// when none takes a helper).
 func (p *workPool) take() *poolJob {
-	var best *poolJob
-	for i := 0; i < len(p.jobs); {
-		j := p.jobs[i]
-		if j.next.Load() >= j.n {
-			p.jobs = slices.Delete(p.jobs, i, i+1)
-			continue
+	for {
+		list := p.jobs.Load()
+		if list == nil {
+			return nil
 		}
-		if j.helpers < j.cap && (best == nil || j.helpers < best.helpers) {
-			best = j
+		var best *poolJob
+		bh := int32(0)
+		for _, j := range *list {
+			s := j.state.Load()
+			if s&jobClosed != 0 || s >= j.cap || j.next.Load() >= j.n {
+				continue
+			}
+			if best == nil || s < bh {
+				best, bh = j, s
+			}
 		}
-		i++
+		if best == nil {
+			return nil
+		}
+		if best.join() {
+			return best
+		}
 	}
-	if best != nil {
-		best.helpers++
-		best.busy.Add(1)
-		best.wg.Add(1)
-	}
-	return best
 }
 
 // worker runs jobs; when no listed job takes a helper (a job's helper
-// count only grows, so only a new submission can change that) it spins
-// poolSpin waiting for one, yielding the processor, then parks.
+// count only grows until it closes, so only a new submission can change
+// that) it spins poolSpin waiting for one, then parks.
 func (p *workPool) worker() {
-	p.mu.Lock()
 	for {
+		seen := p.gen.Load()
 		if j := p.take(); j != nil {
-			p.mu.Unlock()
 			j.loop()
-			j.busy.Add(-1)
-			j.wg.Done()
-			p.mu.Lock()
+			j.leave()
 			continue
 		}
-		seen := p.gen.Load()
-		p.mu.Unlock()
-		t0 := time.Now()
-		for i := 1; p.gen.Load() == seen; i++ {
-			if i%32 == 0 && time.Since(t0) > poolSpin {
-				break
-			}
-			runtime.Gosched()
+		if spinUntil(func() bool { return p.gen.Load() != seen }) {
+			continue
 		}
 		p.mu.Lock()
 		if p.gen.Load() == seen {
@@ -174,6 +221,7 @@ func (p *workPool) worker() {
 			p.cond.Wait()
 			p.parked--
 		}
+		p.mu.Unlock()
 	}
 }
 

@@ -2,9 +2,12 @@ package attention
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"runtime"
 	"testing"
+
+	"sparsemla/quant"
 )
 
 // TestFP8ProductsSpreadOverGoroutines: an FP8 product (Linear, LinearPlain,
@@ -108,6 +111,48 @@ func TestParallelForPool(t *testing.T) {
 			if e := <-errs; e != "" {
 				t.Error(e)
 			}
+		}
+	}
+}
+
+// TestPlainBlockRange: the bit-level range check of LinearPlain's inputs
+// gives the float64 form's results (smallest nonzero and largest magnitude,
+// every value bf16) on blocks with zeros, ±0, subnormals, infinities, NaN
+// and values that are not bf16.
+func TestPlainBlockRange(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	special := []float32{0, float32(math.Copysign(0, -1)), 0x1p-130, -0x1p-149, 0x1p127, float32(math.Inf(1)), float32(math.Inf(-1)),
+		float32(math.NaN()), math.Float32frombits(0x7fc00000), math.Float32frombits(0xff800001), 1.0000001, -3, 0.5}
+	for trial := range 3000 {
+		v := make([]float32, ActBlock)
+		for i := range v {
+			switch rng.IntN(4) {
+			case 0:
+				v[i] = special[rng.IntN(len(special))]
+			case 1:
+				v[i] = 0
+			default:
+				v[i] = quant.BF16Round(float32(rng.NormFloat64() * math.Exp2(float64(rng.IntN(60)-30))))
+			}
+		}
+		if trial%3 == 0 { // mostly clean blocks too
+			for i := range v {
+				if v[i] != v[i] || quant.BF16Round(v[i]) != v[i] {
+					v[i] = 1
+				}
+			}
+		}
+		wlo, whi, wok := math.Inf(1), 0.0, true
+		for _, f := range v {
+			a := math.Abs(float64(f))
+			wok = wok && quant.BF16Round(f) == f
+			if a != 0 {
+				wlo, whi = min(wlo, a), max(whi, a)
+			}
+		}
+		lo, hi, ok := plainBlockRange(v)
+		if ok != wok || ok && (lo != wlo || hi != whi) {
+			t.Fatalf("trial %d: plainBlockRange = %v %v %v, float form %v %v %v", trial, lo, hi, ok, wlo, whi, wok)
 		}
 	}
 }
