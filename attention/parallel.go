@@ -37,13 +37,18 @@ import (
 // its own job, so a call finishes even when every worker is busy
 // elsewhere (nested calls included).
 func parallelFor(n int, work int, f func(lo, hi int)) {
-	workers := min(runtime.GOMAXPROCS(0), n)
+	procs := runtime.GOMAXPROCS(0)
+	workers := min(procs, n)
 	if workers <= 1 || work < 1<<16 {
 		f(0, n)
 		return
 	}
 	helpersStarted.Add(int64(workers - 1))
 	j := &poolJob{f: f, n: int64(n), chunk: int64(max(1, n/(8*workers))), cap: int32(workers - 1), fin: make(chan struct{})}
+	// spin only when every P can have a core: with GOMAXPROCS above the
+	// CPUs the process may use, a spinning worker takes CPU time from the
+	// goroutines doing the work
+	thePool.spin.Store(procs <= numCPU)
 	thePool.submit(j, workers-1)
 	j.loop()
 	thePool.retire(j)
@@ -59,12 +64,18 @@ func parallelFor(n int, work int, f func(lo, hi int)) {
 // it parks (and a caller polls for its helpers before it blocks).
 var poolSpin = 50 * time.Microsecond
 
-// spinUntil polls cond for up to poolSpin and reports whether it became
-// true. It polls in a plain loop (an atomic load every iteration), yielding
+// numCPU is the number of CPUs the process may use (its affinity at start).
+var numCPU = runtime.NumCPU()
+
+// spinUntil polls cond for up to poolSpin (not at all when the pool's spin
+// flag is off) and reports whether it became true. It polls in a plain loop (an atomic load every iteration), yielding
 // the processor only every few µs: a runtime.Gosched per iteration (the
 // first form) made 15 idle workers hammer the scheduler's global run queue
 // lock.
 func spinUntil(cond func() bool) bool {
+	if !thePool.spin.Load() {
+		return cond()
+	}
 	t0 := time.Now()
 	for i := 1; ; i++ {
 		if cond() {
@@ -131,6 +142,7 @@ func (j *poolJob) leave() {
 type workPool struct {
 	jobs    atomic.Pointer[[]*poolJob] // calls not yet retired (an immutable snapshot)
 	gen     atomic.Int64               // jobs submitted
+	spin    atomic.Bool                // idle workers and waiting callers spin (GOMAXPROCS ≤ CPUs)
 	mu      sync.Mutex                 // guards the rest, and updates of jobs
 	cond    sync.Cond
 	started int // workers started

@@ -156,3 +156,22 @@ func TestPlainBlockRange(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkParallelForRoundTrip: the fixed cost of one parallel call — 64
+// items of ≈ 1 µs each (a small GEMV's split) over GOMAXPROCS goroutines,
+// back to back, as a decode step's chain of GEMVs issues them (compare
+// -cpu 1,2,16: the items alone take 64 µs on one core).
+func BenchmarkParallelForRoundTrip(b *testing.B) {
+	var sink [64]float64
+	for b.Loop() {
+		parallelFor(64, 1<<20, func(lo, hi int) {
+			for i := lo; i < hi; i++ {
+				s := float64(i)
+				for k := range 300 {
+					s = s*0.999 + float64(k)
+				}
+				sink[i] = s
+			}
+		})
+	}
+}
