@@ -221,6 +221,49 @@ func (p *FP8Panels) Linear(y, x []float32) {
 	j.release()
 }
 
+// LinearShared computes ys[i] = FP8Linear(x, ps[i]) for weights that read
+// the same activation x (wq_a and wkv of a layer both read the attention
+// input): x is quantised once (the same qx and block scales each Linear
+// call would compute) and every weight's work items run in one parallel
+// loop, so two small GEMVs make one call's worth of work instead of two
+// fork/joins. Each item is computed exactly as Linear computes it, so the
+// bits are Linear's at any GOMAXPROCS.
+func LinearShared(ps []*FP8Panels, ys [][]float32, x []float32) {
+	if len(ps) != len(ys) {
+		panic("attention: LinearShared: weights and outputs differ in number")
+	}
+	for i, p := range ps {
+		if len(x) != p.Cols || len(ys[i]) != p.Rows {
+			panic("attention: LinearShared shape mismatch")
+		}
+	}
+	qx, xs := make([]float32, len(x)), make([]float32, len(x))
+	sx := make([]float32, len(x)/ActBlock)
+	quantizeActFast(qx, sx, xs, x)
+	procs := runtime.GOMAXPROCS(0)
+	jobs, first := make([]*fp8Job, len(ps)), make([]int, len(ps)+1)
+	work := 0
+	for i, p := range ps {
+		jobs[i] = p.job(ys[i], qx, sx, xs, procs)
+		first[i+1] = first[i] + jobs[i].items()
+		work += p.Rows * p.Cols
+	}
+	parallelFor(first[len(ps)], work, func(lo, hi int) {
+		for i := lo; i < hi; {
+			w := 0
+			for first[w+1] <= i {
+				w++
+			}
+			end := min(hi, first[w+1])
+			jobs[w].run(i-first[w], end-first[w])
+			i = end
+		}
+	})
+	for _, j := range jobs {
+		j.release()
+	}
+}
+
 // LinearPlain is BF16Linear on the packed weight — a bf16 GEMM without
 // activation quantisation, for wo_a, which convert.py dequantises from FP8 to
 // bf16 (PackWoA re-encodes it losslessly) — bit-identical:
