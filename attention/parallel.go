@@ -21,10 +21,11 @@ import (
 // processor to other goroutines every few µs, before they park. A decode
 // step is a chain of GEMVs of 20-700 µs each; starting fresh goroutines for
 // each one (the previous form of this function) woke parked OS threads one
-// after the other for every call — on the 16-core GPU host a ramp of tens
-// of µs per call, which capped the small weights (wkv, wq_a) at 12-25 % of
-// the streaming read. Spinning workers join the next call within a
-// microsecond. They join without a lock (the job list is an immutable
+// after the other for every call. Spinning workers join the next call
+// within a microsecond (with the FP8 kernels' prefetch, the 16-thread
+// GEMVs on the GPU host went from 32-46 % to 54-78 % of the streaming read
+// for the large weights; the small wq_a and wkv stayed at 19-24 %: some
+// other fixed cost per call, bench/README.md). They join without a lock (the job list is an immutable
 // snapshot, a helper slot is taken by compare-and-swap): a mutex that 15
 // workers reach at once puts most of them to sleep on its semaphore, the
 // very wake-up cost the pool avoids.
@@ -48,7 +49,9 @@ func parallelFor(n int, work int, f func(lo, hi int)) {
 	// spin only when every P can have a core: with GOMAXPROCS above the
 	// CPUs the process may use, a spinning worker takes CPU time from the
 	// goroutines doing the work
-	thePool.spin.Store(procs <= numCPU)
+	if spin := procs <= numCPU; thePool.spin.Load() != spin {
+		thePool.spin.Store(spin)
+	}
 	thePool.submit(j, workers-1)
 	j.loop()
 	thePool.retire(j)
@@ -68,10 +71,10 @@ var poolSpin = 50 * time.Microsecond
 var numCPU = runtime.NumCPU()
 
 // spinUntil polls cond for up to poolSpin (not at all when the pool's spin
-// flag is off) and reports whether it became true. It polls in a plain loop (an atomic load every iteration), yielding
-// the processor only every few µs: a runtime.Gosched per iteration (the
-// first form) made 15 idle workers hammer the scheduler's global run queue
-// lock.
+// flag is off) and reports whether it became true. It polls in a plain
+// loop (an atomic load every iteration), yielding the processor only every
+// few µs: a runtime.Gosched per iteration (the first form) made 15 idle
+// workers hammer the scheduler's global run queue lock.
 func spinUntil(cond func() bool) bool {
 	if !thePool.spin.Load() {
 		return cond()
