@@ -265,6 +265,26 @@ func BenchmarkFP8PanelsLinear(b *testing.B) {
 	}
 }
 
+// BenchmarkFP8PanelsLinearShared: V4-Flash's wq_a and wkv (both read the
+// attention input) in one LinearShared call, as PreparedLayer.Step runs them
+// — compare with the two FP8PanelsLinear figures.
+func BenchmarkFP8PanelsLinearShared(b *testing.B) {
+	for _, dist := range fp8Dists {
+		b.Run(dist+"/wq_a+wkv", func(b *testing.B) {
+			qa, kv := fp8Copies(dist, 1024, 4096), fp8Copies(dist, 512, 4096)
+			rng := rand.New(rand.NewPCG(1, 4096))
+			x := bf16Vec(rng, 4096, 1)
+			ys := [][]float32{make([]float32, 1024), make([]float32, 512)}
+			i := 0
+			for b.Loop() {
+				LinearShared([]*FP8Panels{qa[i%len(qa)], kv[i%len(kv)]}, ys, x)
+				i++
+			}
+			reportFP8(b, int64(1536*4096))
+		})
+	}
+}
+
 // BenchmarkFP8PanelsInCache: the FP8 kernel's own speed, without the memory:
 // FP8Linear on one [256, 2048] weight (512 KiB, cache-resident) per code
 // distribution, on the benchmark's goroutine locked to its thread (run with

@@ -223,6 +223,7 @@ TEXT ·fp8Panel64AVX2(SB), NOSPLIT, $128-48
 	MOVQ scl+24(FP), R8
 	MOVQ sub+32(FP), R11
 	MOVQ nkb+40(FP), CX
+	MOVQ ·fp8Prefetch(SB), R13 // prefetch distance in bytes (kernels_fast_amd64.go)
 	FP8CONSTS
 	VMOVDQU fp8oldmask<>(SB), Y11
 	ZERO8
@@ -238,6 +239,7 @@ fp8word:
 	MOVQ $64, BX
 
 fp8k:
+	PREFETCHT0 (SI)(R13*1)
 	SHRQ $1, R12
 	JCS  fp8slow
 	VBROADCASTSS (DX), Y8
@@ -287,6 +289,7 @@ TEXT ·fp8Terms64AVX2(SB), NOSPLIT, $128-48
 	MOVQ scl+24(FP), R8
 	MOVQ sub+32(FP), R11
 	MOVQ nkb+40(FP), CX
+	MOVQ ·fp8Prefetch(SB), R13 // prefetch distance in bytes (kernels_fast_amd64.go)
 	FP8CONSTS
 	VMOVDQU fp8oldmask<>(SB), Y11
 
@@ -300,6 +303,7 @@ termword:
 	MOVQ $64, BX
 
 termk:
+	PREFETCHT0 (SI)(R13*1)
 	SHRQ $1, R12
 	JCS  termslow
 	VBROADCASTSS (DX), Y8
@@ -377,6 +381,7 @@ TEXT ·fp8PlainPanel64AVX2(SB), NOSPLIT, $160-48
 	MOVQ scl+24(FP), R8
 	MOVQ sub+32(FP), R11
 	MOVQ nkb+40(FP), CX
+	MOVQ ·fp8Prefetch(SB), R13 // prefetch distance in bytes (kernels_fast_amd64.go)
 	FP8CONSTS
 	VMOVDQU fp8oldmask<>(SB), Y11
 	ZERO8
@@ -393,6 +398,7 @@ plainword:
 	MOVQ $64, BX
 
 plaink:
+	PREFETCHT0 (SI)(R13*1)
 	SHRQ $1, R12
 	JCS  plainslow
 	VBROADCASTSS (DX), Y8

@@ -549,3 +549,37 @@ func TestIndexQKFastEqualsReference(t *testing.T) {
 		})
 	}
 }
+
+// TestLinearSharedEqualsLinear: several FP8 weights on one activation
+// (LinearShared: one quantisation, one parallel loop over every weight's
+// items, the small ones split by blocks) give each weight's FP8Linear bits,
+// assembly and Go, GOMAXPROCS 1, 2 and 16 — V4-Flash's wq_a and wkv shapes
+// and an odd-sized pair.
+func TestLinearSharedEqualsLinear(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	for _, shapes := range [][][2]int{{{1024, 4096}, {512, 4096}}, {{200, 384}, {64, 384}, {1, 384}}} {
+		cols := shapes[0][1]
+		ws := make([]*FP8Weight, len(shapes))
+		ps := make([]*FP8Panels, len(shapes))
+		for i, sh := range shapes {
+			ws[i] = randFP8(rng, sh[0], sh[1])
+			ps[i] = PackFP8Weight(ws[i])
+		}
+		x := bf16Vec(rng, cols, 3)
+		for k := 128; k < 256; k++ { // a block of tiny activations
+			x[k] *= 1e-6
+		}
+		eachPath(t, func(t *testing.T) {
+			ys := make([][]float32, len(ws))
+			for i, w := range ws {
+				ys[i] = make([]float32, w.Rows)
+			}
+			LinearShared(ps, ys, x)
+			for i, w := range ws {
+				want := make([]float32, w.Rows)
+				FP8Linear(want, x, w)
+				sameBits(t, fmt.Sprintf("y[%d] of %v", i, shapes), ys[i], want)
+			}
+		})
+	}
+}

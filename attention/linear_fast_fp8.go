@@ -221,6 +221,49 @@ func (p *FP8Panels) Linear(y, x []float32) {
 	j.release()
 }
 
+// LinearShared computes ys[i] = FP8Linear(x, ps[i]) for weights that read
+// the same activation x (wq_a and wkv of a layer both read the attention
+// input): x is quantised once (the same qx and block scales each Linear
+// call would compute) and every weight's work items run in one parallel
+// loop, so two small GEMVs make one call's worth of work instead of two
+// fork/joins. Each item is computed exactly as Linear computes it, so the
+// bits are Linear's at any GOMAXPROCS.
+func LinearShared(ps []*FP8Panels, ys [][]float32, x []float32) {
+	if len(ps) != len(ys) {
+		panic("attention: LinearShared: weights and outputs differ in number")
+	}
+	for i, p := range ps {
+		if len(x) != p.Cols || len(ys[i]) != p.Rows {
+			panic("attention: LinearShared shape mismatch")
+		}
+	}
+	qx, xs := make([]float32, len(x)), make([]float32, len(x))
+	sx := make([]float32, len(x)/ActBlock)
+	quantizeActFast(qx, sx, xs, x)
+	procs := runtime.GOMAXPROCS(0)
+	jobs, first := make([]*fp8Job, len(ps)), make([]int, len(ps)+1)
+	work := 0
+	for i, p := range ps {
+		jobs[i] = p.job(ys[i], qx, sx, xs, procs)
+		first[i+1] = first[i] + jobs[i].items()
+		work += p.Rows * p.Cols
+	}
+	parallelFor(first[len(ps)], work, func(lo, hi int) {
+		for i := lo; i < hi; {
+			w := 0
+			for first[w+1] <= i {
+				w++
+			}
+			end := min(hi, first[w+1])
+			jobs[w].run(i-first[w], end-first[w])
+			i = end
+		}
+	})
+	for _, j := range jobs {
+		j.release()
+	}
+}
+
 // LinearPlain is BF16Linear on the packed weight — a bf16 GEMM without
 // activation quantisation, for wo_a, which convert.py dequantises from FP8 to
 // bf16 (PackWoA re-encodes it losslessly) — bit-identical:
@@ -285,14 +328,9 @@ func (p *FP8Panels) job(y, x, sx, xs []float32, workers int) *fp8Job {
 		// so that x[k]·2^(e_b+104) is checked per block, not per element
 		lo, hi = make([]float64, cb), make([]float64, cb)
 		for b := range cb {
-			lo[b] = math.Inf(1)
-			for _, v := range x[b*ActBlock : (b+1)*ActBlock] {
-				a := math.Abs(float64(v))
-				j.asm = j.asm && quant.BF16Round(v) == v
-				if a != 0 {
-					lo[b], hi[b] = min(lo[b], a), max(hi[b], a)
-				}
-			}
+			var ok bool
+			lo[b], hi[b], ok = plainBlockRange(x[b*ActBlock : (b+1)*ActBlock])
+			j.asm = j.asm && ok
 		}
 	}
 	if !j.asm {
@@ -500,6 +538,29 @@ func EncodeFP8Blocks(W []float32, rows, cols int) (codes, scale []uint8, ok bool
 		}
 	}
 	return codes, scale, true
+}
+
+// plainBlockRange returns the smallest nonzero magnitude (+Inf when there
+// is none) and the largest magnitude of the values v, and whether every v
+// is a bf16 value (quant.BF16Round(v) == v: low 16 bits zero, not NaN). On
+// the bits: magnitudes of non-NaN fp32 values order as their bit patterns
+// (a plain integer loop, ≈ 10× faster than the float64 form; the result is
+// used only when every v passed).
+func plainBlockRange(v []float32) (lo, hi float64, ok bool) {
+	var low, nan uint32
+	lom, him := uint32(math.MaxUint32), uint32(0)
+	for _, f := range v {
+		a := math.Float32bits(f) & 0x7fffffff
+		low |= a & 0xffff
+		nan |= 0x7f800000 - min(a, 0x7f800001) // nonzero (wrapped) only for a NaN
+		lom = min(lom, a-1)                    // a zero wraps to the largest value
+		him = max(him, a)
+	}
+	lo = math.Inf(1)
+	if lom != math.MaxUint32 {
+		lo = float64(math.Float32frombits(lom + 1))
+	}
+	return lo, float64(math.Float32frombits(him)), low == 0 && nan&0x80000000 == 0
 }
 
 func isNormal(f float32) bool {

@@ -2,55 +2,251 @@ package attention
 
 import (
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
-// parallelFor runs f over [0, n) in contiguous chunks that the caller and
-// min(GOMAXPROCS, n)−1 helper goroutines, started for this call, take from a
-// shared counter (so a goroutine the OS delays does not hold the others up),
-// no helper when work is small. Every call gets its own helpers, also when
-// other calls run concurrently (the branches of a layer step, the layers of
-// a model step): the Go scheduler shares the cores among all of them. (A
-// process-wide budget of GOMAXPROCS−1 helpers, tried before, starved
-// concurrent calls: the first call took every helper and a long call that
-// started meanwhile — the indexer's scoring, the 32 MiB wq_b — ran on its
-// caller alone or with one helper to its end, so a CSA-layer step at 16
-// threads was no faster than at 4.) Callers only write disjoint outputs per
-// index and compute each index the same way whoever runs it, so results do
-// not depend on the split or the number of goroutines.
+// parallelFor runs f over [0, n) in contiguous chunks of about
+// n/(8·workers) indices (workers = min(GOMAXPROCS, n)) that the caller and
+// up to workers−1 helpers of a process-wide worker pool take from a shared
+// counter (so a goroutine the OS delays does not hold the others up); no
+// helper when work is small. Callers only write disjoint outputs per index
+// and compute each index the same way whoever runs it, so results do not
+// depend on the split or the number of goroutines.
+//
+// The pool's workers are long-lived goroutines (started once, GOMAXPROCS−1
+// of them): after a job they spin for poolSpin (spinUntil), yielding the
+// processor to other goroutines every few µs, before they park. A decode
+// step is a chain of GEMVs of 20-700 µs each; starting fresh goroutines for
+// each one (the previous form of this function) woke parked OS threads one
+// after the other for every call. Spinning workers join the next call
+// within a microsecond (with the FP8 kernels' prefetch, the 16-thread
+// GEMVs on the GPU host went from 32-46 % to 54-78 % of the streaming read
+// for the large weights; the small wq_a and wkv stayed at 19-24 %: some
+// other fixed cost per call, bench/README.md). They join without a lock (the job list is an immutable
+// snapshot, a helper slot is taken by compare-and-swap): a mutex that 15
+// workers reach at once puts most of them to sleep on its semaphore, the
+// very wake-up cost the pool avoids.
+//
+// Concurrent calls (a layer's four branches, a model step's layers) all sit
+// in the pool's job list; a free worker joins the listed job with the
+// fewest helpers, so no call is left to its caller alone while another has
+// every helper (a process-wide budget tried before did that: the first
+// call took all helpers until it ended), and each caller always works on
+// its own job, so a call finishes even when every worker is busy
+// elsewhere (nested calls included).
 func parallelFor(n int, work int, f func(lo, hi int)) {
-	workers := min(runtime.GOMAXPROCS(0), n)
+	procs := runtime.GOMAXPROCS(0)
+	workers := min(procs, n)
 	if workers <= 1 || work < 1<<16 {
 		f(0, n)
 		return
 	}
-	chunk := max(1, n/(8*workers))
-	var next atomic.Int64
-	loop := func() {
-		for {
-			lo := int(next.Add(int64(chunk))) - chunk
-			if lo >= n {
-				return
-			}
-			f(lo, min(n, lo+chunk))
-		}
-	}
-	var wg sync.WaitGroup
 	helpersStarted.Add(int64(workers - 1))
-	for range workers - 1 {
-		wg.Go(loop)
+	j := &poolJob{f: f, n: int64(n), chunk: int64(max(1, n/(8*workers))), cap: int32(workers - 1), fin: make(chan struct{})}
+	// spin only when every P can have a core: with GOMAXPROCS above the
+	// CPUs the process may use, a spinning worker takes CPU time from the
+	// goroutines doing the work
+	if spin := procs <= numCPU; thePool.spin.Load() != spin {
+		thePool.spin.Store(spin)
 	}
-	loop()
-	wg.Wait()
+	thePool.submit(j, workers-1)
+	j.loop()
+	thePool.retire(j)
+	// close the job to new helpers, then wait for those still on a chunk:
+	// they finish within a chunk's time, so spin briefly before blocking
+	joined := j.state.Or(jobClosed) &^ jobClosed
+	if !spinUntil(func() bool { return j.done.Load() == joined }) {
+		<-j.fin
+	}
 }
 
-// helpersStarted counts the helper goroutines parallelFor has started since
-// the process began (ParallelHelpers).
+// poolSpin is how long an idle pool worker keeps looking for a job before
+// it parks (and a caller polls for its helpers before it blocks).
+var poolSpin = 50 * time.Microsecond
+
+// numCPU is the number of CPUs the process may use (its affinity at start).
+var numCPU = runtime.NumCPU()
+
+// spinUntil polls cond for up to poolSpin (not at all when the pool's spin
+// flag is off) and reports whether it became true. It polls in a plain
+// loop (an atomic load every iteration), yielding the processor only every
+// few µs: a runtime.Gosched per iteration (the first form) made 15 idle
+// workers hammer the scheduler's global run queue lock.
+func spinUntil(cond func() bool) bool {
+	if !thePool.spin.Load() {
+		return cond()
+	}
+	t0 := time.Now()
+	for i := 1; ; i++ {
+		if cond() {
+			return true
+		}
+		if i%2048 == 0 {
+			if time.Since(t0) > poolSpin {
+				return false
+			}
+			runtime.Gosched()
+		}
+	}
+}
+
+// jobClosed is the bit of poolJob.state set once the caller has taken its
+// last chunk: no helper joins after it.
+const jobClosed = 1 << 30
+
+// poolJob is one parallelFor call.
+type poolJob struct {
+	f        func(lo, hi int)
+	n, chunk int64
+	next     atomic.Int64  // first index not yet taken
+	cap      int32         // most helpers the call asks for
+	state    atomic.Int32  // helpers joined, | jobClosed once closed
+	done     atomic.Int32  // helpers finished
+	fin      chan struct{} // closed by the last helper to finish once the job is closed
+}
+
+// loop takes chunks until none is left.
+func (j *poolJob) loop() {
+	for {
+		lo := j.next.Add(j.chunk) - j.chunk
+		if lo >= j.n {
+			return
+		}
+		j.f(int(lo), int(min(j.n, lo+j.chunk)))
+	}
+}
+
+// join takes a helper slot of j (false: closed, full or no chunk left).
+func (j *poolJob) join() bool {
+	for {
+		s := j.state.Load()
+		if s&jobClosed != 0 || s >= j.cap || j.next.Load() >= j.n {
+			return false
+		}
+		if j.state.CompareAndSwap(s, s+1) {
+			return true
+		}
+	}
+}
+
+// leave ends a helper's part; the last one out of a closed job wakes the
+// caller if it blocks.
+func (j *poolJob) leave() {
+	d := j.done.Add(1)
+	if s := j.state.Load(); s&jobClosed != 0 && d == s&^jobClosed {
+		close(j.fin)
+	}
+}
+
+// workPool is the process-wide pool of helper goroutines.
+type workPool struct {
+	jobs    atomic.Pointer[[]*poolJob] // calls not yet retired (an immutable snapshot)
+	gen     atomic.Int64               // jobs submitted
+	spin    atomic.Bool                // idle workers and waiting callers spin (GOMAXPROCS ≤ CPUs)
+	mu      sync.Mutex                 // guards the rest, and updates of jobs
+	cond    sync.Cond
+	started int // workers started
+	parked  int // workers waiting on cond
+}
+
+var thePool = func() *workPool {
+	p := &workPool{}
+	p.cond.L = &p.mu
+	return p
+}()
+
+// submit lists j, starts workers up to want, and wakes parked ones.
+func (p *workPool) submit(j *poolJob, want int) {
+	p.mu.Lock()
+	var list []*poolJob
+	if old := p.jobs.Load(); old != nil {
+		list = append(list, *old...)
+	}
+	list = append(list, j)
+	p.jobs.Store(&list)
+	p.gen.Add(1)
+	for p.started < want {
+		p.started++
+		go p.worker()
+	}
+	for range min(p.parked, want) {
+		p.cond.Signal()
+	}
+	p.mu.Unlock()
+}
+
+// retire removes j from the list (its caller found no chunk left).
+func (p *workPool) retire(j *poolJob) {
+	p.mu.Lock()
+	if old := p.jobs.Load(); old != nil {
+		list := slices.DeleteFunc(slices.Clone(*old), func(x *poolJob) bool { return x == j })
+		p.jobs.Store(&list)
+	}
+	p.mu.Unlock()
+}
+
+// take joins the listed job with chunks left and the fewest helpers (nil
+// when none takes a helper).
+func (p *workPool) take() *poolJob {
+	for {
+		list := p.jobs.Load()
+		if list == nil {
+			return nil
+		}
+		var best *poolJob
+		bh := int32(0)
+		for _, j := range *list {
+			s := j.state.Load()
+			if s&jobClosed != 0 || s >= j.cap || j.next.Load() >= j.n {
+				continue
+			}
+			if best == nil || s < bh {
+				best, bh = j, s
+			}
+		}
+		if best == nil {
+			return nil
+		}
+		if best.join() {
+			return best
+		}
+	}
+}
+
+// worker runs jobs; when no listed job takes a helper (a job's helper
+// count only grows until it closes, so only a new submission can change
+// that) it spins poolSpin waiting for one, then parks.
+func (p *workPool) worker() {
+	for {
+		seen := p.gen.Load()
+		if j := p.take(); j != nil {
+			j.loop()
+			j.leave()
+			continue
+		}
+		if spinUntil(func() bool { return p.gen.Load() != seen }) {
+			continue
+		}
+		p.mu.Lock()
+		if p.gen.Load() == seen {
+			p.parked++
+			p.cond.Wait()
+			p.parked--
+		}
+		p.mu.Unlock()
+	}
+}
+
+// helpersStarted counts the helpers parallelFor calls have asked the pool
+// for since the process began (ParallelHelpers).
 var helpersStarted atomic.Int64
 
-// ParallelHelpers is the number of helper goroutines the fast paths'
-// parallel loops have started since the process began: the tests check that
-// a product on checkpoint-like weights spreads over as many goroutines as one
-// on any other codes (the split depends on the shapes and GOMAXPROCS only).
+// ParallelHelpers is the number of helpers the fast paths' parallel loops
+// have asked for since the process began (workers−1 per parallel call,
+// workers = min(GOMAXPROCS, items)): the tests check that a product on
+// checkpoint-like weights spreads over as many goroutines as one on any
+// other codes (the split depends on the shapes and GOMAXPROCS only).
 func ParallelHelpers() int64 { return helpersStarted.Load() }

@@ -65,6 +65,9 @@ def main(out):
                 for (n, procs), d in sorted(ms.items(), key=lambda kv: ("/uniform/" in kv[0][0], -kv[0][1]))]
         # the checkpoint run repeated after the uniform one (bench/gpuhost.sh)
         rows += [("checkpoint, again", procs, d) for (n, procs), d in sorted((parse(p("model_step_again.txt")) or {}).items())]
+        # the earlier build's steps (GPUHOST_BEFORE), same host run
+        rows += [("checkpoint, earlier build", procs, d) for (n, procs), d in
+                 sorted((parse(p("model_step_before.txt")) or {}).items(), key=lambda kv: -kv[0][1])]
         for codes, procs, d in rows:
             t, gbs = med(d, "ms/step"), med(d, "GB/s")
             target = {16: 75, 2: 450}.get(procs)
@@ -84,7 +87,15 @@ def main(out):
               "Go procs busy = Ps that had a goroutine to run (runtime/metrics): ≪ threads, the step left cores idle; "
               "≈ threads with cores busy ≪ threads, the OS or the hypervisor did not run the ready threads. "
               "machine busy = all processes' busy cores (/proc/stat), steal = cores the hypervisor took (/proc/stat).\n")
-    print("## FP8 GEMVs (GB/s of weight bytes; %stream = share of the same process's streaming read)\n")
+    gemvs(kern, "## FP8 GEMVs (GB/s of weight bytes; %stream = share of the same process's streaming read)")
+    before = parse(p("kernels_before.txt"))
+    if before:
+        gemvs(before, "## The earlier build's FP8 GEMVs, same host run (GPUHOST_BEFORE)")
+    kvtable(p)
+
+
+def gemvs(kern, title):
+    print(title + "\n")
     if not kern:
         print("not run\n")
     else:
@@ -103,6 +114,9 @@ def main(out):
             print(f"| {name.removeprefix('Benchmark')} | " + " | ".join(cells) + " |")
         print("\nTarget: every FP8 GEMV ≥ 80 % of the streaming read at 2, 8 and 16 threads. FP8PanelsInCache is one core on a")
         print("cache-resident weight: the kernel's own rate (GB/s of codes per second of thread CPU time).\n")
+
+
+def kvtable(p):
     print("## KV page decode (one core)\n")
     kv = parse(p("kvcache.txt"))
     if not kv:

@@ -22,14 +22,26 @@
 #     bit-identical at every thread count; cosine to each PyTorch variant);
 #  2. the whole 43-layer attention-path step at 64K (engine
 #     BenchmarkPreparedModelStep, checkpoint-like FP8 codes) at 16 and 2
-#     threads, and with uniform codes at 16;
+#     threads, and with uniform codes at 16, then checkpoint codes at 16
+#     again — one process per run;
 #  3. the FP8 GEMVs for each code distribution beside the streaming read of
-#     the same process, at 2, 8 and 16 threads (%stream: target ≥ 80);
+#     the same process, at 2, 8 and 16 threads, one process per thread count
+#     (%stream: target ≥ 80);
 #  4. the KV page decode on one core (target ≥ 2 GB/s).
 # and writes OUTDIR/summary.md (the tables), OUTDIR/csastep.json (every timed
 # run) and OUTDIR/raw.txt (every raw output).
 # GPUHOST_QUICK=1 shrinks every part (threads 1,2; one round; no 43-layer
-# step) to check the script itself on a small machine.
+# step) to check the script itself on a small machine. GPUHOST_SHORT=1 is a
+# ≈ 100 s run for a small device budget: checkpoint codes only, count 1, the
+# 43-layer step at 16 only, the CSA step against PyTorch fp32 and bf16 (no
+# torch.compile), one round of 5 steps, run last; no KV decode. GPUHOST_BIN names
+# another packed build (default bench/bin/gpuhost.tgz); GPUHOST_BEFORE a
+# second one (an earlier build: its attention.test and engine.test) whose
+# checkpoint-code GEMVs and 43-layer steps run beside, for a before/after
+# table in the same host run (kernels_before.txt, model_step_before.txt).
+# (One process per thread count: a first round ran -test.cpu 16,2 in one
+# process, and the first benchmark process after PyTorch kept only 2 Ps
+# busy at either thread count, while separate processes ran normally.)
 set -u
 cmd=${1:-}
 case "$cmd" in
@@ -54,16 +66,23 @@ run)
 	mkdir -p "$dest" && dest=$(cd "$dest" && pwd)
 	out=$(mktemp -d) # the raw outputs; dest gets summary.md, csastep.json and raw.txt (the device tool returns ≤ 8 files)
 	B=/tmp/sparsemla-bin
+	here=$(cd "$(dirname "$0")" && pwd) # torch_step.py and benchmed.py sit beside this script
 	mkdir -p $B
-	if ! tar -C $B -xzf bench/bin/gpuhost.tgz; then
+	if ! tar -C $B -xzf "${GPUHOST_BIN:-bench/bin/gpuhost.tgz}"; then
 		echo "bench/bin/gpuhost.tgz missing: run 'bash bench/gpuhost.sh build' on the development machine and carry bench/bin" >&2
 		exit 2
 	fi
 	export PYTHONUNBUFFERED=1
 	PY=${PY:-python3} # the GPU host's python3 holds PyTorch
-	threads=16,2,8,4,1 reps=3 runs=10 cpus=2,8,16 big=1 count=3 # 16 and 2 first: torch.compile compiles in that order within its budget
+	threads=16,2,8,4,1 reps=3 runs=10 cpus=2,8,16 big=1 count=${GPUHOST_COUNT:-3} # 16 and 2 first: torch.compile compiles in that order within its budget
+	compile=bf16 dists='' csatime=230 parts="csa step gemv kv" before_cpus=2,8,16
 	if [ "${GPUHOST_QUICK:-}" = 1 ]; then
 		threads=1,2 reps=1 runs=2 cpus=1,2 big=0 count=1
+	fi
+	if [ "${GPUHOST_SHORT:-}" = 1 ]; then
+		# about 100 s: checkpoint codes only, one round of 5 PyTorch steps
+		# without torch.compile, the CSA comparison last
+		reps=1 runs=5 compile='' dists=checkpoint count=1 csatime=45 parts="gemv step csa" before_cpus=2,16
 	fi
 	{
 		date -u
@@ -76,40 +95,77 @@ run)
 		cat /sys/fs/cgroup/cpu.max 2>/dev/null | sed 's/^/cgroup cpu.max /'
 	} >"$out/env.txt" 2>&1
 	t0=$(date +%s)
-	echo "=== 1. CSA-layer step side by side ($(date -u +%T))"
-	timeout 230 $PY bench/torch_step.py /tmp/csastep \
-		--go-server "$B/csastep -serve -out /tmp/csastep -runs 5" \
-		--threads-list $threads --reps $reps --runs $runs --compile bf16 --compile-budget 90 \
-		--out "$out/csastep" >"$out/csastep.log" 2>&1
-	echo "exit $? after $(( $(date +%s) - t0 )) s"; tail -15 "$out/csastep.log"
-	echo "=== 2. 43-layer step at 64K ($(date -u +%T))"
-	# (each test binary runs in its package's directory, as go test does)
-	(cd engine && SPARSEMLA_BENCH_BIG=$big timeout 120 $B/engine.test -test.run '^$' -test.bench 'PreparedModelStep/ctx=65536' \
-		-test.cpu 16,2 -test.benchtime 5x -test.count 1 -test.timeout 0 >"$out/model_step.txt" 2>&1)
-	echo "exit $? after $(( $(date +%s) - t0 )) s"
-	# the uniform codes the earlier runs drew, 16 threads (a worse case for the widening)
-	(cd engine && SPARSEMLA_BENCH_BIG=$big timeout 90 $B/engine.test -test.run '^$' -test.bench 'PreparedModelStep/uniform/ctx=65536' \
-		-test.cpu 16 -test.benchtime 5x -test.count 1 -test.timeout 0 >>"$out/model_step.txt" 2>&1)
-	echo "exit $? after $(( $(date +%s) - t0 )) s"; grep Benchmark "$out/model_step.txt"
-	# checkpoint codes again, after uniform: tells the code's doing from the
-	# moment's (the first run follows PyTorch; issue 15 saw it on 2 cores)
-	(cd engine && SPARSEMLA_BENCH_BIG=$big timeout 90 $B/engine.test -test.run '^$' -test.bench 'PreparedModelStep/ctx=65536' \
-		-test.cpu 16 -test.benchtime 5x -test.count 1 -test.timeout 0 >"$out/model_step_again.txt" 2>&1)
-	echo "exit $? after $(( $(date +%s) - t0 )) s"; grep Benchmark "$out/model_step_again.txt"
-	echo "=== 3. FP8 GEMVs and the streaming read ($(date -u +%T))"
-	(cd attention && timeout 90 $B/attention.test -test.run '^$' -test.bench 'StreamRead/scan/allcores|FP8PanelsLinear|FP8PanelsWoA' \
-		-test.cpu $cpus -test.benchtime 20x -test.count $count -test.timeout 0 >"$out/kernels.txt" 2>&1)
-	echo "exit $? after $(( $(date +%s) - t0 )) s"
-	# the kernel's own speed, one core, cache-resident weight
-	(cd attention && timeout 20 $B/attention.test -test.run '^$' -test.bench 'FP8PanelsInCache' -test.cpu 1 -test.count 3 \
-		-test.benchtime 200ms >>"$out/kernels.txt" 2>&1)
-	echo "=== 4. KV page decode ($(date -u +%T))"
-	(cd kvcache && timeout 20 $B/kvcache.test -test.run '^$' -test.bench 'DecodePage' -test.cpu 1 -test.count 3 \
-		-test.benchtime 200ms >"$out/kvcache.txt" 2>&1)
-	echo "exit $? after $(( $(date +%s) - t0 )) s"
-	$PY bench/benchmed.py "$out" >"$dest/summary.md"
+	# one process per run; each test binary runs in its package's directory, as go test does
+	step() { # step BINARY BENCH CPU FILE
+		(cd engine && SPARSEMLA_BENCH_BIG=$big timeout 90 "$1" -test.run '^$' -test.bench "$2" \
+			-test.cpu $3 -test.benchtime 5x -test.count 1 -test.timeout 0 >>"$4" 2>&1)
+		echo "exit $? after $(( $(date +%s) - t0 )) s"
+	}
+	gemv() { # gemv BINARY CPUS FILE: one process per thread count
+		for c in ${2//,/ }; do
+			(cd attention && timeout 60 "$1" -test.run '^$' -test.bench "StreamRead/scan/allcores|FP8PanelsLinear/$dists|FP8PanelsWoA/$dists" \
+				-test.cpu $c -test.benchtime 20x -test.count $count -test.timeout 0 >>"$3" 2>&1)
+			echo "exit $? after $(( $(date +%s) - t0 )) s"
+		done
+	}
+	for part in $parts; do
+		case $part in
+		csa)
+			echo "=== 1. CSA-layer step side by side ($(date -u +%T))"
+			timeout $csatime $PY "$here/torch_step.py" /tmp/csastep \
+				--go-server "$B/csastep -serve -out /tmp/csastep -runs 5" \
+				--threads-list $threads --reps $reps --runs $runs --compile "$compile" --compile-budget 90 \
+				--out "$out/csastep" >"$out/csastep.log" 2>&1
+			echo "exit $? after $(( $(date +%s) - t0 )) s"; tail -15 "$out/csastep.log"
+			;;
+		step)
+			echo "=== 2. 43-layer step at 64K ($(date -u +%T))"
+			: >"$out/model_step.txt"
+			step $B/engine.test 'PreparedModelStep/ctx=65536' 16 "$out/model_step.txt"
+			if [ "${GPUHOST_SHORT:-}" != 1 ]; then
+				# (its setup, 43 layers generated at 2 threads, takes long)
+				step $B/engine.test 'PreparedModelStep/ctx=65536' 2 "$out/model_step.txt"
+				# the uniform codes the earlier runs drew, 16 threads (a worse case for the widening)
+				step $B/engine.test 'PreparedModelStep/uniform/ctx=65536' 16 "$out/model_step.txt"
+				# checkpoint codes again, after uniform: tells the code's doing from the moment's
+				: >"$out/model_step_again.txt"
+				step $B/engine.test 'PreparedModelStep/ctx=65536' 16 "$out/model_step_again.txt"
+			fi
+			grep -h Benchmark "$out/model_step.txt" "$out/model_step_again.txt" 2>/dev/null
+			if [ -n "${GPUHOST_BEFORE:-}" ]; then
+				O=/tmp/sparsemla-before
+				mkdir -p $O && tar -C $O -xzf "$GPUHOST_BEFORE" attention.test engine.test
+				: >"$out/model_step_before.txt"
+				step $O/engine.test 'PreparedModelStep/ctx=65536' 16 "$out/model_step_before.txt"
+				grep Benchmark "$out/model_step_before.txt"
+			fi
+			;;
+		gemv)
+			echo "=== 3. FP8 GEMVs and the streaming read ($(date -u +%T))"
+			: >"$out/kernels.txt"
+			gemv $B/attention.test $cpus "$out/kernels.txt"
+			# the kernel's own speed, one core, cache-resident weight
+			(cd attention && timeout 20 $B/attention.test -test.run '^$' -test.bench "FP8PanelsInCache/$dists" -test.cpu 1 -test.count $count \
+				-test.benchtime 200ms >>"$out/kernels.txt" 2>&1)
+			if [ -n "${GPUHOST_BEFORE:-}" ]; then
+				echo "=== 3b. the earlier build's checkpoint-code GEMVs ($(date -u +%T))"
+				O=/tmp/sparsemla-before
+				mkdir -p $O && tar -C $O -xzf "$GPUHOST_BEFORE" attention.test engine.test
+				: >"$out/kernels_before.txt"
+				dists=checkpoint gemv $O/attention.test $before_cpus "$out/kernels_before.txt"
+			fi
+			;;
+		kv)
+			echo "=== 4. KV page decode ($(date -u +%T))"
+			(cd kvcache && timeout 20 $B/kvcache.test -test.run '^$' -test.bench 'DecodePage' -test.cpu 1 -test.count 3 \
+				-test.benchtime 200ms >"$out/kvcache.txt" 2>&1)
+			echo "exit $? after $(( $(date +%s) - t0 )) s"
+			;;
+		esac
+	done
+	$PY "$here/benchmed.py" "$out" >"$dest/summary.md"
 	cp "$out/csastep.json" "$dest/" 2>/dev/null
-	for f in env.txt csastep.log model_step.txt model_step_again.txt kernels.txt kvcache.txt; do
+	for f in env.txt csastep.log model_step.txt model_step_again.txt kernels.txt kvcache.txt kernels_before.txt model_step_before.txt; do
 		echo "===== $f"
 		cat "$out/$f" 2>/dev/null
 	done >"$dest/raw.txt"

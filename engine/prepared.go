@@ -120,8 +120,8 @@ func (p *PreparedLayer) PackedBytes() int64 {
 // emitting steps the new compressed row and index key appended). The
 // arithmetic is RunStep's, stage for stage:
 //
-//	q_a, cq, q_b, q (HeadRMS, RoPE)      FP8Panels.Linear, RMSNorm, HeadRMS, RoPE
-//	kv                                    FP8Panels.Linear, RMSNorm, RoPE, FQ8
+//	q_a, cq, q_b, q (HeadRMS, RoPE)      attention.LinearShared (q_a with kv), RMSNorm, FP8Panels.Linear, HeadRMS, RoPE
+//	kv                                    attention.LinearShared, RMSNorm, RoPE, FQ8
 //	iq, icache, iw, index_score, topk    FP8Panels / Panels, Compressor.StepFrom, IndexScoresFast, topKFast
 //	cmp_* (r > 0)                         Panels.Dot, Compressor.StepFrom
 //	o, o_inv, u, y                        SparseAttnFast, RoPE⁻¹, WoAPanels.WoA, FP8Panels.Linear
@@ -146,9 +146,12 @@ func (p *PreparedLayer) Step(cfg *Config, rope *RopeTable, st *LayerState, x []f
 		return nil, fmt.Errorf("engine: layer %d: the index key cache has %d values for %d rows", p.Layer, len(st.ICache), st.Rows())
 	}
 
-	// query latent, shared by the query path and the indexer
-	qa := make([]float32, cfg.QLoraRank)
-	p.WqA.Linear(qa, x)
+	// query latent, shared by the query path and the indexer, and the
+	// window kv: both read x, so one quantisation of x and one parallel
+	// loop over both weights (4 + 2 MiB: two small GEMVs that alone do not
+	// keep 16 cores streaming)
+	qa, kv := make([]float32, cfg.QLoraRank), make([]float32, D)
+	attention.LinearShared([]*attention.FP8Panels{p.WqA, p.Wkv}, [][]float32{qa, kv}, x)
 	cq := make([]float32, len(qa))
 	attention.RMSNorm(cq, qa, p.QNorm, eps)
 
@@ -167,9 +170,7 @@ func (p *PreparedLayer) Step(cfg *Config, rope *RopeTable, st *LayerState, x []f
 		}
 		return nil
 	})
-	kv := make([]float32, D)
 	g.Go(func() error {
-		p.Wkv.Linear(kv, x)
 		attention.RMSNorm(kv, kv, p.KVNorm, eps)
 		rope.Apply(kv[cfg.NopeDim():], pos)
 		quant.FQ8(kv[:cfg.NopeDim()], 64)

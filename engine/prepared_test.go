@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"runtime"
@@ -25,7 +26,8 @@ func smallFlash(t testing.TB) *Config {
 }
 
 // eachFastPath runs f with the assembly kernels (when available) and the
-// pure-Go lane loops, at GOMAXPROCS 1 and 2.
+// pure-Go lane loops, at GOMAXPROCS 1, 2 and 16 (16: the FP8 products
+// split their blocks among goroutines and share the pool's workers).
 func eachFastPath(t *testing.T, f func(t *testing.T)) {
 	old, procs := attention.UseAssembly, runtime.GOMAXPROCS(0)
 	defer func() { attention.UseAssembly = old; runtime.GOMAXPROCS(procs) }()
@@ -33,10 +35,10 @@ func eachFastPath(t *testing.T, f func(t *testing.T)) {
 		if asm && !attention.HasAssembly() {
 			continue
 		}
-		for _, n := range []int{1, 2} {
+		for _, n := range []int{1, 2, 16} {
 			attention.UseAssembly = asm
 			runtime.GOMAXPROCS(n)
-			t.Run(map[bool]string{true: "asm", false: "go"}[asm]+map[int]string{1: "/P1", 2: "/P2"}[n], f)
+			t.Run(map[bool]string{true: "asm", false: "go"}[asm]+fmt.Sprintf("/P%d", n), f)
 		}
 	}
 }

@@ -1,0 +1,24 @@
+//go:build amd64 && !purego
+
+package attention
+
+import (
+	"os"
+	"strconv"
+	"time"
+)
+
+// SPARSEMLA_FP8_PREFETCH=N sets the FP8 kernels' prefetch distance for a
+// benchmark run (bytes; fp8Prefetch), to compare distances on one machine.
+func init() {
+	if v, err := strconv.Atoi(os.Getenv("SPARSEMLA_FP8_PREFETCH")); err == nil {
+		fp8Prefetch = v
+	}
+}
+
+// SPARSEMLA_POOL_SPIN_US=N sets how long idle pool workers spin (µs).
+func init() {
+	if v, err := strconv.Atoi(os.Getenv("SPARSEMLA_POOL_SPIN_US")); err == nil {
+		poolSpin = time.Duration(v) * time.Microsecond
+	}
+}
