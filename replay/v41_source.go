@@ -359,3 +359,13 @@ func v41RopeName(cfg *engine.Config, l int) string {
 	}
 	return "freqs_cis_cmp"
 }
+
+// StageTensor is the dumped tensor key ("L<l>.<stage>") of step p.
+func (d *V41Dump) StageTensor(p int64, key string) (engine.Tensor, bool) {
+	t, ok := d.step[p][key]
+	return t, ok
+}
+
+// Official reports whether the dump was read from a directory in the
+// official V4.1 layout (LoadV41Dir), not from a native or mapped dump.
+func (d *V41Dump) Official() bool { return d.pages == nil }
