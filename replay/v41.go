@@ -23,8 +23,8 @@ import (
 // keys model.py's shared index-key slot held before each step). V41Run
 // (v41_report.go) compares every dumped stage of every step and layer with
 // the V4.1 reference (engine.V41Step), teacher-forced or propagated within
-// each step, into the common Report; native .smd dumps and name maps do not
-// cover V4.1.
+// each step, into the common Report. Native .smd and mapped V4.1 dumps are
+// read by LoadV41Dump (v41_source.go).
 
 // V41Dump is a loaded V4.1 dump.
 type V41Dump struct {

@@ -315,3 +315,19 @@ func copyTestFile(t *testing.T, from, to string) {
 }
 
 func jsonMarshal(v any) ([]byte, error) { return json.Marshal(v) }
+
+// TestV41PagesTooFew: a cache held only as pages, with fewer pages than its
+// live rows need, is an error before any row is decoded.
+func TestV41PagesTooFew(t *testing.T) {
+	dir, _ := v41NativeFromGolden(t, V41NativeOptions{PageBlock: 4, PagesOnly: true})
+	out := v41RewriteNative(t, dir, func(r *dump.Record) bool {
+		return !(r.Kind == dump.KindPage && r.Step == 12 && r.Layer == 1 && r.Stage == "window/2")
+	}, nil)
+	d, err := OpenV41(out, V41OpenOptions{})
+	if err == nil {
+		_, err = V41Run(d, V41Options{Mode: Local})
+	}
+	if err == nil || !strings.Contains(err.Error(), "step 12 layer 1 window pages: its 13 live rows need 4 pages of 4 entries, the dump holds 3") {
+		t.Errorf("err = %v", err)
+	}
+}

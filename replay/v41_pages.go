@@ -255,6 +255,11 @@ func (d *V41Dump) v41FromPages(p int64, l int, stage string) (t engine.Tensor, p
 		return engine.Tensor{}, nil, false, ""
 	}
 	rows, _ := v41CacheRows(d.Cfg, l, cache, p)
+	live := len(v41LiveRows(cache, rows, p))
+	if B := pages[0].BlockSize; len(pages) < (live+B-1)/B {
+		// before allocating the rows: the pages must be able to hold them
+		return engine.Tensor{}, pages, false, fmt.Sprintf("its %d live rows need %d pages of %d entries, the dump holds %d", live, (live+B-1)/B, B, len(pages))
+	}
 	t, why = decodeV41Pages(cache, pages, rows, p)
 	if why != "" {
 		return engine.Tensor{}, pages, false, why

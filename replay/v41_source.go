@@ -44,13 +44,25 @@ type V41OpenOptions struct {
 }
 
 // IsV41 reports whether path is a V4.1 dump: a directory whose config.json
-// is a V4.1 config, or a native dump file whose header's model args are.
+// is a V4.1 config, or a native dump (an .smd file, or a directory of them
+// without config.json) whose header's model args are.
 func IsV41(path string) bool {
 	if IsV41Dir(path) {
 		return true
 	}
 	fi, err := os.Stat(path)
-	if err != nil || fi.IsDir() || !strings.HasSuffix(path, ".smd") {
+	if err != nil {
+		return false
+	}
+	if fi.IsDir() {
+		// a directory of native files without config.json: their header
+		if _, err := os.Stat(filepath.Join(path, "config.json")); err == nil {
+			return false
+		}
+		if m, _ := filepath.Glob(filepath.Join(path, "*.smd")); len(m) == 0 {
+			return false
+		}
+	} else if !strings.HasSuffix(path, ".smd") {
 		return false
 	}
 	d, err := dump.Open(path)
