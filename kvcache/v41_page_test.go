@@ -46,3 +46,17 @@ func TestV41RowLocate(t *testing.T) {
 		t.Error("ParseV41Row accepted a V4 layout")
 	}
 }
+
+// TestScheduleIndexRatios: V4.1's key-owning layers need n div r index keys
+// (IndexRatios), their compressors the open group only (no halo).
+func TestScheduleIndexRatios(t *testing.T) {
+	s := Schedule{Window: 4, Ratios: []int{0, 2, 1}, IndexRatios: []int{0, 2, 0}}
+	nd := s.Needs(7)
+	if nd.IndexKeys != 3 || nd.Compressed[2] != 3 || nd.Compressed[1] != 7 || nd.StateFrom != 6 || nd.WindowFrom != 3 {
+		t.Errorf("Needs(7) = %+v", nd)
+	}
+	s.IndexRatios = []int{0, 2, 1}
+	if nd := s.Needs(7); nd.IndexKeys != 7 {
+		t.Errorf("index keys of an r = 1 owner: %d, want 7", nd.IndexKeys)
+	}
+}
