@@ -130,7 +130,7 @@ func runPrefix(args []string, stdout, stderr io.Writer) int {
 			return fail(err)
 		}
 		if mc, err := engine.ParseConfig([]byte(d.Header.ModelArgs)); err == nil && mc.IsV41() {
-			cfg.Schedule = v41PrefixSchedule(mc)
+			setV41PrefixSchedule(&cfg, mc)
 		}
 	}
 	if *page > 0 {
@@ -153,7 +153,7 @@ func runPrefix(args []string, stdout, stderr io.Writer) int {
 			}
 		}
 		if mc.IsV41() {
-			cfg.Schedule = v41PrefixSchedule(mc)
+			setV41PrefixSchedule(&cfg, mc)
 		} else {
 			cfg.SetSchedule(mc.WindowSize, mc.CompressRatios)
 		}
