@@ -139,6 +139,9 @@ func TestV41PagesNameCorruptedScale(t *testing.T) {
 				t.Fatalf("pagesOnly %v %s: first = %+v", pagesOnly, c.cache, f)
 			}
 			t.Log(f.Text)
+			if wantKind := map[string]string{"window": KindFP8Cache, "ckv": KindCache, "icache": KindCache}[c.cache]; f.Kind != wantKind {
+				t.Errorf("%s: kind %q, want %q", c.cache, f.Kind, wantKind)
+			}
 			if !strings.Contains(f.Why, c.wantField) || !strings.Contains(f.Why, fmt.Sprintf("cache row %d", c.row)) {
 				t.Errorf("pagesOnly %v %s: %s", pagesOnly, c.cache, f.Why)
 			}

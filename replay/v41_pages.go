@@ -302,9 +302,13 @@ func v41PageDivergence(sr StageResult, mode Mode, vsDump bool) *Divergence {
 	if vsDump {
 		why = "the dumped " + strings.TrimSuffix(sr.Stage, "_pages") + " rows matched, but the GPU's page bytes do not encode them: " + sr.Reason
 	}
-	dv := &Divergence{Step: sr.Step, Layer: sr.Layer, Stage: sr.Stage, Kind: KindFP8Cache, Mode: string(mode), Inputs: sr.Inputs, Why: why,
+	kind := KindFP8Cache // window K: FP8 rows
+	if sr.Stage != "window_pages" {
+		kind = KindCache // compressed rows and index keys: FP4 rows
+	}
+	dv := &Divergence{Step: sr.Step, Layer: sr.Layer, Stage: sr.Stage, Kind: kind, Mode: string(mode), Inputs: sr.Inputs, Why: why,
 		Hint: "check the cache writer of this step: the V4.1 row layouts (528 B FP8 window rows with UE8M0 per 32, 288 B FP4 compressed rows with E4M3 per 16, 68 B FP4 index keys with UE8M0 per 32), codes then scales, the block table"}
-	dv.Text = fmt.Sprintf("first divergence: decode step %d, layer %d, stage %s — %s: %s", sr.Step, sr.Layer, sr.Stage, KindFP8Cache, why)
+	dv.Text = fmt.Sprintf("first divergence: decode step %d, layer %d, stage %s — %s: %s", sr.Step, sr.Layer, sr.Stage, kind, why)
 	return dv
 }
 
