@@ -73,10 +73,6 @@ func WriteFaultedV41(in string, d *replay.V41Dump, out string, f Fault) (*V41Fau
 	if err != nil {
 		return nil, err
 	}
-	dumped, err := readStepRecords(stepFile)
-	if err != nil {
-		return nil, err
-	}
 	faultStage := v41FaultStage[f.Kind]
 	tainted := map[string]bool{} // "L.stage" computed from the faulty value
 	changed := map[string]engine.Tensor{}
@@ -96,16 +92,15 @@ func WriteFaultedV41(in string, d *replay.V41Dump, out string, f Fault) (*V41Fau
 		}
 		published[def.Name] = l
 		var out engine.Tensor
-		rec, isDumped := dumped.byName[key]
+		t, isDumped := d.StageTensor(p, key)
 		switch {
 		case l == f.Layer && def.Name == faultStage:
 			out, bad = v41Inject(cfg, f, p, inp, ref), true
 		case bad:
 			out = ref
 		case isDumped:
-			t, err := engine.TensorFromRecord(&rec)
-			if err != nil {
-				return ref, fmt.Errorf("%s: %s: %w", stepFile, key, err)
+			if len(t.F) != len(ref.F) || len(t.I) != len(ref.I) {
+				return ref, fmt.Errorf("%s: %s is %s %v, the reference's %s %v", stepFile, key, t.Kind, t.Shape, ref.Kind, ref.Shape)
 			}
 			t.Shape, t.Kind = ref.Shape, ref.Kind
 			return t, nil // teacher-forced: the dumped value
@@ -126,9 +121,19 @@ func WriteFaultedV41(in string, d *replay.V41Dump, out string, f Fault) (*V41Fau
 	if _, ok := changed[fk]; !ok {
 		return nil, fmt.Errorf("fault %s: the dump holds no %s of layer %d at step %d to corrupt", f, faultStage, f.Layer, p)
 	}
-	orig, _ := engine.TensorFromRecord(ptr(dumped.byName[fk]))
+	orig, _ := d.StageTensor(p, fk)
 	if slices.Equal(orig.I, changed[fk].I) {
 		return nil, fmt.Errorf("fault %s: the faulty %s equals the dumped one at step %d, layer %d: nothing to inject", f, faultStage, p, f.Layer)
+	}
+	if !d.Official() {
+		if res.Dir, err = writeFaultedV41Native(in, out, p, changed, f); err != nil {
+			return nil, err
+		}
+		return res, nil
+	}
+	dumped, err := readStepRecords(stepFile)
+	if err != nil {
+		return nil, err
 	}
 	g, err := userfile.NewGuard(in)
 	if err != nil {

@@ -216,7 +216,8 @@ table{border-collapse:collapse;font-size:.85em} td,th{border:1px solid #ccc;padd
 .fail{background:#fbe3e3} .tie{background:#fff6d6} .plots img{margin:4px}
 code{background:#f3f3f3;padding:1px 3px}
 </style></head><body>
-<h1>sparsemla {{.R.Command}}: {{.R.Dump}}</h1>
+<h1>sparsemla {{.R.Command}}: {{.R.Dump}}</h1>{{if .R.Model}}
+<p>model: <b>{{.R.Model}}</b> (detected from the dump's config)</p>{{end}}
 <p>mode <b>{{.R.Mode}}</b>, {{len .R.Steps}} steps x {{len .R.Layers}} layers, schema <code>{{.R.Schema}}</code>,
 GPU RoPE table: {{.R.GPURope}}. Stages compared {{.R.Summary.Compared}}: {{.R.Summary.Pass}} pass,
 {{.R.Summary.Tie}} tie, {{.R.Summary.Fail}} fail; {{.R.Summary.Missing}} not dumped, {{.R.Summary.Skipped}} skipped.</p>

@@ -49,3 +49,31 @@ func TestWritePage(t *testing.T) {
 		}
 	}
 }
+
+// TestWritePageNamesModel: a report of another model family (Report.Model,
+// e.g. DeepSeek-V4.1) names it on the page; a V4 report names none.
+func TestWritePageNamesModel(t *testing.T) {
+	s, err := fault.Synthesize(fault.SynthOptions{Prefill: 6, Steps: 1, Seed: 11})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := replay.Run(context.Background(), s.Model(), s.Src, replay.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var a bytes.Buffer
+	if err := Write(&a, rep); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(a.String(), "model: <b>") {
+		t.Error("a V4 page names a model")
+	}
+	rep.Model = replay.V41ModelName
+	a.Reset()
+	if err := Write(&a, rep); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(a.String(), "model: <b>DeepSeek-V4.1</b>") {
+		t.Error("the page does not name DeepSeek-V4.1")
+	}
+}

@@ -10,7 +10,12 @@ import (
 // (V4-Flash: window 128, ratios [0, 0, 4, 128, 4, …, 4]).
 type Schedule struct {
 	Window int
-	Ratios []int // per layer: 0, 4 or 128
+	Ratios []int // per layer: 0, 4 or 128 (V4.1: 1 or 2 at its KV sources, 0 elsewhere)
+	// IndexRatios, per layer, is the ratio of the index keys the layer owns
+	// outside V4's r = 4 rule: DeepSeek-V4.1's index sources that are KV
+	// sources keep one key per r tokens of their own compressor (no
+	// indexer compressor, no overlap); 0 or nil elsewhere.
+	IndexRatios []int
 }
 
 // Needs lists the state a V4 request must get back to continue decoding at
@@ -19,7 +24,8 @@ type Schedule struct {
 //
 //   - every layer: the window rows of tokens [max(0, n-Window), n);
 //   - r > 0 layers: compressed rows 0 … n div r − 1 (prefix lifetime);
-//   - r = 4 layers: indexer keys 0 … n div 4 − 1;
+//   - r = 4 layers: indexer keys 0 … n div 4 − 1 (V4.1: n div r − 1 at the
+//     layers of IndexRatios);
 //   - r > 0 layers: the compressor state (main, and indexer for r = 4) of the
 //     unfinished group, tokens [n − n mod r, n); for r = 4 also the previous
 //     group's 4 tokens, whose A halves the next row pools (the overlap halo),
@@ -47,6 +53,11 @@ func (s Schedule) Needs(n int) Needs {
 			nd.IndexKeys = n / 4
 		default:
 			nd.Compressed[r] = n / r
+		}
+	}
+	for _, r := range s.IndexRatios {
+		if r > 0 {
+			nd.IndexKeys = max(nd.IndexKeys, n/r)
 		}
 	}
 	return nd

@@ -61,8 +61,10 @@
 //
 // # DeepSeek-V4.1
 //
-// A V4.1 dump directory (IsV41Dir: its config.json is a V4.1 config) has
-// its own loader and stage graph (LoadV41Dir, engine.V41Step): V41Run
+// A V4.1 dump (IsV41: a directory whose config.json, or a native file whose
+// header, is a V4.1 config) has its own loaders and stage graph (LoadV41Dir
+// for the official layout, LoadV41Dump for native and mapped dumps with
+// their KV pages, OpenV41 choosing; engine.V41Step): V41Run
 // replays it into the same Report (local or propagated, V41Tolerance),
 // V41Diff and V41Bisect are its diff and bisect; docs/v41.md.
 //

@@ -74,7 +74,7 @@ func LoadModelWith(d *dump.Dump, src Source, opt LoadOptions) (*engine.Model, er
 		return nil, fmt.Errorf("dump %s: %w", d.Path, err)
 	}
 	if cfg.IsV41() {
-		return nil, fmt.Errorf("dump %s: the config is DeepSeek-V4.1 (CSA2: kv/index source layers), which V4's stage graph would mis-replay; V4.1 replays from a directory in the official layout only (docs/v41.md)", d.Path)
+		return nil, fmt.Errorf("dump %s: the config is DeepSeek-V4.1 (CSA2: kv/index source layers), which V4's stage graph would mis-replay; V4.1 dumps are read by OpenV41 / LoadV41Dump (docs/v41.md)", d.Path)
 	}
 	policy := opt.Policy
 	if policy == "" && slices.Contains(engine.PolicyNames(), d.Header.DTypePolicy["policy"]) {

@@ -23,8 +23,8 @@ import (
 // keys model.py's shared index-key slot held before each step). V41Run
 // (v41_report.go) compares every dumped stage of every step and layer with
 // the V4.1 reference (engine.V41Step), teacher-forced or propagated within
-// each step, into the common Report; native .smd dumps and name maps do not
-// cover V4.1.
+// each step, into the common Report. Native .smd and mapped V4.1 dumps are
+// read by LoadV41Dump (v41_source.go).
 
 // V41Dump is a loaded V4.1 dump.
 type V41Dump struct {
@@ -35,6 +35,9 @@ type V41Dump struct {
 	Steps    []int64
 	IndexKAt map[int64]int
 	step     map[int64]map[string]engine.Tensor
+	// pages are the KV pages of each step (key "L<l>.<cache>", cache
+	// window, ckv or icache: v41_pages.go); none in the official layout.
+	pages map[int64]map[string][]Page
 }
 
 // v41MaxFile bounds each file of a V4.1 dump read whole (the tiny golden's
@@ -58,7 +61,11 @@ func IsV41Dir(path string) bool {
 
 // LoadV41Dir reads a V4.1 dump directory, checking every tensor's dtype and
 // shape against the config before using it.
-func LoadV41Dir(dir string) (*V41Dump, error) {
+func LoadV41Dir(dir string) (*V41Dump, error) { return LoadV41DirWith(dir, "") }
+
+// LoadV41DirWith is LoadV41Dir with the weights from weights (a safetensors
+// file or a directory holding weights.safetensors; "": the directory's own).
+func LoadV41DirWith(dir, weights string) (*V41Dump, error) {
 	cfg, err := engine.LoadConfig(filepath.Join(dir, "config.json"))
 	if err != nil {
 		return nil, err
@@ -85,7 +92,18 @@ func LoadV41Dir(dir string) (*V41Dump, error) {
 		}
 		d.IndexKAt[p] = v
 	}
-	if d.Model, err = loadV41Weights(cfg, dir); err != nil {
+	ropes, err := loadV41Ropes(filepath.Join(dir, "rope.safetensors"))
+	if err != nil {
+		return nil, err
+	}
+	wpath, err := FindWeights(dir, weights)
+	if err != nil {
+		return nil, err
+	}
+	if fi, err := os.Stat(wpath); err == nil && fi.IsDir() {
+		return nil, fmt.Errorf("weights %s: a checkpoint directory: loading a DeepSeek-V4.1 checkpoint (sharded index, Engram tables) is not implemented; give a weights.safetensors in the official V4.1 names", wpath)
+	}
+	if d.Model, err = loadV41Weights(cfg, wpath, ropes); err != nil {
 		return nil, err
 	}
 	pre, err := readV41Tensors(filepath.Join(dir, "prefill_state.safetensors"))
@@ -144,8 +162,32 @@ func readV41Tensors(path string) (map[string]engine.Tensor, error) {
 	return out, nil
 }
 
-func loadV41Weights(cfg *engine.Config, dir string) (*engine.V41Model, error) {
-	path := filepath.Join(dir, "weights.safetensors")
+// loadV41Ropes reads the GPU RoPE tables of the official layout
+// (rope.safetensors: freqs_cis_r0, freqs_cis_cmp [T, 32, 2]).
+func loadV41Ropes(path string) (map[string]*engine.RopeTable, error) {
+	rs, err := dump.OpenSafetensors(path)
+	if err != nil {
+		return nil, err
+	}
+	defer rs.Close()
+	ropes := map[string]*engine.RopeTable{}
+	for _, n := range []string{"freqs_cis_r0", "freqs_cis_cmp"} {
+		v, sh, err := rs.Float32(n)
+		if err != nil {
+			return nil, err
+		}
+		if len(sh) != 3 || sh[1] != attention.RopePairs || sh[2] != 2 || sh[0] < 1 {
+			return nil, fmt.Errorf("%s: %s has shape %v, want [T, 32, 2]", rs.Path, n, sh)
+		}
+		ropes[n] = attention.RopeTableFromCis(v, sh[0], "GPU "+n)
+	}
+	return ropes, nil
+}
+
+// loadV41Weights reads the attention weights of every layer from the
+// safetensors file path (official names; FP8 codes U8 or F8_E4M3, block
+// scales U8 or F8_E8M0) with the layers' RoPE tables from ropes.
+func loadV41Weights(cfg *engine.Config, path string, ropes map[string]*engine.RopeTable) (*engine.V41Model, error) {
 	ws, err := dump.OpenSafetensors(path)
 	if err != nil {
 		return nil, err
@@ -170,28 +212,12 @@ func loadV41Weights(cfg *engine.Config, dir string) (*engine.V41Model, error) {
 		switch {
 		case err1 != nil || err2 != nil:
 			errs = append(errs, fmt.Errorf("%s: %s: %v %v", path, name, err1, err2))
-		case c.DType != dump.U8 || s.DType != dump.U8 || !slices.Equal(c.Shape, []int{rows, cols}) || !slices.Equal(s.Shape, []int{br, bc}):
+		case (c.DType != dump.U8 && c.DType != dump.E4M3) || (s.DType != dump.U8 && s.DType != dump.E8M0) || !slices.Equal(c.Shape, []int{rows, cols}) || !slices.Equal(s.Shape, []int{br, bc}):
 			errs = append(errs, fmt.Errorf("%s: %s: codes %s %v, scales %s %v; want U8 [%d %d] and U8 [%d %d]", path, name, c.DType, c.Shape, s.DType, s.Shape, rows, cols, br, bc))
 		default:
 			return attention.NewV41FP8Weight(c.Data, s.Data, rows, cols)
 		}
 		return attention.NewV41FP8Weight(make([]uint8, rows*cols), make([]uint8, br*bc), rows, cols)
-	}
-	rs, err := dump.OpenSafetensors(filepath.Join(dir, "rope.safetensors"))
-	if err != nil {
-		return nil, err
-	}
-	defer rs.Close()
-	ropes := map[string]*engine.RopeTable{}
-	for _, n := range []string{"freqs_cis_r0", "freqs_cis_cmp"} {
-		v, sh, err := rs.Float32(n)
-		if err != nil {
-			return nil, err
-		}
-		if len(sh) != 3 || sh[1] != attention.RopePairs || sh[2] != 2 || sh[0] < 1 {
-			return nil, fmt.Errorf("%s: %s has shape %v, want [T, 32, 2]", rs.Path, n, sh)
-		}
-		ropes[n] = attention.RopeTableFromCis(v, sh[0], "GPU "+n)
 	}
 	H, D, dim, G, R := cfg.NHeads, cfg.HeadDim, cfg.Dim, cfg.OGroups, cfg.OLoraRank
 	HI, DI := cfg.IndexNHeads, cfg.IndexHeadDim
@@ -220,11 +246,7 @@ func loadV41Weights(cfg *engine.Config, dir string) (*engine.V41Model, error) {
 			w.Indexer = ix
 		}
 		m.Layers = append(m.Layers, w)
-		if r == 0 {
-			m.Rope = append(m.Rope, ropes["freqs_cis_r0"])
-		} else {
-			m.Rope = append(m.Rope, ropes["freqs_cis_cmp"])
-		}
+		m.Rope = append(m.Rope, ropes[v41RopeName(cfg, l)])
 	}
 	if len(errs) > 0 {
 		return nil, errs[0]
@@ -264,7 +286,8 @@ func v41State(cfg *engine.Config, t map[string]engine.Tensor, next int64, indexK
 		if cfg.IsKVSource(l) {
 			tc = int(next / int64(r))
 		}
-		if fromStep {
+		_, hasKV := t[fmt.Sprintf("L%d.kv_cache", l)]
+		if fromStep && hasKV {
 			kv, e := get(fmt.Sprintf("L%d.kv_cache", l), (W+attention.VisibleRows(next-1, r))*D)
 			if e != nil {
 				return nil, e
@@ -274,6 +297,8 @@ func v41State(cfg *engine.Config, t map[string]engine.Tensor, next int64, indexK
 				ls.CKV = kv[W*D:]
 			}
 		} else {
+			// the start state, or a step without kv_cache: window and ckv
+			// (tensors, or decoded from the pages: stepCaches)
 			if ls.Win, err = get(fmt.Sprintf("L%d.window", l), W*D); err != nil {
 				return nil, err
 			}
@@ -309,7 +334,11 @@ func (d *V41Dump) StateBefore(p int64) (*engine.V41State, error) {
 	if p == d.Steps[0] {
 		return d.Pre, nil
 	}
-	return v41State(d.Cfg, d.step[p-1], p, d.IndexKAt[p], fmt.Sprintf("step_%d.safetensors", p-1), true)
+	t, err := d.stepCaches(p - 1)
+	if err != nil {
+		return nil, err
+	}
+	return v41State(d.Cfg, t, p, d.IndexKAt[p], d.stepFile(p-1), true)
 }
 
 // Inputs are the dumped attention inputs x of every layer at step p.
@@ -318,11 +347,20 @@ func (d *V41Dump) Inputs(p int64) ([]engine.Tensor, error) {
 	for l := range xs {
 		x, ok := d.step[p][fmt.Sprintf("L%d.x", l)]
 		if !ok || len(x.F) != d.Cfg.Dim {
-			return nil, fmt.Errorf("step_%d.safetensors: L%d.x missing or not [%d]", p, l, d.Cfg.Dim)
+			return nil, fmt.Errorf("%s: L%d.x missing or not [%d]", d.stepFile(p), l, d.Cfg.Dim)
 		}
 		xs[l] = x
 	}
 	return xs, nil
+}
+
+// stepFile names step p of the dump in errors: its step file in the
+// official layout, else the dump and the step.
+func (d *V41Dump) stepFile(p int64) string {
+	if d.pages == nil {
+		return fmt.Sprintf("step_%d.safetensors", p)
+	}
+	return fmt.Sprintf("%s: step %d", d.Dir, p)
 }
 
 // v41Same is bit equality of two tensors' values (NaN equal to NaN).

@@ -171,6 +171,10 @@ func V41Run(d *V41Dump, opt V41Options) (*Report, error) {
 					gpu, ok = engine.FromF(engine.KindBF16, kv.F[s:s+D], D), true
 				}
 			}
+			fromPages, err := d.v41PagesBefore(rep, &gpu, &ok, p, l, def.Name, ref, mode)
+			if err != nil {
+				return ref, err
+			}
 			sr := StageResult{Step: p, Layer: l, Stage: def.Name, Equation: def.Equation, Shape: ref.Shape, Inputs: v41Inputs(l, def, status, mode)}
 			key := fmt.Sprintf("%d.%s", l, def.Name)
 			if !ok {
@@ -188,6 +192,9 @@ func V41Run(d *V41Dump, opt V41Options) (*Report, error) {
 			rep.Results = append(rep.Results, sr)
 			if sr.Status == StatusFail && rep.First == nil {
 				rep.First = v41Divergence(d, sr, l, p, def.Name, in, ref, gpu, mode)
+			}
+			if !fromPages {
+				d.v41PagesAfter(rep, p, l, def.Name, gpu, sr.Status, mode)
 			}
 			if mode == Local {
 				return gpu, nil

@@ -53,48 +53,7 @@ func WriteV41Dir(dir string, m *engine.V41Model, pre *engine.V41State, steps map
 	if err := writeJSON("config.json", cfg); err != nil {
 		return err
 	}
-	// Weights under the official names; FP8 as U8 codes and U8 UE8M0 scales.
-	wt := map[string]engine.Tensor{}
-	var raw []dump.Record
-	u8 := func(name string, data []uint8, shape ...int) {
-		raw = append(raw, dump.Record{Key: dump.Key{Step: dump.NoStep, Layer: dump.Global, Stage: name}, Kind: dump.KindStage,
-			Name: name, DType: dump.U8, Shape: shape, Data: append([]uint8(nil), data...)})
-	}
-	fp8 := func(name string, fw *attention.V41FP8Weight) {
-		u8(name+".weight", fw.Codes, fw.Rows, fw.Cols)
-		u8(name+".scale", fw.Scale, (fw.Rows+31)/32, (fw.Cols+31)/32)
-	}
-	bf := func(name string, v []float32, shape ...int) { wt[name] = engine.FromF(engine.KindBF16, v, shape...) }
-	f32 := func(name string, v []float32, shape ...int) { wt[name] = engine.FromF(engine.KindF32, v, shape...) }
-	for l, w := range m.Layers {
-		p := fmt.Sprintf("layers.%d.attn.", l)
-		for name, fw := range map[string]*attention.V41FP8Weight{"wq_a": w.WqA, "wq_b": w.WqB, "wkv": w.Wkv, "wo_b": w.WoB} {
-			fp8(p+name, fw)
-		}
-		H, D, G, R := cfg.NHeads, cfg.HeadDim, cfg.OGroups, cfg.OLoraRank
-		bf(p+"q_norm.weight", w.QNorm, cfg.QLoraRank)
-		bf(p+"kv_norm.weight", w.KVNorm, D)
-		bf(p+"wo_a.weight", w.WoA, G*R, H*D/G)
-		f32(p+"attn_sink", w.AttnSink, H)
-		if c := w.Compressor; c != nil {
-			bf(p+"compressor.norm.weight", c.Norm, D)
-			if c.Ratio == 1 {
-				bf(p+"compressor.wkv.weight", c.Wkv, D, cfg.Dim)
-			} else {
-				f32(p+"compressor.wkv.weight", c.Wkv, D, cfg.Dim)
-				f32(p+"compressor.wgate.weight", c.Wgate, D, cfg.Dim)
-			}
-		}
-		if ix := w.Indexer; ix != nil {
-			fp8(p+"indexer.wq_b", ix.WqB)
-			bf(p+"indexer.weights_proj.weight", ix.WeightsProj, ix.NHeads, cfg.Dim)
-			if ix.OwnsK {
-				bf(p+"indexer.wk.weight", ix.Wk, ix.HeadDim, D)
-				bf(p+"indexer.k_norm.weight", ix.KNorm, ix.HeadDim)
-			}
-		}
-	}
-	if err := writeST("weights.safetensors", wt, raw); err != nil {
+	if err := writeST("weights.safetensors", nil, v41WeightRecords(m)); err != nil {
 		return err
 	}
 	rope := map[string]engine.Tensor{}
@@ -140,4 +99,59 @@ func WriteV41Dir(dir string, m *engine.V41Model, pre *engine.V41State, steps map
 		return err
 	}
 	return od.Commit()
+}
+
+// v41WeightRecords are the attention weights of m under the official names
+// (layers.L.attn.*), sorted by name: FP8 as U8 codes and U8 UE8M0 scales,
+// bf16 norms / wo_a / weights_proj / r = 1 compressor, fp32 sinks and r = 2
+// compressor.
+func v41WeightRecords(m *engine.V41Model) []dump.Record {
+	cfg := m.Cfg
+	wt := map[string]engine.Tensor{}
+	var raw []dump.Record
+	u8 := func(name string, data []uint8, shape ...int) {
+		raw = append(raw, dump.Record{Key: dump.Key{Step: dump.NoStep, Layer: dump.Global, Stage: name}, Kind: dump.KindStage,
+			Name: name, DType: dump.U8, Shape: shape, Data: append([]uint8(nil), data...)})
+	}
+	fp8 := func(name string, fw *attention.V41FP8Weight) {
+		u8(name+".weight", fw.Codes, fw.Rows, fw.Cols)
+		u8(name+".scale", fw.Scale, (fw.Rows+31)/32, (fw.Cols+31)/32)
+	}
+	bf := func(name string, v []float32, shape ...int) { wt[name] = engine.FromF(engine.KindBF16, v, shape...) }
+	f32 := func(name string, v []float32, shape ...int) { wt[name] = engine.FromF(engine.KindF32, v, shape...) }
+	for l, w := range m.Layers {
+		p := fmt.Sprintf("layers.%d.attn.", l)
+		for name, fw := range map[string]*attention.V41FP8Weight{"wq_a": w.WqA, "wq_b": w.WqB, "wkv": w.Wkv, "wo_b": w.WoB} {
+			fp8(p+name, fw)
+		}
+		H, D, G, R := cfg.NHeads, cfg.HeadDim, cfg.OGroups, cfg.OLoraRank
+		bf(p+"q_norm.weight", w.QNorm, cfg.QLoraRank)
+		bf(p+"kv_norm.weight", w.KVNorm, D)
+		bf(p+"wo_a.weight", w.WoA, G*R, H*D/G)
+		f32(p+"attn_sink", w.AttnSink, H)
+		if c := w.Compressor; c != nil {
+			bf(p+"compressor.norm.weight", c.Norm, D)
+			if c.Ratio == 1 {
+				bf(p+"compressor.wkv.weight", c.Wkv, D, cfg.Dim)
+			} else {
+				f32(p+"compressor.wkv.weight", c.Wkv, D, cfg.Dim)
+				f32(p+"compressor.wgate.weight", c.Wgate, D, cfg.Dim)
+			}
+		}
+		if ix := w.Indexer; ix != nil {
+			fp8(p+"indexer.wq_b", ix.WqB)
+			bf(p+"indexer.weights_proj.weight", ix.WeightsProj, ix.NHeads, cfg.Dim)
+			if ix.OwnsK {
+				bf(p+"indexer.wk.weight", ix.Wk, ix.HeadDim, D)
+				bf(p+"indexer.k_norm.weight", ix.KNorm, ix.HeadDim)
+			}
+		}
+	}
+	for n, x := range wt {
+		r := engine.TensorRecord(x, dump.Key{Step: dump.NoStep, Layer: dump.Global, Stage: n}, dump.KindStage)
+		r.Name = n
+		raw = append(raw, r)
+	}
+	sort.Slice(raw, func(i, j int) bool { return raw[i].Name < raw[j].Name })
+	return raw
 }

@@ -42,7 +42,7 @@ func runBisect(args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	var rep *replay.Report
-	if replay.IsV41Dir(pos[0]) {
+	if replay.IsV41(pos[0]) {
 		if rep, code = rpBisectV41(pos[0], &f, *persistent, stderr); rep == nil {
 			return code
 		}

@@ -39,7 +39,7 @@ func runDiff(args []string, stdout, stderr io.Writer) int {
 	if !ok {
 		return code
 	}
-	if v41a, v41b := replay.IsV41Dir(pos[0]), replay.IsV41Dir(pos[1]); v41a || v41b {
+	if v41a, v41b := replay.IsV41(pos[0]), replay.IsV41(pos[1]); v41a || v41b {
 		return runDiffV41(pos, v41a && v41b, &f, stdout, stderr)
 	}
 	tol, err := f.tolerance()

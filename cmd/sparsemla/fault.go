@@ -86,7 +86,7 @@ func runFault(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return rpFail(stderr, "fault", err)
 	}
-	if replay.IsV41Dir(*in) {
+	if replay.IsV41(*in) {
 		return runFaultV41(*in, *out, flt, &f, stdout, stderr)
 	}
 	o, err := rpOpenDump(*in, &f, true)

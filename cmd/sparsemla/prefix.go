@@ -66,7 +66,7 @@ const maxEventStream = 4 << 30
 func runPrefix(args []string, stdout, stderr io.Writer) int {
 	fs := rpFlagSet("prefix", prefixUsage, prefixDoc, stderr)
 	page := fs.Int("page", 0, "page size in tokens (default: the input's)")
-	model := fs.String("config", "", "window and ratios of a model: a preset (tiny, flash, pro) or a ModelArgs JSON file")
+	model := fs.String("config", "", "window and ratios of a model: a preset (tiny, flash, pro, v41-tiny, v41-flash) or a ModelArgs JSON file (DeepSeek-V4.1: its KV sources' ratios and index keys)")
 	window := fs.Int("window", -1, "sliding window (default: the dump header's, else 0)")
 	ratios := fs.String("ratios", "", "per-layer compress ratios, comma separated (default: the dump header's)")
 	capacity := fs.Int("capacity", 0, "correct cache capacity in tokens when the input records no evictions (0: unbounded)")
@@ -129,6 +129,9 @@ func runPrefix(args []string, stdout, stderr io.Writer) int {
 		if cfg, err = prefixcheck.ConfigFromDump(d); err != nil {
 			return fail(err)
 		}
+		if mc, err := engine.ParseConfig([]byte(d.Header.ModelArgs)); err == nil && mc.IsV41() {
+			setV41PrefixSchedule(&cfg, mc)
+		}
 	}
 	if *page > 0 {
 		cfg.PageSize = *page
@@ -150,9 +153,10 @@ func runPrefix(args []string, stdout, stderr io.Writer) int {
 			}
 		}
 		if mc.IsV41() {
-			return fail(fmt.Errorf("--model %s is DeepSeek-V4.1 (CSA2): its resume rules (r = 1 / 2 compressors, caches shared across layers) are not implemented", *model))
+			setV41PrefixSchedule(&cfg, mc)
+		} else {
+			cfg.SetSchedule(mc.WindowSize, mc.CompressRatios)
 		}
-		cfg.SetSchedule(mc.WindowSize, mc.CompressRatios)
 	}
 	if *window >= 0 {
 		cfg.Schedule.Window = *window

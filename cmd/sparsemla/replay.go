@@ -327,7 +327,7 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 	if !ok {
 		return code
 	}
-	if replay.IsV41Dir(pos[0]) {
+	if replay.IsV41(pos[0]) {
 		return runReplayV41(pos[0], &f, stdout, stderr)
 	}
 	tol, err := f.tolerance()

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 
+	"sparsemla/dump"
 	"sparsemla/fault"
 	"sparsemla/replay"
 )
@@ -23,20 +24,30 @@ func runReplayV41(dir string, f *replayFlags, stdout, stderr io.Writer) int {
 	return rpExit(rep)
 }
 
-// rpRefuseV41 refuses the flags of the V4 replay that V4.1 does not
-// implement; false when one was set (the message is written).
+// rpRefuseV41 refuses the flags of the V4 replay that have no V4.1
+// implementation; false when one was set (the message is written).
+// --mode chained runs the whole model from the token (mHC, MoE, head around
+// every layer), and the V4.1 MoE is not implemented.
 func rpRefuseV41(cmd string, f *replayFlags, stderr io.Writer) bool {
-	for _, u := range []struct {
-		set  bool
-		flag string
-	}{{f.mapFile != "", "--map"}, {f.weights != "", "--weights"}, {f.request != "", "--request"},
-		{f.policy != "" && f.policy != "official", "--policy"}, {f.mode == string(replay.Chained), "--mode chained"}} {
-		if u.set {
-			fmt.Fprintf(stderr, "sparsemla %s: %s: not implemented for DeepSeek-V4.1 dumps (docs/v41.md)\n", cmd, u.flag)
-			return false
-		}
+	if f.mode == string(replay.Chained) {
+		fmt.Fprintf(stderr, "sparsemla %s: --mode chained: not implemented for DeepSeek-V4.1 dumps: it chains the whole model from the token, and the V4.1 MoE and block stages are not in the V4.1 replay (docs/v41.md); use local or propagated\n", cmd)
+		return false
 	}
 	return true
+}
+
+// rpOpenV41 loads a V4.1 dump with the flags' name map, request, weights
+// and policy (replay.OpenV41).
+func rpOpenV41(path string, f *replayFlags) (*replay.V41Dump, error) {
+	opt := replay.V41OpenOptions{Request: f.request, Weights: f.weights, Policy: f.policy}
+	if f.mapFile != "" {
+		m, err := dump.LoadNameMap(f.mapFile)
+		if err != nil {
+			return nil, err
+		}
+		opt.Map = m
+	}
+	return replay.OpenV41(path, opt)
 }
 
 // v41Tolerance is the V4.1 default tolerance of the mode, then --tol, then
@@ -72,7 +83,7 @@ func rpRunV41(cmd, dir string, f *replayFlags, stderr io.Writer) (*replay.Report
 	if err != nil {
 		return nil, rpFail(stderr, cmd, err)
 	}
-	d, err := replay.LoadV41Dir(dir)
+	d, err := rpOpenV41(dir, f)
 	if err != nil {
 		return nil, rpFail(stderr, cmd, err)
 	}
@@ -96,11 +107,11 @@ func runDiffV41(pos []string, both bool, f *replayFlags, stdout, stderr io.Write
 	if err != nil {
 		return rpFail(stderr, "diff", err)
 	}
-	a, err := replay.LoadV41Dir(pos[0])
+	a, err := rpOpenV41(pos[0], f)
 	if err != nil {
 		return rpFail(stderr, "diff", err)
 	}
-	b, err := replay.LoadV41Dir(pos[1])
+	b, err := rpOpenV41(pos[1], f)
 	if err != nil {
 		return rpFail(stderr, "diff", err)
 	}
@@ -123,7 +134,7 @@ func rpBisectV41(dir string, f *replayFlags, persistent bool, stderr io.Writer) 
 	if err != nil {
 		return nil, rpFail(stderr, "bisect", err)
 	}
-	d, err := replay.LoadV41Dir(dir)
+	d, err := rpOpenV41(dir, f)
 	if err != nil {
 		return nil, rpFail(stderr, "bisect", err)
 	}
@@ -139,7 +150,7 @@ func runFaultV41(in, out string, flt fault.Fault, f *replayFlags, stdout, stderr
 	if !rpRefuseV41("fault", f, stderr) {
 		return exitError
 	}
-	d, err := replay.LoadV41Dir(in)
+	d, err := rpOpenV41(in, f)
 	if err != nil {
 		return rpFail(stderr, "fault", err)
 	}

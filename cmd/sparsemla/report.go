@@ -44,7 +44,7 @@ func runReport(args []string, stdout, stderr io.Writer) int {
 		return rpFail(stderr, "report", err)
 	}
 	var rep *replay.Report
-	if replay.IsV41Dir(pos[0]) {
+	if replay.IsV41(pos[0]) {
 		if rep, code = rpRunV41("report", pos[0], &f, stderr); rep == nil {
 			return code
 		}

@@ -55,7 +55,8 @@ layer need --whole:
   head-no-norm           the head skips the final RMSNorm (last layer): logits
 With --config v41-tiny (DeepSeek-V4.1) it writes a directory in the official
 V4.1 layout (config.json, weights, prefill_state, step_P.safetensors) that
-replay reads; of the kinds above window-order (there: V4's order, -1 last)
+replay reads (--format native: a native dump.smd, the caches of every step
+also as V4.1 KV pages; native-pages: as pages only); of the kinds above window-order (there: V4's order, -1 last)
 and topk-off-by-one (index sources) apply, the others are refused.
 With --prefix SCENARIO it writes a multi-request prefix-cache run instead
 ('sparsemla synth --prefix x --help').`
@@ -71,6 +72,7 @@ func runSynth(args []string, stdout, stderr io.Writer) int {
 	prefill := fs.Int("prefill", 6, "positions run before the first dumped step (the start state is valid after them)")
 	seed := fs.Uint64("seed", 1, "random seed of the weights and the token stream")
 	faultFlag := fs.String("fault", "", "inject a fault, KIND@step,layer (see above)")
+	format := fs.String("format", "", "dump format: native (dump.smd; the default of V4), or for --config v41-*: official (the V4.1 layout, its default), native (dump.smd with the caches also as V4.1 KV pages) or native-pages (the caches as pages only)")
 	whole := fs.Bool("whole", false, "the whole model (hyper-connections, MoE, head) and every whole-step stage, not the attention path only")
 	if _, code, ok := rpArgs(fs, args, 0, func() bool { return *out != "" }); !ok {
 		return code
@@ -92,7 +94,10 @@ func runSynth(args []string, stdout, stderr io.Writer) int {
 		if *whole {
 			return rpFail(stderr, "synth", fmt.Errorf("--whole: the DeepSeek-V4.1 synthetic model (--config %s) holds the attention path only", *cfg))
 		}
-		return runSynthV41(c, opt, *out, stdout, stderr)
+		return runSynthV41(c, opt, *format, *out, stdout, stderr)
+	}
+	if *format != "" && *format != "native" {
+		return rpFail(stderr, "synth", fmt.Errorf("--format %q: a V4 synthetic dump is native only (official and native-pages are V4.1 formats)", *format))
 	}
 	s, err := fault.Synthesize(opt)
 	if err != nil {

@@ -14,8 +14,9 @@ import (
 // TestReplayV41Golden: replay on the V4.1 GPU golden agrees in both modes,
 // names the model and what it did not judge; --json writes the common
 // schema; --steps restricts the steps (a step the dump lacks is an error);
-// --tol-stage o=exact makes the 1-ulp o of the golden diverge; V4-only
-// flags are refused in one line.
+// --tol-stage o=exact makes the 1-ulp o of the golden diverge; --mode
+// chained and --policy hf-eager are refused in one line, a missing map file
+// is an error.
 func TestReplayV41Golden(t *testing.T) {
 	dir := goldenTestdata("v41-tiny")
 	for _, mode := range []string{"local", "propagated"} {
@@ -58,11 +59,15 @@ func TestReplayV41Golden(t *testing.T) {
 		!strings.Contains(out.String(), "stage o — attention kernel: 1 of 2048 values differ (exact stage)") {
 		t.Errorf("replay --tol-stage o=exact: exit %d: %s", code, out.String())
 	}
-	for _, c := range [][]string{{"--map", "x.json"}, {"--mode", "chained"}, {"--policy", "hf-eager"}} {
+	for _, c := range []struct {
+		flags []string
+		want  string
+	}{{[]string{"--map", "x.json"}, "x.json"}, {[]string{"--mode", "chained"}, "not implemented for DeepSeek-V4.1"},
+		{[]string{"--policy", "hf-eager"}, "one numerics policy"}} {
 		errb.Reset()
-		if code := run(append([]string{"replay"}, append(c, dir)...), &out, &errb); code != exitError ||
-			strings.Count(errb.String(), "\n") != 1 || !strings.Contains(errb.String(), "not implemented for DeepSeek-V4.1") {
-			t.Errorf("replay %v on V4.1: exit %d, %q", c, code, errb.String())
+		if code := run(append([]string{"replay"}, append(c.flags, dir)...), &out, &errb); code != exitError ||
+			strings.Count(errb.String(), "\n") != 1 || !strings.Contains(errb.String(), c.want) {
+			t.Errorf("replay %v on V4.1: exit %d, %q", c.flags, code, errb.String())
 		}
 	}
 }
