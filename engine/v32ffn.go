@@ -43,7 +43,7 @@ import (
 //
 //	AttnNorm, FFNNorm  fp32 [dim]                  attn_norm.weight, ffn_norm.weight
 //	Dense              MLP, inter_dim              ffn.w1/w2/w3 (layer < n_dense_layers)
-//	Gate               moe.Gate [E][dim] bf16      ffn.gate.weight, ffn.gate.bias (fp32 [E]; only when dim = 7168, V32-M:675)
+//	Gate               moe.Gate [E][dim] bf16      ffn.gate.weight, ffn.gate.bias (fp32 [E]; the official Gate has one only at dim 7168, V32-M:675; read wherever the checkpoint holds it)
 //	Experts            [E] MLP, moe_inter_dim      ffn.experts.e.w1/w2/w3
 //	Shared             MLP, n_shared·moe_inter_dim ffn.shared_experts.w1/w2/w3
 //	Norm, Head         fp32 [dim], fp32 [vocab][dim] norm.weight, head.weight (last layer only; nil elsewhere)
@@ -75,6 +75,11 @@ func (m *V32MLP) Forward(out, x []float32) {
 	attention.FP8Linear(out, g, m.W2)
 }
 
+// GateUpSwapped is m with w1 (gate) and w3 (up) exchanged: out =
+// FP8Lin(w2, bf16(silu(w3·x) · (w1·x))), what a checkpoint name map that
+// swaps gate_proj and up_proj computes.
+func (m *V32MLP) GateUpSwapped() *V32MLP { return &V32MLP{W1: m.W3, W2: m.W2, W3: m.W1} }
+
 // V32AddNorm is RMSNorm.forward with a residual (V32-M:302-306): s =
 // f32(x) + f32(res) (res nil: s = x, no residual), normed = bf16(w ⊙ (s ·
 // rsqrt(mean(s²) + eps))), h = bf16(s). normed and h have len(x) elements.
@@ -92,7 +97,8 @@ func V32AddNorm(normed, h, x, res, w []float32, eps float32) {
 // V32MoE is MoE.forward (V32-M:786-804) for one token: y starts at fp32
 // zero; for each routed expert e in ascending id order y += f32(Expert_e(x))
 // · w_e (fp32 product and sum); then y += f32(Shared(x)); out = bf16(y).
-// r holds the route (moe.Gate.GroupedRoute). out [dim].
+// r holds the route (moe.Gate.GroupedRoute). out [dim]. shared nil leaves
+// the shared expert out (y rounded alone; a diagnosis hypothesis).
 func V32MoE(out, x []float32, r moe.Route, experts []*V32MLP, shared *V32MLP) {
 	y := make([]float32, len(out))
 	eo := make([]float32, len(out))
@@ -107,7 +113,11 @@ func V32MoE(out, x []float32, r moe.Route, experts []*V32MLP, shared *V32MLP) {
 			}
 		}
 	}
-	shared.Forward(eo, x)
+	if shared == nil {
+		clear(eo)
+	} else {
+		shared.Forward(eo, x)
+	}
 	for i, v := range eo {
 		out[i] = quant.BF16Round(y[i] + v)
 	}
@@ -311,6 +321,37 @@ func v32Logits(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
 	return FromF(KindF32, logits, V), nil
 }
 
+// V32HeadNoNorm is the logits with the final RMSNorm left out: head ·
+// f32(bf16(f32(ffn_out) + f32(h_mid))) (fp32 [vocab]), what a GPU whose head
+// reads the residual sum instead of norm(ffn_out, h_mid) computes.
+func V32HeadNoNorm(f *V32FFNWeights, ffnOut, hMid []float32) Tensor {
+	dim := len(ffnOut)
+	h := make([]float32, dim)
+	for i := range h {
+		h[i] = quant.BF16Round(ffnOut[i] + hMid[i])
+	}
+	V := len(f.Head) / dim
+	logits := make([]float32, V)
+	attention.F32Linear(logits, h, f.Head, V, dim)
+	return FromF(KindF32, logits, V)
+}
+
+// V32HeadNormNoWeight is the logits with the final RMSNorm applied without
+// its weight norm.weight (every weight 1).
+func V32HeadNormNoWeight(f *V32FFNWeights, ffnOut, hMid []float32, eps float32) Tensor {
+	dim := len(ffnOut)
+	ones := make([]float32, dim)
+	for i := range ones {
+		ones[i] = 1
+	}
+	normed, h := make([]float32, dim), make([]float32, dim)
+	V32AddNorm(normed, h, ffnOut, hMid, ones, eps)
+	V := len(f.Head) / dim
+	logits := make([]float32, V)
+	attention.F32Linear(logits, normed, f.Head, V, dim)
+	return FromF(KindF32, logits, V)
+}
+
 // v32MLPShapes names a V3.2 layer's FP8 FFN matrices (under layers.L.ffn.).
 func v32MLPShapes(cfg *Config, layer int) []struct {
 	name       string
@@ -359,8 +400,18 @@ func (m *V32MLP) slot(i int) **attention.FP8Weight {
 	return []**attention.FP8Weight{&m.W1, &m.W2, &m.W3}[i%3]
 }
 
-// v32GateBias reports whether the official Gate has a bias: only at dim 7168 (V32-M:675).
+// v32GateBias reports whether the official Gate has a bias: only at dim 7168
+// (V32-M:675). A checkpoint of another dim may still carry ffn.gate.bias
+// (Hugging Face's V3 / V3.2 gate always has e_score_correction_bias): the
+// loader then uses it.
 func v32GateBias(cfg *Config) bool { return cfg.Dim == 7168 }
+
+// V32SynthGateBias reports whether a synthetic V3.2 gate
+// (RandomV32FFNWeights) has a bias: at dim 7168 as the official Gate, and
+// wherever the experts are grouped (n_expert_groups > 1), as in every
+// released V3 / V3.2 router that groups (the 671B configs: dim 7168, 8
+// groups), so that a small synthetic model exercises the biased group score.
+func V32SynthGateBias(cfg *Config) bool { return v32GateBias(cfg) || cfg.NExpertGroups > 1 }
 
 func (cfg *Config) v32Gate(weight, bias []float32) (*moe.Gate, error) {
 	f, err := moe.ParseScoreFunc(cfg.ScoreFunc)
@@ -405,7 +456,7 @@ func loadV32FFN(cfg *Config, layer int, st dump.WeightSource) (*V32FFNWeights, e
 			return nil, err
 		}
 		var gb []float32
-		if v32GateBias(cfg) {
+		if _, ok := st.Lookup(fmt.Sprintf("layers.%d.ffn.gate.bias", layer)); ok || v32GateBias(cfg) {
 			if gb, err = wr.f32("ffn.gate.bias", cfg.NRoutedExperts); err != nil {
 				return nil, err
 			}
@@ -460,7 +511,7 @@ func v32FFNRecords(cfg *Config, layer int, f *V32FFNWeights) []dump.Record {
 // RandomV32FFNWeights makes seeded synthetic V3.2 FFN weights for layer l,
 // generated as randomV32LayerWeights does: FP8 matrices bf16(N(0,1)/sqrt(in))
 // block-quantised, norms bf16(1 + 0.1·N), gate.weight bf16(N/sqrt(dim)),
-// gate.bias (dim 7168 only) bf16(0.1·N), and on the last layer norm.weight
+// gate.bias (V32SynthGateBias) bf16(0.1·N), and on the last layer norm.weight
 // and head.weight bf16(N/sqrt(dim)). One stream per matrix.
 func RandomV32FFNWeights(cfg *Config, layer int, seed uint64) *V32FFNWeights {
 	f := newV32FFN(cfg, layer)
@@ -486,7 +537,7 @@ func RandomV32FFNWeights(cfg *Config, layer int, seed uint64) *V32FFNWeights {
 	if layer >= cfg.NDenseLayers {
 		gw := vec(cfg.NRoutedExperts*cfg.Dim, 0, 1/math.Sqrt(float64(cfg.Dim)))
 		var gb []float32
-		if v32GateBias(cfg) {
+		if V32SynthGateBias(cfg) {
 			gb = vec(cfg.NRoutedExperts, 0, 0.1)
 		}
 		g, err := cfg.v32Gate(gw, gb)

@@ -14,6 +14,23 @@ import (
 // shares a name with V4 but computes in another number format, and the
 // shape check of a V3.2 dump's records.
 
+// KindDenseMLP is the diagnosis kind of ffn_out on a V3.2 dense layer
+// (layer < n_dense_layers: the MLP, not the MoE).
+const KindDenseMLP = "dense MLP"
+
+func init() {
+	hints[KindDenseMLP] = "check the dense MLP of the first layers: FP8 w1 (gate) and w3 (up) with act_quant per 128, bf16(silu(f32(w1·x)) · f32(w3·x)), FP8 w2"
+}
+
+// v32BlockKind is the diagnosis kind of a V3.2 FFN-side stage where it
+// differs from V4's (blockKind): ffn_out of a dense layer. "" otherwise.
+func v32BlockKind(d DiagnoseInput) string {
+	if d.Model == nil || !d.Model.Cfg.V32() || d.Result.Stage != "ffn_out" || d.Result.Layer >= d.Model.Cfg.NDenseLayers {
+		return ""
+	}
+	return KindDenseMLP
+}
+
 // v32Tol are the default tolerances of the V3.2-only stage names (added to
 // DefaultTolerance; a V4 model never has these stages).
 func v32Tol() map[string]StageTol {
