@@ -12,16 +12,16 @@ import (
 // the grouped router (moe_indices, moe_weights), the MoE's shared expert and
 // the dense MLP (ffn_out) and the head (logits), each the stage recomputed
 // from its own inputs with one known bug. Where a bug is the same as one of
-// V4's (hypotheses_block.go) the name is the same ("no-selection-bias",
-// "weights-unnormalised", "shared-gate-up-swapped", "head-no-final-norm"),
-// so that a diagnosis reads alike in both models; V4's run on V4 weights
-// only and these on V3.2 weights only (the other is skipped).
+// V4's (hypotheses_block.go) the name is V4's with the prefix "v32-"
+// ("v32-no-selection-bias", "v32-weights-unnormalised",
+// "v32-shared-gate-up-swapped", "v32-head-no-final-norm"): V4's run on V4
+// weights only and these on V3.2 weights only (the other is skipped).
 
 var errNotV32FFN = errors.New("a V3.2 hypothesis; the layer has no V3.2 FFN weights")
 
 func init() {
 	add("moe_indices",
-		v32Route("no-selection-bias", "grouped routing with the selection bias (e_score_correction_bias) left out, the group score still the top-2 sum",
+		v32Route("v32-no-selection-bias", "grouped routing with the selection bias (e_score_correction_bias) left out, the group score still the top-2 sum",
 			func(g *moe.Gate, s []float32, cfg *engine.Config) ([]int32, error) {
 				if g.Bias == nil {
 					return nil, errors.New("the gate has no bias")
@@ -44,21 +44,21 @@ func init() {
 				return moe.V32RouteGroupMax(g, s, cfg.NExpertGroups, cfg.NLimitedGroups), nil
 			}))
 	add("moe_weights",
-		v32Weights("weights-unnormalised", "the chosen scores × route_scale, not divided by their sum",
+		v32Weights("v32-weights-unnormalised", "the chosen scores × route_scale, not divided by their sum",
 			func(g *moe.Gate, s []float32, idx []int32) ([]float32, error) {
 				if g.Func == moe.Softmax {
 					return nil, errors.New("softmax gates do not normalise")
 				}
 				return moe.RouteWeights(s, idx, moe.Softmax, g.RouteScale), nil
 			}),
-		v32Weights("weights-no-route-scale", "the chosen scores divided by their sum, without × route_scale",
+		v32Weights("v32-weights-no-route-scale", "the chosen scores divided by their sum, without × route_scale",
 			func(g *moe.Gate, s []float32, idx []int32) ([]float32, error) {
 				if g.RouteScale == 1 {
 					return nil, errors.New("route_scale is 1")
 				}
 				return moe.RouteWeights(s, idx, g.Func, 1), nil
 			}),
-		v32Weights("weights-with-bias", "the weights taken from score + bias (the bias is for the choice only)",
+		v32Weights("v32-weights-with-bias", "the weights taken from score + bias (the bias is for the choice only)",
 			func(g *moe.Gate, s []float32, idx []int32) ([]float32, error) {
 				if g.Bias == nil {
 					return nil, errors.New("the gate has no bias")
@@ -66,11 +66,11 @@ func init() {
 				return moe.RouteWeights(moe.V32Select(g, s), idx, g.Func, g.RouteScale), nil
 			}))
 	add("ffn_out",
-		v32MoEVariant("shared-gate-up-swapped", "the shared expert with w1 (gate) and w3 (up) exchanged",
+		v32MoEVariant("v32-shared-gate-up-swapped", "the shared expert with w1 (gate) and w3 (up) exchanged",
 			func(f *engine.V32FFNWeights) *engine.V32MLP { return f.Shared.GateUpSwapped() }),
-		v32MoEVariant("no-shared-expert", "the routed experts only, the shared expert left out",
+		v32MoEVariant("v32-no-shared-expert", "the routed experts only, the shared expert left out",
 			func(f *engine.V32FFNWeights) *engine.V32MLP { return nil }),
-		Hypothesis{Name: "dense-gate-up-swapped", Desc: "the dense MLP with w1 (gate) and w3 (up) exchanged",
+		Hypothesis{Name: "v32-dense-gate-up-swapped", Desc: "the dense MLP with w1 (gate) and w3 (up) exchanged",
 			run: func(c *Call) (engine.Tensor, error) {
 				f, err := v32FFNOf(c)
 				if err != nil {
@@ -88,11 +88,11 @@ func init() {
 				return like(c, out)
 			}})
 	add("logits",
-		v32Head("head-no-final-norm", "the head on the residual sum bf16(ffn_out + h_mid) without the final RMSNorm (norm.weight)",
+		v32Head("v32-head-no-final-norm", "the head on the residual sum bf16(ffn_out + h_mid) without the final RMSNorm (norm.weight)",
 			func(c *Call, f *engine.V32FFNWeights, x, res []float32) engine.Tensor {
 				return engine.V32HeadNoNorm(f, x, res)
 			}),
-		v32Head("head-norm-no-weight", "the final RMSNorm without its weight norm.weight",
+		v32Head("v32-head-norm-no-weight", "the final RMSNorm without its weight norm.weight",
 			func(c *Call, f *engine.V32FFNWeights, x, res []float32) engine.Tensor {
 				return engine.V32HeadNormNoWeight(f, x, res, float32(c.Ctx.Cfg.NormEps))
 			}))

@@ -47,6 +47,7 @@ import (
 //	Experts            [E] MLP, moe_inter_dim      ffn.experts.e.w1/w2/w3
 //	Shared             MLP, n_shared·moe_inter_dim ffn.shared_experts.w1/w2/w3
 //	Norm, Head         fp32 [dim], fp32 [vocab][dim] norm.weight, head.weight (last layer only; nil elsewhere)
+//	Embed              bf16 [vocab][dim]            embed.weight (layer 0 only, where the checkpoint holds it)
 type V32FFNWeights struct {
 	AttnNorm, FFNNorm []float32
 	Dense             *V32MLP
@@ -54,6 +55,7 @@ type V32FFNWeights struct {
 	Experts           []*V32MLP
 	Shared            *V32MLP
 	Norm, Head        []float32
+	Embed             []float32
 }
 
 // V32MLP is MLP / Expert with FP8 weights: w1, w3 [inter][dim], w2 [dim][inter].
@@ -64,16 +66,13 @@ type V32MLP struct{ W1, W2, W3 *attention.FP8Weight }
 //	out = FP8Lin(w2, bf16(silu(f32(FP8Lin(w1, x))) · f32(FP8Lin(w3, x))))
 //
 // x [dim] bf16 values; out [dim] bf16 values.
-func (m *V32MLP) Forward(out, x []float32) {
-	inter := m.W1.Rows
-	g, u := make([]float32, inter), make([]float32, inter)
-	attention.FP8Linear(g, x, m.W1)
-	attention.FP8Linear(u, x, m.W3)
-	for i := range g {
-		g[i] = quant.BF16Round(moe.Silu(g[i]) * u[i])
-	}
-	attention.FP8Linear(out, g, m.W2)
-}
+func (m *V32MLP) Forward(out, x []float32) { m.forward(out, x, nil) }
+
+// bf16Silu is bf16(silu(g) · u) (fp32 product).
+func bf16Silu(g, u float32) float32 { return quant.BF16Round(moe.Silu(g) * u) }
+
+// bf16Sum is bf16(a + b) (fp32 sum).
+func bf16Sum(a, b float32) float32 { return quant.BF16Round(a + b) }
 
 // GateUpSwapped is m with w1 (gate) and w3 (up) exchanged: out =
 // FP8Lin(w2, bf16(silu(w3·x) · (w1·x))), what a checkpoint name map that
@@ -100,27 +99,7 @@ func V32AddNorm(normed, h, x, res, w []float32, eps float32) {
 // r holds the route (moe.Gate.GroupedRoute). out [dim]. shared nil leaves
 // the shared expert out (y rounded alone; a diagnosis hypothesis).
 func V32MoE(out, x []float32, r moe.Route, experts []*V32MLP, shared *V32MLP) {
-	y := make([]float32, len(out))
-	eo := make([]float32, len(out))
-	for e := range experts {
-		for t, id := range r.Indices {
-			if int(id) != e {
-				continue
-			}
-			experts[e].Forward(eo, x)
-			for i, v := range eo {
-				y[i] += v * r.Weights[t]
-			}
-		}
-	}
-	if shared == nil {
-		clear(eo)
-	} else {
-		shared.Forward(eo, x)
-	}
-	for i, v := range eo {
-		out[i] = quant.BF16Round(y[i] + v)
-	}
+	v32MoE(out, x, r, experts, shared, nil)
 }
 
 // V32BlockStages are BlockStages for a V3.2 layer: the attention stages
@@ -217,7 +196,7 @@ func v32DenseOut(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
 		return Tensor{}, err
 	}
 	out := make([]float32, ctx.Cfg.Dim)
-	f.Dense.Forward(out, x)
+	f.Dense.forward(out, x, ctx.fast())
 	return bf16T(out, len(out)), nil
 }
 
@@ -295,7 +274,7 @@ func v32MoEOut(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
 	}
 	r.Weights = w
 	out := make([]float32, ctx.Cfg.Dim)
-	V32MoE(out, x, r, f.Experts, f.Shared)
+	v32MoE(out, x, r, f.Experts, f.Shared, ctx.fast())
 	return bf16T(out, len(out)), nil
 }
 
@@ -465,6 +444,12 @@ func loadV32FFN(cfg *Config, layer int, st dump.WeightSource) (*V32FFNWeights, e
 			return nil, err
 		}
 	}
+	if _, ok := st.Lookup("embed.weight"); ok && layer == 0 {
+		g := &attnWeightReader{cfg: cfg, st: st}
+		if f.Embed, err = g.f32("embed.weight", cfg.VocabSize, cfg.Dim); err != nil {
+			return nil, err
+		}
+	}
 	if layer == cfg.NLayers-1 {
 		if _, ok := st.Lookup("head.weight"); ok {
 			g := &attnWeightReader{cfg: cfg, st: st}
@@ -501,6 +486,9 @@ func v32FFNRecords(cfg *Config, layer int, f *V32FFNWeights) []dump.Record {
 			f32(pre+"ffn.gate.bias", f.Gate.Bias, cfg.NRoutedExperts)
 		}
 	}
+	if f.Embed != nil {
+		out = append(out, dump.Record{Name: "embed.weight", DType: dump.BF16, Shape: []int{cfg.VocabSize, cfg.Dim}, Data: bf16Bytes(f.Embed)})
+	}
 	if f.Head != nil {
 		f32("norm.weight", f.Norm, cfg.Dim)
 		out = append(out, dump.Record{Name: "head.weight", DType: dump.BF16, Shape: []int{cfg.VocabSize, cfg.Dim}, Data: bf16Bytes(f.Head)})
@@ -511,8 +499,9 @@ func v32FFNRecords(cfg *Config, layer int, f *V32FFNWeights) []dump.Record {
 // RandomV32FFNWeights makes seeded synthetic V3.2 FFN weights for layer l,
 // generated as randomV32LayerWeights does: FP8 matrices bf16(N(0,1)/sqrt(in))
 // block-quantised, norms bf16(1 + 0.1·N), gate.weight bf16(N/sqrt(dim)),
-// gate.bias (V32SynthGateBias) bf16(0.1·N), and on the last layer norm.weight
-// and head.weight bf16(N/sqrt(dim)). One stream per matrix.
+// gate.bias (V32SynthGateBias) bf16(0.1·N), on layer 0 embed.weight
+// bf16(N(0,1)), and on the last layer norm.weight and head.weight
+// bf16(N/sqrt(dim)). One stream per matrix.
 func RandomV32FFNWeights(cfg *Config, layer int, seed uint64) *V32FFNWeights {
 	f := newV32FFN(cfg, layer)
 	mlps := f.mlps(cfg, layer)
@@ -545,6 +534,9 @@ func RandomV32FFNWeights(cfg *Config, layer int, seed uint64) *V32FFNWeights {
 			panic("engine: RandomV32FFNWeights: " + err.Error())
 		}
 		f.Gate = g
+	}
+	if layer == 0 {
+		f.Embed = vec(cfg.VocabSize*cfg.Dim, 0, 1)
 	}
 	if layer == cfg.NLayers-1 {
 		f.Norm = vec(cfg.Dim, 1, 0.1)

@@ -84,7 +84,7 @@ func v32Linear(from string, pick func(*V32Weights) *attention.FP8Weight) func(*S
 			return Tensor{}, err
 		}
 		y := make([]float32, w.Rows)
-		attention.FP8Linear(y, x, w)
+		v32Lin(ctx.fast(), y, x, w)
 		return bf16T(y, w.Rows), nil
 	}
 }
@@ -113,7 +113,7 @@ func v32QB(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
 		return Tensor{}, err
 	}
 	y := make([]float32, v.WqB.Rows)
-	attention.FP8Linear(y, x, v.WqB)
+	v32Lin(ctx.fast(), y, x, v.WqB)
 	return bf16T(y, ctx.Cfg.NHeads, ctx.Cfg.V32QKHeadDim()), nil
 }
 
@@ -242,7 +242,7 @@ func v32IqB(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
 		return Tensor{}, err
 	}
 	y := make([]float32, v.IWqB.Rows)
-	attention.FP8Linear(y, x, v.IWqB)
+	v32Lin(ctx.fast(), y, x, v.IWqB)
 	return bf16T(y, ctx.Cfg.IndexNHeads, ctx.Cfg.IndexHeadDim), nil
 }
 

@@ -103,6 +103,7 @@ func diagnoseBlock(d DiagnoseInput, div *Divergence) {
 // for bit when one does, else from the stage and what the diagnosis found.
 func blockPart(d DiagnoseInput, exact, why string) string {
 	stage := d.Result.Stage
+	exact = strings.TrimPrefix(exact, "v32-") // V3.2's names of the same bugs (attribute/hypotheses_v32ffn.go)
 	switch {
 	case strings.HasPrefix(exact, "hash-row-") || exact == "topk-on-hash-layer":
 		return "hash lookup"
