@@ -296,7 +296,7 @@ func v32Logits(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
 	V32AddNorm(normed, h, x, res, f.Norm, float32(ctx.Cfg.NormEps))
 	V := len(f.Head) / dim
 	logits := make([]float32, V)
-	attention.F32Linear(logits, normed, f.Head, V, dim)
+	v32F32Lin(ctx.fast(), logits, normed, f.Head, V, dim)
 	return FromF(KindF32, logits, V), nil
 }
 

@@ -3,6 +3,7 @@ package engine
 import (
 	"sparsemla/attention"
 	"sparsemla/moe"
+	"sparsemla/quant"
 )
 
 // The fast path of a V3.2 layer (PrepareLayer on a V3.2 config): every FP8
@@ -18,8 +19,12 @@ import (
 // with the same products and the same order of every sum, so the stages
 // give the same bits at any GOMAXPROCS (TestV32PreparedEqualsReference);
 // only the speed differs. wkv_b is not packed: decode reads its bf16
-// dequantisation (the absorbed einsums). The fp32 GEMVs (weights_proj, the
-// gate, the head) and everything else run the reference loops on both paths.
+// dequantisation; on a prepared layer the absorbed einsum (q_absorbed) runs
+// with its loops exchanged (v32AbsorbFast) and the value up-projection
+// (o_v), weights_proj (iw_raw) and the head (logits) four rows at a time
+// (v32RowsDot), each sum in the reference's order. The gate's fp32 GEMV,
+// the indexer scores, the sparse MLA and the rest run the reference loops on
+// both paths.
 // The MoE of a prepared layer is V32MoE on the packed experts: only the
 // routed experts and the shared one run, in ascending expert order.
 
@@ -94,4 +99,83 @@ func v32MoE(out, x []float32, r moe.Route, experts []*V32MLP, shared *V32MLP, p 
 	for i, v := range eo {
 		out[i] = bf16Sum(y[i], v)
 	}
+}
+
+// v32AbsorbFast is attention.V32Absorb with the loops exchanged so that
+// wkv_b streams row by row: acc[k] += f32(q[h][d] · wkv_b[h(nope+v)+d][k])
+// for d ascending onto +0, each k's sum in the reference's order (the same
+// products, no fused multiply-add), so the same bits.
+func v32AbsorbFast(dst, q, wkvB []float32, H, nope, rope, v, c int) {
+	if len(dst) != H*c || len(q) != H*(nope+rope) || len(wkvB) != H*(nope+v)*c {
+		panic("engine: v32AbsorbFast shape mismatch")
+	}
+	acc := make([]float32, c)
+	for h := 0; h < H; h++ {
+		qh := q[h*(nope+rope) : h*(nope+rope)+nope]
+		w := wkvB[h*(nope+v)*c:]
+		clear(acc)
+		for d, x := range qh {
+			row := w[d*c : (d+1)*c]
+			for k, wk := range row {
+				acc[k] += float32(x * wk)
+			}
+		}
+		for k, a := range acc {
+			dst[h*c+k] = quant.BF16Round(a)
+		}
+	}
+}
+
+// v32RowsDot is y[n] = Σ_k x[k]·W[n·cols+k] (fp32, k ascending onto +0:
+// attention.F32Linear's sums) for rows n, four rows at a time: four
+// independent sums in flight, each in the reference's order, so the same
+// bits.
+func v32RowsDot(y, x, W []float32, rows, cols int) {
+	if len(x) != cols || len(y) != rows || len(W) != rows*cols {
+		panic("engine: v32RowsDot shape mismatch")
+	}
+	n := 0
+	for ; n+4 <= rows; n += 4 {
+		w0, w1, w2, w3 := W[n*cols:(n+1)*cols], W[(n+1)*cols:(n+2)*cols], W[(n+2)*cols:(n+3)*cols], W[(n+3)*cols:(n+4)*cols]
+		var s0, s1, s2, s3 float32
+		for k, xk := range x {
+			s0 += float32(xk * w0[k])
+			s1 += float32(xk * w1[k])
+			s2 += float32(xk * w2[k])
+			s3 += float32(xk * w3[k])
+		}
+		y[n], y[n+1], y[n+2], y[n+3] = s0, s1, s2, s3
+	}
+	for ; n < rows; n++ {
+		var s float32
+		for k, xk := range x {
+			s += float32(xk * W[n*cols+k])
+		}
+		y[n] = s
+	}
+}
+
+// v32ValueUpFast is attention.V32ValueUp on v32RowsDot: o_v[h][j] =
+// bf16(Σ_k o_latent[h][k] · wkv_b[h(nope+v)+nope+j][k]).
+func v32ValueUpFast(dst, oLat, wkvB []float32, H, nope, v, c int) {
+	if len(dst) != H*v || len(oLat) != H*c || len(wkvB) != H*(nope+v)*c {
+		panic("engine: v32ValueUpFast shape mismatch")
+	}
+	for h := 0; h < H; h++ {
+		w := wkvB[(h*(nope+v)+nope)*c : (h*(nope+v)+nope+v)*c]
+		out := dst[h*v : (h+1)*v]
+		v32RowsDot(out, oLat[h*c:(h+1)*c], w, v, c)
+		for j, s := range out {
+			out[j] = quant.BF16Round(s)
+		}
+	}
+}
+
+// v32F32Lin is attention.F32Linear, on v32RowsDot when p is set.
+func v32F32Lin(p *PreparedLayer, y, x, W []float32, rows, cols int) {
+	if p != nil {
+		v32RowsDot(y, x, W, rows, cols)
+		return
+	}
+	attention.F32Linear(y, x, W, rows, cols)
 }

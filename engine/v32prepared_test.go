@@ -110,3 +110,39 @@ func TestV32PreparedEqualsReference(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkV32WholeStep is one decode step of the whole v32-tiny model
+// (both layers, attention + dense MLP / MoE + head) on the reference loops
+// and on the prepared FP8 linears.
+func BenchmarkV32WholeStep(b *testing.B) {
+	cfg, _ := Preset("v32-tiny")
+	const p = 17
+	for _, prepared := range []bool{false, true} {
+		ws := make([]*LayerWeights, cfg.NLayers)
+		ropes := make([]*RopeTable, cfg.NLayers)
+		states := make([]*LayerState, cfg.NLayers)
+		for l := range ws {
+			ws[l] = RandomLayerWeights(cfg, l, 3)
+			ws[l].V32.FFN = RandomV32FFNWeights(cfg, l, 3)
+			if prepared {
+				PrepareLayer(cfg, ws[l])
+			}
+			ropes[l] = LayerRope(cfg, l, p+1)
+			states[l] = SyntheticState(cfg, ws[l], ropes[l], p, 3)
+		}
+		x := SyntheticInput(cfg, p, 3)
+		b.Run(map[bool]string{false: "reference", true: "prepared"}[prepared], func(b *testing.B) {
+			for b.Loop() {
+				seeds := map[string]Tensor{"x_in": x}
+				for l, w := range ws {
+					ctx := &StepContext{Cfg: cfg, Layer: l, Pos: p, W: w, Rope: ropes[l]}
+					out, _, err := RunLayer(ctx, seeds, states[l])
+					if err != nil {
+						b.Fatal(err)
+					}
+					seeds = map[string]Tensor{"x_in": out["ffn_out"], "res_in": out["h_mid"]}
+				}
+			}
+		})
+	}
+}

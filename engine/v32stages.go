@@ -144,7 +144,11 @@ func v32QAbsorbed(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
 		return Tensor{}, err
 	}
 	out := make([]float32, H*c)
-	attention.V32Absorb(out, q, v32WkvB(v), H, cfg.QKNopeHeadDim, cfg.QKRopeHeadDim, cfg.VHeadDim, c)
+	if ctx.fast() != nil {
+		v32AbsorbFast(out, q, v32WkvB(v), H, cfg.QKNopeHeadDim, cfg.QKRopeHeadDim, cfg.VHeadDim, c)
+	} else {
+		attention.V32Absorb(out, q, v32WkvB(v), H, cfg.QKNopeHeadDim, cfg.QKRopeHeadDim, cfg.VHeadDim, c)
+	}
 	return bf16T(out, H, c), nil
 }
 
@@ -362,7 +366,7 @@ func v32IwRaw(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
 		return Tensor{}, err
 	}
 	y := make([]float32, ctx.Cfg.IndexNHeads)
-	attention.F32Linear(y, x, v.IWeightsProj, len(y), ctx.Cfg.Dim)
+	v32F32Lin(ctx.fast(), y, x, v.IWeightsProj, len(y), ctx.Cfg.Dim)
 	return FromF(KindF32, y, len(y)), nil
 }
 
@@ -470,6 +474,10 @@ func v32OV(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
 		return Tensor{}, err
 	}
 	out := make([]float32, H*cfg.VHeadDim)
-	attention.V32ValueUp(out, o, v32WkvB(v), H, cfg.QKNopeHeadDim, cfg.VHeadDim, c)
+	if ctx.fast() != nil {
+		v32ValueUpFast(out, o, v32WkvB(v), H, cfg.QKNopeHeadDim, cfg.VHeadDim, c)
+	} else {
+		attention.V32ValueUp(out, o, v32WkvB(v), H, cfg.QKNopeHeadDim, cfg.VHeadDim, c)
+	}
 	return bf16T(out, H, cfg.VHeadDim), nil
 }
