@@ -9,6 +9,7 @@ import (
 
 	"sparsemla/dump"
 	"sparsemla/engine"
+	"sparsemla/moe"
 )
 
 // TestReplayV32ChainedGPUDump: the chained replay of the official
@@ -112,6 +113,50 @@ func TestReplayV32PreparedSameReport(t *testing.T) {
 			if !reflect.DeepEqual(a[i], b[i]) {
 				t.Fatalf("%s: result %d differs: prepared %+v, reference %+v", c.mode, i, a[i], b[i])
 			}
+		}
+	}
+}
+
+// TestV32RouterNearTie: with the grouped router (8 experts in 4 groups, 2
+// kept, top-3, a bias), a GPU choosing an expert whose score + bias is
+// within routerTieRel of the reference's k-th, from a group whose score
+// nearly ties the last kept one, is a tie; a far expert or the same set in
+// another order stays a divergence.
+func TestV32RouterNearTie(t *testing.T) {
+	base, _ := engine.Preset("v32-tiny")
+	cfg := *base
+	cfg.NRoutedExperts, cfg.NExpertGroups, cfg.NLimitedGroups, cfg.NActivatedExperts = 8, 4, 2, 3
+	dim := cfg.Dim
+	W := make([]float32, 8*dim)
+	logit := []float32{3, 2.875, 1, -5, 1, -5, -5, -5}
+	for e, l := range logit {
+		W[e*dim] = l
+	}
+	W[4*dim+1] = 1 // expert 4: logit 1 + 2^-16
+	g := &moe.Gate{Experts: 8, TopK: 3, Dim: dim, Func: moe.Sigmoid, RouteScale: 2.5, Weight: W, Bias: make([]float32, 8)}
+	m := &engine.Model{Cfg: &cfg, Weights: map[int]*engine.LayerWeights{1: {Layer: 1, V32: &engine.V32Weights{FFN: &engine.V32FFNWeights{Gate: g}}}}}
+	x := make([]float32, dim)
+	x[0], x[1] = 1, 1.0/65536
+	in := map[string]engine.Tensor{"ffn_in": engine.FromF(engine.KindBF16, x, dim)}
+	s := make([]float32, 8)
+	g.Scores(s, x)
+	r, err := g.GroupedRoute(s, 4, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := func(v ...int64) engine.Tensor { return engine.FromI(engine.KindI64, v, len(v)) }
+	ref := ids(int64(r.Indices[0]), int64(r.Indices[1]), int64(r.Indices[2]))
+	if !reflect.DeepEqual(ref.I, []int64{0, 1, 4}) {
+		t.Fatalf("reference route %v, want [0 1 4]", ref.I)
+	}
+	for _, c := range []struct {
+		gpu  []int64
+		want string
+	}{{[]int64{0, 1, 2}, StatusTie}, {[]int64{0, 1, 3}, StatusFail}, {[]int64{1, 0, 4}, StatusFail}, {[]int64{0, 1, 6}, StatusFail}} {
+		sr := StageResult{Stage: "moe_indices", Status: StatusFail}
+		routerNearTie(&sr, m, 1, in, ref, ids(c.gpu...))
+		if sr.Status != c.want {
+			t.Errorf("GPU %v: %s (%s), want %s", c.gpu, sr.Status, sr.Reason, c.want)
 		}
 	}
 }
