@@ -2,6 +2,7 @@ package engine
 
 import (
 	"sparsemla/attention"
+	"sparsemla/dump"
 	"sparsemla/moe"
 	"sparsemla/quant"
 )
@@ -30,7 +31,8 @@ import (
 
 // prepareV32 packs the FP8 weights of a V3.2 layer (see above). The packed
 // weights are new memory; w keeps its own (the reference loops still run
-// on them where a stage is computed without ctx, e.g. a diagnosis).
+// on them where a stage is computed without ctx, e.g. a diagnosis), unless
+// loadV32LayerWeightsPrepared makes them the panels' only.
 func prepareV32(w *LayerWeights) *PreparedLayer {
 	v := w.V32
 	p := &PreparedLayer{Layer: w.Layer, src: map[*attention.FP8Weight]*attention.FP8Panels{}}
@@ -50,6 +52,25 @@ func prepareV32(w *LayerWeights) *PreparedLayer {
 		}
 	}
 	return p
+}
+
+// loadV32LayerWeightsPrepared is LoadLayerWeightsPrepared of a V3.2 layer:
+// the weights loaded and checked as LoadLayerWeights does, the FP8 linears
+// packed (PrepareLayer), and then every packed weight keeps only its panels
+// (FP8Weight.UsePanels: no codes, no fp32 copy; a reference loop that reads
+// it — a diagnosis hypothesis, a fault injection — dequantises row by row
+// from the panels, the same values). wkv_b keeps its fp32 values (its
+// dequantisation is what decode reads).
+func loadV32LayerWeightsPrepared(cfg *Config, layer int, st dump.WeightSource) (*LayerWeights, error) {
+	lw, err := loadV32LayerWeights(cfg, layer, st)
+	if err != nil {
+		return nil, err
+	}
+	PrepareLayer(cfg, lw)
+	for w, p := range lw.Fast.src {
+		w.UsePanels(p)
+	}
+	return lw, nil
 }
 
 // v32Lin is y = FP8Lin(w, x): on the packed copy of w when the layer is

@@ -90,12 +90,7 @@ func LoadLayerWeights(cfg *Config, layer int, st dump.WeightSource) (*LayerWeigh
 // layer without its Fast (the wo_a stage panics), so keep it set.
 func LoadLayerWeightsPrepared(cfg *Config, layer int, st dump.WeightSource) (*LayerWeights, error) {
 	if cfg.V32() {
-		// the FP8 linears packed beside the full weights (v32prepared.go)
-		lw, err := loadV32LayerWeights(cfg, layer, st)
-		if err == nil {
-			PrepareLayer(cfg, lw)
-		}
-		return lw, err
+		return loadV32LayerWeightsPrepared(cfg, layer, st) // v32prepared.go
 	}
 	if cfg.BF16Checkpoint() {
 		// the fast kernels pack FP8 weights: a bf16 checkpoint runs the

@@ -77,7 +77,8 @@ func TestReplayV32ChainedNeedsWholeModel(t *testing.T) {
 // TestReplayV32PreparedSameReport: the V3.2 GPU dump replayed on the
 // prepared FP8 linears (the default) and on the reference loops
 // (--reference: LoadOptions.Prepared false) gives the same report in every
-// mode, value for value, except the kernels it names.
+// mode, value for value, except the kernels it names; the prepared weights
+// are compact (the packed FP8 linears without their fp32 copy).
 func TestReplayV32PreparedSameReport(t *testing.T) {
 	d, err := dump.Open(filepath.Join("..", "testdata", "v32-tiny"))
 	if err != nil {
@@ -100,6 +101,12 @@ func TestReplayV32PreparedSameReport(t *testing.T) {
 			}
 			if want := map[bool]string{true: engine.KernelsPrepared, false: engine.KernelsReference}[prepared]; m.Kernels() != want {
 				t.Fatalf("prepared %v: kernels %q, want %q", prepared, m.Kernels(), want)
+			}
+			// the prepared weights are compact: the packed FP8 linears keep
+			// no fp32 copy (wkv_b, read dequantised, does)
+			v := m.Weights[1].V32
+			if compact := v.WqA.W == nil && v.FFN.Shared.W1.W == nil && v.WkvB.W != nil; compact != prepared {
+				t.Fatalf("prepared %v: compact FP8 weights %v", prepared, compact)
 			}
 			if reps[i], err = Run(context.Background(), m, src, Options{Mode: c.mode, Steps: c.steps}); err != nil {
 				t.Fatal(err)
