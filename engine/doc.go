@@ -193,8 +193,10 @@
 // V32BlockStages, the whole layer: Block inputs x_in / res_in, the fused
 // add-RMSNorms (h_in, x, h_mid, ffn_in), the dense MLP or the V3 MoE
 // (moe_indices, moe_weights, ffn_out) and the logits; without them the
-// attention only. Reference loops only (no prepared fast path), official
-// policy only.
+// attention only. PrepareLayer on a V3.2 layer packs its FP8 linears
+// (attention and FFN) for the fast path (engine/v32prepared.go: the same
+// bits, TestV32PreparedEqualsReference); official policy only. A
+// transformers deepseek_v32 config.json is read too (engine/v32hfconfig.go).
 //
 // # Numerics policies
 //

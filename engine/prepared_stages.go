@@ -19,6 +19,10 @@ import (
 // A compact layer (LoadLayerWeightsPrepared: its fp32 wo_a is gone) keeps
 // its packed weights: they are the only copy of wo_a.
 func PrepareLayer(cfg *Config, w *LayerWeights) {
+	if cfg.V32() {
+		w.Fast = prepareV32(w) // V3.2: its FP8 linears (v32prepared.go)
+		return
+	}
 	if w.Compact() || cfg.BF16Checkpoint() {
 		// a bf16 checkpoint has no FP8 weights to pack: reference loops
 		return

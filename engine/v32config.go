@@ -68,8 +68,16 @@ func isV32JSON(b []byte) bool {
 }
 
 // parseV32Config decodes a V3.2 ModelArgs JSON: keys outside the V3.2
-// ModelArgs are an error, missing keys take its defaults.
+// ModelArgs are an error, missing keys take its defaults. A transformers
+// deepseek_v32 config.json is converted first (v32ModelArgsFromHF).
 func parseV32Config(b []byte) (*Config, error) {
+	if isV32HFConfig(b) {
+		ma, err := v32ModelArgsFromHF(b)
+		if err != nil {
+			return nil, err
+		}
+		b = ma
+	}
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(b, &m); err != nil {
 		return nil, fmt.Errorf("engine: config: %w", err)

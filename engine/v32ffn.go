@@ -43,10 +43,11 @@ import (
 //
 //	AttnNorm, FFNNorm  fp32 [dim]                  attn_norm.weight, ffn_norm.weight
 //	Dense              MLP, inter_dim              ffn.w1/w2/w3 (layer < n_dense_layers)
-//	Gate               moe.Gate [E][dim] bf16      ffn.gate.weight, ffn.gate.bias (fp32 [E]; only when dim = 7168, V32-M:675)
+//	Gate               moe.Gate [E][dim] bf16      ffn.gate.weight, ffn.gate.bias (fp32 [E]; the official Gate has one only at dim 7168, V32-M:675; read wherever the checkpoint holds it)
 //	Experts            [E] MLP, moe_inter_dim      ffn.experts.e.w1/w2/w3
 //	Shared             MLP, n_shared·moe_inter_dim ffn.shared_experts.w1/w2/w3
 //	Norm, Head         fp32 [dim], fp32 [vocab][dim] norm.weight, head.weight (last layer only; nil elsewhere)
+//	Embed              bf16 [vocab][dim]            embed.weight (layer 0 only, where the checkpoint holds it)
 type V32FFNWeights struct {
 	AttnNorm, FFNNorm []float32
 	Dense             *V32MLP
@@ -54,6 +55,7 @@ type V32FFNWeights struct {
 	Experts           []*V32MLP
 	Shared            *V32MLP
 	Norm, Head        []float32
+	Embed             []float32
 }
 
 // V32MLP is MLP / Expert with FP8 weights: w1, w3 [inter][dim], w2 [dim][inter].
@@ -64,16 +66,18 @@ type V32MLP struct{ W1, W2, W3 *attention.FP8Weight }
 //	out = FP8Lin(w2, bf16(silu(f32(FP8Lin(w1, x))) · f32(FP8Lin(w3, x))))
 //
 // x [dim] bf16 values; out [dim] bf16 values.
-func (m *V32MLP) Forward(out, x []float32) {
-	inter := m.W1.Rows
-	g, u := make([]float32, inter), make([]float32, inter)
-	attention.FP8Linear(g, x, m.W1)
-	attention.FP8Linear(u, x, m.W3)
-	for i := range g {
-		g[i] = quant.BF16Round(moe.Silu(g[i]) * u[i])
-	}
-	attention.FP8Linear(out, g, m.W2)
-}
+func (m *V32MLP) Forward(out, x []float32) { m.forward(out, x, nil) }
+
+// bf16Silu is bf16(silu(g) · u) (fp32 product).
+func bf16Silu(g, u float32) float32 { return quant.BF16Round(moe.Silu(g) * u) }
+
+// bf16Sum is bf16(a + b) (fp32 sum).
+func bf16Sum(a, b float32) float32 { return quant.BF16Round(a + b) }
+
+// GateUpSwapped is m with w1 (gate) and w3 (up) exchanged: out =
+// FP8Lin(w2, bf16(silu(w3·x) · (w1·x))), what a checkpoint name map that
+// swaps gate_proj and up_proj computes.
+func (m *V32MLP) GateUpSwapped() *V32MLP { return &V32MLP{W1: m.W3, W2: m.W2, W3: m.W1} }
 
 // V32AddNorm is RMSNorm.forward with a residual (V32-M:302-306): s =
 // f32(x) + f32(res) (res nil: s = x, no residual), normed = bf16(w ⊙ (s ·
@@ -92,25 +96,10 @@ func V32AddNorm(normed, h, x, res, w []float32, eps float32) {
 // V32MoE is MoE.forward (V32-M:786-804) for one token: y starts at fp32
 // zero; for each routed expert e in ascending id order y += f32(Expert_e(x))
 // · w_e (fp32 product and sum); then y += f32(Shared(x)); out = bf16(y).
-// r holds the route (moe.Gate.GroupedRoute). out [dim].
+// r holds the route (moe.Gate.GroupedRoute). out [dim]. shared nil leaves
+// the shared expert out (y rounded alone; a diagnosis hypothesis).
 func V32MoE(out, x []float32, r moe.Route, experts []*V32MLP, shared *V32MLP) {
-	y := make([]float32, len(out))
-	eo := make([]float32, len(out))
-	for e := range experts {
-		for t, id := range r.Indices {
-			if int(id) != e {
-				continue
-			}
-			experts[e].Forward(eo, x)
-			for i, v := range eo {
-				y[i] += v * r.Weights[t]
-			}
-		}
-	}
-	shared.Forward(eo, x)
-	for i, v := range eo {
-		out[i] = quant.BF16Round(y[i] + v)
-	}
+	v32MoE(out, x, r, experts, shared, nil)
 }
 
 // V32BlockStages are BlockStages for a V3.2 layer: the attention stages
@@ -207,7 +196,7 @@ func v32DenseOut(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
 		return Tensor{}, err
 	}
 	out := make([]float32, ctx.Cfg.Dim)
-	f.Dense.Forward(out, x)
+	f.Dense.forward(out, x, ctx.fast())
 	return bf16T(out, len(out)), nil
 }
 
@@ -285,7 +274,7 @@ func v32MoEOut(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
 	}
 	r.Weights = w
 	out := make([]float32, ctx.Cfg.Dim)
-	V32MoE(out, x, r, f.Experts, f.Shared)
+	v32MoE(out, x, r, f.Experts, f.Shared, ctx.fast())
 	return bf16T(out, len(out)), nil
 }
 
@@ -307,8 +296,39 @@ func v32Logits(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
 	V32AddNorm(normed, h, x, res, f.Norm, float32(ctx.Cfg.NormEps))
 	V := len(f.Head) / dim
 	logits := make([]float32, V)
-	attention.F32Linear(logits, normed, f.Head, V, dim)
+	v32F32Lin(ctx.fast(), logits, normed, f.Head, V, dim)
 	return FromF(KindF32, logits, V), nil
+}
+
+// V32HeadNoNorm is the logits with the final RMSNorm left out: head ·
+// f32(bf16(f32(ffn_out) + f32(h_mid))) (fp32 [vocab]), what a GPU whose head
+// reads the residual sum instead of norm(ffn_out, h_mid) computes.
+func V32HeadNoNorm(f *V32FFNWeights, ffnOut, hMid []float32) Tensor {
+	dim := len(ffnOut)
+	h := make([]float32, dim)
+	for i := range h {
+		h[i] = quant.BF16Round(ffnOut[i] + hMid[i])
+	}
+	V := len(f.Head) / dim
+	logits := make([]float32, V)
+	attention.F32Linear(logits, h, f.Head, V, dim)
+	return FromF(KindF32, logits, V)
+}
+
+// V32HeadNormNoWeight is the logits with the final RMSNorm applied without
+// its weight norm.weight (every weight 1).
+func V32HeadNormNoWeight(f *V32FFNWeights, ffnOut, hMid []float32, eps float32) Tensor {
+	dim := len(ffnOut)
+	ones := make([]float32, dim)
+	for i := range ones {
+		ones[i] = 1
+	}
+	normed, h := make([]float32, dim), make([]float32, dim)
+	V32AddNorm(normed, h, ffnOut, hMid, ones, eps)
+	V := len(f.Head) / dim
+	logits := make([]float32, V)
+	attention.F32Linear(logits, normed, f.Head, V, dim)
+	return FromF(KindF32, logits, V)
 }
 
 // v32MLPShapes names a V3.2 layer's FP8 FFN matrices (under layers.L.ffn.).
@@ -359,8 +379,18 @@ func (m *V32MLP) slot(i int) **attention.FP8Weight {
 	return []**attention.FP8Weight{&m.W1, &m.W2, &m.W3}[i%3]
 }
 
-// v32GateBias reports whether the official Gate has a bias: only at dim 7168 (V32-M:675).
+// v32GateBias reports whether the official Gate has a bias: only at dim 7168
+// (V32-M:675). A checkpoint of another dim may still carry ffn.gate.bias
+// (Hugging Face's V3 / V3.2 gate always has e_score_correction_bias): the
+// loader then uses it.
 func v32GateBias(cfg *Config) bool { return cfg.Dim == 7168 }
+
+// V32SynthGateBias reports whether a synthetic V3.2 gate
+// (RandomV32FFNWeights) has a bias: at dim 7168 as the official Gate, and
+// wherever the experts are grouped (n_expert_groups > 1), as in every
+// released V3 / V3.2 router that groups (the 671B configs: dim 7168, 8
+// groups), so that a small synthetic model exercises the biased group score.
+func V32SynthGateBias(cfg *Config) bool { return v32GateBias(cfg) || cfg.NExpertGroups > 1 }
 
 func (cfg *Config) v32Gate(weight, bias []float32) (*moe.Gate, error) {
 	f, err := moe.ParseScoreFunc(cfg.ScoreFunc)
@@ -405,12 +435,18 @@ func loadV32FFN(cfg *Config, layer int, st dump.WeightSource) (*V32FFNWeights, e
 			return nil, err
 		}
 		var gb []float32
-		if v32GateBias(cfg) {
+		if _, ok := st.Lookup(fmt.Sprintf("layers.%d.ffn.gate.bias", layer)); ok || v32GateBias(cfg) {
 			if gb, err = wr.f32("ffn.gate.bias", cfg.NRoutedExperts); err != nil {
 				return nil, err
 			}
 		}
 		if f.Gate, err = cfg.v32Gate(gw, gb); err != nil {
+			return nil, err
+		}
+	}
+	if _, ok := st.Lookup("embed.weight"); ok && layer == 0 {
+		g := &attnWeightReader{cfg: cfg, st: st}
+		if f.Embed, err = g.f32("embed.weight", cfg.VocabSize, cfg.Dim); err != nil {
 			return nil, err
 		}
 	}
@@ -450,6 +486,9 @@ func v32FFNRecords(cfg *Config, layer int, f *V32FFNWeights) []dump.Record {
 			f32(pre+"ffn.gate.bias", f.Gate.Bias, cfg.NRoutedExperts)
 		}
 	}
+	if f.Embed != nil {
+		out = append(out, dump.Record{Name: "embed.weight", DType: dump.BF16, Shape: []int{cfg.VocabSize, cfg.Dim}, Data: bf16Bytes(f.Embed)})
+	}
 	if f.Head != nil {
 		f32("norm.weight", f.Norm, cfg.Dim)
 		out = append(out, dump.Record{Name: "head.weight", DType: dump.BF16, Shape: []int{cfg.VocabSize, cfg.Dim}, Data: bf16Bytes(f.Head)})
@@ -460,8 +499,9 @@ func v32FFNRecords(cfg *Config, layer int, f *V32FFNWeights) []dump.Record {
 // RandomV32FFNWeights makes seeded synthetic V3.2 FFN weights for layer l,
 // generated as randomV32LayerWeights does: FP8 matrices bf16(N(0,1)/sqrt(in))
 // block-quantised, norms bf16(1 + 0.1·N), gate.weight bf16(N/sqrt(dim)),
-// gate.bias (dim 7168 only) bf16(0.1·N), and on the last layer norm.weight
-// and head.weight bf16(N/sqrt(dim)). One stream per matrix.
+// gate.bias (V32SynthGateBias) bf16(0.1·N), on layer 0 embed.weight
+// bf16(N(0,1)), and on the last layer norm.weight and head.weight
+// bf16(N/sqrt(dim)). One stream per matrix.
 func RandomV32FFNWeights(cfg *Config, layer int, seed uint64) *V32FFNWeights {
 	f := newV32FFN(cfg, layer)
 	mlps := f.mlps(cfg, layer)
@@ -486,7 +526,7 @@ func RandomV32FFNWeights(cfg *Config, layer int, seed uint64) *V32FFNWeights {
 	if layer >= cfg.NDenseLayers {
 		gw := vec(cfg.NRoutedExperts*cfg.Dim, 0, 1/math.Sqrt(float64(cfg.Dim)))
 		var gb []float32
-		if v32GateBias(cfg) {
+		if V32SynthGateBias(cfg) {
 			gb = vec(cfg.NRoutedExperts, 0, 0.1)
 		}
 		g, err := cfg.v32Gate(gw, gb)
@@ -494,6 +534,9 @@ func RandomV32FFNWeights(cfg *Config, layer int, seed uint64) *V32FFNWeights {
 			panic("engine: RandomV32FFNWeights: " + err.Error())
 		}
 		f.Gate = g
+	}
+	if layer == 0 {
+		f.Embed = vec(cfg.VocabSize*cfg.Dim, 0, 1)
 	}
 	if layer == cfg.NLayers-1 {
 		f.Norm = vec(cfg.Dim, 1, 0.1)

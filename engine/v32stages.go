@@ -84,7 +84,7 @@ func v32Linear(from string, pick func(*V32Weights) *attention.FP8Weight) func(*S
 			return Tensor{}, err
 		}
 		y := make([]float32, w.Rows)
-		attention.FP8Linear(y, x, w)
+		v32Lin(ctx.fast(), y, x, w)
 		return bf16T(y, w.Rows), nil
 	}
 }
@@ -113,7 +113,7 @@ func v32QB(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
 		return Tensor{}, err
 	}
 	y := make([]float32, v.WqB.Rows)
-	attention.FP8Linear(y, x, v.WqB)
+	v32Lin(ctx.fast(), y, x, v.WqB)
 	return bf16T(y, ctx.Cfg.NHeads, ctx.Cfg.V32QKHeadDim()), nil
 }
 
@@ -144,7 +144,11 @@ func v32QAbsorbed(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
 		return Tensor{}, err
 	}
 	out := make([]float32, H*c)
-	attention.V32Absorb(out, q, v32WkvB(v), H, cfg.QKNopeHeadDim, cfg.QKRopeHeadDim, cfg.VHeadDim, c)
+	if ctx.fast() != nil {
+		v32AbsorbFast(out, q, v32WkvB(v), H, cfg.QKNopeHeadDim, cfg.QKRopeHeadDim, cfg.VHeadDim, c)
+	} else {
+		attention.V32Absorb(out, q, v32WkvB(v), H, cfg.QKNopeHeadDim, cfg.QKRopeHeadDim, cfg.VHeadDim, c)
+	}
 	return bf16T(out, H, c), nil
 }
 
@@ -242,7 +246,7 @@ func v32IqB(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
 		return Tensor{}, err
 	}
 	y := make([]float32, v.IWqB.Rows)
-	attention.FP8Linear(y, x, v.IWqB)
+	v32Lin(ctx.fast(), y, x, v.IWqB)
 	return bf16T(y, ctx.Cfg.IndexNHeads, ctx.Cfg.IndexHeadDim), nil
 }
 
@@ -362,7 +366,7 @@ func v32IwRaw(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
 		return Tensor{}, err
 	}
 	y := make([]float32, ctx.Cfg.IndexNHeads)
-	attention.F32Linear(y, x, v.IWeightsProj, len(y), ctx.Cfg.Dim)
+	v32F32Lin(ctx.fast(), y, x, v.IWeightsProj, len(y), ctx.Cfg.Dim)
 	return FromF(KindF32, y, len(y)), nil
 }
 
@@ -470,6 +474,10 @@ func v32OV(ctx *StepContext, in map[string]Tensor) (Tensor, error) {
 		return Tensor{}, err
 	}
 	out := make([]float32, H*cfg.VHeadDim)
-	attention.V32ValueUp(out, o, v32WkvB(v), H, cfg.QKNopeHeadDim, cfg.VHeadDim, c)
+	if ctx.fast() != nil {
+		v32ValueUpFast(out, o, v32WkvB(v), H, cfg.QKNopeHeadDim, cfg.VHeadDim, c)
+	} else {
+		attention.V32ValueUp(out, o, v32WkvB(v), H, cfg.QKNopeHeadDim, cfg.VHeadDim, c)
+	}
 	return bf16T(out, H, cfg.VHeadDim), nil
 }

@@ -90,7 +90,7 @@ func LoadLayerWeights(cfg *Config, layer int, st dump.WeightSource) (*LayerWeigh
 // layer without its Fast (the wo_a stage panics), so keep it set.
 func LoadLayerWeightsPrepared(cfg *Config, layer int, st dump.WeightSource) (*LayerWeights, error) {
 	if cfg.V32() {
-		return loadV32LayerWeights(cfg, layer, st) // reference loops only
+		return loadV32LayerWeightsPrepared(cfg, layer, st) // v32prepared.go
 	}
 	if cfg.BF16Checkpoint() {
 		// the fast kernels pack FP8 weights: a bf16 checkpoint runs the
@@ -114,7 +114,7 @@ func LoadLayerWeightsPrepared(cfg *Config, layer int, st dump.WeightSource) (*La
 
 // Compact reports whether w holds its compact form only
 // (LoadLayerWeightsPrepared: no fp32 wo_a, the prepared weights carry it).
-func (w *LayerWeights) Compact() bool { return w.WoA == nil && w.Fast != nil }
+func (w *LayerWeights) Compact() bool { return w.V32 == nil && w.WoA == nil && w.Fast != nil }
 
 // loadLayerWeights is LoadLayerWeights; compact leaves FP8 weights without
 // their fp32 dequantisation.

@@ -48,7 +48,10 @@ func planFault(d *dump.Dump, src *replay.DumpSource, m *engine.Model, opt Option
 	if err := f.Check(m.Cfg, steps[0], steps[len(steps)-1]); err != nil {
 		return nil, err
 	}
-	if f.NeedsBlock() && (m.Weights[f.Layer] == nil || m.Weights[f.Layer].Block == nil) {
+	if f.NeedsBlock() && m.Cfg.V32() && !v32HasFFN(m, f.Layer) && f.checkV32(m.Cfg) == nil {
+		return nil, fmt.Errorf("fault %s: needs the whole V3.2 layer's weights (norms, FFN; the head for logits); the weights of layer %d hold the attention path only", f, f.Layer)
+	}
+	if f.NeedsBlock() && !m.Cfg.V32() && (m.Weights[f.Layer] == nil || m.Weights[f.Layer].Block == nil) {
 		return nil, fmt.Errorf("fault %s: needs the whole layer's weights (hyper-connections, MoE); the weights of layer %d hold the attention path only", f, f.Layer)
 	}
 	if !containsStep(steps, f.Step) {

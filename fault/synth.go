@@ -111,7 +111,7 @@ func Kinds() []Kind {
 func (f Fault) NeedsBlock() bool {
 	switch f.Kind {
 	case ExpertNibble, RouterBias, HCPostTransposed, RouterHashOff, RouterUnnormalised, ExpertScaleBlock, ExpertNoClamp,
-		SharedGateUp, HCSplitNoSigmoid, HeadNoNorm:
+		SharedGateUp, HCSplitNoSigmoid, HeadNoNorm, RouterGroupsIgnored, DenseGateUp:
 		return true
 	}
 	return false
@@ -142,13 +142,14 @@ func Parse(s string) (Fault, error) {
 		return Fault{}, fmt.Errorf("fault %q: step and layer must be integers", s)
 	}
 	f := Fault{Kind: Kind(kind), Step: p, Layer: l}
-	for _, k := range Kinds() {
+	all := append(Kinds(), V32Kinds()...)
+	for _, k := range all {
 		if k == f.Kind {
 			return f, nil
 		}
 	}
 	var names []string
-	for _, k := range Kinds() {
+	for _, k := range all {
 		names = append(names, string(k))
 	}
 	return Fault{}, fmt.Errorf("fault %q: unknown kind %q (have %s)", s, kind, strings.Join(names, ", "))
@@ -218,6 +219,9 @@ func (f Fault) Check(cfg *engine.Config, first, last int64) error {
 	}
 	if cfg.V32() {
 		return f.checkV32(cfg)
+	}
+	if err := v32OnlyRefusal(f); err != nil {
+		return err
 	}
 	r := cfg.Ratio(f.Layer)
 	switch f.Kind {
@@ -386,6 +390,9 @@ func Synthesize(opt SynthOptions) (*Synth, error) {
 		}
 	}
 	if opt.Fault != nil {
+		if opt.Fault.NeedsBlock() && !opt.Whole && cfg.V32() && opt.Fault.checkV32(cfg) == nil {
+			return nil, fmt.Errorf("fault %s: needs the whole V3.2 layer (norms, FFN, head); this synthetic model holds the attention path only: make the whole model (synth --whole) or inject it into a copy of a dump with the layer's FFN weights (fault --in)", *opt.Fault)
+		}
 		if opt.Fault.NeedsBlock() && !opt.Whole && !cfg.V32() { // V3.2: checkV32 refuses them with its reason
 			return nil, fmt.Errorf("fault %s: needs the whole layer (hyper-connections, MoE); this synthetic model holds the attention path only: make the whole model (synth --whole) or inject it into a copy of a dump of the official layout (fault --in)", *opt.Fault)
 		}

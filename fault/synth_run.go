@@ -44,18 +44,28 @@ func (g *gpuRun) runWhole(rng *rand.Rand, states []map[string]engine.Tensor) err
 }
 
 // runV32Whole is run for a whole V3.2 model (synth --whole): at each
-// position a seeded random bf16 x_in for layer 0 (the stand-in of its
-// embedding row), each later layer from the Block outputs of the layer below
-// (x_in = its ffn_out, res_in = its h_mid, faulty ones included), the last
-// layer ending in the logits.
+// position a seeded random token (global tok) and layer 0 from its
+// embedding row x_in = embed.weight[tok] (a seeded random bf16 x_in when
+// the weights hold no embedding), each later layer from the Block outputs
+// of the layer below (x_in = its ffn_out, res_in = its h_mid, faulty ones
+// included), the last layer ending in the logits.
 func (g *gpuRun) runV32Whole(rng *rand.Rand, states []map[string]engine.Tensor) error {
 	cfg := g.s.Cfg
+	embed := g.s.Weights[0].V32.FFN.Embed
 	for p := int64(0); p <= g.last; p++ {
-		x := make([]float32, cfg.Dim)
-		for i := range x {
-			x[i] = quant.BF16Round(float32(rng.NormFloat64()))
+		var seeds map[string]engine.Tensor
+		if embed != nil {
+			t := rng.Int64N(int64(cfg.VocabSize))
+			row := append([]float32(nil), embed[t*int64(cfg.Dim):(t+1)*int64(cfg.Dim)]...)
+			seeds = map[string]engine.Tensor{"x_in": engine.FromF(engine.KindBF16, row, cfg.Dim),
+				engine.GlobalPrefix + "tok": engine.FromI(engine.KindI64, []int64{t}, 1)}
+		} else {
+			x := make([]float32, cfg.Dim)
+			for i := range x {
+				x[i] = quant.BF16Round(float32(rng.NormFloat64()))
+			}
+			seeds = map[string]engine.Tensor{"x_in": engine.FromF(engine.KindBF16, x, cfg.Dim)}
 		}
-		seeds := map[string]engine.Tensor{"x_in": engine.FromF(engine.KindBF16, x, cfg.Dim)}
 		for l := 0; l < cfg.NLayers; l++ {
 			vals, err := g.layerStep(p, l, seeds, states[l])
 			if err != nil {

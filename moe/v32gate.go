@@ -80,3 +80,41 @@ func GroupMask(sel []float32, nGroups, topkGroups int, top2 bool) {
 		}
 	}
 }
+
+// V32Select is the selection score of the V3 gate before its group limit:
+// sel = s + bias (fp32), or a copy of s when the gate has no bias.
+func V32Select(g *Gate, s []float32) []float32 {
+	sel := append([]float32(nil), s...)
+	if g.Bias != nil {
+		for e := range sel {
+			sel[e] += g.Bias[e]
+		}
+	}
+	return sel
+}
+
+// V32RouteNoBias is GroupedRoute's choice with the bias left out of the
+// selection but the biased gate's group score kept (the top-2 sum, as the
+// code path of a gate with a bias computes it): sel = s, GroupMask(sel,
+// nGroups, topkGroups, top2 = true) when nGroups > 1, TopK(sel, k). What a
+// GPU router that forgets to add e_score_correction_bias chooses.
+func V32RouteNoBias(g *Gate, s []float32, nGroups, topkGroups int) []int32 {
+	sel := append([]float32(nil), s...)
+	if nGroups > 1 {
+		GroupMask(sel, nGroups, topkGroups, true)
+	}
+	top, _ := TopK(sel, g.TopK)
+	return top
+}
+
+// V32RouteGroupMax is GroupedRoute's choice with each group scored by its
+// maximum although the gate has a bias (the bias-free rule, V2's
+// group_limited_greedy) instead of the top-2 sum of score + bias.
+func V32RouteGroupMax(g *Gate, s []float32, nGroups, topkGroups int) []int32 {
+	sel := V32Select(g, s)
+	if nGroups > 1 {
+		GroupMask(sel, nGroups, topkGroups, false)
+	}
+	top, _ := TopK(sel, g.TopK)
+	return top
+}

@@ -58,6 +58,9 @@ func blockKind(stage string, layer int) string {
 func diagnoseBlock(d DiagnoseInput, div *Divergence) {
 	sr := d.Result
 	div.Kind = blockKind(sr.Stage, sr.Layer)
+	if k := v32BlockKind(d); k != "" {
+		div.Kind = k
+	}
 	base := fmt.Sprintf("%s; %s, so %s itself differs (%s)", sr.Reason, inputsPhrase(sr.Inputs), sr.Stage, orEq(sr.Equation))
 	var why string
 	switch {
@@ -100,6 +103,7 @@ func diagnoseBlock(d DiagnoseInput, div *Divergence) {
 // for bit when one does, else from the stage and what the diagnosis found.
 func blockPart(d DiagnoseInput, exact, why string) string {
 	stage := d.Result.Stage
+	exact = strings.TrimPrefix(exact, "v32-") // V3.2's names of the same bugs (attribute/hypotheses_v32ffn.go)
 	switch {
 	case strings.HasPrefix(exact, "hash-row-") || exact == "topk-on-hash-layer":
 		return "hash lookup"
@@ -109,6 +113,10 @@ func blockPart(d DiagnoseInput, exact, why string) string {
 		return "weights, selection correct"
 	case strings.HasPrefix(exact, "shared-") || exact == "no-shared-expert":
 		return "shared expert"
+	case strings.HasPrefix(exact, "dense-gate-up"):
+		return "gate and up (w1, w3)"
+	case v32BlockKind(d) == KindDenseMLP:
+		return "" // the kind names the part
 	case exact != "" && stage == "ffn_out":
 		return "routed experts"
 	case exact == "head-no-final-norm" || exact == "head-norm-no-weight":

@@ -429,6 +429,10 @@ func routerNearTie(sr *StageResult, m *engine.Model, layer int, in map[string]en
 	if sr.Stage != "moe_indices" || sr.Status != StatusFail || gpu.Kind.IsFloat() || len(gpu.I) != len(ref.I) {
 		return
 	}
+	if m.Cfg.V32() {
+		v32RouterNearTie(sr, m, layer, in, ref, gpu) // the grouped router (v32.go)
+		return
+	}
 	w := m.Weights[layer]
 	x, ok := in["ffn_in"]
 	if w == nil || w.Block == nil || !ok {

@@ -349,6 +349,9 @@ func (c *chainStep) judge(def engine.StageDef, chainIn map[string]engine.Tensor,
 // across the steps, so the first divergence over the whole model and its
 // growth up to the logits are seen end to end.
 func propagateChained(ctx context.Context, m *engine.Model, src Source, steps []int64, layers []int, opt Options) ([]unitResult, error) {
+	if m.Cfg.V32() {
+		return v32Chained(ctx, m, src, steps, layers, opt)
+	}
 	for i, l := range layers {
 		if l != i {
 			return nil, fmt.Errorf("replay %s: a chained replay needs the layers 0 … n-1 in the dump (have %v)", src.Name(), layers)

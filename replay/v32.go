@@ -2,17 +2,36 @@ package replay
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 
 	"sparsemla/dump"
 	"sparsemla/engine"
+	"sparsemla/moe"
 )
 
 // V3.2 (DSA) support of the replay: the tolerances of the V3.2 stage names
 // (engine.V32Stages), the local-mode tolerance of the stages a V3.2 model
 // shares a name with V4 but computes in another number format, and the
 // shape check of a V3.2 dump's records.
+
+// KindDenseMLP is the diagnosis kind of ffn_out on a V3.2 dense layer
+// (layer < n_dense_layers: the MLP, not the MoE).
+const KindDenseMLP = "dense MLP"
+
+func init() {
+	hints[KindDenseMLP] = "check the dense MLP of the first layers: FP8 w1 (gate) and w3 (up) with act_quant per 128, bf16(silu(f32(w1·x)) · f32(w3·x)), FP8 w2"
+}
+
+// v32BlockKind is the diagnosis kind of a V3.2 FFN-side stage where it
+// differs from V4's (blockKind): ffn_out of a dense layer. "" otherwise.
+func v32BlockKind(d DiagnoseInput) string {
+	if d.Model == nil || !d.Model.Cfg.V32() || d.Result.Stage != "ffn_out" || d.Result.Layer >= d.Model.Cfg.NDenseLayers {
+		return ""
+	}
+	return KindDenseMLP
+}
 
 // v32Tol are the default tolerances of the V3.2-only stage names (added to
 // DefaultTolerance; a V4 model never has these stages).
@@ -179,4 +198,75 @@ func v32LocalDefs(m *engine.Model, src Source, u unit, defs []engine.StageDef) (
 		return defs, err
 	}
 	return engine.V32Stages(m.Cfg, u.layer, u.step), nil
+}
+
+// v32RouterNearTie is routerNearTie for a V3.2 layer (the grouped router,
+// moe.Gate.GroupedRoute): sr (a failed moe_indices) becomes a tie when the
+// GPU's experts differ from the reference's only among near-equal
+// candidates — every expert chosen by one side only has a selection score
+// s + bias within routerTieRel (relative) of the reference's k-th, and
+// lies in a group the reference kept or in one whose group score is within
+// routerTieRel of the lowest kept group's (which groups the limit keeps
+// depends on the same last bits of the fp32 gate GEMV). The same set in
+// another order, a far expert or a far group stays a divergence.
+func v32RouterNearTie(sr *StageResult, m *engine.Model, layer int, in map[string]engine.Tensor, ref, gpu engine.Tensor) {
+	w := m.Weights[layer]
+	x, ok := in["ffn_in"]
+	if w == nil || w.V32 == nil || w.V32.FFN == nil || w.V32.FFN.Gate == nil || !ok {
+		return
+	}
+	g := w.V32.FFN.Gate
+	if len(x.F) != g.Dim || len(ref.I) == 0 {
+		return
+	}
+	for _, e := range append(slices.Clone(gpu.I), ref.I...) {
+		if e < 0 || e >= int64(g.Experts) {
+			return
+		}
+	}
+	var onlyGPU, onlyRef []int64
+	for _, e := range gpu.I {
+		if !slices.Contains(ref.I, e) {
+			onlyGPU = append(onlyGPU, e)
+		}
+	}
+	for _, e := range ref.I {
+		if !slices.Contains(gpu.I, e) {
+			onlyRef = append(onlyRef, e)
+		}
+	}
+	if len(onlyGPU) == 0 {
+		return // the same experts in another order: the weights follow the order
+	}
+	sel := moe.V32Select(g, scoresOf(g, x.F))
+	near := func(a, b float32) bool {
+		return math.Abs(float64(a)-float64(b)) <= routerTieRel*max(math.Abs(float64(b)), 1e-30)
+	}
+	kth := sel[ref.I[len(ref.I)-1]]
+	G, TG := m.Cfg.NExpertGroups, m.Cfg.NLimitedGroups
+	groupOK := func(int64) bool { return true }
+	if G > 1 && TG < G {
+		n := g.Experts / G
+		score := make([]float32, G)
+		for gi := range score {
+			top, _ := moe.TopK(sel[gi*n:(gi+1)*n], min(2, n))
+			score[gi] = sel[gi*n+int(top[0])]
+			if g.Bias != nil {
+				score[gi] += sel[gi*n+int(top[1])]
+			}
+		}
+		keep, _ := moe.TopK(score, TG)
+		last := score[keep[len(keep)-1]]
+		groupOK = func(e int64) bool {
+			gi := int(e) / n
+			return slices.Contains(keep, int32(gi)) || near(score[gi], last)
+		}
+	}
+	for _, e := range append(onlyGPU, onlyRef...) {
+		if !near(sel[e], kth) || !groupOK(e) {
+			return
+		}
+	}
+	sr.Status, sr.Severity = StatusTie, 0.5
+	sr.Reason = fmt.Sprintf("experts %v chosen instead of %v: their score + bias are within %g (relative) of the k-th (%v), in groups the limit keeps or nearly keeps: a near tie the fp32 gate's summation order decides", onlyGPU, onlyRef, routerTieRel, kth)
 }

@@ -47,6 +47,13 @@ dump.smd (native), config.json and a copy of the weights, so
   head-no-norm     the head skips the final RMSNorm (logits; the last layer)
 The kinds from expert-nibble on need the whole layer's weights
 (hyper-connections, MoE, head), as the official layout's weights file holds them.
+A DeepSeek-V3.2 dump takes splitk-merge, scale-byte (an index-key scale) and
+topk-off-by-one, and with the layer's norm and FFN weights router-bias (a gate
+with a bias), router-unnormalised, shared-gate-up-swapped, head-no-norm and two
+kinds of its own:
+  router-groups-ignored  the router's top-k ignores the expert groups (moe_indices; n_expert_groups > 1)
+  dense-gate-up-swapped  the dense MLP runs with w1 and w3 exchanged (ffn_out; layer < n_dense_layers)
+the other kinds are refused with the reason.
 A fault that cannot happen at P, L (or would not change its stage beyond
 tolerance there) is refused with exit status 2. DIR must be new, empty or an
 earlier copy (replaced). Replay DUMP first: if it already diverges before P, its

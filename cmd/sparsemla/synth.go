@@ -53,6 +53,12 @@ layer need --whole:
   hc-post-transposed     the attention-side hc_post mixes the streams with comb transposed: h_mid
   hc-split-no-sigmoid    the FFN-side hc split leaves the sigmoid out of post: hc_ffn_post
   head-no-norm           the head skips the final RMSNorm (last layer): logits
+With --config v32-tiny (DeepSeek-V3.2) --whole is the whole V3.2 layer (norms,
+dense MLP, MoE with grouped routing and FP8 experts, head); of the kinds of the
+whole layer router-bias (a gate with a bias: n_expert_groups > 1),
+router-unnormalised, shared-gate-up-swapped and head-no-norm apply, and
+  router-groups-ignored  the router's top-k ignores the expert groups: moe_indices
+  dense-gate-up-swapped  the dense MLP runs with w1 and w3 exchanged: ffn_out
 With --config v41-tiny (DeepSeek-V4.1) it writes a directory in the official
 V4.1 layout (config.json, weights, prefill_state, step_P.safetensors) that
 replay reads (--format native: a native dump.smd, the caches of every step

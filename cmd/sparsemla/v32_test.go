@@ -66,3 +66,37 @@ func TestSynthReplayV32(t *testing.T) {
 		}
 	}
 }
+
+// TestV32WholeCommands: the FFN side and the chained mode from the command
+// line: synth --whole with a FFN fault replays to it in every mode;
+// 'fault --in' the GPU golden with one is named; the golden replays clean
+// chained over the steps that dump the whole layer and is refused (exit 2,
+// saying which steps) over all of them.
+func TestV32WholeCommands(t *testing.T) {
+	dir := t.TempDir()
+	bad, copyDir := filepath.Join(dir, "bad"), filepath.Join(dir, "copy")
+	golden := filepath.Join("..", "..", "testdata", "v32-tiny")
+	name := "first divergence: decode step 15, layer 1, stage ffn_out — MoE experts: shared expert"
+	for _, c := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"synth", "--config", "v32-tiny", "--whole", "--out", bad, "--prefill", "14", "--steps", "3", "--fault", "shared-gate-up-swapped@15,1"}, exitOK, "ffn_out"},
+		{[]string{"replay", bad}, 1, name},
+		{[]string{"replay", "--mode", "propagated", bad}, 1, name},
+		{[]string{"replay", "--mode", "chained", bad}, 1, name},
+		{[]string{"replay", "--mode", "chained", "--reference", bad}, 1, name},
+		{[]string{"fault", "--in", golden, "--out", copyDir, "--fault", "head-no-norm@12,1"}, exitOK, "logits"},
+		{[]string{"replay", copyDir}, 1, `stage logits — head: final norm`},
+		{[]string{"replay", "--mode", "chained", "--steps", "10-13", golden}, exitOK, "agree"},
+		{[]string{"replay", "--mode", "chained", golden}, exitError, "lacks it at steps 14..21"},
+		{[]string{"fault", "--in", golden, "--out", filepath.Join(dir, "no"), "--fault", "expert-nibble@10,1"}, exitError, "experts are FP8"},
+	} {
+		var out, errb bytes.Buffer
+		code := run(c.args, &out, &errb)
+		if code != c.code || !strings.Contains(out.String()+errb.String(), c.want) {
+			t.Fatalf("%v: exit %d (want %d), output lacks %q:\n%s%s", c.args, code, c.code, c.want, out.String(), errb.String())
+		}
+	}
+}
