@@ -60,6 +60,9 @@ func v41Inject(cfg *engine.Config, f Fault, p int64, in map[string]engine.Tensor
 // not apply (or would leave the dumped value unchanged) is refused.
 func WriteFaultedV41(in string, d *replay.V41Dump, out string, f Fault) (*V41FaultResult, error) {
 	cfg := d.Cfg
+	if _, ok := v41BlockFaults[f.Kind]; ok {
+		return nil, fmt.Errorf("fault %s: fault --in does not inject the V4.1 block kinds into a dump (synth --config v41-tiny --fault %s does)", f, f)
+	}
 	if err := checkV41Fault(cfg, f, d.Steps[0], d.Steps[len(d.Steps)-1]); err != nil {
 		return nil, err
 	}

@@ -1,0 +1,78 @@
+package fault
+
+import (
+	"strings"
+	"testing"
+
+	"sparsemla/engine"
+	"sparsemla/replay"
+)
+
+// TestSynthV41BlockFaults: each V4 whole-step fault kind V4.1 has a part for,
+// injected by synth into a whole v41-tiny run, is the first divergence of a
+// local replay at its step, layer and stage, named exactly by its
+// hypothesis; a propagated replay diverges too; router-hash-off and
+// misplaced kinds are refused in one line.
+func TestSynthV41BlockFaults(t *testing.T) {
+	cfg, err := engine.Preset("v41-tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	write := func(f *Fault) (*replay.V41Dump, error) {
+		s, err := SynthesizeV41(cfg, 8, 3, 5, f)
+		if err != nil {
+			return nil, err
+		}
+		dir := t.TempDir() + "/d"
+		if err := s.Write(dir); err != nil {
+			t.Fatal(err)
+		}
+		return replay.LoadV41Dir(dir)
+	}
+	for _, f := range []Fault{
+		{Kind: ExpertNibble, Step: 9, Layer: 3},
+		{Kind: ExpertScaleBlock, Step: 9, Layer: 1},
+		{Kind: ExpertNoClamp, Step: 10, Layer: 4},
+		{Kind: SharedGateUp, Step: 8, Layer: 0},
+		{Kind: RouterBias, Step: 9, Layer: 6},
+		{Kind: RouterUnnormalised, Step: 10, Layer: 2},
+		{Kind: HCPostTransposed, Step: 9, Layer: 5},
+		{Kind: HCSplitNoSigmoid, Step: 8, Layer: 7},
+		{Kind: HeadNoNorm, Step: 10, Layer: 7},
+	} {
+		d, err := write(&f)
+		if err != nil {
+			t.Errorf("%s: %v", f, err)
+			continue
+		}
+		stage, _ := V41FaultStage(f)
+		rep, err := replay.V41Run(d, replay.V41Options{Mode: replay.Local})
+		if err != nil {
+			t.Fatal(err)
+		}
+		fd := rep.First
+		if fd == nil || fd.Step != f.Step || fd.Layer != f.Layer || fd.Stage != stage ||
+			fd.Hypothesis == nil || fd.Hypothesis.Best == nil || fd.Hypothesis.Best.Name != V41BlockFaultHypothesis(f.Kind) {
+			t.Errorf("%s: %s", f, v41Text(rep))
+			continue
+		}
+		prop, err := replay.V41Run(d, replay.V41Options{Mode: replay.Propagated, Steps: []int64{f.Step}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if prop.First == nil || prop.First.Layer != f.Layer || prop.First.Stage != stage {
+			t.Errorf("%s propagated: %s", f, v41Text(prop))
+		}
+	}
+	for _, c := range []struct {
+		f    Fault
+		want string
+	}{
+		{Fault{Kind: RouterHashOff, Step: 9, Layer: 0}, "no hash-routed layers"},
+		{Fault{Kind: HeadNoNorm, Step: 9, Layer: 3}, "the head follows the last layer"},
+	} {
+		if _, err := write(&c.f); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: err = %v, want %q", c.f, err, c.want)
+		}
+	}
+}
