@@ -24,7 +24,8 @@ import (
 //	  moe_indices, moe_weights = Gate(ffn_in); ffn_out = MoE(ffn_in)   (moe.V41MoE)
 //	  h_out = hc_post(ffn_out, h_mid, hc_ffn_post, hc_ffn_comb)
 //	  h = h_out, pre_mix = hc_ffn_pre
-//	head_in    = hc_pre(h, pre_mix)                           (the last layer's hc_pre; no hc_head_fn)
+//	head_pre_mix = pre_mix
+//	head_in    = hc_pre(h, head_pre_mix)                           (the last layer's hc_pre; no hc_head_fn)
 //	head_x     = norm(head_in)
 //	logits     = head · f32(head_x)                            [vocab] fp32
 //	next_token = argmax(logits)                                greedy (sample with temperature 0)
@@ -82,11 +83,13 @@ func V41WholeStages(cfg *Config, l int, pos int64) []V41StageDef {
 		}}
 	}
 	if l == 0 {
-		add("h_in", "h_in = (e, …, e), e = embed.weight[tok]  (hc_mult copies, bf16)", v41Embed, GlobalPrefix+"tok")
+		defs = append(defs, V41StageDef{Name: "embed", Inputs: []string{GlobalPrefix + "tok"}, Global: true,
+			Equation: "embed = embed.weight[tok]  (bf16 [dim])", Compute: v41Embed})
+		add("h_in", "h_in = (embed, …, embed)  (hc_mult copies: h.unsqueeze(2).repeat)", v41Expand, "embed")
 		add("pre_mix_in", "pre_mix_in = [1, 0, …, 0]  (make_identity_pre_mix)", v41IdentityStage)
 	} else {
 		add("h_in", fmt.Sprintf("h_in = h_out of layer %d", l-1), v41Pass(BelowPrefix+"h_out"), BelowPrefix+"h_out")
-		add("pre_mix_in", fmt.Sprintf("pre_mix_in = hc_ffn_pre of layer %d  (pipelined mHC)", l-1), v41Pass(BelowPrefix+"hc_ffn_pre"), BelowPrefix+"hc_ffn_pre")
+		add("pre_mix_in", fmt.Sprintf("pre_mix_in = pre_mix_out of layer %d  (its hc_ffn_pre: pipelined mHC)", l-1), v41Pass(BelowPrefix+"pre_mix_out"), BelowPrefix+"pre_mix_out")
 	}
 	a, mid, f := V41BlockStages(cfg)
 	for _, d := range a {
@@ -99,21 +102,22 @@ func V41WholeStages(cfg *Config, l int, pos int64) []V41StageDef {
 	temp := "gate_temp = " + fmt.Sprint(v41GateTemp(cfg))
 	add("moe_indices", "moe_indices = topk("+cfg.ScoreFunc+"(W_g · f32(ffn_in) / gate_temp) + bias, k)  ("+temp+"; descending, lower id first among ties)", v41MoEIndices, "ffn_in")
 	add("moe_weights", "moe_weights = s[moe_indices] / (Σ s[moe_indices] + 1e-20) · route_scale  (s the unbiased scores; the division when norm_topk_prob and k > 1, softmax too)", v41MoEWeights, "ffn_in", "moe_indices")
+	add("moe_expert_out", "moe_expert_out[t] = Expert_{moe_indices[t]}(ffn_in, moe_weights[t])  (bf16 [k][dim], slot order; FP4, activations per 32, swiglu_limit)", v41ExpertOut, "ffn_in", "moe_indices", "moe_weights")
+	add("moe_shared_out", "moe_shared_out = Shared(ffn_in)  (FP8 32×32, swiglu_limit too)", v41SharedOut, "ffn_in")
 	add("ffn_out", "ffn_out = bf16(Σ_{e in moe_indices, ascending} Expert_e(ffn_in, w_e) + Shared(ffn_in))  (FP4 experts and FP8 shared expert, activations per 32, swiglu_limit on both)", v41FFNOut, "ffn_in", "moe_indices", "moe_weights")
 	for _, d := range f {
-		if d.Name == "pre_mix_out" {
-			continue // = hc_ffn_pre: the next layer reads it as below:hc_ffn_pre
-		}
 		defs = append(defs, wrap(d))
 	}
 	if l == cfg.NLayers-1 {
+		defs = append(defs, V41StageDef{Name: "head_pre_mix", Inputs: []string{"pre_mix_out"}, Global: true,
+			Equation: "head_pre_mix = pre_mix_out of the last layer  (the pre_mix the tail collapses with)", Compute: v41Pass("pre_mix_out")})
 		for _, d := range V41HeadStages() {
 			hf := d.Compute
 			in := d.Inputs
 			if d.Name == "head_in" {
-				in = []string{"h_out", "hc_ffn_pre"}
+				in = []string{"h_out", "head_pre_mix"}
 				hf = func(cfg *Config, w *V41HeadWeights, m map[string]Tensor) (Tensor, error) {
-					return v41Collapse("h_out", "hc_ffn_pre")(cfg, nil, m)
+					return v41Collapse("h_out", "head_pre_mix")(cfg, nil, m)
 				}
 			}
 			defs = append(defs, V41StageDef{Name: d.Name, Inputs: in, Equation: d.Equation, Global: true,
@@ -155,11 +159,63 @@ func v41Embed(c *V41Context, in map[string]Tensor) (Tensor, error) {
 	if tok < 0 || tok >= int64(hw.Vocab) {
 		return Tensor{}, fmt.Errorf("token id %d outside the vocabulary [0, %d)", tok, hw.Vocab)
 	}
-	h := make([]float32, c.Cfg.HCMult*dim)
-	for j := 0; j < c.Cfg.HCMult; j++ {
-		copy(h[j*dim:], hw.Embed[int(tok)*dim:int(tok+1)*dim])
+	return bf16T(append([]float32(nil), hw.Embed[int(tok)*dim:int(tok+1)*dim]...), dim), nil
+}
+
+func v41Expand(c *V41Context, in map[string]Tensor) (Tensor, error) {
+	e, err := inF(in, "embed", c.Cfg.Dim)
+	if err != nil {
+		return Tensor{}, err
 	}
-	return bf16T(h, c.Cfg.HCMult, dim), nil
+	h := make([]float32, 0, c.Cfg.HCMult*c.Cfg.Dim)
+	for j := 0; j < c.Cfg.HCMult; j++ {
+		h = append(h, e...)
+	}
+	return bf16T(h, c.Cfg.HCMult, c.Cfg.Dim), nil
+}
+
+func v41ExpertOut(c *V41Context, in map[string]Tensor) (Tensor, error) {
+	m, err := v41MoEOf(c)
+	if err != nil {
+		return Tensor{}, err
+	}
+	x, err := inF(in, "ffn_in", c.Cfg.Dim)
+	if err != nil {
+		return Tensor{}, err
+	}
+	idx, err := v41Routed(m, in)
+	if err != nil {
+		return Tensor{}, err
+	}
+	w, err := inF(in, "moe_weights", len(idx))
+	if err != nil {
+		return Tensor{}, err
+	}
+	out := make([]float32, len(idx)*len(x))
+	for t, e := range idx {
+		if int(e) >= len(m.Experts) || m.Experts[e] == nil {
+			return Tensor{}, fmt.Errorf("routed expert %d has no weights", e)
+		}
+		m.Experts[e].Forward(out[t*len(x):(t+1)*len(x)], x, w[t], m.SwigluLimit)
+	}
+	return bf16T(out, len(idx), len(x)), nil
+}
+
+func v41SharedOut(c *V41Context, in map[string]Tensor) (Tensor, error) {
+	m, err := v41MoEOf(c)
+	if err != nil {
+		return Tensor{}, err
+	}
+	if m.Shared == nil {
+		return Tensor{}, fmt.Errorf("layer %d has no shared expert", c.Layer)
+	}
+	x, err := inF(in, "ffn_in", c.Cfg.Dim)
+	if err != nil {
+		return Tensor{}, err
+	}
+	out := make([]float32, len(x))
+	m.Shared.Forward(out, x, m.SharedLimit)
+	return bf16T(out, len(out)), nil
 }
 
 func v41IdentityStage(c *V41Context, _ map[string]Tensor) (Tensor, error) {

@@ -42,6 +42,15 @@ type V41Args struct {
 	EngramPadID               int     `json:"engram_pad_id,omitempty"`
 	EngramCompressedVocabSize int     `json:"engram_compressed_vocab_size,omitempty"`
 	VisionNLayers             int     `json:"vision_n_layers,omitempty"`
+	VisionDim                 int     `json:"vision_dim,omitempty"`
+	VisionNHeads              int     `json:"vision_n_heads,omitempty"`
+	VisionInterDim            int     `json:"vision_inter_dim,omitempty"`
+	VisionPatchSize           int     `json:"vision_patch_size,omitempty"`
+	VisionRopeTheta           float64 `json:"vision_rope_theta,omitempty"`
+	VisionDownsampleRatio     int     `json:"vision_downsample_ratio,omitempty"`
+	VisionMaxNToken           int     `json:"vision_max_n_token,omitempty"`
+	VisionMinPixels           int     `json:"vision_min_pixels,omitempty"`
+	VisionMaxWHRatio          *int    `json:"vision_max_wh_ratio,omitempty"`
 	ImageTokenID              int     `json:"image_token_id,omitempty"`
 	DSparkBlockSize           int     `json:"dspark_block_size,omitempty"`
 	DSparkNoiseTokenID        int     `json:"dspark_noise_token_id,omitempty"`

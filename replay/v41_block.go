@@ -151,6 +151,9 @@ func v41BlockRecords(m *engine.V41Model, bf, f32 func(string, []float32, ...int)
 // Token is the token id fed at step p (the step file's global "tok").
 func (d *V41Dump) Token(p int64) (int64, error) {
 	t, ok := d.step[p]["tok"]
+	if !ok {
+		t, ok = d.step[p]["token"] // the name of testdata/v41-tiny-whole
+	}
 	if !ok || len(t.I) != 1 {
 		return 0, fmt.Errorf("step_%d.safetensors: the whole-model dump has no tok (I64 [1], the token fed)", p)
 	}
@@ -187,11 +190,44 @@ func v41BlockTolerance() map[string]StageTol {
 		st.Why = "V4.1: V4's bound for the same fp32 operation (" + st.Why + ")"
 		t[n] = st
 	}
-	for _, n := range []string{"x", "ffn_in", "head_x", "ffn_out"} {
+	for _, n := range []string{"x", "ffn_in", "head_x", "ffn_out", "moe_expert_out", "moe_shared_out"} {
 		t[n] = StageTol{Mode: TolULP, MaxULP: 1, Why: "V4.1: bf16 out of an fp32 reduction whose order the GPU may change (RMSNorm mean(x²), GEMM): one bf16 ulp"}
 	}
-	for _, n := range []string{"h_in", "pre_mix_in", "attn_norm_in", "h_mid", "ffn_norm_in", "h_out", "head_in", "moe_indices", "next_token"} {
+	for _, n := range []string{"embed", "h_in", "pre_mix_in", "attn_norm_in", "h_mid", "ffn_norm_in", "h_out", "pre_mix_out", "head_pre_mix", "head_in", "moe_indices", "next_token"} {
 		t[n] = StageTol{Mode: TolExact, Why: "V4.1: a copy, a top-k, or an in-order fp32 sum over the hc copies then one bf16 rounding"}
 	}
 	return t
+}
+
+// V41WholePropagatedTolerance is the default tolerance of a propagated
+// replay of a whole V4.1 dump: the chain runs from the token through every
+// layer on the reference's own values, so summation-order noise of one
+// layer reaches all later ones, and the FP8 / FP4 activation quantisation of
+// every linear turns last-bit drift into flipped codes (as V4's
+// ChainedTolerance): every float stage is judged by cos_diff ≤ 5e-3 (and
+// NaN/inf patterns) — measured on the GPU golden testdata/v41-tiny-whole:
+// max 1.4e-3 (moe_expert_out of layer 7 at step 14; y 1.2e-3), growing
+// with depth; the index lists, the candidate mask, the experts chosen and
+// the greedy token stay exact; index_sel stays a set.
+func V41WholePropagatedTolerance() *Tolerance {
+	t := V41Tolerance(Local)
+	ints := map[string]bool{"topk_idxs": true, "cand_mask": true, "moe_indices": true, "next_token": true}
+	for name, st := range t.Stages {
+		if st.Mode == TolSet || ints[name] {
+			continue
+		}
+		t.Stages[name] = StageTol{Mode: TolClose, Abs: 1e30, Cos: 5e-3, Why: "V4.1 propagated through the whole step: cos_diff only, drift through FP8/FP4 codes over the layers (golden max 1.4e-3; " + st.Why + ")"}
+	}
+	t.Fallback = StageTol{Mode: TolClose, Abs: 1e30, Cos: 5e-3, Why: "V4.1 propagated through the whole step: cos_diff only"}
+	return t
+}
+
+// V41DefaultTolerance is the default tolerance of a replay of d in mode:
+// V41WholePropagatedTolerance for a propagated replay of a whole dump, else
+// (d nil too) V41Tolerance(mode).
+func V41DefaultTolerance(d *V41Dump, mode Mode) *Tolerance {
+	if mode == Propagated && d != nil && d.Model.Whole() {
+		return V41WholePropagatedTolerance()
+	}
+	return V41Tolerance(mode)
 }

@@ -41,8 +41,8 @@ func rpRefuseV41(cmd string, f *replayFlags, stderr io.Writer) bool {
 
 // v41Tolerance is the V4.1 default tolerance of the mode, then --tol, then
 // --tol-stage.
-func (f *replayFlags) v41Tolerance() (*replay.Tolerance, error) {
-	t := replay.V41Tolerance(replay.Mode(f.mode))
+func (f *replayFlags) v41Tolerance(d *replay.V41Dump) (*replay.Tolerance, error) {
+	t := replay.V41DefaultTolerance(d, replay.Mode(f.mode))
 	if f.tolFile != "" {
 		if err := t.LoadToleranceFile(f.tolFile); err != nil {
 			return nil, err
@@ -64,15 +64,15 @@ func rpRunV41(cmd, dir string, f *replayFlags, stderr io.Writer) (*replay.Report
 	if !rpRefuseV41(cmd, f, stderr) {
 		return nil, exitError
 	}
-	tol, err := f.v41Tolerance()
-	if err != nil {
-		return nil, rpFail(stderr, cmd, err)
-	}
 	steps, err := parseSteps(f.steps)
 	if err != nil {
 		return nil, rpFail(stderr, cmd, err)
 	}
 	d, err := replay.LoadV41Dir(dir)
+	if err != nil {
+		return nil, rpFail(stderr, cmd, err)
+	}
+	tol, err := f.v41Tolerance(d)
 	if err != nil {
 		return nil, rpFail(stderr, cmd, err)
 	}
@@ -92,7 +92,7 @@ func runDiffV41(pos []string, both bool, f *replayFlags, stdout, stderr io.Write
 	if !rpRefuseV41("diff", f, stderr) {
 		return exitError
 	}
-	tol, err := f.v41Tolerance()
+	tol, err := f.v41Tolerance(nil)
 	if err != nil {
 		return rpFail(stderr, "diff", err)
 	}
@@ -119,7 +119,7 @@ func rpBisectV41(dir string, f *replayFlags, persistent bool, stderr io.Writer) 
 	if !rpRefuseV41("bisect", f, stderr) {
 		return nil, exitError
 	}
-	tol, err := f.v41Tolerance()
+	tol, err := f.v41Tolerance(nil)
 	if err != nil {
 		return nil, rpFail(stderr, "bisect", err)
 	}
