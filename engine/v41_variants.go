@@ -13,39 +13,41 @@ import (
 // fault injection writes them (fault.V41BlockFault), so that an injected
 // fault is named by its own hypothesis.
 //
-//	ffn_out      fp4-nibble-swap         routed experts read the even column from the HIGH nibble
-//	             fp4-scale-per-128       routed experts' UE8M0 scales indexed per 128 columns (k/128), not 32
-//	             no-swiglu-clamp         routed experts without the swiglu_limit clamp
-//	             shared-no-swiglu-clamp  the shared expert without the clamp (V4's shared expert has none)
-//	             shared-gate-up-swapped  the shared expert with w1 and w3 exchanged
+//	moe_expert_out  fp4-nibble-swap         routed experts read the even column from the HIGH nibble
+//	                fp4-scale-per-128       routed experts' UE8M0 scales indexed per 128 columns (k/128), not 32
+//	                no-swiglu-clamp         routed experts without the swiglu_limit clamp
+//	moe_shared_out  shared-no-swiglu-clamp  the shared expert without the clamp (V4's shared expert has none)
+//	                shared-gate-up-swapped  the shared expert with w1 and w3 exchanged
 //	moe_indices  no-selection-bias       top-k of the scores without gate.bias
 //	moe_weights  weights-unnormalised    the chosen scores × route_scale, no division by their sum
-//	             v4-softmax-rule         (softmax gates) no division, as V4 does for softmax
 //	h_mid, h_out hc-post-comb-transposed hc_post with comb transposed
 //	hc_*_post    post-no-sigmoid         post = 2·(mixes·scale + base)
 //	attn_norm_in v4-own-pre-mix          the collapse with this site's own hc_attn_pre (V4's order; V4.1 pipelines)
 //	logits       head-no-final-norm      logits = head · f32(head_in), the final norm skipped
 func v41BlockHypotheses(stage string) []V41Hypothesis {
 	switch stage {
-	case "ffn_out":
+	case "moe_expert_out":
 		return []V41Hypothesis{
 			{"fp4-nibble-swap", "the routed experts' FP4 codes read with the even column from the HIGH nibble (float4_e2m1fn_x2 keeps it in the low one)", v41RoutedVariant((*moe.FP4Weight).NibbleSwapped)},
 			{"fp4-scale-per-128", "the routed experts' UE8M0 scales indexed per 128 columns (k/128) instead of per 32", v41RoutedVariant((*moe.FP4Weight).ScalePer128)},
-			{"no-swiglu-clamp", "the routed experts without the swiglu_limit clamp (up to ±limit, gate ≤ limit)", v41MoEVariant(func(m *moe.V41MoE) error {
+			{"no-swiglu-clamp", "the routed experts without the swiglu_limit clamp (up to ±limit, gate ≤ limit)", v41ExpertVariant(func(m *moe.V41MoE) error {
 				if m.SwigluLimit <= 0 {
 					return fmt.Errorf("the model has no swiglu_limit")
 				}
 				m.SwigluLimit = 0
 				return nil
 			})},
-			{"shared-no-swiglu-clamp", "the shared expert without the swiglu_limit clamp (V4's shared expert has none; V4.1's has it)", v41MoEVariant(func(m *moe.V41MoE) error {
+		}
+	case "moe_shared_out":
+		return []V41Hypothesis{
+			{"shared-no-swiglu-clamp", "the shared expert without the swiglu_limit clamp (V4's shared expert has none; V4.1's has it)", v41SharedVariant(func(m *moe.V41MoE) error {
 				if m.SharedLimit <= 0 {
 					return fmt.Errorf("the model has no swiglu_limit")
 				}
 				m.SharedLimit = 0
 				return nil
 			})},
-			{"shared-gate-up-swapped", "the shared expert with w1 (gate) and w3 (up) exchanged", v41MoEVariant(func(m *moe.V41MoE) error {
+			{"shared-gate-up-swapped", "the shared expert with w1 (gate) and w3 (up) exchanged", v41SharedVariant(func(m *moe.V41MoE) error {
 				if m.Shared == nil {
 					return fmt.Errorf("no shared expert")
 				}
@@ -87,8 +89,18 @@ func v41BlockHypotheses(stage string) []V41Hypothesis {
 	return nil
 }
 
-// v41MoEVariant is ffn_out with the layer's MoE changed by f (on a copy).
-func v41MoEVariant(f func(*moe.V41MoE) error) func(*V41Context, map[string]Tensor) (Tensor, error) {
+// v41ExpertVariant is moe_expert_out with the layer's MoE changed by f (on
+// a copy).
+func v41ExpertVariant(f func(*moe.V41MoE) error) func(*V41Context, map[string]Tensor) (Tensor, error) {
+	return v41Variant(f, V41ExpertOutWith)
+}
+
+// v41SharedVariant is moe_shared_out with the layer's MoE changed by f.
+func v41SharedVariant(f func(*moe.V41MoE) error) func(*V41Context, map[string]Tensor) (Tensor, error) {
+	return v41Variant(f, V41SharedOutWith)
+}
+
+func v41Variant(f func(*moe.V41MoE) error, stage func(*V41Context, *moe.V41MoE, map[string]Tensor) (Tensor, error)) func(*V41Context, map[string]Tensor) (Tensor, error) {
 	return func(c *V41Context, in map[string]Tensor) (Tensor, error) {
 		m, err := v41MoEOf(c)
 		if err != nil {
@@ -98,12 +110,12 @@ func v41MoEVariant(f func(*moe.V41MoE) error) func(*V41Context, map[string]Tenso
 		if err := f(&v); err != nil {
 			return Tensor{}, err
 		}
-		return V41FFNOutWith(c, &v, in)
+		return stage(c, &v, in)
 	}
 }
 
-// v41RoutedVariant is ffn_out with every routed expert in moe_indices read
-// through f.
+// v41RoutedVariant is moe_expert_out with every routed expert in
+// moe_indices read through f.
 func v41RoutedVariant(f func(*moe.FP4Weight) *moe.FP4Weight) func(*V41Context, map[string]Tensor) (Tensor, error) {
 	return func(c *V41Context, in map[string]Tensor) (Tensor, error) {
 		m, err := v41MoEOf(c)
@@ -118,20 +130,8 @@ func v41RoutedVariant(f func(*moe.FP4Weight) *moe.FP4Weight) func(*V41Context, m
 		if err != nil {
 			return Tensor{}, err
 		}
-		return V41FFNOutWith(c, bad, in)
+		return V41ExpertOutWith(c, bad, in)
 	}
-}
-
-// V41FFNVariant is the named ffn_out hypothesis computed from in (for fault
-// injection): fp4-nibble-swap, fp4-scale-per-128, no-swiglu-clamp,
-// shared-gate-up-swapped.
-func V41FFNVariant(name string, c *V41Context, in map[string]Tensor) (Tensor, error) {
-	for _, h := range v41BlockHypotheses("ffn_out") {
-		if h.Name == name {
-			return h.Compute(c, in)
-		}
-	}
-	return Tensor{}, fmt.Errorf("no ffn_out variant %q", name)
 }
 
 // V41IndicesNoBias is moe_indices as top-k of the plain scores (no bias).

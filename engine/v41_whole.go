@@ -104,7 +104,7 @@ func V41WholeStages(cfg *Config, l int, pos int64) []V41StageDef {
 	add("moe_weights", "moe_weights = s[moe_indices] / (Σ s[moe_indices] + 1e-20) · route_scale  (s the unbiased scores; the division when norm_topk_prob and k > 1, softmax too)", v41MoEWeights, "ffn_in", "moe_indices")
 	add("moe_expert_out", "moe_expert_out[t] = Expert_{moe_indices[t]}(ffn_in, moe_weights[t])  (bf16 [k][dim], slot order; FP4, activations per 32, swiglu_limit)", v41ExpertOut, "ffn_in", "moe_indices", "moe_weights")
 	add("moe_shared_out", "moe_shared_out = Shared(ffn_in)  (FP8 32×32, swiglu_limit too)", v41SharedOut, "ffn_in")
-	add("ffn_out", "ffn_out = bf16(Σ_{e in moe_indices, ascending} Expert_e(ffn_in, w_e) + Shared(ffn_in))  (FP4 experts and FP8 shared expert, activations per 32, swiglu_limit on both)", v41FFNOut, "ffn_in", "moe_indices", "moe_weights")
+	add("ffn_out", "ffn_out = bf16(Σ_{e in moe_indices, ascending e} moe_expert_out[slot of e] + moe_shared_out)  (fp32 sum, MoE.forward's expert-id loop)", v41FFNOut, "moe_indices", "moe_expert_out", "moe_shared_out")
 	for _, d := range f {
 		defs = append(defs, wrap(d))
 	}
@@ -179,6 +179,12 @@ func v41ExpertOut(c *V41Context, in map[string]Tensor) (Tensor, error) {
 	if err != nil {
 		return Tensor{}, err
 	}
+	return V41ExpertOutWith(c, m, in)
+}
+
+// V41ExpertOutWith is moe_expert_out computed with the MoE m (the layer's
+// own or a variant of it) from ffn_in, moe_indices and moe_weights.
+func V41ExpertOutWith(c *V41Context, m *moe.V41MoE, in map[string]Tensor) (Tensor, error) {
 	x, err := inF(in, "ffn_in", c.Cfg.Dim)
 	if err != nil {
 		return Tensor{}, err
@@ -206,6 +212,11 @@ func v41SharedOut(c *V41Context, in map[string]Tensor) (Tensor, error) {
 	if err != nil {
 		return Tensor{}, err
 	}
+	return V41SharedOutWith(c, m, in)
+}
+
+// V41SharedOutWith is moe_shared_out computed with the MoE m.
+func V41SharedOutWith(c *V41Context, m *moe.V41MoE, in map[string]Tensor) (Tensor, error) {
 	if m.Shared == nil {
 		return Tensor{}, fmt.Errorf("layer %d has no shared expert", c.Layer)
 	}
@@ -307,29 +318,47 @@ func v41FFNOut(c *V41Context, in map[string]Tensor) (Tensor, error) {
 	if err != nil {
 		return Tensor{}, err
 	}
-	return V41FFNOutWith(c, m, in)
-}
-
-// V41FFNOutWith is the ffn_out stage computed with the MoE m (the layer's
-// own, or a variant of it) from ffn_in, moe_indices and moe_weights.
-func V41FFNOutWith(c *V41Context, m *moe.V41MoE, in map[string]Tensor) (Tensor, error) {
-	x, err := inF(in, "ffn_in", c.Cfg.Dim)
-	if err != nil {
-		return Tensor{}, err
-	}
 	idx, err := v41Routed(m, in)
 	if err != nil {
 		return Tensor{}, err
 	}
-	w, err := inF(in, "moe_weights", len(idx))
+	dim := c.Cfg.Dim
+	eo, err := inF(in, "moe_expert_out", len(idx)*dim)
 	if err != nil {
 		return Tensor{}, err
 	}
-	y, err := m.Combine(x, idx, w)
+	so, err := inF(in, "moe_shared_out", dim)
 	if err != nil {
 		return Tensor{}, err
 	}
-	return bf16T(y, len(y)), nil
+	return bf16T(V41FFNSum(idx, eo, so, m.Gate.Experts), dim), nil
+}
+
+// V41FFNSum is the combination of MoE.forward: y = 0 (fp32); for e = 0 …
+// E−1 ascending, for the slot t with indices[t] = e (the last one), y +=
+// expert[t]; y += shared; out = bf16(y). expert is [k][dim] in slot order,
+// shared [dim] (moe.V41MoE.Combine's sum, from the experts' outputs).
+func V41FFNSum(indices []int32, expert, shared []float32, experts int) []float32 {
+	dim := len(shared)
+	y := make([]float32, dim)
+	for e := 0; e < experts; e++ {
+		slot := -1
+		for t, id := range indices {
+			if int(id) == e {
+				slot = t
+			}
+		}
+		if slot < 0 {
+			continue
+		}
+		for i, v := range expert[slot*dim : (slot+1)*dim] {
+			y[i] += v
+		}
+	}
+	for i, v := range shared {
+		y[i] = quant.BF16Round(y[i] + v)
+	}
+	return y
 }
 
 func v41Argmax(_ *V41Context, in map[string]Tensor) (Tensor, error) {

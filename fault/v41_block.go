@@ -13,12 +13,14 @@ import (
 // and the rest of the run — later stages, layers and steps — is computed
 // from the faulty value as the GPU would. router-hash-off is refused (V4.1
 // has no hash layers); head-no-norm means the final norm skipped (V4.1 has
-// no hc_head).
+// no hc_head). The expert kinds show at moe_expert_out / moe_shared_out
+// (V4.1 dumps hold each expert's output; V4's show at ffn_out), and ffn_out,
+// their sum, follows from them.
 var v41BlockFaults = map[Kind]struct{ stage, hyp string }{
-	ExpertNibble:       {"ffn_out", "fp4-nibble-swap"},
-	ExpertScaleBlock:   {"ffn_out", "fp4-scale-per-128"},
-	ExpertNoClamp:      {"ffn_out", "no-swiglu-clamp"},
-	SharedGateUp:       {"ffn_out", "shared-gate-up-swapped"},
+	ExpertNibble:       {"moe_expert_out", "fp4-nibble-swap"},
+	ExpertScaleBlock:   {"moe_expert_out", "fp4-scale-per-128"},
+	ExpertNoClamp:      {"moe_expert_out", "no-swiglu-clamp"},
+	SharedGateUp:       {"moe_shared_out", "shared-gate-up-swapped"},
 	RouterBias:         {"moe_indices", "no-selection-bias"},
 	RouterUnnormalised: {"moe_weights", "weights-unnormalised"},
 	HCPostTransposed:   {"h_mid", "hc-post-comb-transposed"},
