@@ -120,7 +120,11 @@ func V41WholeStages(cfg *Config, l int, pos int64) []V41StageDef {
 					return v41Collapse("h_out", "head_pre_mix")(cfg, nil, m)
 				}
 			}
-			defs = append(defs, V41StageDef{Name: d.Name, Inputs: in, Equation: d.Equation, Global: true,
+			eq := d.Equation
+			if d.Name == "head_in" {
+				eq = "head_in = bf16(Σ_j head_pre_mix[j] · h_out[j])  (the last block's hc_pre with the last hc_ffn_pre; no hc_head_fn in V4.1)"
+			}
+			defs = append(defs, V41StageDef{Name: d.Name, Inputs: in, Equation: eq, Global: true,
 				Compute: func(c *V41Context, m map[string]Tensor) (Tensor, error) { return hf(c.Cfg, c.Head, m) }})
 		}
 		defs = append(defs, V41StageDef{Name: "next_token", Inputs: []string{"logits"}, Global: true,
