@@ -80,3 +80,54 @@ func TestSynthV41BlockFaults(t *testing.T) {
 		}
 	}
 }
+
+// TestWriteFaultedV41WholeGolden: fault --in on the whole-step GPU golden
+// testdata/v41-tiny-whole: each block kind (and topk-off-by-one, whose
+// faulty list now reaches the later layers through the residual stream) is
+// the first divergence of a local replay of the copy, named by its
+// hypothesis; the steps after the fault are left out; a place where the
+// kind changes nothing is refused.
+func TestWriteFaultedV41WholeGolden(t *testing.T) {
+	const in = "../testdata/v41-tiny-whole"
+	d, err := replay.LoadV41Dir(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		f   Fault
+		hyp string
+	}{
+		{Fault{Kind: ExpertNibble, Step: 13, Layer: 3}, "fp4-nibble-swap"},
+		{Fault{Kind: SharedGateUp, Step: 14, Layer: 0}, "shared-gate-up-swapped"},
+		{Fault{Kind: RouterBias, Step: 13, Layer: 0}, "no-selection-bias"},
+		{Fault{Kind: HCPostTransposed, Step: 12, Layer: 2}, "hc-post-comb-transposed"},
+		{Fault{Kind: HeadNoNorm, Step: 13, Layer: 7}, "head-no-final-norm"},
+		{Fault{Kind: TopKOffByOne, Step: 14, Layer: 2}, "topk-off-by-one"},
+	} {
+		out := t.TempDir() + "/copy"
+		if _, err := WriteFaultedV41(in, d, out, c.f); err != nil {
+			t.Fatalf("%s: %v", c.f, err)
+		}
+		fd, err := replay.LoadV41Dir(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if last := fd.Steps[len(fd.Steps)-1]; last != c.f.Step {
+			t.Errorf("%s: the copy holds steps %v, want up to the fault's step only", c.f, fd.Steps)
+		}
+		rep, err := replay.V41Run(fd, replay.V41Options{Mode: replay.Local})
+		if err != nil {
+			t.Fatal(err)
+		}
+		stage, _ := V41FaultStage(c.f)
+		first := rep.First
+		if first == nil || first.Step != c.f.Step || first.Layer != c.f.Layer || first.Stage != stage ||
+			first.Hypothesis == nil || first.Hypothesis.Best == nil || first.Hypothesis.Best.Name != c.hyp {
+			t.Errorf("%s: %s", c.f, v41Text(rep))
+		}
+	}
+	f := Fault{Kind: RouterBias, Step: 13, Layer: 6}
+	if _, err := WriteFaultedV41(in, d, t.TempDir()+"/copy", f); err == nil || !strings.Contains(err.Error(), "same as the correct value") {
+		t.Errorf("%s: err = %v, want a refusal (the bias does not change the choice there)", f, err)
+	}
+}
