@@ -119,7 +119,8 @@ func (g *V41Gate) Check() error {
 // `scores / gate_temp` divides a CUDA fp32 tensor by a Python scalar, which
 // torch's div kernel evaluates as a multiplication by the fp32 reciprocal
 // of the scalar; for gate_temp = 1 (and every power of two) both forms are
-// the same bits.
+// the same bits. [I] testdata/v41-tiny-whole (gate_temp 0.7) does not
+// separate the two forms (docs/v41.md).
 func (g *V41Gate) Scores(s, x []float32) {
 	if len(x) != g.Dim || len(s) != g.Experts {
 		panic("moe: V41Gate.Scores shape mismatch")
