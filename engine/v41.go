@@ -6,6 +6,7 @@ import (
 
 	"sparsemla/attention"
 	"sparsemla/indexer"
+	"sparsemla/moe"
 	"sparsemla/quant"
 )
 
@@ -54,6 +55,11 @@ type V41LayerWeights struct {
 	AttnSink           []float32                // [H] fp32
 	Compressor         *attention.V41Compressor // KV sources only
 	Indexer            *indexer.V41Indexer      // index sources only
+	// Block and MoE are the rest of the layer (hc_attn_*, hc_ffn_*,
+	// attn_norm, ffn_norm; ffn.*): nil for a model of the attention
+	// sub-layer only (V41Model.Whole).
+	Block *V41BlockWeights
+	MoE   *moe.V41MoE
 }
 
 // RandomV41LayerWeights makes seeded synthetic weights of layer l (N(0, 1/cols)
@@ -173,6 +179,10 @@ type V41Model struct {
 	Layers  []*V41LayerWeights
 	Rope    []*RopeTable
 	Options V41Options
+	// Head holds embed, norm and head: with every layer's Block and MoE it
+	// makes the model whole (V41Model.Whole), and V41Step then runs the
+	// whole decode step from the token (V41WholeStages).
+	Head *V41HeadWeights
 }
 
 // V41Options selects behaviour where the official code and the architecture
@@ -239,6 +249,9 @@ type V41StageDef struct {
 	Inputs   []string
 	Equation string
 	Compute  func(ctx *V41Context, in map[string]Tensor) (Tensor, error)
+	// Global marks a stage of no layer (the head's): dumped as <name>, not
+	// L<l>.<name>.
+	Global bool
 }
 
 // SharedPrefix marks an input published by an earlier layer of the step.
@@ -251,6 +264,7 @@ type V41Context struct {
 	Pos   int64
 	W     *V41LayerWeights
 	Rope  *RopeTable
+	Head  *V41HeadWeights // the whole step's embed / norm / head; nil for the attention sub-layer only
 }
 
 // V41Publishes lists the shared names layer l publishes at a step (in the

@@ -27,6 +27,9 @@ type V41HeadWeights struct {
 	Norm  []float32
 	Head  []float32
 	Vocab int
+	// Embed is embed.weight [vocab][dim] (bf16 values): the whole step's
+	// h_in of layer 0. nil in a head-only use (V41Head).
+	Embed []float32
 }
 
 // V41BlockStageDef is one stage of the V4.1 hyper-connections around a

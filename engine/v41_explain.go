@@ -49,10 +49,11 @@ var v41Sections = []struct {
 // publishes to and reads from the shared runtime. Weights, the state of
 // tokens 0 … p−1 and the attention inputs are synthetic
 // (RandomV41LayerWeights, SyntheticV41State, SyntheticV41Input with seed).
-// The pipelined hyper-connections around layer l's sub-layers and the head
-// after the last layer are listed with their equations (V41BlockStages,
-// V41HeadStages; no values: the synthetic walk has no streams); the MoE is not
-// part of it.
+// Then the whole step around layer l's attention is walked in replay order
+// (V41WholeStages: the input streams, the pipelined mHC, the MoE, and the
+// head after the last layer), with the values of a synthetic whole model
+// (NewRandomV41WholeModel, token v41ExplainToken) when the config is small
+// enough to draw (v41-tiny), equations and shapes otherwise (v41-flash).
 func ExplainV41(w io.Writer, cfg *Config, name string, l int, p int64, seed uint64, nvals int) error {
 	if !cfg.IsV41() {
 		return fmt.Errorf("ExplainV41 on a %s config", cfg.Variant())
@@ -77,7 +78,12 @@ func ExplainV41(w io.Writer, cfg *Config, name string, l int, p int64, seed uint
 	}
 	fmt.Fprintf(w, "\nlayer %d: %s; its step reads the publications of layers %v, walked below in order\n", l, cfg.LayerKind(l), layers)
 	fmt.Fprintf(w, "synthetic: weights, the %d earlier tokens' state and each layer's input x (seed %d); dims and arithmetic are the model's\n", p, seed)
-	fmt.Fprintf(w, "not walked: the pipelined hyper-connections (listed at the end, equations only) and the MoE around each attention sub-layer\n")
+	whole := v41ExplainWhole(cfg, p, seed)
+	if whole != nil {
+		fmt.Fprintf(w, "the whole step around the attention (embedding, pipelined mHC, MoE, head) is walked at the end for layer %d, with values of a synthetic whole model (token %d)\n", l, v41ExplainToken)
+	} else {
+		fmt.Fprintf(w, "the whole step around the attention (embedding, pipelined mHC, MoE, head) is walked at the end for layer %d with equations and shapes (too large to synthesise whole: no values)\n", l)
+	}
 	for _, k := range layers {
 		r := cfg.Ratio(k)
 		fmt.Fprintf(w, "\n════ layer %d: %s ════\n", k, cfg.LayerKind(k))
@@ -134,57 +140,123 @@ func ExplainV41(w io.Writer, cfg *Config, name string, l int, p int64, seed uint
 		}
 	}
 	fmt.Fprintf(w, "\ny (bf16 [%d]) goes to hc_post; in V4.1 the next sub-layer collapses the streams with the pre-mix THIS sub-layer's hc_mixes produced (pipelined mHC).\n", cfg.Dim)
-	explainV41Block(w, cfg, l)
+	explainV41Block(w, cfg, l, p, whole, nvals)
 	return nil
 }
 
-// explainV41Block lists the stages of V4.1's pipelined hyper-connections
-// around layer l's sub-layers, and the head after the last layer.
-func explainV41Block(w io.Writer, cfg *Config, l int) {
+// v41ExplainToken is the token id explain's synthetic whole step feeds.
+const v41ExplainToken = 7
+
+// v41ExplainWhole runs the whole step of a synthetic whole model at p when
+// the config is small enough to draw (nil otherwise).
+func v41ExplainWhole(cfg *Config, p int64, seed uint64) *V41StepResult {
+	if V41FFNSize(cfg)*int64(cfg.NLayers) > 1<<26 || int64(cfg.Dim)*int64(cfg.NHeads)*int64(cfg.HeadDim)*int64(cfg.NLayers) > 1<<28 || v41WholeCheck(cfg) != nil {
+		return nil
+	}
+	m := NewRandomV41WholeModel(cfg, seed, int(p)+1)
+	st := SyntheticV41State(m, p, seed)
+	res, err := V41WholeStep(m, st, min(v41ExplainToken, int64(cfg.VocabSize-1)), p, nil)
+	if err != nil {
+		return nil
+	}
+	return res
+}
+
+// explainV41Block walks the whole step around layer l's attention in replay
+// order (V41WholeStages): the embedding (layer 0) or the layer below's
+// streams, the pipelined mHC, the MoE and, after the last layer, the head —
+// with values from whole (a synthetic whole step) when it is non-nil.
+func explainV41Block(w io.Writer, cfg *Config, l int, p int64, whole *V41StepResult, nvals int) {
 	hc := cfg.HCMult
-	fmt.Fprintf(w, "\n════ layer %d: pipelined hyper-connections (hc_mult %d, norm_eps %g, hc_eps %g, %d Sinkhorn iterations) ════\n", l, hc, cfg.NormEps, cfg.HCEps, cfg.HCSinkhornIters)
+	fmt.Fprintf(w, "\n════ layer %d: the whole step around the attention — pipelined hyper-connections (hc_mult %d, norm_eps %g, hc_eps %g, %d Sinkhorn iterations) and MoE ════\n", l, hc, cfg.NormEps, cfg.HCEps, cfg.HCSinkhornIters)
 	fmt.Fprintf(w, "   each site's hc_mixes comes from its own input streams, but a sub-layer is fed by the PREVIOUS site's pre-mix: the attention by pre_mix_in (")
 	if l == 0 {
 		fmt.Fprintf(w, "layer 0: one-hot [1,0,…,0], make_identity_pre_mix")
 	} else {
-		fmt.Fprintf(w, "layer %d's hc_ffn_pre", l-1)
+		fmt.Fprintf(w, "layer %d's pre_mix_out = its hc_ffn_pre", l-1)
 	}
 	fmt.Fprintf(w, "), the FFN by hc_attn_pre; hc_ffn_pre goes on to the next block (V4: each sub-layer uses its own site's pre).\n")
+	fmt.Fprintf(w, "   MoE: %d routed experts (FP4 E2M1, UE8M0 per 32; activations FP8 per 32), top-%d by %s(W_g·x / gate_temp %g) + bias, weights / (Σ + 1e-20) · route_scale %g, one FP8 shared expert; swiglu_limit %g on the routed AND the shared expert; moe_inter_dim %d.\n",
+		cfg.NRoutedExperts, cfg.NActivatedExperts, cfg.ScoreFunc, v41GateTemp(cfg), cfg.RouteScale, cfg.SwigluLimit, cfg.MoEInterDim)
+	k := cfg.NActivatedExperts
 	shape := map[string]string{"h_in": fmt.Sprintf("[%d,%d]", hc, cfg.Dim), "h_mid": fmt.Sprintf("[%d,%d]", hc, cfg.Dim), "h_out": fmt.Sprintf("[%d,%d]", hc, cfg.Dim),
-		"hc_attn_mixes": fmt.Sprintf("[%d]", (2+hc)*hc), "hc_ffn_mixes": fmt.Sprintf("[%d]", (2+hc)*hc), "hc_attn_comb": fmt.Sprintf("[%d,%d]", hc, hc), "hc_ffn_comb": fmt.Sprintf("[%d,%d]", hc, hc)}
-	row := func(name, eq string) {
+		"hc_attn_mixes": fmt.Sprintf("[%d]", (2+hc)*hc), "hc_ffn_mixes": fmt.Sprintf("[%d]", (2+hc)*hc), "hc_attn_comb": fmt.Sprintf("[%d,%d]", hc, hc), "hc_ffn_comb": fmt.Sprintf("[%d,%d]", hc, hc),
+		"moe_indices": fmt.Sprintf("[%d]", k), "moe_weights": fmt.Sprintf("[%d]", k), "moe_expert_out": fmt.Sprintf("[%d,%d]", k, cfg.Dim),
+		"logits": fmt.Sprintf("[%d]", cfg.VocabSize), "next_token": "[1]"}
+	kinds := map[string]string{"moe_indices": "i64", "next_token": "i64", "moe_weights": "f32", "logits": "f32"}
+	row := func(d V41StageDef, t *Tensor) {
 		kind, sh := "bf16", fmt.Sprintf("[%d]", cfg.Dim)
-		if strings.HasPrefix(name, "hc_") || strings.HasPrefix(name, "pre_mix") || name == "logits" {
+		if strings.HasPrefix(d.Name, "hc_") || strings.Contains(d.Name, "pre_mix") {
 			kind, sh = "f32", fmt.Sprintf("[%d]", hc)
 		}
-		if name == "logits" {
-			sh = fmt.Sprintf("[%d]", cfg.VocabSize)
+		if v, ok := kinds[d.Name]; ok {
+			kind = v
 		}
-		if s, ok := shape[name]; ok {
-			sh = s
+		if v, ok := shape[d.Name]; ok {
+			sh = v
 		}
-		fmt.Fprintf(w, "%-18s %-4s %-10s %s\n", name, kind, sh, eq)
+		if t != nil {
+			kind, sh = t.Kind.String(), shapeStr(t.Shape)
+		}
+		fmt.Fprintf(w, "%-18s %-4s %-10s %s\n", d.Name, kind, sh, d.Equation)
+		if t != nil {
+			fmt.Fprintf(w, "%-18s %-4s %-10s %s\n", "", "", "", stageValues(d.Name, *t, nvals, cfg.WindowSize))
+		}
 	}
-	a, m, f := V41BlockStages(cfg)
-	fmt.Fprintf(w, "\n── attention site ──\n")
-	for _, d := range a {
-		row(d.Name, d.Equation)
+	value := func(layer int, d V41StageDef) *Tensor {
+		if whole == nil {
+			return nil
+		}
+		m := whole.Stages[layer]
+		if d.Global {
+			m = whole.Global
+		}
+		if t, ok := m[d.Name]; ok {
+			return &t
+		}
+		return nil
 	}
-	fmt.Fprintf(w, "%-18s %-4s %-10s %s\n", "…", "", "", "attention sub-layer above: x → y")
-	fmt.Fprintf(w, "\n── FFN site ──\n")
-	for _, d := range m {
-		row(d.Name, d.Equation)
+	attn := map[string]bool{}
+	for _, d := range V41Stages(cfg, l, p) {
+		attn[d.Name] = true
 	}
-	fmt.Fprintf(w, "%-18s %-4s %-10s %s\n", "…", "", "", "MoE: ffn_in → ffn_out (not modelled for V4.1)")
-	for _, d := range f {
-		row(d.Name, d.Equation)
+	part := ""
+	for _, d := range V41WholeStages(cfg, l, p) {
+		if attn[d.Name] {
+			if part != "attn" {
+				part = "attn"
+				fmt.Fprintf(w, "%-18s %-4s %-10s %s\n", "…", "", "", "attention sub-layer above: x → y")
+			}
+			continue
+		}
+		var title string
+		switch {
+		case d.Name == "embed" || d.Name == "h_in" || d.Name == "pre_mix_in":
+			title = "input streams"
+		case strings.HasPrefix(d.Name, "hc_attn_") || d.Name == "attn_norm_in" || d.Name == "x":
+			title = "attention site"
+		case strings.HasPrefix(d.Name, "moe_") || d.Name == "ffn_out":
+			title = "MoE"
+		case d.Global:
+			title = "head"
+		default:
+			title = "FFN site"
+		}
+		if title == "FFN site" && (part == "MoE" || part == "FFN site: hc_post") {
+			title = "FFN site: hc_post"
+		}
+		if title != part {
+			part = title
+			fmt.Fprintf(w, "\n── %s ──\n", title)
+		}
+		row(d, value(l, d))
 	}
-	if l == cfg.NLayers-1 {
-		fmt.Fprintf(w, "\n── head (after the last layer) ──\n")
-	} else {
-		fmt.Fprintf(w, "\n── head (after the last layer, %d) ──\n", cfg.NLayers-1)
-	}
-	for _, d := range V41HeadStages() {
-		row(d.Name, d.Equation)
+	if last := cfg.NLayers - 1; l != last {
+		fmt.Fprintf(w, "\n── head (after the last layer, %d) ──\n", last)
+		for _, d := range V41WholeStages(cfg, last, p) {
+			if d.Global {
+				row(d, value(last, d))
+			}
+		}
 	}
 }

@@ -20,6 +20,9 @@ type V41Hypothesis struct {
 // V41Hypotheses lists the alternatives of a stage (nil: none). Layer-level
 // alternatives (the owner index keys) are options of V41Step, not listed here.
 func V41Hypotheses(stage string) []V41Hypothesis {
+	if h := v41BlockHypotheses(stage); h != nil {
+		return h
+	}
 	switch stage {
 	case "topk_idxs":
 		return []V41Hypothesis{{"v4-window-order", "the window list in V4's order: valid slots first, the −1 of a filling ring LAST (V4.1 puts them first)",

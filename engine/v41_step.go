@@ -22,6 +22,9 @@ type V41StepResult struct {
 	// shared:<name> (model.py's shared_attn slots).
 	From []map[string]int
 	Next *V41State
+	// Global holds the whole step's stages of no layer (head_in, head_x,
+	// logits, next_token); empty for the attention sub-layers only.
+	Global map[string]Tensor
 }
 
 // V41Step runs decode position pos of every layer in order, layer l from the
@@ -35,12 +38,38 @@ type V41StepResult struct {
 // layers one layer's step depends on); a later layer reading something only a
 // skipped layer publishes is an error.
 func V41Step(m *V41Model, st *V41State, xs []Tensor, pos int64, hook V41Hook) (*V41StepResult, error) {
+	if len(xs) != m.Cfg.NLayers {
+		return nil, fmt.Errorf("engine: V41Step needs the attention inputs of all %d layers", m.Cfg.NLayers)
+	}
+	return v41Step(m, st, xs, 0, pos, hook)
+}
+
+// V41WholeStep runs the whole decode step of token tok at position pos
+// (V41WholeStages: embedding, every layer's pipelined mHC, attention with
+// the shared runtime and MoE, the head) on a whole model (V41Model.Whole).
+// Layer l's h_in and pre_mix_in are layer l−1's h_out and hc_ffn_pre as
+// returned by hook (the dumped values in a teacher-forced replay). The head's
+// stages are in Global.
+func V41WholeStep(m *V41Model, st *V41State, tok, pos int64, hook V41Hook) (*V41StepResult, error) {
+	if !m.Whole() {
+		return nil, fmt.Errorf("engine: V41WholeStep needs the whole model (embed, norm, head and every layer's block and MoE weights)")
+	}
+	if err := v41WholeCheck(m.Cfg); err != nil {
+		return nil, err
+	}
+	return v41Step(m, st, nil, tok, pos, hook)
+}
+
+// v41Step is V41Step (xs non-nil: the attention sub-layers) or V41WholeStep
+// (xs nil).
+func v41Step(m *V41Model, st *V41State, xs []Tensor, tok, pos int64, hook V41Hook) (*V41StepResult, error) {
 	cfg := m.Cfg
+	whole := xs == nil
 	if !cfg.IsV41() {
 		return nil, fmt.Errorf("engine: V41Step on a %s config", cfg.Variant())
 	}
-	if len(xs) != cfg.NLayers || len(m.Layers) != cfg.NLayers || len(st.Layers) != cfg.NLayers {
-		return nil, fmt.Errorf("engine: V41Step needs inputs, weights and state of all %d layers", cfg.NLayers)
+	if len(m.Layers) != cfg.NLayers || len(st.Layers) != cfg.NLayers {
+		return nil, fmt.Errorf("engine: V41Step needs weights and state of all %d layers", cfg.NLayers)
 	}
 	if pos <= 0 {
 		return nil, fmt.Errorf("engine: decode position %d: decode steps start at p = 1", pos)
@@ -50,7 +79,8 @@ func V41Step(m *V41Model, st *V41State, xs []Tensor, pos int64, hook V41Hook) (*
 	}
 	shared := map[string]Tensor{}
 	from := map[string]int{}
-	res := &V41StepResult{Next: &V41State{IndexKAt: st.IndexKAt, Next: pos + 1}}
+	res := &V41StepResult{Next: &V41State{IndexKAt: st.IndexKAt, Next: pos + 1}, Global: map[string]Tensor{}}
+	var below map[string]Tensor
 	if !m.Options.OwnerIndexKeys && st.IndexKAt >= 0 {
 		// The slot still points at the cache published last in the previous
 		// forward; that layer has not written this step's key yet.
@@ -69,15 +99,25 @@ func V41Step(m *V41Model, st *V41State, xs []Tensor, pos int64, hook V41Hook) (*
 		if pos >= int64(m.Rope[l].T) {
 			return nil, fmt.Errorf("engine: position %d outside layer %d's RoPE table (%d positions)", pos, l, m.Rope[l].T)
 		}
-		ctx := &V41Context{Cfg: cfg, Layer: l, Pos: pos, W: m.Layers[l], Rope: m.Rope[l]}
-		avail := map[string]Tensor{"x": xs[l]}
+		ctx := &V41Context{Cfg: cfg, Layer: l, Pos: pos, W: m.Layers[l], Rope: m.Rope[l], Head: m.Head}
+		avail := map[string]Tensor{}
+		defs := V41Stages(cfg, l, pos)
+		if whole {
+			defs = V41WholeStages(cfg, l, pos)
+			avail[GlobalPrefix+"tok"] = FromI(KindI64, []int64{tok}, 1)
+			for n, t := range below {
+				avail[BelowPrefix+n] = t
+			}
+		} else {
+			avail["x"] = xs[l]
+		}
 		for name, t := range st.Layers[l].StateTensors(cfg) {
 			avail[PrevPrefix+name] = t
 		}
 		readFrom := map[string]int{}
 		out := map[string]Tensor{}
 		emitted := false
-		for _, def := range V41Stages(cfg, l, pos) {
+		for _, def := range defs {
 			in := make(map[string]Tensor, len(def.Inputs))
 			for _, name := range def.Inputs {
 				if len(name) > len(SharedPrefix) && name[:len(SharedPrefix)] == SharedPrefix {
@@ -106,6 +146,10 @@ func V41Step(m *V41Model, st *V41State, xs []Tensor, pos int64, hook V41Hook) (*
 				}
 			}
 			avail[def.Name] = t
+			if def.Global {
+				res.Global[def.Name] = t
+				continue
+			}
 			out[def.Name] = t
 			switch def.Name {
 			case "ik_row":
@@ -131,6 +175,7 @@ func V41Step(m *V41Model, st *V41State, xs []Tensor, pos int64, hook V41Hook) (*
 		res.Next.Layers = append(res.Next.Layers, ns)
 		res.Stages = append(res.Stages, out)
 		res.From = append(res.From, readFrom)
+		below = out
 	}
 	return res, nil
 }

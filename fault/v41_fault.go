@@ -23,10 +23,14 @@ import (
 // step that reads it (within the layer, and at later layers through the
 // shared runtime: a faulty index_sel of an index source reaches the layers
 // that consume it) recomputed with the reference from it — as the GPU with
-// that bug would have dumped them. Neither V4.1 fault kind reaches the
-// cache, so the other steps are copied unchanged. The later layers' inputs
-// x (produced by the mHC and FFN, which the V4.1 reference does not model)
-// stay as dumped.
+// that bug would have dumped them. In a dump of the attention sub-layers
+// neither attention kind reaches the cache, so the other steps are copied
+// unchanged, and the later layers' inputs x stay as dumped. In a whole dump
+// (block weights, V41WholeStep) the block kinds apply too (the hypothesis of
+// each at its stage, as synth writes it) and every stage the faulty value
+// reaches — through h_out into every later layer, the caches they write and
+// the head — is recomputed; the steps after P are left out of the copy
+// (their state would follow from the faulty step).
 
 // V41FaultResult says what WriteFaultedV41 wrote.
 type V41FaultResult struct {
@@ -60,8 +64,16 @@ func v41Inject(cfg *engine.Config, f Fault, p int64, in map[string]engine.Tensor
 // not apply (or would leave the dumped value unchanged) is refused.
 func WriteFaultedV41(in string, d *replay.V41Dump, out string, f Fault) (*V41FaultResult, error) {
 	cfg := d.Cfg
-	if err := checkV41Fault(cfg, f, d.Steps[0], d.Steps[len(d.Steps)-1]); err != nil {
+	whole := d.Model.Whole()
+	_, block := v41BlockFaults[f.Kind]
+	if err := checkV41FaultWhole(cfg, f, d.Steps[0], d.Steps[len(d.Steps)-1], whole); err != nil {
 		return nil, err
+	}
+	if block && !d.Official() {
+		// A block fault reaches the later layers' caches and the stages of
+		// no layer (head, logits): the native copy would need its KV pages
+		// re-encoded and its later steps recomputed or dropped.
+		return nil, fmt.Errorf("fault %s: the block fault kinds are written into whole V4.1 dumps in the official layout only (a native copy would carry KV pages the fault changed unchanged); use synth --fault, or a dump in the official layout (synth --format official)", f)
 	}
 	p := f.Step
 	stepFile := filepath.Join(in, fmt.Sprintf("step_%d.safetensors", p))
@@ -69,24 +81,43 @@ func WriteFaultedV41(in string, d *replay.V41Dump, out string, f Fault) (*V41Fau
 	if err != nil {
 		return nil, err
 	}
-	xs, err := d.Inputs(p)
+	var xs []engine.Tensor
+	var tok int64
+	if whole {
+		tok, err = d.Token(p)
+	} else {
+		xs, err = d.Inputs(p)
+	}
 	if err != nil {
 		return nil, err
 	}
 	faultStage := v41FaultStage[f.Kind]
-	tainted := map[string]bool{} // "L.stage" computed from the faulty value
+	if block {
+		faultStage = v41BlockFaults[f.Kind].stage
+	}
+	tainted := map[string]bool{}       // "L.stage" (a global stage: its name) computed from the faulty value
+	globals := map[string]bool{}       // the global stages seen so far
+	seen := map[string]engine.Tensor{} // the fault layer's stage values so far (head-no-norm reads head_in)
 	changed := map[string]engine.Tensor{}
 	res := &V41FaultResult{}
 	published := map[string]int{} // stage → latest layer that produced it this step
 	hook := func(l int, def engine.V41StageDef, inp map[string]engine.Tensor, ref engine.Tensor) (engine.Tensor, error) {
 		key := fmt.Sprintf("L%d.%s", l, def.Name)
+		if def.Global {
+			key = def.Name
+			globals[def.Name] = true
+		}
 		bad := false
 		for _, name := range def.Inputs {
 			if base, ok := strings.CutPrefix(name, engine.SharedPrefix); ok {
 				if k, has := published[base]; has && tainted[fmt.Sprintf("L%d.%s", k, base)] {
 					bad = true
 				}
-			} else if !strings.HasPrefix(name, engine.PrevPrefix) && tainted[fmt.Sprintf("L%d.%s", l, name)] {
+			} else if base, ok := strings.CutPrefix(name, engine.BelowPrefix); ok {
+				bad = bad || tainted[fmt.Sprintf("L%d.%s", l-1, base)]
+			} else if globals[name] {
+				bad = bad || tainted[name]
+			} else if !strings.HasPrefix(name, engine.PrevPrefix) && !strings.HasPrefix(name, engine.GlobalPrefix) && tainted[fmt.Sprintf("L%d.%s", l, name)] {
 				bad = true
 			}
 		}
@@ -94,6 +125,20 @@ func WriteFaultedV41(in string, d *replay.V41Dump, out string, f Fault) (*V41Fau
 		var out engine.Tensor
 		t, isDumped := d.StageTensor(p, key)
 		switch {
+		case l == f.Layer && def.Name == faultStage && block:
+			all := map[string]engine.Tensor{}
+			for n, v := range seen {
+				all[n] = v
+			}
+			for n, v := range inp {
+				all[n] = v
+			}
+			c := &engine.V41Context{Cfg: cfg, Layer: l, Pos: p, W: d.Model.Layers[l], Rope: d.Model.Rope[l], Head: d.Model.Head}
+			var err error
+			if out, err = v41BlockInject(c, f, all, ref); err != nil {
+				return ref, err
+			}
+			bad = true
 		case l == f.Layer && def.Name == faultStage:
 			out, bad = v41Inject(cfg, f, p, inp, ref), true
 		case bad:
@@ -103,8 +148,14 @@ func WriteFaultedV41(in string, d *replay.V41Dump, out string, f Fault) (*V41Fau
 				return ref, fmt.Errorf("%s: %s is %s %v, the reference's %s %v", stepFile, key, t.Kind, t.Shape, ref.Kind, ref.Shape)
 			}
 			t.Shape, t.Kind = ref.Shape, ref.Kind
+			if l == f.Layer {
+				seen[def.Name] = t
+			}
 			return t, nil // teacher-forced: the dumped value
 		default:
+			if l == f.Layer {
+				seen[def.Name] = ref
+			}
 			return ref, nil
 		}
 		tainted[key] = bad
@@ -114,15 +165,23 @@ func WriteFaultedV41(in string, d *replay.V41Dump, out string, f Fault) (*V41Fau
 		}
 		return out, nil
 	}
-	if _, err := engine.V41Step(d.Model, st, xs, p, hook); err != nil {
+	if whole {
+		_, err = engine.V41WholeStep(d.Model, st, tok, p, hook)
+	} else {
+		_, err = engine.V41Step(d.Model, st, xs, p, hook)
+	}
+	if err != nil {
 		return nil, err
 	}
 	fk := fmt.Sprintf("L%d.%s", f.Layer, faultStage)
+	if globals[faultStage] {
+		fk = faultStage
+	}
 	if _, ok := changed[fk]; !ok {
 		return nil, fmt.Errorf("fault %s: the dump holds no %s of layer %d at step %d to corrupt", f, faultStage, f.Layer, p)
 	}
 	orig, _ := d.StageTensor(p, fk)
-	if slices.Equal(orig.I, changed[fk].I) {
+	if slices.Equal(orig.I, changed[fk].I) && slices.Equal(orig.F, changed[fk].F) {
 		return nil, fmt.Errorf("fault %s: the faulty %s equals the dumped one at step %d, layer %d: nothing to inject", f, faultStage, p, f.Layer)
 	}
 	if !d.Official() {
@@ -152,6 +211,10 @@ func WriteFaultedV41(in string, d *replay.V41Dump, out string, f Fault) (*V41Fau
 		name := e.Name()
 		if !e.Type().IsRegular() || name == filepath.Base(stepFile) || !(strings.HasSuffix(name, ".safetensors") || strings.HasSuffix(name, ".json")) {
 			continue
+		}
+		var q int64
+		if _, err := fmt.Sscanf(name, "step_%d.safetensors", &q); err == nil && whole && q > p {
+			continue // in a whole dump every fault reaches the later layers' caches: the later steps would follow from it
 		}
 		src := filepath.Join(in, name)
 		if err := od.WriteFile(name, 0o644, func(w io.Writer) error { return copyFile(w, src) }); err != nil {

@@ -2,7 +2,9 @@ package fault
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"slices"
+	"strings"
 
 	"sparsemla/attention"
 	"sparsemla/engine"
@@ -42,6 +44,9 @@ type V41Synth struct {
 // V41FaultStage is the stage where a V4.1 fault first shows (the first
 // divergence a local replay reports) and why.
 func V41FaultStage(f Fault) (stage, why string) {
+	if b, ok := v41BlockFaults[f.Kind]; ok {
+		return b.stage, fmt.Sprintf("reproduced by hypothesis %q", b.hyp)
+	}
 	switch f.Kind {
 	case WindowOrder:
 		return "topk_idxs", "window list in V4's order (−1 padding last), reproduced by hypothesis \"v4-window-order\""
@@ -54,8 +59,18 @@ func V41FaultStage(f Fault) (stage, why string) {
 // checkV41Fault refuses a fault that does not apply to a V4.1 dump of
 // steps first … last, one line each.
 func checkV41Fault(cfg *engine.Config, f Fault, first, last int64) error {
-	if _, ok := v41FaultStage[f.Kind]; !ok {
-		return fmt.Errorf("fault %s: not implemented for DeepSeek-V4.1 dumps (window-order and topk-off-by-one are)", f)
+	return checkV41FaultWhole(cfg, f, first, last, false)
+}
+
+// checkV41FaultWhole is checkV41Fault for a run that holds the whole model
+// (whole) or the attention sub-layers only.
+func checkV41FaultWhole(cfg *engine.Config, f Fault, first, last int64, whole bool) error {
+	if err := checkV41BlockFault(cfg, f, whole); err != nil {
+		return err
+	}
+	_, attn := v41FaultStage[f.Kind]
+	if _, blk := v41BlockFaults[f.Kind]; !attn && !blk {
+		return fmt.Errorf("fault %s: not implemented for DeepSeek-V4.1 dumps (window-order, topk-off-by-one and, with the whole model, %s are)", f, v41BlockKindList())
 	}
 	if f.Step < first || f.Step > last {
 		return fmt.Errorf("fault %s: step %d outside the dumped steps %d … %d", f, f.Step, first, last)
@@ -115,12 +130,18 @@ func SynthesizeV41(cfg *engine.Config, prefill, steps int, seed uint64, f *Fault
 	if last >= int64(cfg.MaxSeqLen) {
 		return nil, fmt.Errorf("synth: %d positions exceed max_seq_len %d", last+1, cfg.MaxSeqLen)
 	}
+	whole := engine.V41FFNSize(cfg)*int64(cfg.NLayers) <= 1<<28
 	if f != nil {
-		if err := checkV41Fault(cfg, *f, first, last); err != nil {
+		if err := checkV41FaultWhole(cfg, *f, first, last, whole); err != nil {
 			return nil, err
 		}
 	}
-	m := engine.NewRandomV41Model(cfg, seed, int(last)+1)
+	var m *engine.V41Model
+	if whole {
+		m = engine.NewRandomV41WholeModel(cfg, seed, int(last)+1)
+	} else {
+		m = engine.NewRandomV41Model(cfg, seed, int(last)+1)
+	}
 	pre := engine.SyntheticV41State(m, first, seed)
 	s := &V41Synth{Cfg: cfg, Model: m, Pre: pre, Steps: map[int64][]map[string]engine.Tensor{}, IndexKAt: map[int64]int{}, Fault: f, Seed: seed}
 	st := pre
@@ -131,7 +152,26 @@ func SynthesizeV41(cfg *engine.Config, prefill, steps int, seed uint64, f *Fault
 		}
 		var hook engine.V41Hook
 		if f != nil && f.Step == p {
+			seen := map[string]engine.Tensor{} // the fault layer's stages so far (head-no-norm reads head_in)
 			hook = func(l int, def engine.V41StageDef, in map[string]engine.Tensor, t engine.Tensor) (engine.Tensor, error) {
+				if b, ok := v41BlockFaults[f.Kind]; ok {
+					if l != f.Layer {
+						return t, nil
+					}
+					if def.Name != b.stage {
+						seen[def.Name] = t
+						return t, nil
+					}
+					all := map[string]engine.Tensor{}
+					for n, v := range seen {
+						all[n] = v
+					}
+					for n, v := range in {
+						all[n] = v
+					}
+					c := &engine.V41Context{Cfg: cfg, Layer: l, Pos: p, W: m.Layers[l], Rope: m.Rope[l], Head: m.Head}
+					return v41BlockInject(c, *f, all, t)
+				}
 				if l != f.Layer || def.Name != v41FaultStage[f.Kind] {
 					return t, nil
 				}
@@ -152,12 +192,25 @@ func SynthesizeV41(cfg *engine.Config, prefill, steps int, seed uint64, f *Fault
 			}
 		}
 		s.IndexKAt[p] = st.IndexKAt
-		res, err := engine.V41Step(m, st, xs, p, hook)
-		if err != nil {
-			return nil, err
-		}
-		for l := range res.Stages {
-			res.Stages[l]["x"] = xs[l]
+		var res *engine.V41StepResult
+		var err error
+		if whole {
+			tok := V41SynthToken(cfg, p, seed)
+			if res, err = engine.V41WholeStep(m, st, tok, p, hook); err != nil {
+				return nil, err
+			}
+			last := res.Stages[cfg.NLayers-1]
+			last[engine.GlobalPrefix+"tok"] = engine.FromI(engine.KindI64, []int64{tok}, 1)
+			for n, t := range res.Global {
+				last[engine.GlobalPrefix+n] = t
+			}
+		} else {
+			if res, err = engine.V41Step(m, st, xs, p, hook); err != nil {
+				return nil, err
+			}
+			for l := range res.Stages {
+				res.Stages[l]["x"] = xs[l]
+			}
 		}
 		s.Steps[p] = res.Stages
 		st = res.Next
@@ -175,4 +228,22 @@ func (s *V41Synth) Write(dir string) error {
 		return fmt.Errorf("synth: %w", err)
 	}
 	return nil
+}
+
+// V41SynthToken is the seeded token id fed at step p of a synthetic V4.1
+// run: uniform in [0, vocab_size).
+func V41SynthToken(cfg *engine.Config, p int64, seed uint64) int64 {
+	r := rand.New(rand.NewPCG(seed^0x41700c, uint64(p)))
+	return int64(r.IntN(cfg.VocabSize))
+}
+
+// v41BlockKindList names the block fault kinds of V4.1, in Kinds() order.
+func v41BlockKindList() string {
+	var n []string
+	for _, k := range Kinds() {
+		if _, ok := v41BlockFaults[k]; ok {
+			n = append(n, string(k))
+		}
+	}
+	return strings.Join(n, ", ")
 }

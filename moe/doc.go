@@ -3,6 +3,9 @@
 // (FP4Linear), the FP8 shared expert, and their sum (MoE). It mirrors Gate,
 // Expert and MoE of the official release-day model.py (R-M:552-687) with the
 // act_quant + fp4_gemm / fp8_gemm kernels (R-K), spec dsv4-attention.md §10.
+// The DeepSeek-V4.1 MoE (V41Gate, V41Expert, V41Shared, V41MoE in v41.go:
+// gate_temp, no hash routing, weights / (Σ + 1e-20), activations per 32,
+// swiglu_limit on the shared expert too) lives beside it.
 //
 // # Overview
 //

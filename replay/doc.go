@@ -66,7 +66,10 @@
 // for the official layout, LoadV41Dump for native and mapped dumps with
 // their KV pages, OpenV41 choosing; engine.V41Step): V41Run
 // replays it into the same Report (local or propagated, V41Tolerance),
-// V41Diff and V41Bisect are its diff and bisect; docs/v41.md.
+// V41Diff and V41Bisect are its diff and bisect; docs/v41.md. A dump with
+// the block weights (layers.L.hc_attn_fn, ffn.*, embed/norm/head) is
+// replayed as the whole step (engine.V41WholeStep: mHC, MoE, head; the
+// report's Coverage.Scope says which).
 //
 // # Reports
 //

@@ -250,12 +250,13 @@ func (s *DumpSource) Pages(step int64, layer int) ([]Page, error) {
 }
 
 // StageNames implements StageLister: the stage records the dump holds for
-// the request at one step and layer, sorted.
+// the request at one step and layer (dump.Global: the stages of no layer,
+// such as a whole-model dump's tok and logits), sorted.
 func (s *DumpSource) StageNames(step int64, layer int) []string {
 	s.namesOnce.Do(func() {
 		s.names = map[StageKey][]string{}
 		for _, e := range s.D.Entries {
-			if e.Kind == dump.KindStage && e.Request == s.Request && e.Layer >= 0 {
+			if e.Kind == dump.KindStage && e.Request == s.Request && (e.Layer >= 0 || e.Layer == dump.Global) {
 				k := StageKey{int64(e.Step), e.Layer, ""}
 				s.names[k] = append(s.names[k], e.Stage)
 			}

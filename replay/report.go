@@ -74,6 +74,10 @@ type Coverage struct {
 	// NotModelled names (sorted) the stage tensors the dump holds at the
 	// compared steps and layers that the reference does not define.
 	NotModelled []string `json:"not_modelled"`
+	// Scope says which part of the model the reference ran, when a replay
+	// covers less than the whole step or a model family's tool says it
+	// (V4.1: whole step or attention sub-layers only).
+	Scope string `json:"scope,omitempty"`
 }
 
 // NotChecked is one held stage tensor that was not compared.
@@ -314,6 +318,9 @@ func (r *Report) WriteText(w io.Writer) {
 		if sr.Status == StatusTie {
 			fmt.Fprintf(w, "  tie: step %d layer %d %s: %s\n", sr.Step, sr.Layer, sr.Stage, sr.Reason)
 		}
+	}
+	if r.Coverage.Scope != "" {
+		fmt.Fprintf(w, "  scope: %s\n", r.Coverage.Scope)
 	}
 	if len(r.Coverage.NotModelled) > 0 {
 		fmt.Fprintf(w, "  not judged (outside the reference's stages): %s\n", strings.Join(r.Coverage.NotModelled, ", "))

@@ -251,6 +251,11 @@ func loadV41Weights(cfg *engine.Config, path string, ropes map[string]*engine.Ro
 	if len(errs) > 0 {
 		return nil, errs[0]
 	}
+	if v41HasBlock(ws) {
+		if err := loadV41Block(cfg, ws, m); err != nil {
+			return nil, err
+		}
+	}
 	return m, nil
 }
 

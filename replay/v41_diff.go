@@ -49,17 +49,28 @@ func V41Diff(a, b *V41Dump, tol *Tolerance) (*Report, error) {
 	for _, p := range steps {
 		for l := 0; l < cfg.NLayers; l++ {
 			defs := engine.V41Stages(cfg, l, p)
-			names := []string{"x"}
+			if a.Model.Whole() && b.Model.Whole() {
+				defs = engine.V41WholeStages(cfg, l, p) // the block stages and the head too
+			}
+			var names []string
 			eq := map[string]string{}
+			global := map[string]bool{}
 			for _, d := range defs {
 				names = append(names, d.Name)
 				eq[d.Name] = d.Equation
+				global[d.Name] = d.Global
+			}
+			if !slices.Contains(names, "x") {
+				names = append([]string{"x"}, names...)
 			}
 			if !slices.Contains(names, "kv_cache") {
 				names = append(names, "kv_cache")
 			}
 			for _, name := range names {
 				key := fmt.Sprintf("L%d.%s", l, name)
+				if global[name] {
+					key = name
+				}
 				ta, okA := a.step[p][key]
 				tb, okB := b.step[p][key]
 				if !okA && !okB {
@@ -80,7 +91,7 @@ func V41Diff(a, b *V41Dump, tol *Tolerance) (*Report, error) {
 				v41JudgeStage(&sr, ta, tb, in, tol.For(name), cfg.WindowSize)
 				rep.Results = append(rep.Results, sr)
 				if sr.Status == StatusFail && first == nil {
-					if name == "x" && sr.Metrics != nil && sr.Metrics.CosDiff > differentRunCos {
+					if (name == "x" || name == "embed") && sr.Metrics != nil && sr.Metrics.CosDiff > differentRunCos {
 						return nil, fmt.Errorf("diff %s %s: these dumps are not of the same run: the attention input x of layer %d at step %d already differs (cos_diff %.3g; %s) — other tokens or prompt, or a difference upstream of attention", a.Dir, b.Dir, l, p, sr.Metrics.CosDiff, sr.Reason)
 					}
 					first = &rep.Results[len(rep.Results)-1]

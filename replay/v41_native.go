@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strings"
 
 	"sparsemla/attention"
 	"sparsemla/dump"
@@ -119,7 +120,11 @@ func WriteV41Native(dir string, m *engine.V41Model, pre *engine.V41State, steps 
 					if opt.PageBlock > 0 && opt.PagesOnly && (n == "window" || n == "kv_cache" || n == "ckv" || n == "icache") {
 						continue
 					}
-					if err := put(stages[n], dump.Key{Request: opt.Request, Step: int(p), Layer: l, Stage: n}, dump.KindStage); err != nil {
+					k := dump.Key{Request: opt.Request, Step: int(p), Layer: l, Stage: n}
+					if g, ok := strings.CutPrefix(n, engine.GlobalPrefix); ok {
+						k.Layer, k.Stage = dump.Global, g // a stage of no layer (tok, logits, …)
+					}
+					if err := put(stages[n], k, dump.KindStage); err != nil {
 						return err
 					}
 				}

@@ -211,6 +211,19 @@ func LoadV41Dump(d *dump.Dump, opt V41OpenOptions) (*V41Dump, error) {
 				m[fmt.Sprintf("L%d.%s", l, n)] = t
 			}
 		}
+		// The stages of no layer (tok, logits, … of a whole-model dump)
+		// under their own names, as the official layout holds them;
+		// index_k_at is read above.
+		for _, n := range src.StageNames(p, dump.Global) {
+			if n == "index_k_at" {
+				continue
+			}
+			t, _, err := src.Stage(p, dump.Global, n)
+			if err != nil {
+				return nil, err
+			}
+			m[n] = t
+		}
 		v.step[p] = m
 		v.Steps = append(v.Steps, p)
 		if p == first {

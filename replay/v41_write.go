@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strings"
 
 	"sparsemla/attention"
 	"sparsemla/dump"
@@ -15,7 +16,8 @@ import (
 // WriteV41Dir writes a V4.1 dump directory in the layout LoadV41Dir reads:
 // config.json, weights.safetensors, rope.safetensors, prefill_state.safetensors
 // (the state pre before the first step), step_P.safetensors (every stage of
-// steps[P] under L<l>.<stage>) and meta.json (prefill = the first step,
+// steps[P] under L<l>.<stage>; a key "global:<name>" in any layer's map is
+// written as <name>: the token, the head's stages) and meta.json (prefill = the first step,
 // index_k_at). dir must be new, empty or an earlier output; it is written
 // through a temporary directory and renamed when complete.
 func WriteV41Dir(dir string, m *engine.V41Model, pre *engine.V41State, steps map[int64][]map[string]engine.Tensor, indexKAt map[int64]int, producer map[string]string) error {
@@ -84,6 +86,10 @@ func WriteV41Dir(dir string, m *engine.V41Model, pre *engine.V41State, steps map
 		t := map[string]engine.Tensor{}
 		for l, stages := range steps[p] {
 			for n, x := range stages {
+				if g, ok := strings.CutPrefix(n, engine.GlobalPrefix); ok {
+					t[g] = x // a stage of no layer (tok, logits, …)
+					continue
+				}
 				t[fmt.Sprintf("L%d.%s", l, n)] = x
 			}
 		}
@@ -146,6 +152,9 @@ func v41WeightRecords(m *engine.V41Model) []dump.Record {
 				bf(p+"indexer.k_norm.weight", ix.KNorm, ix.HeadDim)
 			}
 		}
+	}
+	if m.Whole() {
+		v41BlockRecords(m, bf, f32, u8)
 	}
 	for n, x := range wt {
 		r := engine.TensorRecord(x, dump.Key{Step: dump.NoStep, Layer: dump.Global, Stage: n}, dump.KindStage)

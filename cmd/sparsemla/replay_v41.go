@@ -26,11 +26,11 @@ func runReplayV41(dir string, f *replayFlags, stdout, stderr io.Writer) int {
 
 // rpRefuseV41 refuses the flags of the V4 replay that have no V4.1
 // implementation; false when one was set (the message is written).
-// --mode chained runs the whole model from the token (mHC, MoE, head around
-// every layer), and the V4.1 MoE is not implemented.
+// --mode chained is V4's whole-model chain; on a whole V4.1 dump the
+// propagated replay already runs the model from the token to the logits.
 func rpRefuseV41(cmd string, f *replayFlags, stderr io.Writer) bool {
 	if f.mode == string(replay.Chained) {
-		fmt.Fprintf(stderr, "sparsemla %s: --mode chained: not implemented for DeepSeek-V4.1 dumps: it chains the whole model from the token, and the V4.1 MoE and block stages are not in the V4.1 replay (docs/v41.md); use local or propagated\n", cmd)
+		fmt.Fprintf(stderr, "sparsemla %s: --mode chained: not implemented for DeepSeek-V4.1 dumps; on a whole V4.1 dump (block and MoE weights present) --mode propagated runs the whole model from the token through every layer to the logits (docs/v41.md)\n", cmd)
 		return false
 	}
 	return true
@@ -52,8 +52,8 @@ func rpOpenV41(path string, f *replayFlags) (*replay.V41Dump, error) {
 
 // v41Tolerance is the V4.1 default tolerance of the mode, then --tol, then
 // --tol-stage.
-func (f *replayFlags) v41Tolerance() (*replay.Tolerance, error) {
-	t := replay.V41Tolerance(replay.Mode(f.mode))
+func (f *replayFlags) v41Tolerance(d *replay.V41Dump) (*replay.Tolerance, error) {
+	t := replay.V41DefaultTolerance(d, replay.Mode(f.mode))
 	if f.tolFile != "" {
 		if err := t.LoadToleranceFile(f.tolFile); err != nil {
 			return nil, err
@@ -75,15 +75,15 @@ func rpRunV41(cmd, dir string, f *replayFlags, stderr io.Writer) (*replay.Report
 	if !rpRefuseV41(cmd, f, stderr) {
 		return nil, exitError
 	}
-	tol, err := f.v41Tolerance()
-	if err != nil {
-		return nil, rpFail(stderr, cmd, err)
-	}
 	steps, err := parseSteps(f.steps)
 	if err != nil {
 		return nil, rpFail(stderr, cmd, err)
 	}
 	d, err := rpOpenV41(dir, f)
+	if err != nil {
+		return nil, rpFail(stderr, cmd, err)
+	}
+	tol, err := f.v41Tolerance(d)
 	if err != nil {
 		return nil, rpFail(stderr, cmd, err)
 	}
@@ -103,7 +103,7 @@ func runDiffV41(pos []string, both bool, f *replayFlags, stdout, stderr io.Write
 	if !rpRefuseV41("diff", f, stderr) {
 		return exitError
 	}
-	tol, err := f.v41Tolerance()
+	tol, err := f.v41Tolerance(nil)
 	if err != nil {
 		return rpFail(stderr, "diff", err)
 	}
@@ -130,7 +130,7 @@ func rpBisectV41(dir string, f *replayFlags, persistent bool, stderr io.Writer) 
 	if !rpRefuseV41("bisect", f, stderr) {
 		return nil, exitError
 	}
-	tol, err := f.v41Tolerance()
+	tol, err := f.v41Tolerance(nil)
 	if err != nil {
 		return nil, rpFail(stderr, "bisect", err)
 	}
