@@ -131,3 +131,35 @@ func TestWriteFaultedV41WholeGolden(t *testing.T) {
 		t.Errorf("%s: err = %v, want a refusal (the bias does not change the choice there)", f, err)
 	}
 }
+
+// TestWriteFaultedV41NativeBlockRefused: a block fault kind into a native
+// whole V4.1 dump is refused in one line (its KV pages and stages of no
+// layer would stay as dumped), while an attention kind is still written.
+func TestWriteFaultedV41NativeBlockRefused(t *testing.T) {
+	cfg, err := engine.Preset("v41-tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := SynthesizeV41(cfg, 8, 2, 5, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir() + "/n"
+	if err := s.WriteNative(dir, true); err != nil {
+		t.Fatal(err)
+	}
+	d, err := replay.OpenV41(dir, replay.V41OpenOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !d.Model.Whole() {
+		t.Fatal("the native synthetic dump did not load as a whole model")
+	}
+	_, err = WriteFaultedV41(dir, d, t.TempDir()+"/f", Fault{Kind: ExpertNibble, Step: 9, Layer: 3})
+	if err == nil || !strings.Contains(err.Error(), "official layout only") || strings.Contains(err.Error(), "\n") {
+		t.Errorf("expert-nibble into a native whole dump: err = %v, want the one-line refusal", err)
+	}
+	if _, err := WriteFaultedV41(dir, d, t.TempDir()+"/g", Fault{Kind: WindowOrder, Step: 8, Layer: 3}); err != nil {
+		t.Errorf("window-order into a native whole dump: %v", err)
+	}
+}
