@@ -61,6 +61,29 @@ func (m *MoE) Forward(x []float32, tok int64) (Result, error) {
 	return Result{Route: r, Out: out}, err
 }
 
+// expertSlots checks a routing (indices and weights [k], every index in
+// [0, experts)) and returns, for each expert id e, the slot t whose
+// indices[t] = e, or −1 when e is not routed to. An expert id filling two
+// slots keeps the later slot (see Combine).
+func expertSlots(indices []int32, weights []float32, experts int) ([]int, error) {
+	if len(indices) != len(weights) {
+		return nil, fmt.Errorf("moe: %d routing indices but %d weights", len(indices), len(weights))
+	}
+	for t, id := range indices {
+		if id < 0 || int(id) >= experts {
+			return nil, fmt.Errorf("moe: routing index %d (slot %d) outside [0, %d)", id, t, experts)
+		}
+	}
+	slots := make([]int, experts)
+	for e := range slots {
+		slots[e] = -1
+	}
+	for t, id := range indices {
+		slots[id] = t
+	}
+	return slots, nil
+}
+
 // Combine is the expert half of MoE.forward (R-M:672-687) for given routing
 // indices and weights [k]:
 //
@@ -76,24 +99,14 @@ func (m *MoE) Forward(x []float32, tok int64) (Result, error) {
 // keeps the later slot's. An index outside [0, E) or a routed expert without
 // weights (neither in Experts nor from Source) is an error.
 func (m *MoE) Combine(x []float32, indices []int32, weights []float32) ([]float32, error) {
-	if len(indices) != len(weights) {
-		return nil, fmt.Errorf("moe: %d routing indices but %d weights", len(indices), len(weights))
-	}
-	for t, id := range indices {
-		if id < 0 || int(id) >= m.Gate.Experts {
-			return nil, fmt.Errorf("moe: routing index %d (slot %d) outside [0, %d)", id, t, m.Gate.Experts)
-		}
+	slots, err := expertSlots(indices, weights, m.Gate.Experts)
+	if err != nil {
+		return nil, err
 	}
 	dim := len(x)
 	y := make([]float32, dim)
 	out := make([]float32, dim)
-	for e := 0; e < m.Gate.Experts; e++ {
-		slot := -1
-		for t, id := range indices {
-			if int(id) == e {
-				slot = t
-			}
-		}
+	for e, slot := range slots {
 		if slot < 0 {
 			continue
 		}

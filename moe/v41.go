@@ -271,23 +271,13 @@ func (m *V41MoE) Forward(x []float32, image bool) (Result, error) {
 // later slot's contribution, as Combine does.) An index outside [0, E) or a
 // routed expert without weights is an error.
 func (m *V41MoE) Combine(x []float32, indices []int32, weights []float32) ([]float32, error) {
-	if len(indices) != len(weights) {
-		return nil, fmt.Errorf("moe: %d routing indices but %d weights", len(indices), len(weights))
-	}
-	for t, id := range indices {
-		if id < 0 || int(id) >= m.Gate.Experts {
-			return nil, fmt.Errorf("moe: routing index %d (slot %d) outside [0, %d)", id, t, m.Gate.Experts)
-		}
+	slots, err := expertSlots(indices, weights, m.Gate.Experts)
+	if err != nil {
+		return nil, err
 	}
 	y := make([]float32, len(x))
 	out := make([]float32, len(x))
-	for e := 0; e < m.Gate.Experts; e++ {
-		slot := -1
-		for t, id := range indices {
-			if int(id) == e {
-				slot = t
-			}
-		}
+	for e, slot := range slots {
 		if slot < 0 {
 			continue
 		}

@@ -95,23 +95,13 @@ func (m *MoE) CombineWith(x []float32, indices []int32, weights []float32, share
 // routedSum is the fp32 sum of Combine's routed experts (before the shared
 // expert and the bf16 rounding).
 func (m *MoE) routedSum(x []float32, indices []int32, weights []float32) ([]float32, error) {
-	if len(indices) != len(weights) {
-		return nil, fmt.Errorf("moe: %d routing indices but %d weights", len(indices), len(weights))
-	}
-	for t, id := range indices {
-		if id < 0 || int(id) >= m.Gate.Experts {
-			return nil, fmt.Errorf("moe: routing index %d (slot %d) outside [0, %d)", id, t, m.Gate.Experts)
-		}
+	slots, err := expertSlots(indices, weights, m.Gate.Experts)
+	if err != nil {
+		return nil, err
 	}
 	y := make([]float32, len(x))
 	out := make([]float32, len(x))
-	for e := 0; e < m.Gate.Experts; e++ {
-		slot := -1
-		for t, id := range indices {
-			if int(id) == e {
-				slot = t
-			}
-		}
+	for e, slot := range slots {
 		if slot < 0 {
 			continue
 		}
