@@ -43,13 +43,9 @@ func WriteV41Native(dir string, m *engine.V41Model, pre *engine.V41State, steps 
 		return err
 	}
 	defer od.Abort()
-	var ps []int64
-	for p := range steps {
-		ps = append(ps, p)
-	}
-	sort.Slice(ps, func(i, j int) bool { return ps[i] < ps[j] })
-	if len(ps) == 0 || pre.Next != ps[0] {
-		return fmt.Errorf("WriteV41Native: steps %v do not start at the state's position %d", ps, pre.Next)
+	ps, err := v41RunSteps("WriteV41Native", steps, pre)
+	if err != nil {
+		return err
 	}
 	cfgJSON, err := json.MarshalIndent(cfg, "", "  ")
 	if err != nil {

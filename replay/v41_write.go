@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 
@@ -12,6 +14,16 @@ import (
 	"sparsemla/engine"
 	"sparsemla/userfile"
 )
+
+// v41RunSteps is the decode steps of a run to write (steps' keys),
+// ascending; they must start at the start state's position.
+func v41RunSteps(what string, steps map[int64][]map[string]engine.Tensor, pre *engine.V41State) ([]int64, error) {
+	ps := slices.Sorted(maps.Keys(steps))
+	if len(ps) == 0 || pre.Next != ps[0] {
+		return nil, fmt.Errorf("%s: steps %v do not start at the state's position %d", what, ps, pre.Next)
+	}
+	return ps, nil
+}
 
 // WriteV41Dir writes a V4.1 dump directory in the layout LoadV41Dir reads:
 // config.json, weights.safetensors, rope.safetensors, prefill_state.safetensors
@@ -27,13 +39,9 @@ func WriteV41Dir(dir string, m *engine.V41Model, pre *engine.V41State, steps map
 		return err
 	}
 	defer od.Abort()
-	var ps []int64
-	for p := range steps {
-		ps = append(ps, p)
-	}
-	sort.Slice(ps, func(i, j int) bool { return ps[i] < ps[j] })
-	if len(ps) == 0 || pre.Next != ps[0] {
-		return fmt.Errorf("WriteV41Dir: steps %v do not start at the state's position %d", ps, pre.Next)
+	ps, err := v41RunSteps("WriteV41Dir", steps, pre)
+	if err != nil {
+		return err
 	}
 	writeJSON := func(name string, v any) error {
 		b, err := json.MarshalIndent(v, "", "  ")
