@@ -242,4 +242,7 @@ func (w *WoAPanels) WoA(u, o []float32) {
 			jobs[i/np].run(i%np, i%np+1)
 		}
 	})
+	for _, j := range jobs {
+		j.release()
+	}
 }
