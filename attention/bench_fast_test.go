@@ -38,12 +38,7 @@ var streamBuf []byte
 // loop: the faster, memory-bound figure). The FP8 GEMV target is ≥ 80 % of the
 // parallel figure (the FP8 benchmarks report it as %stream).
 func BenchmarkStreamRead(b *testing.B) {
-	if streamBuf == nil {
-		streamBuf = make([]byte, 512<<20)
-		for i := range streamBuf {
-			streamBuf[i] = byte(i%251) | 1 // never 0
-		}
-	}
+	getStreamBuf()
 	sum := func(v []byte) uint64 {
 		var s0, s1, s2, s3 uint64
 		for i := 0; i+32 <= len(v); i += 32 {
@@ -201,44 +196,130 @@ func fp8Copies(dist string, rows, cols int) []*FP8Panels {
 	return ws
 }
 
-// streamGBs is this process's all-core streaming read at the current
-// GOMAXPROCS now: the median of 3 parallel scans of 512 MiB (the runtime's
-// vector loop, as BenchmarkStreamRead/scan/allcores), measured right after
-// each FP8 benchmark for its "%stream" metric, so that a machine shared with
-// other work compares figures taken under the same load.
-func streamGBs() float64 {
+// getStreamBuf returns the 512 MiB streaming-read buffer (no zero byte).
+func getStreamBuf() []byte {
 	if streamBuf == nil {
 		streamBuf = make([]byte, 512<<20)
 		for i := range streamBuf {
 			streamBuf[i] = byte(i%251) | 1
 		}
 	}
-	n := runtime.GOMAXPROCS(0)
+	return streamBuf
+}
+
+// streamGBs is this process's all-core streaming read at the current
+// GOMAXPROCS now: the median of 3 parallel scans of 512 MiB (the runtime's
+// vector loop, as BenchmarkStreamRead/scan/allcores).
+func streamGBs() float64 {
+	buf := getStreamBuf()
 	var rates []float64
 	for range 3 {
 		t0 := time.Now()
-		var g errgroup.Group
-		for w := 0; w < n; w++ {
-			g.Go(func() error {
-				bytes.IndexByte(streamBuf[w*len(streamBuf)/n:(w+1)*len(streamBuf)/n], 0)
-				return nil
-			})
-		}
-		g.Wait()
-		rates = append(rates, float64(len(streamBuf))/time.Since(t0).Seconds()/1e9)
+		streamSegment(buf, 0, len(buf))
+		rates = append(rates, float64(len(buf))/time.Since(t0).Seconds()/1e9)
 	}
 	slices.Sort(rates)
 	return rates[1]
 }
 
-// reportFP8 reports the GB/s of weight bytes read, GFLOP/s and the ratio to
-// the streaming read measured right after (%stream; target ≥ 80).
-func reportFP8(b *testing.B, macs int64) {
-	s := b.Elapsed().Seconds() / float64(b.N)
-	gbs := float64(macs) / s / 1e9
+// streamSegment reads buf[off:off+n] (wrapping at the end) on GOMAXPROCS
+// goroutines, disjoint parts, with the runtime's vector scan.
+func streamSegment(buf []byte, off, n int) {
+	procs := runtime.GOMAXPROCS(0)
+	var g errgroup.Group
+	for w := 0; w < procs; w++ {
+		g.Go(func() error {
+			lo, hi := off+w*n/procs, off+(w+1)*n/procs
+			for lo < hi {
+				a := lo % len(buf)
+				e := min(len(buf), a+hi-lo)
+				bytes.IndexByte(buf[a:e], 0)
+				lo += e - a
+			}
+			return nil
+		})
+	}
+	g.Wait()
+}
+
+// streamWindow is how many weight bytes a benchmark reads between two
+// streaming-read samples (streamPair).
+const streamWindow = 16 << 20
+
+// streamPair measures a GEMV benchmark against the streaming read in
+// alternating windows: after every ≥ 16 MiB of weight bytes read by the
+// calls (timed), the benchmark's timer stops and the same number of bytes
+// is read from a 512 MiB buffer by GOMAXPROCS goroutines (timed too); each
+// window gives the ratio (stream time)/(calls' time). On a machine shared
+// with other work the load moves both figures of a window alike, so the
+// median ratio holds where a GB/s figure and a separately measured stream
+// read (the previous form of %stream) moved 3-10× between runs.
+type streamPair struct {
+	b        *testing.B
+	perCall  int64 // weight bytes one call reads
+	n        int64 // bytes read by calls in the current window
+	t0       time.Time
+	off      int
+	ratios   []float64
+	rates    []float64 // GB/s of each window's streaming read
+	disabled bool
+}
+
+// newStreamPair starts the pairing; call tick after every call in b.Loop
+// and report after it.
+func newStreamPair(b *testing.B, perCall int64) *streamPair {
+	getStreamBuf()
+	return &streamPair{b: b, perCall: perCall, t0: time.Now()}
+}
+
+// tick counts one call and, at the end of a window, takes its sample.
+func (s *streamPair) tick() {
+	s.n += s.perCall
+	if s.n < streamWindow {
+		return
+	}
+	tg := time.Since(s.t0)
+	s.b.StopTimer()
+	t1 := time.Now()
+	streamSegment(streamBuf, s.off, int(s.n))
+	ts := time.Since(t1)
+	s.off = (s.off + int(s.n)) % len(streamBuf)
+	s.ratios = append(s.ratios, ts.Seconds()/tg.Seconds())
+	s.rates = append(s.rates, float64(s.n)/ts.Seconds()/1e9)
+	s.n = 0
+	s.b.StartTimer()
+	s.t0 = time.Now()
+}
+
+// report writes GB/s of weight bytes, GFLOP/s (2 per multiply-add),
+// %stream (the median window ratio; with no complete window, the ratio to
+// a stream read measured after the loop), stream-GB/s (the windows' median
+// streaming read) and pairs (the windows).
+func (s *streamPair) report(macs int64) {
+	b := s.b
+	sec := b.Elapsed().Seconds() / float64(b.N)
+	gbs := float64(s.perCall) / sec / 1e9
 	b.ReportMetric(gbs, "GB/s")
-	b.ReportMetric(2*float64(macs)/s/1e9, "GFLOP/s")
-	b.ReportMetric(100*gbs/streamGBs(), "%stream")
+	b.ReportMetric(2*float64(macs)/sec/1e9, "GFLOP/s")
+	if len(s.ratios) == 0 {
+		st := streamGBs()
+		b.ReportMetric(100*gbs/st, "%stream")
+		b.ReportMetric(st, "stream-GB/s")
+		b.ReportMetric(0, "pairs")
+		return
+	}
+	b.ReportMetric(100*median(s.ratios), "%stream")
+	b.ReportMetric(median(s.rates), "stream-GB/s")
+	b.ReportMetric(float64(len(s.ratios)), "pairs")
+}
+
+// median of v (v is reordered).
+func median(v []float64) float64 {
+	slices.Sort(v)
+	if len(v)%2 == 1 {
+		return v[len(v)/2]
+	}
+	return (v[len(v)/2-1] + v[len(v)/2]) / 2
 }
 
 // BenchmarkFP8PanelsLinear: FP8Linear on the packed V4-Flash weights, for
@@ -255,11 +336,13 @@ func BenchmarkFP8PanelsLinear(b *testing.B) {
 				x := bf16Vec(rng, w.cols, 1)
 				y := make([]float32, w.rows)
 				i := 0
+				sp := newStreamPair(b, int64(w.rows*w.cols))
 				for b.Loop() {
 					ws[i%len(ws)].Linear(y, x)
 					i++
+					sp.tick()
 				}
-				reportFP8(b, int64(w.rows*w.cols))
+				sp.report(int64(w.rows * w.cols))
 			})
 		}
 	}
@@ -276,11 +359,13 @@ func BenchmarkFP8PanelsLinearShared(b *testing.B) {
 			x := bf16Vec(rng, 4096, 1)
 			ys := [][]float32{make([]float32, 1024), make([]float32, 512)}
 			i := 0
+			sp := newStreamPair(b, 1536*4096)
 			for b.Loop() {
 				LinearShared([]*FP8Panels{qa[i%len(qa)], kv[i%len(kv)]}, ys, x)
 				i++
+				sp.tick()
 			}
-			reportFP8(b, int64(1536*4096))
+			sp.report(1536 * 4096)
 		})
 	}
 }
@@ -336,11 +421,13 @@ func BenchmarkFP8PanelsWoA(b *testing.B) {
 			o := bf16Vec(rng, G*gd, 1)
 			u := make([]float32, G*R)
 			i := 0
+			sp := newStreamPair(b, G*R*gd)
 			for b.Loop() {
 				ws[i%len(ws)].WoA(u, o)
 				i++
+				sp.tick()
 			}
-			reportFP8(b, G*R*gd)
+			sp.report(G * R * gd)
 		})
 	}
 }
