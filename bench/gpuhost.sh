@@ -76,6 +76,8 @@ run)
 	PY=${PY:-python3} # the GPU host's python3 holds PyTorch
 	threads=16,2,8,4,1 reps=3 runs=10 cpus=2,8,16 big=1 count=${GPUHOST_COUNT:-3} # 16 and 2 first: torch.compile compiles in that order within its budget
 	compile=bf16 dists='' csatime=230 parts="csa step gemv kv" before_cpus=2,8,16
+	# time-based: %stream is the median over 16 MiB windows (attention's streamPair)
+	gemvtime=${GPUHOST_GEMVTIME:-300ms}
 	if [ "${GPUHOST_QUICK:-}" = 1 ]; then
 		threads=1,2 reps=1 runs=2 cpus=1,2 big=0 count=1
 	fi
@@ -103,8 +105,8 @@ run)
 	}
 	gemv() { # gemv BINARY CPUS FILE: one process per thread count
 		for c in ${2//,/ }; do
-			(cd attention && timeout 60 "$1" -test.run '^$' -test.bench "StreamRead/scan/allcores|FP8PanelsLinear/$dists|FP8PanelsWoA/$dists" \
-				-test.cpu $c -test.benchtime 20x -test.count $count -test.timeout 0 >>"$3" 2>&1)
+			(cd attention && timeout 100 "$1" -test.run '^$' -test.bench "StreamRead/scan/allcores|FP8PanelsLinear/$dists|FP8PanelsLinearShared/$dists|FP8PanelsWoA/$dists" \
+				-test.cpu $c -test.benchtime $gemvtime -test.count $count -test.timeout 0 >>"$3" 2>&1)
 			echo "exit $? after $(( $(date +%s) - t0 )) s"
 		done
 	}
