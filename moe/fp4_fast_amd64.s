@@ -482,7 +482,7 @@ quad:
 	MOVQ BX, AX
 	ANDQ $3, AX
 	SHLQ $3, AX
-	MOVQ AX, X14           // shift of byte b&3 in that dword
+	VMOVQ AX, X14          // shift of byte b&3 in that dword
 	VPBROADCASTD (R9)(BX*4), Y15
 	VMOVDQU 512(R13), Y9
 	VPSRLD X14, Y9, Y9

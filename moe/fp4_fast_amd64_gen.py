@@ -127,7 +127,7 @@ a('''	ADDQ $128, R11
 	MOVQ BX, AX
 	ANDQ $3, AX
 	SHLQ $3, AX
-	MOVQ AX, X14           // shift of byte b&3 in that dword
+	VMOVQ AX, X14          // shift of byte b&3 in that dword
 	VPBROADCASTD (R9)(BX*4), Y15''')
 for g in range(4):
     for i in range(8):
