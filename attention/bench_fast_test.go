@@ -243,14 +243,30 @@ func streamSegment(buf []byte, off, n int) {
 }
 
 // streamWindow is how many weight bytes a benchmark reads between two
-// streaming-read samples (streamPair).
-const streamWindow = 16 << 20
+// streaming-read samples (streamPair): 64 MiB, and 8 MiB per thread above 8
+// threads, so that a window's reading takes milliseconds.
+func streamWindow() int64 { return max(64<<20, int64(runtime.GOMAXPROCS(0))<<23) }
+
+// poolStream reads buf[off:off+n] (wrapping at the end) with parallelFor
+// in 256 KiB items — the pool the GEMVs run on, so that the streaming read
+// and the calls it is paired with start their helpers alike.
+func poolStream(buf []byte, off, n int) {
+	const item = 256 << 10
+	items := (n + item - 1) / item
+	parallelFor(items, n, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			a := (off + i*item) % len(buf)
+			e := min(len(buf), a+min(item, n-i*item))
+			bytes.IndexByte(buf[a:e], 0)
+		}
+	})
+}
 
 // streamPair measures a GEMV benchmark against the streaming read in
-// alternating windows: after every ≥ 16 MiB of weight bytes read by the
+// alternating windows: after every streamWindow() weight bytes read by the
 // calls (timed), the benchmark's timer stops and the same number of bytes
-// is read from a 512 MiB buffer by GOMAXPROCS goroutines (timed too); each
-// window gives the ratio (stream time)/(calls' time). On a machine shared
+// is read from a 512 MiB buffer on the same worker pool (poolStream, timed
+// too); each window gives the ratio (stream time)/(calls' time). On a machine shared
 // with other work the load moves both figures of a window alike, so the
 // median ratio holds where a GB/s figure and a separately measured stream
 // read (the previous form of %stream) moved 3-10× between runs.
@@ -275,13 +291,13 @@ func newStreamPair(b *testing.B, perCall int64) *streamPair {
 // tick counts one call and, at the end of a window, takes its sample.
 func (s *streamPair) tick() {
 	s.n += s.perCall
-	if s.n < streamWindow {
+	if s.n < streamWindow() {
 		return
 	}
 	tg := time.Since(s.t0)
 	s.b.StopTimer()
 	t1 := time.Now()
-	streamSegment(streamBuf, s.off, int(s.n))
+	poolStream(streamBuf, s.off, int(s.n))
 	ts := time.Since(t1)
 	s.off = (s.off + int(s.n)) % len(streamBuf)
 	s.ratios = append(s.ratios, ts.Seconds()/tg.Seconds())
@@ -535,5 +551,17 @@ func BenchmarkIndexScoresFast(b *testing.B) {
 			b.ReportMetric(flop/s/1e9/float64(runtime.GOMAXPROCS(0)), "GFLOP/s/core")
 			b.ReportMetric(4*128*float64(tc)/s/1e9, "GB/s")
 		})
+	}
+}
+
+// BenchmarkQuantizeAct: the activation quantisation every FP8 GEMV call
+// runs serially before its parallel part (quantizeActFast, 4096 values, as
+// for wq_a and wkv) — its time is a fixed cost of each call.
+func BenchmarkQuantizeAct(b *testing.B) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	x := bf16Vec(rng, 4096, 1)
+	q, xs, s := make([]float32, 4096), make([]float32, 4096), make([]float32, 4096/ActBlock)
+	for b.Loop() {
+		quantizeActFast(q, s, xs, x)
 	}
 }
