@@ -17,18 +17,16 @@ import (
 // depend on the split or the number of goroutines.
 //
 // The pool's workers are long-lived goroutines (started once, GOMAXPROCS−1
-// of them): after a job they spin for poolSpin (spinUntil), yielding the
-// processor to other goroutines every few µs, before they park. A decode
-// step is a chain of GEMVs of 20-700 µs each; starting fresh goroutines for
-// each one (the previous form of this function) woke parked OS threads one
-// after the other for every call. Spinning workers join the next call
-// within a microsecond (with the FP8 kernels' prefetch, the 16-thread
-// GEMVs on the GPU host went from 32-46 % to 54-78 % of the streaming read
-// for the large weights; the small wq_a and wkv stayed at 19-24 %: some
-// other fixed cost per call, bench/README.md). They join without a lock (the job list is an immutable
-// snapshot, a helper slot is taken by compare-and-swap): a mutex that 15
-// workers reach at once puts most of them to sleep on its semaphore, the
-// very wake-up cost the pool avoids.
+// of them): after a job they spin for poolSpinNs (spinUntil) — unless more
+// calls are in flight than half the Ps (crowded) — before they park. A
+// decode step is a chain of GEMVs of 20-700 µs each; starting fresh
+// goroutines for each one (the previous form of this function) woke parked
+// OS threads one after the other for every call, and a parked thread takes
+// an OS wake-up (140 µs median on the GPU host's VM) to join. Spinning
+// workers join the next call within a microsecond. They join without a
+// lock (the job list is an immutable snapshot, a helper slot is taken by
+// compare-and-swap): a mutex that 15 workers reach at once puts most of
+// them to sleep on its semaphore, the very wake-up cost the pool avoids.
 //
 // Concurrent calls (a layer's four branches, a model step's layers) all sit
 // in the pool's job list; a free worker joins the listed job with the
@@ -52,31 +50,54 @@ func parallelFor(n int, work int, f func(lo, hi int)) {
 	if spin := procs <= numCPU; thePool.spin.Load() != spin {
 		thePool.spin.Store(spin)
 	}
+	if thePool.procs.Load() != int32(procs) {
+		thePool.procs.Store(int32(procs))
+	}
+	thePool.calls.Add(1)
 	thePool.submit(j, workers-1)
 	j.loop()
 	thePool.retire(j)
 	// close the job to new helpers, then wait for those still on a chunk:
 	// they finish within a chunk's time, so spin briefly before blocking
 	joined := j.state.Or(jobClosed) &^ jobClosed
-	if !spinUntil(func() bool { return j.done.Load() == joined }) {
+	if !spinUntil(func() bool { return j.done.Load() == joined }, nil) {
 		<-j.fin
 	}
+	thePool.calls.Add(-1)
 }
 
-// poolSpin is how long an idle pool worker keeps looking for a job before
-// it parks (and a caller polls for its helpers before it blocks).
-var poolSpin = 50 * time.Microsecond
+// poolSpinNs is how long (ns) an idle pool worker keeps looking for a job
+// before it parks (and a caller polls for its helpers before it blocks).
+var poolSpinNs = func() *atomic.Int64 {
+	var v atomic.Int64
+	v.Store(int64(50 * time.Microsecond))
+	return &v
+}()
+
+// SetPoolSpin sets how long the fast paths' idle pool workers spin looking
+// for the next parallel call before they park (default 50 µs), and returns
+// the previous value. It changes no result, only speed: a parked worker
+// takes an OS wake-up to join the next call (about 140 µs median, 340 µs at
+// the 90th percentile on the GPU host's Firecracker VM), a spinning one
+// joins within a microsecond but holds its core meanwhile.
+func SetPoolSpin(d time.Duration) time.Duration {
+	return time.Duration(poolSpinNs.Swap(int64(d)))
+}
 
 // numCPU is the number of CPUs the process may use (its affinity at start).
 var numCPU = runtime.NumCPU()
 
-// spinUntil polls cond for up to poolSpin (not at all when the pool's spin
-// flag is off) and reports whether it became true. It polls in a plain
-// loop (an atomic load every iteration), yielding the processor only every
-// few µs: a runtime.Gosched per iteration (the first form) made 15 idle
-// workers hammer the scheduler's global run queue lock.
-func spinUntil(cond func() bool) bool {
-	if !thePool.spin.Load() {
+// spinUntil polls cond for up to poolSpinNs (not at all when the pool's
+// spin flag is off, or once stop, when given, reports true) and reports
+// whether cond became true. It polls in a plain loop (an atomic load every
+// iteration) and never yields: a runtime.Gosched per iteration (the first
+// form) made 15 idle workers hammer the scheduler's global run queue lock,
+// and one every 2048 iterations (the second) still cost each call at 16
+// threads ≈ 25 µs of workers joining late (GPU host: wq_a 59 → 85 % of the
+// streaming read, wkv 41 → 71 % without it). A spinning worker holds its P
+// at most poolSpinNs, and not at all while crowded.
+func spinUntil(cond, stop func() bool) bool {
+	if !thePool.spin.Load() || (stop != nil && stop()) {
 		return cond()
 	}
 	t0 := time.Now()
@@ -85,13 +106,21 @@ func spinUntil(cond func() bool) bool {
 			return true
 		}
 		if i%2048 == 0 {
-			if time.Since(t0) > poolSpin {
+			if time.Since(t0) > time.Duration(poolSpinNs.Load()) || (stop != nil && stop()) {
 				return false
 			}
-			runtime.Gosched()
 		}
 	}
 }
+
+// crowded reports whether more parallel calls are in flight than half the
+// Ps: their callers then keep the Ps busy, and an idle worker that spins
+// would only hold a P one of them needs (a V4-Flash model step running 16
+// layers at once at GOMAXPROCS 16 took 76-79 ms with workers that park at
+// once, 79-84 ms with a 50 µs spin, on the GPU host), so it parks instead.
+// With fewer — a chain of GEMVs, a layer's four branches — an idle worker
+// spins, to join the next call without an OS wake-up.
+func (p *workPool) crowded() bool { return 2*p.calls.Load() > p.procs.Load() }
 
 // jobClosed is the bit of poolJob.state set once the caller has taken its
 // last chunk: no helper joins after it.
@@ -146,6 +175,8 @@ type workPool struct {
 	jobs    atomic.Pointer[[]*poolJob] // calls not yet retired (an immutable snapshot)
 	gen     atomic.Int64               // jobs submitted
 	spin    atomic.Bool                // idle workers and waiting callers spin (GOMAXPROCS ≤ CPUs)
+	calls   atomic.Int32               // parallel calls in flight
+	procs   atomic.Int32               // GOMAXPROCS at the latest call
 	mu      sync.Mutex                 // guards the rest, and updates of jobs
 	cond    sync.Cond
 	started int // workers started
@@ -227,7 +258,7 @@ func (p *workPool) worker() {
 			j.leave()
 			continue
 		}
-		if spinUntil(func() bool { return p.gen.Load() != seen }) {
+		if spinUntil(func() bool { return p.gen.Load() != seen }, p.crowded) {
 			continue
 		}
 		p.mu.Lock()

@@ -19,6 +19,6 @@ func init() {
 // SPARSEMLA_POOL_SPIN_US=N sets how long idle pool workers spin (µs).
 func init() {
 	if v, err := strconv.Atoi(os.Getenv("SPARSEMLA_POOL_SPIN_US")); err == nil {
-		poolSpin = time.Duration(v) * time.Microsecond
+		SetPoolSpin(time.Duration(v) * time.Microsecond)
 	}
 }

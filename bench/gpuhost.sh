@@ -39,6 +39,8 @@
 # second one (an earlier build: its attention.test and engine.test) whose
 # checkpoint-code GEMVs and 43-layer steps run beside, for a before/after
 # table in the same host run (kernels_before.txt, model_step_before.txt).
+# GPUHOST_PARTS picks parts ("csa", "step", "gemv", "kv"; default all), to
+# split a run over two device calls of at most 10 minutes each.
 # (One process per thread count: a first round ran -test.cpu 16,2 in one
 # process, and the first benchmark process after PyTorch kept only 2 Ps
 # busy at either thread count, while separate processes ran normally.)
@@ -86,6 +88,7 @@ run)
 		# without torch.compile, the CSA comparison last
 		reps=1 runs=5 compile='' dists=checkpoint count=1 csatime=45 parts="gemv step csa" before_cpus=2,16
 	fi
+	parts=${GPUHOST_PARTS:-$parts} # e.g. "csa" or "step gemv kv": a run split over two device calls
 	{
 		date -u
 		echo "nproc $(nproc)"

@@ -7,8 +7,10 @@ import (
 	"os"
 	"runtime"
 	"runtime/metrics"
+	"strconv"
 	"sync"
 	"testing"
+	"time"
 
 	"golang.org/x/sync/errgroup"
 
@@ -482,4 +484,12 @@ func BenchmarkFastStages(b *testing.B) {
 			c.StepFrom(s, a, g, 4099, rope)
 		}
 	})
+}
+
+// SPARSEMLA_POOL_SPIN_US=N sets how long the fast paths' idle pool workers
+// spin (attention.SetPoolSpin), to compare on one machine.
+func init() {
+	if v, err := strconv.Atoi(os.Getenv("SPARSEMLA_POOL_SPIN_US")); err == nil {
+		attention.SetPoolSpin(time.Duration(v) * time.Microsecond)
+	}
 }
