@@ -116,7 +116,7 @@ def gemvs(kern, title):
                 cells.append(f"{g:.1f}" + pct + (f", {c:.1f} per CPU-s" if c is not None else ""))
             print(f"| {name.removeprefix('Benchmark')} | " + " | ".join(cells) + " |")
         print("\nTarget: every FP8 GEMV ≥ 80 % of the streaming read at 2, 8 and 16 threads: \"(P % of S)\" is the median ratio over")
-        print("16 MiB windows alternating the benchmark's calls with a streaming read of as many bytes (S: its median GB/s).")
+        print("64 MiB windows (8 MiB per thread above 8 threads) alternating the benchmark's calls with a streaming read of as many bytes on the same worker pool (S: its median GB/s).")
         print("FP8PanelsInCache is one core on a")
         print("cache-resident weight: the kernel's own rate (GB/s of codes per second of thread CPU time).\n")
 
