@@ -7,7 +7,7 @@
 // each lane does the reference's fp32 operations in the reference's order: a
 // rounded product then a rounded sum (VMULPS, VADDPS), k ascending. The FP8
 // kernels fuse the two (VFMADD231PS) because their products are exact (see
-// WORDS8), which makes the fused result the same bits. So a lane's result is
+// WORDS16), which makes the fused result the same bits. So a lane's result is
 // bit-identical to the scalar reference loop.
 
 // func cpuid(eaxArg, ecxArg uint32) (eax, ebx, ecx, edx uint32)
@@ -47,15 +47,21 @@ TEXT ·xgetbv0(SB), NOSPLIT, $0-8
 //	f   = (c|0x80) − K             the field, 0..254
 //	h   = sign(c)·0x08
 //
-// and stores the 16-bit words h<<8|f; a lane then reads its word with
-// VPMOVZXWD and shifts it left by 20: sign → bit 31, f → bits 20..27, which
-// is the fp32 bit pattern of v(c). (The plain shift of OLD8 below, E4M3·2^-120,
-// makes the subnormal codes fp32 subnormals, on which Intel cores take
-// microcode assists: it is used only for rows without subnormal codes.)
+// and stores the 16-bit words (h<<8|f)<<4: the upper half of the fp32 bit
+// pattern of v(c) (sign → bit 31, f → bits 20..27). (The plain shift of
+// OLD16 below, E4M3·2^-120, makes the subnormal codes fp32 subnormals, on
+// which Intel cores take microcode assists: it is used only for rows
+// without subnormal codes.)
 //
-// AVX2's byte unpacks work per 128-bit half, so the 32 words land in the
-// scratch as codes 0-7, 16-23 (first 32 bytes) and 8-15, 24-31 (next 32);
-// the CODES64 lane order follows that.
+// Lane layout. Both widenings work on 16 codes (one row of a 16-row group g
+// of the panel's 64) as 16 words, two per dword: dword i holds the words of
+// rows 16g+2i (low half) and 16g+2i+1 (high half). The high word is the fp32
+// value after a mask, the low one after a 16-bit shift left, so no lane
+// needs its own widening instruction (the previous form spent one
+// VPMOVSXBD or VPMOVZXWD and one shift per 8 codes). Accumulator 2g holds
+// rows 16g+2i in lane i, accumulator 2g+1 rows 16g+2i+1: y[8a+i] is row
+// 16(a/2)+2i+a%2 (fp8LaneRow in kernels_fast_amd64.go); every kernel here
+// uses that layout, and the Go side maps it back.
 
 DATA fp8ktab<>+0(SB)/8, $0
 DATA fp8ktab<>+8(SB)/8, $0x01020304070a1180
@@ -87,16 +93,27 @@ DATA fp8c08<>+16(SB)/8, $0x0808080808080808
 DATA fp8c08<>+24(SB)/8, $0x0808080808080808
 GLOBL fp8c08<>(SB), RODATA|NOPTR, $32
 
-// FP8CONSTS loads the DEC32 constants: Y15 = 0x7F, Y14 = 0x78, Y13 = KTAB.
+DATA fp8hiword<>+0(SB)/8, $0xffff0000ffff0000
+DATA fp8hiword<>+8(SB)/8, $0xffff0000ffff0000
+DATA fp8hiword<>+16(SB)/8, $0xffff0000ffff0000
+DATA fp8hiword<>+24(SB)/8, $0xffff0000ffff0000
+GLOBL fp8hiword<>(SB), RODATA|NOPTR, $32
+
+// FP8CONSTS loads the DEC32 constants: Y15 = 0x7F, Y14 = 0x78, Y13 = KTAB,
+// and WORDS16's Y12 = 0xFFFF0000.
 #define FP8CONSTS \
 	VMOVDQU fp8c7f<>(SB), Y15; \
 	VMOVDQU fp8c78<>(SB), Y14; \
-	VMOVDQU fp8ktab<>(SB), Y13
+	VMOVDQU fp8ktab<>(SB), Y13; \
+	VMOVDQU fp8hiword<>(SB), Y12
 
-// DEC32 turns the 32 codes at src into 32 words h<<8|f at lo(SP), hi(SP)
-// (32 bytes each). Uses Y8, Y9, Y10.
+// DEC32 turns the 32 codes at src into 32 words (h<<8|f)<<4 at lo(SP)
+// (codes 0-15) and hi(SP) (codes 16-31), 32 bytes each: the qword permute
+// puts codes 0-7, 16-23 in the low 128-bit half and 8-15, 24-31 in the high
+// one, so that the per-half byte unpacks give codes 0-15 and 16-31 in
+// order. Uses Y8, Y9, Y10.
 #define DEC32(src, lo, hi) \
-	VMOVDQU src, Y8; \
+	VPERMQ $0xD8, src, Y8; \
 	VPAND Y15, Y8, Y9; \
 	VPADDUSB Y14, Y9, Y9; \
 	VPSHUFB Y9, Y13, Y9; \
@@ -106,19 +123,24 @@ GLOBL fp8c08<>(SB), RODATA|NOPTR, $32
 	VPAND fp8c08<>(SB), Y8, Y8; \
 	VPUNPCKLBW Y8, Y10, Y9; \
 	VPUNPCKHBW Y8, Y10, Y10; \
+	VPSLLW $4, Y9, Y9; \
+	VPSLLW $4, Y10, Y10; \
 	VMOVDQU Y9, lo(SP); \
 	VMOVDQU Y10, hi(SP)
 
-// WORDS8 widens 8 words at off(SP) to v(c) and accumulates x·v into acc (x
-// broadcast in Y8). The callers scale x so that every product x·v is a
+// WORDS16 widens the 16 words at off(SP) (16 codes of a row) to v(c) and
+// accumulates x·v into even (rows 2i) and odd (rows 2i+1) (x broadcast in
+// Y8, Y12 = 0xFFFF0000). The callers scale x so that every product x·v is a
 // normal fp32 value; with at most 12 significant bits (x an E4M3 or bf16
 // value times a power of two, v E4M3 times one) it is then exact, and the
 // fused multiply-add rounds once, exactly like the reference's
 // product-then-sum.
-#define WORDS8(off, acc) \
-	VPMOVZXWD off(SP), Y9; \
-	VPSLLD $20, Y9, Y9; \
-	VFMADD231PS Y8, Y9, acc
+#define WORDS16(off, even, odd) \
+	VMOVDQU off(SP), Y9; \
+	VPAND Y12, Y9, Y10; \
+	VPSLLD $16, Y9, Y9; \
+	VFMADD231PS Y8, Y10, odd; \
+	VFMADD231PS Y8, Y9, even
 
 // DEC64 decodes the 64 codes of one panel row at SI into the scratch.
 #define DEC64 \
@@ -127,24 +149,20 @@ GLOBL fp8c08<>(SB), RODATA|NOPTR, $32
 
 // CODES64 accumulates the 64 lanes of one panel row (decoded by DEC64).
 #define CODES64 \
-	WORDS8(0, Y0); \
-	WORDS8(32, Y1); \
-	WORDS8(16, Y2); \
-	WORDS8(48, Y3); \
-	WORDS8(64, Y4); \
-	WORDS8(96, Y5); \
-	WORDS8(80, Y6); \
-	WORDS8(112, Y7)
+	WORDS16(0, Y0, Y1); \
+	WORDS16(32, Y2, Y3); \
+	WORDS16(64, Y4, Y5); \
+	WORDS16(96, Y6, Y7)
 
-// ACCBLK folds one 128-column block: acc[off] += blk·s (s in Y12).
+// ACCBLK folds one 128-column block: acc[off] += blk·s (s in Y9).
 #define ACCBLK(off, blk) \
-	VMULPS Y12, blk, blk; \
+	VMULPS Y9, blk, blk; \
 	VADDPS off(DI), blk, blk; \
 	VMOVUPS blk, off(DI)
 
-// STBLK stores one block's term: t[off] = blk·s (s in Y12).
+// STBLK stores one block's term: t[off] = blk·s (s in Y9).
 #define STBLK(off, blk) \
-	VMULPS Y12, blk, blk; \
+	VMULPS Y9, blk, blk; \
 	VMOVUPS blk, off(DI)
 
 #define ZERO8 \
@@ -170,12 +188,12 @@ GLOBL fp8c08<>(SB), RODATA|NOPTR, $32
 // The kernels below take a row flag bitmap sub (FP8Panels.Sub: one bit per
 // panel row k, set when one of its 64 codes is a nonzero E4M3 subnormal) and
 // widen each panel row one of two ways, both without fp32 subnormals:
-//  - a row without subnormal codes (every code normal or ±0) through OLD8,
+//  - a row without subnormal codes (every code normal or ±0) through OLD16,
 //    the plain shift sign<<31 | (code&0x7F)<<20 = E4M3·2^-120, with x scaled
 //    by a further 2^16 (the same products x·v);
-//  - a row with one through DEC64/WORDS8 (E4M3·2^-104, above).
+//  - a row with one through DEC64/WORDS16 (E4M3·2^-104, above).
 // The two give the same products, so a row's path changes no bit; it only
-// costs: DEC64 is about 1.6 times OLD8's work, so a weight whose every row
+// costs: DEC64 is about twice OLD16's work, so a weight whose every row
 // holds a subnormal code (the worst case) runs at most that much slower than
 // a checkpoint's, where almost no row does.
 
@@ -191,24 +209,27 @@ DATA fp8two16<>+16(SB)/8, $0x4780000047800000
 DATA fp8two16<>+24(SB)/8, $0x4780000047800000
 GLOBL fp8two16<>(SB), RODATA|NOPTR, $32
 
-// OLD8 widens 8 codes of a row without subnormal codes at off(SI) to
-// E4M3·2^-120 (normal or ±0) and accumulates x·v into acc (x in Y8, the
-// mask 0x87F00000 in Y11).
-#define OLD8(off, acc) \
-	VPMOVSXBD off(SI), Y9; \
-	VPSLLD $20, Y9, Y9; \
+// OLD16 widens 16 codes of a row without subnormal codes at off(SI) to
+// E4M3·2^-120 (normal or ±0) and accumulates x·v into even (rows 2i) and
+// odd (rows 2i+1) (x in Y8, the mask 0x87F00000 in Y11): the sign-extended
+// word c shifted left by 4 holds the sign in bits 15..11 and c&0x7F in bits
+// 10..4, so a dword's high word masked with 0x87F00000 is the fp32 bit
+// pattern sign<<31 | (c&0x7F)<<20, and its low word likewise after a shift
+// by 16.
+#define OLD16(off, even, odd) \
+	VPMOVSXBW off(SI), Y9; \
+	VPSLLW $4, Y9, Y9; \
+	VPAND Y11, Y9, Y10; \
+	VPSLLD $16, Y9, Y9; \
 	VPAND Y11, Y9, Y9; \
-	VFMADD231PS Y8, Y9, acc
+	VFMADD231PS Y8, Y10, odd; \
+	VFMADD231PS Y8, Y9, even
 
 #define OLD64 \
-	OLD8(0, Y0); \
-	OLD8(8, Y1); \
-	OLD8(16, Y2); \
-	OLD8(24, Y3); \
-	OLD8(32, Y4); \
-	OLD8(40, Y5); \
-	OLD8(48, Y6); \
-	OLD8(56, Y7)
+	OLD16(0, Y0, Y1); \
+	OLD16(16, Y2, Y3); \
+	OLD16(32, Y4, Y5); \
+	OLD16(48, Y6, Y7)
 
 // func fp8Panel64AVX2(y *float32, codes *uint8, x *float32, scl *float32, sub *uint64, nkb int)
 //
@@ -263,7 +284,7 @@ fp8slow:
 
 fp8blockend:
 
-	VBROADCASTSS (R8), Y12
+	VBROADCASTSS (R8), Y9
 	ACCBLK(0, Y0)
 	ACCBLK(32, Y1)
 	ACCBLK(64, Y2)
@@ -327,7 +348,7 @@ termslow:
 
 termblockend:
 
-	VBROADCASTSS (R8), Y12
+	VBROADCASTSS (R8), Y9
 	STBLK(0, Y0)
 	STBLK(32, Y1)
 	STBLK(64, Y2)
@@ -374,7 +395,7 @@ sumb:
 // y[0:64] = Σ_k (x[k]·scl[k/128])·v[k][lane]   one fp32 sum over all k
 // (v = E4M3·2^-104, so (x[k]·scl[b])·v = x[k]·W[n,k] when scl[b] = 2^(e_b+104));
 // codes is [nkb·128][64] bytes, x [nkb·128], scl [nkb], sub [2·nkb].
-TEXT ·fp8PlainPanel64AVX2(SB), NOSPLIT, $160-48
+TEXT ·fp8PlainPanel64AVX2(SB), NOSPLIT, $192-48
 	MOVQ y+0(FP), DI
 	MOVQ codes+8(FP), SI
 	MOVQ x+16(FP), DX
@@ -387,8 +408,9 @@ TEXT ·fp8PlainPanel64AVX2(SB), NOSPLIT, $160-48
 	ZERO8
 
 plainblock:
-	VBROADCASTSS (R8), Y12
-	VMULPS fp8two16<>(SB), Y12, Y9
+	VBROADCASTSS (R8), Y9
+	VMOVDQU Y9, 160(SP) // the block's scale, for the rows with subnormal codes
+	VMULPS fp8two16<>(SB), Y9, Y9
 	VMOVDQU Y9, 128(SP) // the block's scale times 2^16, for the rows without subnormal codes
 	MOVQ $2, R10
 
@@ -422,35 +444,32 @@ plainnext:
 plainslow:
 	DEC64
 	VBROADCASTSS (DX), Y8
-	VMULPS Y12, Y8, Y8
+	VMULPS 160(SP), Y8, Y8
 	CODES64
 	JMP  plainnext
 
 // func fp8Widen64AVX2(v *float32, codes *uint8)
 //
-// v[lane] = the fp32 value the FP8 kernels use for codes[lane], 64 lanes
-// (DEC64 then WORDS8 without the multiply-add): for the tests.
+// v[p] = the fp32 value the FP8 kernels use for codes[fp8LaneRow[p]], 64
+// lanes in the kernels' layout (DEC64 then WORDS16 without the
+// multiply-add): for the tests.
 TEXT ·fp8Widen64AVX2(SB), NOSPLIT, $128-16
 	MOVQ v+0(FP), DI
 	MOVQ codes+8(FP), SI
 	FP8CONSTS
 	DEC64
-	VPMOVZXWD 0(SP), Y0
-	VPMOVZXWD 32(SP), Y1
-	VPMOVZXWD 16(SP), Y2
-	VPMOVZXWD 48(SP), Y3
-	VPMOVZXWD 64(SP), Y4
-	VPMOVZXWD 96(SP), Y5
-	VPMOVZXWD 80(SP), Y6
-	VPMOVZXWD 112(SP), Y7
-	VPSLLD $20, Y0, Y0
-	VPSLLD $20, Y1, Y1
-	VPSLLD $20, Y2, Y2
-	VPSLLD $20, Y3, Y3
-	VPSLLD $20, Y4, Y4
-	VPSLLD $20, Y5, Y5
-	VPSLLD $20, Y6, Y6
-	VPSLLD $20, Y7, Y7
+	VMOVDQU 0(SP), Y1
+	VMOVDQU 32(SP), Y3
+	VMOVDQU 64(SP), Y5
+	VMOVDQU 96(SP), Y7
+	VPSLLD $16, Y1, Y0
+	VPSLLD $16, Y3, Y2
+	VPSLLD $16, Y5, Y4
+	VPSLLD $16, Y7, Y6
+	VPAND Y12, Y1, Y1
+	VPAND Y12, Y3, Y3
+	VPAND Y12, Y5, Y5
+	VPAND Y12, Y7, Y7
 	STORE8
 	VZEROUPPER
 	RET

@@ -149,7 +149,9 @@ func TestFP8WidenAllCodes(t *testing.T) {
 		for i := 0; i < 256; i += 64 {
 			fp8Widen64AVX2(&v[i], &cs[i])
 		}
-		for i, c := range cs {
+		for i := range cs {
+			// v is in the kernels' lane layout: position i of each 64 holds row fp8LaneRow[i%64]
+			c := cs[i/64*64+int(fp8LaneRow[i%64])]
 			if c&0x7f != 0x7f && math.Float32bits(v[i]) != fp8WidenBits(c) {
 				t.Errorf("lane %d, code %#02x: assembly widened to %08x, want %08x", i%64, c, math.Float32bits(v[i]), fp8WidenBits(c))
 			}

@@ -343,6 +343,18 @@ type fp8Job struct {
 	xsBuf    []float32      // xs when the caller has none
 }
 
+// fp8LaneRow is the FP8 kernels' output layout: their y[p] (and block
+// terms t[b][p]) is the panel's row fp8LaneRow[p] = 16(a/2) + 2i + a%2
+// for p = 8a + i — accumulator 2g holds the even rows of the 16-row group
+// g, accumulator 2g+1 the odd ones (kernels_fast_amd64.s, "Lane layout").
+var fp8LaneRow = func() (r [PanelRows]uint8) {
+	for p := range r {
+		a, i := p/8, p%8
+		r[p] = uint8(16*(a/2) + 2*i + a%2)
+	}
+	return r
+}()
+
 // jobPool holds released jobs with their per-call arrays (scl, ok, terms,
 // left, lo, hi), so that a GEMV call allocates nothing once it is warm.
 var jobPool sync.Pool
@@ -468,8 +480,10 @@ func (j *fp8Job) run(ilo, ihi int) {
 			}
 			sumTerms64AVX2(&tmp[0], &j.terms[pi*cb*PanelRows], cb)
 		}
-		for l := 0; l < PanelRows && n0+l < p.Rows; l++ {
-			y[n0+l] = quant.BF16Round(tmp[l])
+		for l, r := range fp8LaneRow {
+			if n0+int(r) < p.Rows {
+				y[n0+int(r)] = quant.BF16Round(tmp[l])
+			}
 		}
 	}
 }
