@@ -60,12 +60,19 @@ func (w *FP4Weight) dequantRow(dst []float32, n int) {
 // fp32 accumulator, b ascending. The scales are powers of two, so the scaling
 // is exact. y has Rows elements.
 func FP4Linear(y, x []float32, w *FP4Weight) {
-	if len(x) != w.Cols || len(y) != w.Rows || w.Cols%attention.ActBlock != 0 {
-		panic("moe: FP4Linear shape mismatch")
+	fp4LinearAct(y, x, w, attention.ActBlock, "FP4Linear")
+}
+
+// fp4LinearAct is FP4Linear with the activation quantised per actBlock
+// columns (128 for V4, 32 for V4.1: V41FP4Linear; a multiple of FP4Block): block b's sum is scaled
+// by s_a[b·32/actBlock]. name is the caller's, for the shape panic.
+func fp4LinearAct(y, x []float32, w *FP4Weight, actBlock int, name string) {
+	if len(x) != w.Cols || len(y) != w.Rows || w.Cols%actBlock != 0 {
+		panic("moe: " + name + " shape mismatch")
 	}
 	qx := make([]float32, len(x))
-	sx := make([]float32, len(x)/attention.ActBlock)
-	quant.QuantizeActFP8(qx, sx, x, attention.ActBlock)
+	sx := make([]float32, len(x)/actBlock)
+	quant.QuantizeActFP8(qx, sx, x, actBlock)
 	nb := w.Cols / FP4Block
 	for n := range y {
 		codes := w.Packed[n*w.Cols/2 : (n+1)*w.Cols/2]
@@ -77,7 +84,7 @@ func FP4Linear(y, x []float32, w *FP4Weight) {
 				c := codes[k/2] >> (4 * uint(k&1)) // even column: low nibble
 				blk += float32(qx[k] * quant.DecodeE2M1(c))
 			}
-			sa := sx[b*FP4Block/attention.ActBlock]
+			sa := sx[b*FP4Block/actBlock]
 			acc += float32(float32(blk*sa) * quant.DecodeUE8M0(scales[b]))
 		}
 		y[n] = quant.BF16Round(acc)

@@ -103,32 +103,56 @@ func (m *MoE) Combine(x []float32, indices []int32, weights []float32) ([]float3
 	if err != nil {
 		return nil, err
 	}
-	dim := len(x)
-	y := make([]float32, dim)
-	out := make([]float32, dim)
-	for e, slot := range slots {
-		if slot < 0 {
-			continue
+	var shared func(out []float32)
+	if m.Shared != nil {
+		shared = func(out []float32) {
+			if m.Fast {
+				m.Shared.ForwardFast(out, x)
+			} else {
+				m.Shared.Forward(out, x)
+			}
 		}
+	}
+	return combineSum(len(x), slots, func(out []float32, e, slot int) error {
 		ex, err := m.expert(e)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if m.Fast {
 			ex.ForwardFast(out, x, weights[slot], m.SwigluLimit)
 		} else {
 			ex.Forward(out, x, weights[slot], m.SwigluLimit)
 		}
+		return nil
+	}, shared)
+}
+
+// combineSum is the arithmetic of every Combine (V4's, CombineWith's,
+// V4.1's) for the expert slots of expertSlots:
+//
+//	y = 0 (fp32)
+//	for e ascending with slots[e] ≥ 0:  y += routed(e, slots[e])
+//	y += shared()          (when shared is not nil)
+//	out = bf16(y)
+//
+// routed and shared write their expert's output [dim] into out; routed's
+// error (an expert without weights) ends the sum.
+func combineSum(dim int, slots []int, routed func(out []float32, e, slot int) error, shared func(out []float32)) ([]float32, error) {
+	y := make([]float32, dim)
+	out := make([]float32, dim)
+	for e, slot := range slots {
+		if slot < 0 {
+			continue
+		}
+		if err := routed(out, e, slot); err != nil {
+			return nil, err
+		}
 		for i, v := range out {
 			y[i] += v
 		}
 	}
-	if m.Shared != nil {
-		if m.Fast {
-			m.Shared.ForwardFast(out, x)
-		} else {
-			m.Shared.Forward(out, x)
-		}
+	if shared != nil {
+		shared(out)
 		for i, v := range out {
 			y[i] += v
 		}

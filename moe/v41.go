@@ -5,7 +5,6 @@ import (
 	"math/rand/v2"
 
 	"sparsemla/attention"
-	"sparsemla/quant"
 )
 
 // The DeepSeek-V4.1 MoE (Gate, Expert, MoE of V41-M = the official
@@ -60,27 +59,7 @@ func NewV41FP4Weight(packed, scale []uint8, rows, cols int) (*FP4Weight, error) 
 // V4.1's activation block). [U] the V4.1 fp4_gemm kernel's accumulation
 // order was not read. y has Rows elements.
 func V41FP4Linear(y, x []float32, w *FP4Weight) {
-	if len(x) != w.Cols || len(y) != w.Rows || w.Cols%FP4Block != 0 {
-		panic("moe: V41FP4Linear shape mismatch")
-	}
-	qx := make([]float32, len(x))
-	sx := make([]float32, len(x)/FP4Block)
-	quant.QuantizeActFP8(qx, sx, x, FP4Block)
-	nb := w.Cols / FP4Block
-	for n := range y {
-		codes := w.Packed[n*w.Cols/2 : (n+1)*w.Cols/2]
-		scales := w.Scale[n*nb : (n+1)*nb]
-		var acc float32
-		for b := 0; b < nb; b++ {
-			var blk float32
-			for k := b * FP4Block; k < (b+1)*FP4Block; k++ {
-				c := codes[k/2] >> (4 * uint(k&1)) // even column: low nibble
-				blk += float32(qx[k] * quant.DecodeE2M1(c))
-			}
-			acc += float32(float32(blk*sx[b]) * quant.DecodeUE8M0(scales[b]))
-		}
-		y[n] = quant.BF16Round(acc)
-	}
+	fp4LinearAct(y, x, w, FP4Block, "V41FP4Linear")
 }
 
 // V41Gate is the V4.1 router of one layer (Gate of V41-M).
@@ -275,30 +254,17 @@ func (m *V41MoE) Combine(x []float32, indices []int32, weights []float32) ([]flo
 	if err != nil {
 		return nil, err
 	}
-	y := make([]float32, len(x))
-	out := make([]float32, len(x))
-	for e, slot := range slots {
-		if slot < 0 {
-			continue
-		}
+	var shared func(out []float32)
+	if m.Shared != nil {
+		shared = func(out []float32) { m.Shared.Forward(out, x, m.SharedLimit) }
+	}
+	return combineSum(len(x), slots, func(out []float32, e, slot int) error {
 		if e >= len(m.Experts) || m.Experts[e] == nil {
-			return nil, fmt.Errorf("moe: routed expert %d has no weights", e)
+			return fmt.Errorf("moe: routed expert %d has no weights", e)
 		}
 		m.Experts[e].Forward(out, x, weights[slot], m.SwigluLimit)
-		for i, v := range out {
-			y[i] += v
-		}
-	}
-	if m.Shared != nil {
-		m.Shared.Forward(out, x, m.SharedLimit)
-		for i, v := range out {
-			y[i] += v
-		}
-	}
-	for i, v := range y {
-		out[i] = quant.BF16Round(v)
-	}
-	return out, nil
+		return nil
+	}, shared)
 }
 
 // WithRouted returns a copy of m whose routed experts ids are replaced by f

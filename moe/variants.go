@@ -73,48 +73,22 @@ func (m *MoE) WithRouted(ids []int32, f func(*Expert) *Expert) (*MoE, error) {
 // CombineWith(x, indices, weights, m.Shared.Forward) is Combine (tested):
 // the same routed loop in expert-id order, fp32 sum, one bf16 rounding.
 func (m *MoE) CombineWith(x []float32, indices []int32, weights []float32, shared func(out, x []float32)) ([]float32, error) {
-	c := *m
-	c.Shared = nil
-	y, err := c.routedSum(x, indices, weights)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]float32, len(x))
-	if shared != nil {
-		shared(out, x)
-		for i, v := range out {
-			y[i] += v
-		}
-	}
-	for i, v := range y {
-		out[i] = quant.BF16Round(v)
-	}
-	return out, nil
-}
-
-// routedSum is the fp32 sum of Combine's routed experts (before the shared
-// expert and the bf16 rounding).
-func (m *MoE) routedSum(x []float32, indices []int32, weights []float32) ([]float32, error) {
 	slots, err := expertSlots(indices, weights, m.Gate.Experts)
 	if err != nil {
 		return nil, err
 	}
-	y := make([]float32, len(x))
-	out := make([]float32, len(x))
-	for e, slot := range slots {
-		if slot < 0 {
-			continue
-		}
+	var sh func(out []float32)
+	if shared != nil {
+		sh = func(out []float32) { shared(out, x) }
+	}
+	return combineSum(len(x), slots, func(out []float32, e, slot int) error {
 		ex, err := m.expert(e)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		ex.Forward(out, x, weights[slot], m.SwigluLimit)
-		for i, v := range out {
-			y[i] += v
-		}
-	}
-	return y, nil
+		return nil
+	}, sh)
 }
 
 // GateUpSwapped is the shared expert with w1 (gate) and w3 (up) exchanged:
