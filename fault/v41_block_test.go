@@ -104,20 +104,9 @@ func TestWriteFaultedV41WholeGolden(t *testing.T) {
 		{Fault{Kind: HeadNoNorm, Step: 13, Layer: 7}, "head-no-final-norm"},
 		{Fault{Kind: TopKOffByOne, Step: 14, Layer: 2}, "topk-off-by-one"},
 	} {
-		out := t.TempDir() + "/copy"
-		if _, err := WriteFaultedV41(in, d, out, c.f); err != nil {
-			t.Fatalf("%s: %v", c.f, err)
-		}
-		fd, err := replay.LoadV41Dir(out)
-		if err != nil {
-			t.Fatal(err)
-		}
+		_, fd, rep := faultV41Copy(t, in, d, c.f)
 		if last := fd.Steps[len(fd.Steps)-1]; last != c.f.Step {
 			t.Errorf("%s: the copy holds steps %v, want up to the fault's step only", c.f, fd.Steps)
-		}
-		rep, err := replay.V41Run(fd, replay.V41Options{Mode: replay.Local})
-		if err != nil {
-			t.Fatal(err)
 		}
 		stage, _ := V41FaultStage(c.f)
 		first := rep.First

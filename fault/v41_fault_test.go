@@ -7,6 +7,26 @@ import (
 	"sparsemla/replay"
 )
 
+// faultV41Copy writes the V4.1 dump in (loaded as d) with f injected into a
+// temporary copy, loads the copy and replays it locally.
+func faultV41Copy(t *testing.T, in string, d *replay.V41Dump, f Fault) (*V41FaultResult, *replay.V41Dump, *replay.Report) {
+	t.Helper()
+	out := t.TempDir() + "/copy"
+	res, err := WriteFaultedV41(in, d, out, f)
+	if err != nil {
+		t.Fatalf("%s: %v", f, err)
+	}
+	fd, err := replay.LoadV41Dir(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := replay.V41Run(fd, replay.V41Options{Mode: replay.Local})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res, fd, rep
+}
+
 // TestWriteFaultedV41Golden: each applicable fault injected into the V4.1
 // GPU golden is named exactly by a local replay of the copy (step, layer,
 // stage, the hypothesis reproducing it) with no other stage failing, the
@@ -26,22 +46,10 @@ func TestWriteFaultedV41Golden(t *testing.T) {
 		{Fault{Kind: TopKOffByOne, Step: 14, Layer: 2}, "topk-off-by-one"},
 		{Fault{Kind: TopKOffByOne, Step: 12, Layer: 7}, "topk-off-by-one"},
 	} {
-		out := t.TempDir() + "/copy"
-		res, err := WriteFaultedV41(in, d, out, c.f)
-		if err != nil {
-			t.Fatalf("%s: %v", c.f, err)
-		}
+		res, _, rep := faultV41Copy(t, in, d, c.f)
 		stage, _ := V41FaultStage(c.f)
 		if len(res.Changed) == 0 || res.Changed[0] != (replay.StageKey{Step: c.f.Step, Layer: c.f.Layer, Stage: stage}) {
 			t.Errorf("%s: changed %v", c.f, res.Changed)
-		}
-		fd, err := replay.LoadV41Dir(out)
-		if err != nil {
-			t.Fatal(err)
-		}
-		rep, err := replay.V41Run(fd, replay.V41Options{Mode: replay.Local})
-		if err != nil {
-			t.Fatal(err)
 		}
 		f := rep.First
 		if f == nil || f.Step != c.f.Step || f.Layer != c.f.Layer || f.Stage != stage || rep.Summary.Fail != 1 ||
