@@ -184,6 +184,22 @@ func loadV41Ropes(path string) (map[string]*engine.RopeTable, error) {
 	return ropes, nil
 }
 
+// readF32 is the tensor name of ws as fp32, checked to have shape; on an
+// error it appends the error (with the file and the name) to errs and
+// returns zeros of that shape, so that a loader reads all it can and then
+// reports its first error.
+func readF32(ws *dump.Safetensors, errs *[]error, name string, shape ...int) []float32 {
+	v, sh, err := ws.Float32(name)
+	if err == nil && !slices.Equal(sh, shape) {
+		err = fmt.Errorf("%s: %s has shape %v, want %v", ws.Path, name, sh, shape)
+	}
+	if err != nil {
+		*errs = append(*errs, err)
+		return make([]float32, prod(shape))
+	}
+	return v
+}
+
 // loadV41Weights reads the attention weights of every layer from the
 // safetensors file path (official names; FP8 codes U8 or F8_E4M3, block
 // scales U8 or F8_E8M0) with the layers' RoPE tables from ropes.
@@ -194,17 +210,7 @@ func loadV41Weights(cfg *engine.Config, path string, ropes map[string]*engine.Ro
 	}
 	defer ws.Close()
 	var errs []error
-	f32 := func(name string, shape ...int) []float32 {
-		v, sh, err := ws.Float32(name)
-		if err == nil && !slices.Equal(sh, shape) {
-			err = fmt.Errorf("%s: %s has shape %v, want %v", path, name, sh, shape)
-		}
-		if err != nil {
-			errs = append(errs, err)
-			return make([]float32, prod(shape))
-		}
-		return v
-	}
+	f32 := func(name string, shape ...int) []float32 { return readF32(ws, &errs, name, shape...) }
 	fp8 := func(name string, rows, cols int) *attention.V41FP8Weight {
 		c, err1 := ws.Read(name + ".weight")
 		s, err2 := ws.Read(name + ".scale")

@@ -35,17 +35,7 @@ func v41HasBlock(ws *dump.Safetensors) bool { return ws.Has("layers.0.hc_attn_fn
 func loadV41Block(cfg *engine.Config, ws *dump.Safetensors, m *engine.V41Model) error {
 	path := ws.Path
 	var errs []error
-	f32 := func(name string, shape ...int) []float32 {
-		v, sh, err := ws.Float32(name)
-		if err == nil && !slices.Equal(sh, shape) {
-			err = fmt.Errorf("%s: %s has shape %v, want %v", path, name, sh, shape)
-		}
-		if err != nil {
-			errs = append(errs, err)
-			return make([]float32, prod(shape))
-		}
-		return v
-	}
+	f32 := func(name string, shape ...int) []float32 { return readF32(ws, &errs, name, shape...) }
 	u8 := func(name string, shape ...int) []uint8 {
 		r, err := ws.Read(name)
 		if err == nil && (r.DType != dump.U8 || !slices.Equal(r.Shape, shape)) {
