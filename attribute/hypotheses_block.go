@@ -364,12 +364,7 @@ func postVariant(stage, name, desc string) Hypothesis {
 		p, cm := post, comb
 		switch name {
 		case "hc-post-comb-transposed":
-			cm = make([]float32, hc*hc)
-			for j := 0; j < hc; j++ {
-				for k := 0; k < hc; k++ {
-					cm[k*hc+j] = comb[j*hc+k]
-				}
-			}
+			cm = mhc.Transpose(comb, hc)
 		case "hc-post-no-post-weights":
 			p = make([]float32, hc)
 			for j := range p {

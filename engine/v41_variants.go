@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"maps"
 
 	"sparsemla/mhc"
 	"sparsemla/moe"
@@ -172,33 +173,14 @@ func V41WeightsUnnormalised(c *V41Context, in map[string]Tensor) (Tensor, error)
 // V41PostTransposed is hc_post of a site with comb transposed.
 func V41PostTransposed(side, residual, sub string) func(*V41Context, map[string]Tensor) (Tensor, error) {
 	return func(c *V41Context, in map[string]Tensor) (Tensor, error) {
-		hc, dim := c.Cfg.HCMult, c.Cfg.Dim
-		s := "hc_" + side + "_"
-		comb, err := inF(in, s+"comb", hc*hc)
+		hc, name := c.Cfg.HCMult, "hc_"+side+"_comb"
+		comb, err := inF(in, name, hc*hc)
 		if err != nil {
 			return Tensor{}, err
 		}
-		post, err := inF(in, s+"post", hc)
-		if err != nil {
-			return Tensor{}, err
-		}
-		a, err := inF(in, sub, dim)
-		if err != nil {
-			return Tensor{}, err
-		}
-		h, err := inF(in, residual, hc*dim)
-		if err != nil {
-			return Tensor{}, err
-		}
-		tr := make([]float32, hc*hc)
-		for j := 0; j < hc; j++ {
-			for k := 0; k < hc; k++ {
-				tr[k*hc+j] = comb[j*hc+k]
-			}
-		}
-		out := make([]float32, hc*dim)
-		mhc.Post(out, a, h, post, tr)
-		return bf16T(out, hc, dim), nil
+		t := maps.Clone(in)
+		t[name] = FromF(KindF32, mhc.Transpose(comb, hc), hc, hc)
+		return hcPost(c.Cfg, side, residual, sub, t)
 	}
 }
 

@@ -59,13 +59,7 @@ func corruptBlock(ctx *engine.StepContext, f Fault, out engine.Tensor, in map[st
 		return engine.FromF(engine.KindF32, w, len(w)), nil
 	case HCPostTransposed:
 		hc, dim := cfg.HCMult, cfg.Dim
-		comb := in["hc_attn_comb"].F
-		tr := make([]float32, len(comb))
-		for j := 0; j < hc; j++ {
-			for k := 0; k < hc; k++ {
-				tr[k*hc+j] = comb[j*hc+k]
-			}
-		}
+		tr := mhc.Transpose(in["hc_attn_comb"].F, hc)
 		h := make([]float32, hc*dim)
 		mhc.Post(h, in["y"].F, in["h_in"].F, in["hc_attn_post"].F, tr)
 		return engine.FromF(engine.KindBF16, h, hc, dim), nil

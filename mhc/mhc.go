@@ -226,6 +226,18 @@ func Collapse(x, h, pre []float32) {
 	}
 }
 
+// Transpose returns the hc×hc matrix comb with rows and columns swapped:
+// t[k][j] = comb[j][k] (the comb-transposed hypotheses and faults).
+func Transpose(comb []float32, hc int) []float32 {
+	t := make([]float32, hc*hc)
+	for j := 0; j < hc; j++ {
+		for k := 0; k < hc; k++ {
+			t[k*hc+j] = comb[j*hc+k]
+		}
+	}
+	return t
+}
+
 // Post is Block.hc_post (R-M:726-729): the sub-layer output a [dim] (bf16)
 // written back into the streams with the residual h [hc][dim] (bf16, the
 // sub-layer's input streams):

@@ -53,12 +53,7 @@ func hcSplitHypotheses(d DiagnoseInput) string {
 			}
 		}
 		_, _, comb := split(cfg.HCSinkhornIters, eps)
-		tr := make([]float32, len(comb))
-		for j := 0; j < hc; j++ {
-			for k := 0; k < hc; k++ {
-				tr[k*hc+j] = comb[j*hc+k]
-			}
-		}
+		tr := mhc.Transpose(comb, hc)
 		if matches(d, engine.FromF(engine.KindF32, tr, hc, hc)) {
 			return d.Result.Reason + ": the GPU's comb is the reference's transposed (rows and columns swapped: the last normalisation ran over the other axis)"
 		}
@@ -97,13 +92,7 @@ func hcPostHypotheses(d DiagnoseInput) string {
 		mhc.Post(out, a.F, h.F, post, comb)
 		return matches(d, engine.FromF(engine.KindBF16, out, hc, dim))
 	}
-	tr := make([]float32, hc*hc)
-	for j := 0; j < hc; j++ {
-		for k := 0; k < hc; k++ {
-			tr[k*hc+j] = comb.F[j*hc+k]
-		}
-	}
-	if try(post.F, tr) {
+	if try(post.F, mhc.Transpose(comb.F, hc)) {
 		return fmt.Sprintf("%s: the GPU mixed the residual streams with comb transposed (out_j = post_j·%s + Σ_k comb[j][k]·h_k instead of comb[k][j])", d.Result.Reason, sub)
 	}
 	ones := make([]float32, hc)
