@@ -335,34 +335,11 @@ func v41FFNOut(c *V41Context, in map[string]Tensor) (Tensor, error) {
 	if err != nil {
 		return Tensor{}, err
 	}
-	return bf16T(V41FFNSum(idx, eo, so, m.Gate.Experts), dim), nil
-}
-
-// V41FFNSum is the combination of MoE.forward: y = 0 (fp32); for e = 0 …
-// E−1 ascending, for the slot t with indices[t] = e (the last one), y +=
-// expert[t]; y += shared; out = bf16(y). expert is [k][dim] in slot order,
-// shared [dim] (moe.V41MoE.Combine's sum, from the experts' outputs).
-func V41FFNSum(indices []int32, expert, shared []float32, experts int) []float32 {
-	dim := len(shared)
-	y := make([]float32, dim)
-	for e := 0; e < experts; e++ {
-		slot := -1
-		for t, id := range indices {
-			if int(id) == e {
-				slot = t
-			}
-		}
-		if slot < 0 {
-			continue
-		}
-		for i, v := range expert[slot*dim : (slot+1)*dim] {
-			y[i] += v
-		}
+	out, err := moe.CombineOutputs(idx, eo, so, m.Gate.Experts)
+	if err != nil {
+		return Tensor{}, err
 	}
-	for i, v := range shared {
-		y[i] = quant.BF16Round(y[i] + v)
-	}
-	return y
+	return bf16T(out, dim), nil
 }
 
 func v41Argmax(_ *V41Context, in map[string]Tensor) (Tensor, error) {

@@ -69,6 +69,11 @@ func expertSlots(indices []int32, weights []float32, experts int) ([]int, error)
 	if len(indices) != len(weights) {
 		return nil, fmt.Errorf("moe: %d routing indices but %d weights", len(indices), len(weights))
 	}
+	return routeSlots(indices, experts)
+}
+
+// routeSlots is expertSlots without weights.
+func routeSlots(indices []int32, experts int) ([]int, error) {
 	for t, id := range indices {
 		if id < 0 || int(id) >= experts {
 			return nil, fmt.Errorf("moe: routing index %d (slot %d) outside [0, %d)", id, t, experts)
@@ -125,6 +130,27 @@ func (m *MoE) Combine(x []float32, indices []int32, weights []float32) ([]float3
 		}
 		return nil
 	}, shared)
+}
+
+// CombineOutputs is Combine's sum from the experts' outputs computed
+// already: expert [k][dim] holds the routed experts' outputs in slot order
+// (slot t is expert indices[t]), shared [dim] the shared expert's. Experts
+// are added in expert-id order, an expert id filling two slots keeping the
+// later slot, the shared expert last, then one bf16 rounding — Combine's
+// order exactly. An index outside [0, experts) is an error.
+func CombineOutputs(indices []int32, expert, shared []float32, experts int) ([]float32, error) {
+	dim := len(shared)
+	if len(expert) != len(indices)*dim {
+		return nil, fmt.Errorf("moe: %d expert outputs for %d slots of %d", len(expert), len(indices), dim)
+	}
+	slots, err := routeSlots(indices, experts)
+	if err != nil {
+		return nil, err
+	}
+	return combineSum(dim, slots, func(out []float32, _, slot int) error {
+		copy(out, expert[slot*dim:(slot+1)*dim])
+		return nil
+	}, func(out []float32) { copy(out, shared) })
 }
 
 // combineSum is the arithmetic of every Combine (V4's, CombineWith's,
