@@ -8,11 +8,9 @@ import (
 	"slices"
 	"strings"
 
-	"sparsemla/attention"
 	"sparsemla/engine"
 	"sparsemla/mhc"
 	"sparsemla/moe"
-	"sparsemla/quant"
 )
 
 // hcSplitHypotheses tries hc_split_sinkhorn with another number of Sinkhorn
@@ -313,45 +311,14 @@ func swapNibbles(w *moe.FP4Weight) *moe.FP4Weight {
 	return &moe.FP4Weight{Rows: w.Rows, Cols: w.Cols, Packed: p, Scale: w.Scale}
 }
 
-// sharedClamped is ffn_out with the shared expert clamped like a routed one.
+// sharedClamped is ffn_out with the shared expert clamped like a routed one
+// (false: no shared expert, or a routing or expert Combine refuses).
 func sharedClamped(m *moe.MoE, x []float32, idx []int32, w []float32) ([]float32, bool) {
 	if m.Shared == nil {
 		return nil, false
 	}
-	y := make([]float32, len(x))
-	out := make([]float32, len(x))
-	for e := 0; e < m.Gate.Experts; e++ {
-		slot := -1
-		for t, id := range idx {
-			if int(id) == e {
-				slot = t
-			}
-		}
-		if slot < 0 {
-			continue
-		}
-		ex, err := expertOf(m, e)
-		if err != nil {
-			return nil, false
-		}
-		ex.Forward(out, x, w[slot], m.SwigluLimit)
-		for i, v := range out {
-			y[i] += v
-		}
-	}
-	sh := m.Shared
-	g := make([]float32, sh.W1.Rows)
-	u := make([]float32, sh.W3.Rows)
-	attention.FP8Linear(g, x, sh.W1)
-	attention.FP8Linear(u, x, sh.W3)
-	h := make([]float32, len(g))
-	moe.SwiGLU(h, g, u, m.SwigluLimit, 0, false)
-	attention.FP8Linear(out, h, sh.W2)
-	res := make([]float32, len(x))
-	for i := range y {
-		res[i] = quant.BF16Round(y[i] + out[i])
-	}
-	return res, true
+	out, err := m.CombineWith(x, idx, w, func(out, x []float32) { m.Shared.ForwardClamped(out, x, m.SwigluLimit) })
+	return out, err == nil
 }
 
 func scoresOf(g *moe.Gate, x []float32) []float32 {
