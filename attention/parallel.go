@@ -8,11 +8,15 @@ import (
 	"time"
 )
 
-// parallelFor runs f over [0, n) in contiguous chunks of about
-// n/(8·workers) indices (workers = min(GOMAXPROCS, n)) that the caller and
-// up to workers−1 helpers of a process-wide worker pool take from a shared
-// counter (so a goroutine the OS delays does not hold the others up); no
-// helper when work is small. Callers only write disjoint outputs per index
+// parallelFor runs f over [0, n) in contiguous chunks (workers =
+// min(GOMAXPROCS, n)) that the caller and up to workers−1 helpers of a
+// process-wide worker pool take from a shared counter (so a goroutine the
+// OS delays does not hold the others up); no helper when work is small.
+// Chunks are guided: each takes 1/(2·workers) of the indices still left,
+// at least n/(32·workers), so the first are large and the last small — a
+// fixed n/(8·workers) left one goroutine idle for most of a chunk at a
+// call's end (wq_b at 2 threads on a 2-core Zen 4: the goroutines busy 92-94
+// % of the call's span; guided, 98-99 %). Callers only write disjoint outputs per index
 // and compute each index the same way whoever runs it, so results do not
 // depend on the split or the number of goroutines.
 //
@@ -43,7 +47,7 @@ func parallelFor(n int, work int, f func(lo, hi int)) {
 		return
 	}
 	helpersStarted.Add(int64(workers - 1))
-	j := &poolJob{f: f, n: int64(n), chunk: int64(max(1, n/(8*workers))), cap: int32(workers - 1), fin: make(chan struct{})}
+	j := &poolJob{f: f, n: int64(n), chunk: int64(max(1, n/(32*workers))), div: int64(2 * workers), cap: int32(workers - 1), fin: make(chan struct{})}
 	// spin only when every P can have a core: with GOMAXPROCS above the
 	// CPUs the process may use, a spinning worker takes CPU time from the
 	// goroutines doing the work
@@ -128,23 +132,29 @@ const jobClosed = 1 << 30
 
 // poolJob is one parallelFor call.
 type poolJob struct {
-	f        func(lo, hi int)
-	n, chunk int64
-	next     atomic.Int64  // first index not yet taken
-	cap      int32         // most helpers the call asks for
-	state    atomic.Int32  // helpers joined, | jobClosed once closed
-	done     atomic.Int32  // helpers finished
-	fin      chan struct{} // closed by the last helper to finish once the job is closed
+	f     func(lo, hi int)
+	n     int64
+	chunk int64         // smallest chunk
+	div   int64         // a chunk is the indices left / div (at least chunk)
+	next  atomic.Int64  // first index not yet taken
+	cap   int32         // most helpers the call asks for
+	state atomic.Int32  // helpers joined, | jobClosed once closed
+	done  atomic.Int32  // helpers finished
+	fin   chan struct{} // closed by the last helper to finish once the job is closed
 }
 
 // loop takes chunks until none is left.
 func (j *poolJob) loop() {
 	for {
-		lo := j.next.Add(j.chunk) - j.chunk
+		lo := j.next.Load()
 		if lo >= j.n {
 			return
 		}
-		j.f(int(lo), int(min(j.n, lo+j.chunk)))
+		c := max(j.chunk, (j.n-lo)/j.div)
+		if !j.next.CompareAndSwap(lo, lo+c) {
+			continue
+		}
+		j.f(int(lo), int(min(j.n, lo+c)))
 	}
 }
 
