@@ -189,9 +189,13 @@ GLOBL fp8hiword<>(SB), RODATA|NOPTR, $32
 // panel row k, set when one of its 64 codes is a nonzero E4M3 subnormal) and
 // widen each panel row one of two ways, both without fp32 subnormals:
 //  - a row without subnormal codes (every code normal or ±0) through OLD16,
-//    the plain shift sign<<31 | (code&0x7F)<<20 = E4M3·2^-120, with x scaled
-//    by a further 2^16 (the same products x·v);
+//    the plain shift sign<<31 | (code&0x7F)<<20 = E4M3·2^-120, with x 2^16
+//    times the other path's (the same products x·v);
 //  - a row with one through DEC64/WORDS16 (E4M3·2^-104, above).
+// The blockwise kernels (fp8Panel64AVX2, fp8Terms64AVX2) take x in the
+// first row kind's scale, the common one, and multiply the broadcast by
+// 2^-16 for the second; the plain one multiplies each row's x by its
+// block's scale anyway and keeps both scales of it.
 // The two give the same products, so a row's path changes no bit; it only
 // costs: DEC64 is about twice OLD16's work, so a weight whose every row
 // holds a subnormal code (the worst case) runs at most that much slower than
@@ -202,6 +206,12 @@ DATA fp8oldmask<>+8(SB)/8, $0x87f0000087f00000
 DATA fp8oldmask<>+16(SB)/8, $0x87f0000087f00000
 DATA fp8oldmask<>+24(SB)/8, $0x87f0000087f00000
 GLOBL fp8oldmask<>(SB), RODATA|NOPTR, $32
+
+DATA fp8twom16<>+0(SB)/8, $0x3780000037800000
+DATA fp8twom16<>+8(SB)/8, $0x3780000037800000
+DATA fp8twom16<>+16(SB)/8, $0x3780000037800000
+DATA fp8twom16<>+24(SB)/8, $0x3780000037800000
+GLOBL fp8twom16<>(SB), RODATA|NOPTR, $32
 
 DATA fp8two16<>+0(SB)/8, $0x4780000047800000
 DATA fp8two16<>+8(SB)/8, $0x4780000047800000
@@ -235,7 +245,8 @@ GLOBL fp8two16<>(SB), RODATA|NOPTR, $32
 //
 // y[0:64] = Σ_b scl[b] · Σ_{k in block b} x[k]·v[k][lane]   (v = E4M3·2^-104)
 // in fp32, blocks of 128 columns, the block terms added in b order onto
-// +0; codes is [nkb·128][64] bytes, x [nkb·128] (the caller's qx·2^84),
+// +0; codes is [nkb·128][64] bytes, x [nkb·128] (the caller's qx·2^100:
+// the rows without subnormal codes use it as it is, the others times 2^-16),
 // scl [nkb], sub [2·nkb] (the rows' subnormal flags).
 TEXT ·fp8Panel64AVX2(SB), NOSPLIT, $128-48
 	MOVQ y+0(FP), DI
@@ -264,7 +275,6 @@ fp8k:
 	SHRQ $1, R12
 	JCS  fp8slow
 	VBROADCASTSS (DX), Y8
-	VMULPS fp8two16<>(SB), Y8, Y8
 	OLD64
 
 fp8next:
@@ -279,6 +289,7 @@ fp8next:
 fp8slow:
 	DEC64
 	VBROADCASTSS (DX), Y8
+	VMULPS fp8twom16<>(SB), Y8, Y8
 	CODES64
 	JMP  fp8next
 
@@ -328,7 +339,6 @@ termk:
 	SHRQ $1, R12
 	JCS  termslow
 	VBROADCASTSS (DX), Y8
-	VMULPS fp8two16<>(SB), Y8, Y8
 	OLD64
 
 termnext:
@@ -343,6 +353,7 @@ termnext:
 termslow:
 	DEC64
 	VBROADCASTSS (DX), Y8
+	VMULPS fp8twom16<>(SB), Y8, Y8
 	CODES64
 	JMP  termnext
 
@@ -775,7 +786,7 @@ amaxloop:
 
 // func quantBlockAVX2(out, xs *float32, x *float32, inv float32, n int)
 //
-// out[i] = E4M3(clamp(x[i]·inv, ±448)) as fp32 and xs[i] = out[i]·2^84,
+// out[i] = E4M3(clamp(x[i]·inv, ±448)) as fp32 and xs[i] = out[i]·2^100,
 // i < n (a multiple of 8): quantBlockFast on 8 lanes — the product's
 // magnitude bits clamped to 448, rounded to 3 mantissa bits (nearest even
 // on the bits), or, below 2^-6, rounded to the 2^-9 grid by an fp32 add and
@@ -786,7 +797,7 @@ TEXT ·quantBlockAVX2(SB), NOSPLIT, $0-40
 	MOVQ x+16(FP), SI
 	VBROADCASTSS inv+24(FP), Y0
 	MOVQ n+32(FP), CX
-	MOVL $0x69800000, AX // 2^84
+	MOVL $0x71800000, AX // 2^100
 	VMOVD AX, X15
 	VPBROADCASTD X15, Y15
 	SHRQ $3, CX

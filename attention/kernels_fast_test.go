@@ -362,7 +362,7 @@ func TestQuantizeActFast(t *testing.T) {
 			sameBits(t, names[i]+": q", got, want)
 			sameBits(t, names[i]+": s", gs, ws)
 			for k := range want {
-				want[k] *= 0x1p84
+				want[k] *= 0x1p100
 			}
 			sameBits(t, names[i]+": xs", xs, want)
 		}

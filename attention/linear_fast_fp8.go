@@ -24,7 +24,8 @@ type FP8Panels struct {
 	// bytes).
 	Sub []uint64
 	// exact reports that the kernel's factoring (block sums of
-	// (qx·2^84)·(E4M3·2^-104), scaled by 2^(e+20)·s_b at the block end)
+	// (qx·2^84)·(E4M3·2^-104) = (qx·2^100)·(E4M3·2^-120), scaled by
+	// 2^(e+20)·s_b at the block end)
 	// provably equals the reference: no NaN code, every scale exponent e in
 	// [-90, 100] (the per-call checks then bound the factors).
 	exact bool
@@ -109,7 +110,11 @@ func (p *FP8Panels) Bytes() int64 { return int64(len(p.Codes) + len(p.Scale) + 8
 // scaled so that the products are the reference's, times a power of two:
 const (
 	fp8WidenExp = -104 // v(c) = E4M3(c)·2^fp8WidenExp
-	fp8ActExp   = 84   // FP8Linear: x = qx·2^84, so x·v = qx·E4M3·2^-20
+	// FP8Linear: the kernels take x = qx·2^100, the scale of the plain-shift
+	// rows (v = E4M3·2^-120), and multiply it by 2^-16 for the rows with a
+	// subnormal code, so x·v = qx·E4M3·2^-20 on both (the common rows save
+	// a multiply per row)
+	fp8ActExp = 100
 )
 
 // fp8KTab is the subnormal correction of fp8WidenBits: the field of m·2^-113
@@ -142,7 +147,7 @@ func fp8WidenBits(c uint8) uint32 {
 // bits), smaller ones go to the 2^-9 grid (an fp32 add of 2^14 rounds them)
 // — the values quant.DecodeE4M3(quant.EncodeE4M3Sat(f)) gives. A block with
 // a non-finite value or a scale outside 2^±100 takes quant.QuantizeActFP8.
-// xs gets q·2^84 (fp8ActExp), the kernels' pre-scaled activation.
+// xs gets q·2^100 (fp8ActExp), the kernels' pre-scaled activation.
 func quantizeActFast(q, s, xs, x []float32) {
 	for b := range len(x) / ActBlock {
 		blk := x[b*ActBlock : (b+1)*ActBlock : (b+1)*ActBlock]
@@ -163,7 +168,7 @@ func quantizeActFast(q, s, xs, x []float32) {
 		if am >= 0x7f800000 || e < -100 || e > 100 {
 			quant.QuantizeActFP8(out, s[b:b+1], blk, ActBlock)
 			for i, v := range out {
-				sc[i] = v * 0x1p84
+				sc[i] = v * 0x1p100
 			}
 			continue
 		}
@@ -178,7 +183,7 @@ func quantizeActFast(q, s, xs, x []float32) {
 
 // quantBlockFast rounds one block of quantizeActFast: out[i] =
 // E4M3(clamp(x[i]·inv, ±448)) as fp32, on the bits (no calls in the loop),
-// and xs[i] = out[i]·2^84 (exact: the kernels' pre-scaled activation).
+// and xs[i] = out[i]·2^100 (exact: the kernels' pre-scaled activation).
 func quantBlockFast(out, xs, x *[ActBlock]float32, inv float32) {
 	for i, v := range x {
 		bits := math.Float32bits(v * inv)
@@ -188,7 +193,7 @@ func quantBlockFast(out, xs, x *[ActBlock]float32, inv float32) {
 			r = math.Float32bits((math.Float32frombits(ab) + 0x1p14) - 0x1p14)
 		}
 		out[i] = math.Float32frombits(r | bits&0x80000000)
-		xs[i] = out[i] * 0x1p84
+		xs[i] = out[i] * 0x1p100
 	}
 }
 
@@ -197,8 +202,8 @@ func quantBlockFast(out, xs, x *[ActBlock]float32, inv float32) {
 //
 //	y[n] = bf16( Σ_b ( Σ_{k∈b} qx[k]·W[n,k] ) · s_b ).
 //
-// The assembly computes each block sum of (qx·2^84)·(E4M3·2^-104) (or, for
-// a row without subnormal codes, (qx·2^100)·(E4M3·2^-120): the same
+// The assembly computes each block sum of (qx·2^100)·(E4M3·2^-120) (or, for
+// a row with a subnormal code, (qx·2^84)·(E4M3·2^-104): the same
 // products) and multiplies it by the power of two 2^(e+20)·s_b at the block
 // end: every product is qx·E4M3·2^-20 exactly (a
 // normal multiple of 2^-38), every partial block sum a multiple of 2^-38
@@ -222,7 +227,7 @@ func (p *FP8Panels) Linear(y, x []float32) {
 }
 
 // actScratch is one call's quantised activation: qx (E4M3 values), its
-// block scales sx and the kernels' pre-scaled copy xs = qx·2^84. Calls take
+// block scales sx and the kernels' pre-scaled copy xs = qx·2^100. Calls take
 // it from actPool and return it: a decode step makes thousands of GEMV
 // calls, and allocating these per call (3 × 16 KiB for a 4096-wide x) cost
 // 15-18 % of a cache-resident call's CPU time in malloc and GC assists.
@@ -359,7 +364,7 @@ var fp8LaneRow = func() (r [PanelRows]uint8) {
 // left, lo, hi), so that a GEMV call allocates nothing once it is warm.
 var jobPool sync.Pool
 
-// job checks one product (xs: x·2^84 when the caller has it, else nil).
+// job checks one product (xs: x·2^100 when the caller has it, else nil).
 func (p *FP8Panels) job(y, x, sx, xs []float32, workers int) *fp8Job {
 	cb := p.Cols / ActBlock
 	nrb := (p.Rows + 127) / 128
@@ -419,7 +424,7 @@ func (p *FP8Panels) job(y, x, sx, xs []float32, workers int) *fp8Job {
 			j.xsBuf = grow(j.xsBuf, len(x))
 			j.xs = j.xsBuf
 			for k, v := range x {
-				j.xs[k] = v * 0x1p84 // exact: qx is an E4M3 value
+				j.xs[k] = v * 0x1p100 // exact: qx is an E4M3 value
 			}
 		}
 		// a weight with fewer than 8 panels per goroutine has its blocks
