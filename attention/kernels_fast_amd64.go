@@ -45,14 +45,17 @@ func detectAVX2() bool {
 var hasAVX2 = detectAVX2()
 
 // fp8Prefetch is how far ahead (bytes) the FP8 panel kernels prefetch their
-// codes: PREFETCHT0 once per 64-byte panel row, 32 rows ahead (a prefetch
+// codes: PREFETCHT0 once per 64-byte panel row, 64 rows ahead (a prefetch
 // changes no result; past the end of a weight it is a no-op). On the GPU
-// host's 16-core Xeon it took the checkpoint GEMVs at 2 threads from 52-72 %
-// of the streaming read to 61-114 % (wq_b 10.8 → 18.6-18.9 GB/s) and at 16
-// from 46-77 % to 48-96 % (bench/README.md); the hardware prefetchers alone
-// kept too few lines in flight per core. 0 prefetches the row being read:
-// no effect.
-var fp8Prefetch = 2048
+// host's 16-core Xeon 2 KiB took the checkpoint GEMVs at 2 threads from
+// 52-72 % of the streaming read to 61-114 % (wq_b 10.8 → 18.6-18.9 GB/s)
+// and at 16 from 46-77 % to 48-96 % (bench/README.md); the hardware
+// prefetchers alone kept too few lines in flight per core. 4 KiB then
+// gained 3-6 points at 16 threads on the small weights (wq_a 89-91 → 95-97
+// %, wkv 70-73 → 75-76 %, wq_a+wkv 85-87 → 87-89 %; two alternations in one
+// host process each) and changed nothing measurable on this 2-core Zen 4.
+// 0 prefetches the row being read: no effect.
+var fp8Prefetch = 4096
 
 //go:noescape
 func fp8PlainPanel64AVX2(y *float32, codes *uint8, x *float32, scl *float32, sub *uint64, nkb int)
