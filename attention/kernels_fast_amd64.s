@@ -597,20 +597,26 @@ f32k:
 	VPAND Y14, r, r
 
 // TERM8 turns 8 head dot products in acc into the score terms
-// bf16(max(bf16(acc), 0)·w[off]), stored at off(R9).
+// bf16(max(bf16(acc), 0)·w[off]), stored at off(BX).
 #define TERM8(off, acc) \
 	BF16R(acc); \
 	VXORPS Y10, Y10, Y10; \
 	VMAXPS acc, Y10, acc; \
 	VMULPS off(R8), acc, acc; \
 	BF16R(acc); \
-	VMOVUPS acc, off(R9)
+	VMOVUPS acc, off(BX)
 
 // func indexScore64AVX2(sums *float32, icache *float32, iqT *float32, w *float32, terms *float32, rows int)
 //
 // For each of rows index keys j (icache [rows][128]): qk[h] = Σ_k icache[j][k]·iqT[k][h]
 // for the 64 heads, then sums[j] = Σ_h bf16(max(bf16(qk[h]), 0)·w[h]) in fp32,
-// h ascending (not yet rounded). terms is a 64-float scratch.
+// h ascending (not yet rounded). terms is an [8][64]-float scratch, rows ≥ 1.
+//
+// The head sum is a chain of 64 dependent adds (the reference's order), as
+// long as a row's 64×128 multiply-adds at full FMA throughput: the rows go
+// in groups of 8, whose terms are stored first and then summed as 8
+// independent chains (idxsum8), one add of each per head, so the adds'
+// latency overlaps; a last group of fewer rows sums them one by one.
 TEXT ·indexScore64AVX2(SB), NOSPLIT, $0-48
 	MOVQ sums+0(FP), DI
 	MOVQ icache+8(FP), DX
@@ -627,6 +633,16 @@ TEXT ·indexScore64AVX2(SB), NOSPLIT, $0-48
 	MOVL $0xFFFF0000, AX
 	VMOVD AX, X14
 	VPBROADCASTD X14, Y14
+
+idxgroup:
+	MOVQ $8, R12 // rows in this group: min(8, rows left)
+	CMPQ R11, $8
+	JGE  idxfull
+	MOVQ R11, R12
+
+idxfull:
+	MOVQ R9, BX // the group's row r stores its terms at terms[r]
+	MOVQ R12, R13
 
 idxrow:
 	VXORPS Y0, Y0, Y0
@@ -663,10 +679,56 @@ idxk:
 	TERM8(160, Y5)
 	TERM8(192, Y6)
 	TERM8(224, Y7)
+	ADDQ $256, BX
+	DECQ R13
+	JNZ  idxrow
 
-	// sum the 64 terms in head order
+	CMPQ R12, $8
+	JNE  idxserial
+
+	// 8 rows: 8 chains, each in head order from +0
 	VXORPS X0, X0, X0
+	VXORPS X1, X1, X1
+	VXORPS X2, X2, X2
+	VXORPS X3, X3, X3
+	VXORPS X4, X4, X4
+	VXORPS X5, X5, X5
+	VXORPS X6, X6, X6
+	VXORPS X7, X7, X7
 	MOVQ R9, SI
+	MOVQ $64, CX
+
+idxsum8:
+	VADDSS 0(SI), X0, X0
+	VADDSS 256(SI), X1, X1
+	VADDSS 512(SI), X2, X2
+	VADDSS 768(SI), X3, X3
+	VADDSS 1024(SI), X4, X4
+	VADDSS 1280(SI), X5, X5
+	VADDSS 1536(SI), X6, X6
+	VADDSS 1792(SI), X7, X7
+	ADDQ $4, SI
+	DECQ CX
+	JNZ  idxsum8
+	VMOVSS X0, 0(DI)
+	VMOVSS X1, 4(DI)
+	VMOVSS X2, 8(DI)
+	VMOVSS X3, 12(DI)
+	VMOVSS X4, 16(DI)
+	VMOVSS X5, 20(DI)
+	VMOVSS X6, 24(DI)
+	VMOVSS X7, 28(DI)
+	ADDQ $32, DI
+	SUBQ $8, R11
+	JNZ  idxgroup
+	JMP  idxdone
+
+idxserial:
+	// the last group, fewer than 8 rows: one chain after another
+	MOVQ R9, SI
+
+idxsrow:
+	VXORPS X0, X0, X0
 	MOVQ $64, CX
 
 idxsum:
@@ -676,8 +738,10 @@ idxsum:
 	JNZ  idxsum
 	VMOVSS X0, (DI)
 	ADDQ $4, DI
-	DECQ R11
-	JNZ  idxrow
+	DECQ R12
+	JNZ  idxsrow
+
+idxdone:
 	VZEROUPPER
 	RET
 

@@ -131,7 +131,7 @@ func IndexScoresFast(score, iq, icache, w []float32, heads, hd int) {
 	}
 	const rowsPerTask = 256
 	parallelFor((tc+rowsPerTask-1)/rowsPerTask, tc*heads*hd, func(lo, hi int) {
-		var terms [PanelRows]float32
+		var terms [8 * PanelRows]float32 // indexScore64AVX2's scratch: 8 rows' terms
 		qk := make([]float32, heads)
 		for t := lo; t < hi; t++ {
 			j0, j1 := t*rowsPerTask, min(tc, (t+1)*rowsPerTask)
