@@ -21,6 +21,9 @@ func f32Panel64AVX2(y *float32, w *float32, x *float32, k int)
 func indexScore64AVX2(sums *float32, icache *float32, iqT *float32, w *float32, terms *float32, rows int)
 
 //go:noescape
+func indexScore64AVX512(sums *float32, icache *float32, iqT *float32, w *float32, terms *float32, rows int)
+
+//go:noescape
 func pvChunkAVX2(acc *float32, rows **float32, p *float32, n int, alpha float32, d int)
 
 // detectAVX2 reports whether the CPU and OS support the instructions the
@@ -43,6 +46,21 @@ func detectAVX2() bool {
 }
 
 var hasAVX2 = detectAVX2()
+
+// detectAVX512 reports whether the CPU and OS support AVX-512F with the
+// opmask and all 32 ZMM registers' state enabled (indexScore64AVX512).
+func detectAVX512() bool {
+	if !hasAVX2 {
+		return false
+	}
+	if xcr0, _ := xgetbv0(); xcr0&0xe6 != 0xe6 { // XMM, YMM, opmask, ZMM0-15 upper halves, ZMM16-31
+		return false
+	}
+	_, ebx7, _, _ := cpuid(7, 0)
+	return ebx7&(1<<16) != 0 // AVX512F
+}
+
+var hasAVX512 = detectAVX512()
 
 // fp8Prefetch is how far ahead (bytes) the FP8 panel kernels prefetch their
 // codes: PREFETCHT0 once per 64-byte panel row, 64 rows ahead (a prefetch

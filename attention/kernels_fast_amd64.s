@@ -745,6 +745,194 @@ idxdone:
 	VZEROUPPER
 	RET
 
+// BF16RZ is BF16R on the 16 lanes of a ZMM register r (Z9 scratch, Z12 =
+// 0x7FFF, Z13 = 1, Z14 = 0xFFFF0000).
+#define BF16RZ(r) \
+	VPSRLD $16, r, Z9; \
+	VPANDD Z13, Z9, Z9; \
+	VPADDD Z12, Z9, Z9; \
+	VPADDD Z9, r, r; \
+	VPANDD Z14, r, r
+
+// TERM16 is TERM8 on 16 heads (Z10 = +0), stored at off(BX).
+#define TERM16(off, acc) \
+	BF16RZ(acc); \
+	VMAXPS acc, Z10, acc; \
+	VMULPS off(R8), acc, acc; \
+	BF16RZ(acc); \
+	VMOVUPS acc, off(BX)
+
+// func indexScore64AVX512(sums *float32, icache *float32, iqT *float32, w *float32, terms *float32, rows int)
+//
+// indexScore64AVX2 with 512-bit vectors, the same operations in the same
+// order per head (so the same bits): a ZMM register holds 16 heads, and the
+// rows go in pairs that share the iqT loads, so that 8 accumulators keep
+// both FMA ports busy (a core with two 512-bit FMA units, as the GPU host's
+// Xeon, then does twice the AVX2 kernel's multiply-adds per cycle; Zen 4
+// splits each 512-bit operation in two). Groups of 8 rows are summed as in
+// indexScore64AVX2. terms is an [8][64]-float scratch, rows ≥ 1.
+TEXT ·indexScore64AVX512(SB), NOSPLIT, $0-48
+	MOVQ sums+0(FP), DI
+	MOVQ icache+8(FP), DX
+	MOVQ iqT+16(FP), R10
+	MOVQ w+24(FP), R8
+	MOVQ terms+32(FP), R9
+	MOVQ rows+40(FP), R11
+	MOVL $0x7FFF, AX
+	VPBROADCASTD AX, Z12
+	MOVL $1, AX
+	VPBROADCASTD AX, Z13
+	MOVL $0xFFFF0000, AX
+	VPBROADCASTD AX, Z14
+	VPXORD Z10, Z10, Z10
+
+zgroup:
+	MOVQ $8, R12 // rows in this group: min(8, rows left)
+	CMPQ R11, $8
+	JGE  zfull
+	MOVQ R11, R12
+
+zfull:
+	MOVQ R9, BX
+	MOVQ R12, R13
+
+zpair:
+	CMPQ R13, $2
+	JLT  zone
+	// rows a (at DX) and b (at DX+512): accumulators Z0-Z3 and Z4-Z7
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	VPXORD Z4, Z4, Z4
+	VPXORD Z5, Z5, Z5
+	VPXORD Z6, Z6, Z6
+	VPXORD Z7, Z7, Z7
+	MOVQ R10, SI
+	MOVQ $128, CX
+
+zk2:
+	VBROADCASTSS (DX), Z8
+	VBROADCASTSS 512(DX), Z11
+	VMOVUPS 0(SI), Z15
+	VMOVUPS 64(SI), Z16
+	VMOVUPS 128(SI), Z17
+	VMOVUPS 192(SI), Z18
+	VFMADD231PS Z15, Z8, Z0
+	VFMADD231PS Z15, Z11, Z4
+	VFMADD231PS Z16, Z8, Z1
+	VFMADD231PS Z16, Z11, Z5
+	VFMADD231PS Z17, Z8, Z2
+	VFMADD231PS Z17, Z11, Z6
+	VFMADD231PS Z18, Z8, Z3
+	VFMADD231PS Z18, Z11, Z7
+	ADDQ $256, SI
+	ADDQ $4, DX
+	DECQ CX
+	JNZ  zk2
+	ADDQ $512, DX // past row b too
+
+	TERM16(0, Z0)
+	TERM16(64, Z1)
+	TERM16(128, Z2)
+	TERM16(192, Z3)
+	ADDQ $256, BX
+	TERM16(0, Z4)
+	TERM16(64, Z5)
+	TERM16(128, Z6)
+	TERM16(192, Z7)
+	ADDQ $256, BX
+	SUBQ $2, R13
+	JNZ  zpair
+	JMP  zsums
+
+zone:
+	// the group's last row when it has an odd number
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	MOVQ R10, SI
+	MOVQ $128, CX
+
+zk1:
+	VBROADCASTSS (DX), Z8
+	VFMADD231PS 0(SI), Z8, Z0
+	VFMADD231PS 64(SI), Z8, Z1
+	VFMADD231PS 128(SI), Z8, Z2
+	VFMADD231PS 192(SI), Z8, Z3
+	ADDQ $256, SI
+	ADDQ $4, DX
+	DECQ CX
+	JNZ  zk1
+
+	TERM16(0, Z0)
+	TERM16(64, Z1)
+	TERM16(128, Z2)
+	TERM16(192, Z3)
+	ADDQ $256, BX
+
+zsums:
+	CMPQ R12, $8
+	JNE  zserial
+
+	VXORPS X0, X0, X0
+	VXORPS X1, X1, X1
+	VXORPS X2, X2, X2
+	VXORPS X3, X3, X3
+	VXORPS X4, X4, X4
+	VXORPS X5, X5, X5
+	VXORPS X6, X6, X6
+	VXORPS X7, X7, X7
+	MOVQ R9, SI
+	MOVQ $64, CX
+
+zsum8:
+	VADDSS 0(SI), X0, X0
+	VADDSS 256(SI), X1, X1
+	VADDSS 512(SI), X2, X2
+	VADDSS 768(SI), X3, X3
+	VADDSS 1024(SI), X4, X4
+	VADDSS 1280(SI), X5, X5
+	VADDSS 1536(SI), X6, X6
+	VADDSS 1792(SI), X7, X7
+	ADDQ $4, SI
+	DECQ CX
+	JNZ  zsum8
+	VMOVSS X0, 0(DI)
+	VMOVSS X1, 4(DI)
+	VMOVSS X2, 8(DI)
+	VMOVSS X3, 12(DI)
+	VMOVSS X4, 16(DI)
+	VMOVSS X5, 20(DI)
+	VMOVSS X6, 24(DI)
+	VMOVSS X7, 28(DI)
+	ADDQ $32, DI
+	SUBQ $8, R11
+	JNZ  zgroup
+	JMP  zdone
+
+zserial:
+	MOVQ R9, SI
+
+zsrow:
+	VXORPS X0, X0, X0
+	MOVQ $64, CX
+
+zsum:
+	VADDSS (SI), X0, X0
+	ADDQ $4, SI
+	DECQ CX
+	JNZ  zsum
+	VMOVSS X0, (DI)
+	ADDQ $4, DI
+	DECQ R12
+	JNZ  zsrow
+
+zdone:
+	VZEROUPPER
+	RET
+
 // PV8 accumulates p·row[off] into acc (p broadcast in Y8, row at SI).
 #define PV8(off, acc) \
 	VMULPS off(SI), Y8, Y9; \

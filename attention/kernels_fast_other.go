@@ -7,6 +7,8 @@ package attention
 
 const hasAVX2 = false
 
+const hasAVX512 = false
+
 func fp8Panel64AVX2(y *float32, codes *uint8, x *float32, scl *float32, sub *uint64, nkb int) {
 	panic("attention: no assembly kernels in this build")
 }
@@ -20,6 +22,10 @@ func f32Panel64AVX2(y *float32, w *float32, x *float32, k int) {
 }
 
 func indexScore64AVX2(sums *float32, icache *float32, iqT *float32, w *float32, terms *float32, rows int) {
+	panic("attention: no assembly kernels in this build")
+}
+
+func indexScore64AVX512(sums *float32, icache *float32, iqT *float32, w *float32, terms *float32, rows int) {
 	panic("attention: no assembly kernels in this build")
 }
 

@@ -523,19 +523,27 @@ func TestIndexScoresFastEqualsReference(t *testing.T) {
 	for k := 0; k < hd; k++ {
 		icNaN[9*hd+k] = 3e38
 	}
-	eachPath(t, func(t *testing.T) {
-		for _, c := range []struct {
-			iq, ic, w []float32
-			heads     int
-		}{{iq64, ic64, w64, 64}, {iq4, ic4, w4, 4}, {iq64, icNaN, w64, 64}, {iq64, ic64[:0], w64, 64},
-			// the kernel's groups of 8 rows with a last group of 5, and only a short group
-			{iq64, ic64[:997*hd], w64, 64}, {iq64, ic64[:5*hd], w64, 64}} {
-			want := scoreRef(c.iq, c.ic, c.w, c.heads, hd)
-			got := make([]float32, len(want))
-			IndexScoresFast(got, c.iq, c.ic, c.w, c.heads, hd)
-			sameBits(t, "score", got, want)
+	defer func(old bool) { UseAVX512 = old }(UseAVX512)
+	for _, z := range []bool{false, true} {
+		if z && !hasAVX512 {
+			t.Log("no AVX-512 on this CPU: indexScore64AVX512 not run")
+			continue
 		}
-	})
+		UseAVX512 = z
+		eachPath(t, func(t *testing.T) {
+			for _, c := range []struct {
+				iq, ic, w []float32
+				heads     int
+			}{{iq64, ic64, w64, 64}, {iq4, ic4, w4, 4}, {iq64, icNaN, w64, 64}, {iq64, ic64[:0], w64, 64},
+				// the kernel's groups of 8 rows with a last group of 5, and only a short group
+				{iq64, ic64[:997*hd], w64, 64}, {iq64, ic64[:5*hd], w64, 64}} {
+				want := scoreRef(c.iq, c.ic, c.w, c.heads, hd)
+				got := make([]float32, len(want))
+				IndexScoresFast(got, c.iq, c.ic, c.w, c.heads, hd)
+				sameBits(t, fmt.Sprintf("score (AVX-512 %v)", z), got, want)
+			}
+		})
+	}
 }
 
 func TestIndexQKFastEqualsReference(t *testing.T) {

@@ -30,6 +30,14 @@ func HasAssembly() bool { return hasAVX2 }
 
 func useAsm() bool { return UseAssembly && hasAVX2 }
 
+// UseAVX512 selects, with UseAssembly, the AVX-512 form of the index
+// scoring kernel when the CPU has AVX-512F (the default); false keeps it on
+// AVX2. Both compute the same bits (the tests run both where the CPU can);
+// it is there to compare their speed on one machine.
+var UseAVX512 = hasAVX512
+
+func useAVX512() bool { return UseAVX512 && hasAVX512 && useAsm() }
+
 // Panels is a bf16 or fp32 weight [Rows, Cols] repacked as
 // [ceil(Rows/64)][Cols][64] (rows past Rows are zero padding). Weights whose
 // every value is a bf16 value (weights_proj, wo_a, and the checkpoint's

@@ -22,3 +22,10 @@ func init() {
 		SetPoolSpin(time.Duration(v) * time.Microsecond)
 	}
 }
+
+// SPARSEMLA_AVX512=0 keeps the index scoring on its AVX2 kernel (UseAVX512).
+func init() {
+	if os.Getenv("SPARSEMLA_AVX512") == "0" {
+		UseAVX512 = false
+	}
+}

@@ -135,7 +135,10 @@ func IndexScoresFast(score, iq, icache, w []float32, heads, hd int) {
 		qk := make([]float32, heads)
 		for t := lo; t < hi; t++ {
 			j0, j1 := t*rowsPerTask, min(tc, (t+1)*rowsPerTask)
-			if asm {
+			switch {
+			case asm && useAVX512():
+				indexScore64AVX512(&score[j0], &icache[j0*hd], &iqT[0], &w[0], &terms[0], j1-j0)
+			case asm:
 				indexScore64AVX2(&score[j0], &icache[j0*hd], &iqT[0], &w[0], &terms[0], j1-j0)
 			}
 			for j := j0; j < j1; j++ {

@@ -492,4 +492,8 @@ func init() {
 	if v, err := strconv.Atoi(os.Getenv("SPARSEMLA_POOL_SPIN_US")); err == nil {
 		attention.SetPoolSpin(time.Duration(v) * time.Microsecond)
 	}
+	// SPARSEMLA_AVX512=0 keeps the index scoring on its AVX2 kernel
+	if os.Getenv("SPARSEMLA_AVX512") == "0" {
+		attention.UseAVX512 = false
+	}
 }
