@@ -595,3 +595,38 @@ func TestLinearSharedEqualsLinear(t *testing.T) {
 		})
 	}
 }
+
+// TestFP8PanelsFactorRange: the kernels scale each block sum back by
+// 2^(e+20)·s_b (e the weight block's scale exponent, s_b the activation
+// block's); they take a weight whose factor exponent e+20+x_b is at most 80
+// and leave one at 81 to the reference loop, with the same bits either way.
+func TestFP8PanelsFactorRange(t *testing.T) {
+	if !useAsm() {
+		t.Skip("no AVX2")
+	}
+	rng := rand.New(rand.NewPCG(7, 8))
+	w := randFP8(rng, 128, 256)
+	for i := range w.Scale {
+		w.Scale[i] = 127 + 60 // 2^60: with x_b = 0 the factor is 2^80
+	}
+	quant.DequantFP8Weight(w.W, w.Codes, w.Scale, 128, 256)
+	p := PackFP8Weight(w)
+	for _, c := range []struct {
+		xb  int  // the activation blocks' scale exponent
+		ref bool // the factor is out of the kernels' proven range
+	}{{-2, false}, {0, false}, {1, true}, {3, true}} {
+		x := make([]float32, 256)
+		for k := range x {
+			x[k] = quant.BF16Round(float32(rng.NormFloat64()))
+		}
+		x[5], x[200] = 448*quant.Pow2(c.xb), -448*quant.Pow2(c.xb) // each block's amax: s_b = 2^xb
+		want, got := make([]float32, 128), make([]float32, 128)
+		FP8Linear(want, x, w)
+		r0 := ReferencePanels()
+		p.Linear(got, x)
+		sameBits(t, fmt.Sprintf("x_b %d", c.xb), got, want)
+		if took := ReferencePanels() > r0; took != c.ref {
+			t.Errorf("x_b %d (factor 2^%d): reference loop taken %v, want %v", c.xb, 80+c.xb, took, c.ref)
+		}
+	}
+}
