@@ -18,10 +18,13 @@ func bf16Panel64AVX2(y *float32, w *uint16, x *float32, k int)
 func f32Panel64AVX2(y *float32, w *float32, x *float32, k int)
 
 //go:noescape
-func indexScore64AVX2(sums *float32, icache *float32, iqT *float32, w *float32, terms *float32, rows int)
+func indexTerms64AVX2(terms *float32, icache *float32, iqT *float32, w *float32, rows int)
 
 //go:noescape
-func indexScore64AVX512(sums *float32, icache *float32, iqT *float32, w *float32, terms *float32, rows int)
+func indexSum64(sums *float32, terms *float32, rows int)
+
+//go:noescape
+func indexTerms64AVX512(terms *float32, icache *float32, iqT *float32, w *float32, rows int)
 
 //go:noescape
 func pvChunkAVX2(acc *float32, rows **float32, p *float32, n int, alpha float32, d int)
@@ -48,7 +51,7 @@ func detectAVX2() bool {
 var hasAVX2 = detectAVX2()
 
 // detectAVX512 reports whether the CPU and OS support AVX-512F with the
-// opmask and all 32 ZMM registers' state enabled (indexScore64AVX512).
+// opmask and all 32 ZMM registers' state enabled (indexTerms64AVX512).
 func detectAVX512() bool {
 	if !hasAVX2 {
 		return false

@@ -606,24 +606,18 @@ f32k:
 	BF16R(acc); \
 	VMOVUPS acc, off(BX)
 
-// func indexScore64AVX2(sums *float32, icache *float32, iqT *float32, w *float32, terms *float32, rows int)
+// func indexTerms64AVX2(terms *float32, icache *float32, iqT *float32, w *float32, rows int)
 //
-// For each of rows index keys j (icache [rows][128]): qk[h] = Σ_k icache[j][k]·iqT[k][h]
-// for the 64 heads, then sums[j] = Σ_h bf16(max(bf16(qk[h]), 0)·w[h]) in fp32,
-// h ascending (not yet rounded). terms is an [8][64]-float scratch, rows ≥ 1.
-//
-// The head sum is a chain of 64 dependent adds (the reference's order), as
-// long as a row's 64×128 multiply-adds at full FMA throughput: the rows go
-// in groups of 8, whose terms are stored first and then summed as 8
-// independent chains (idxsum8), one add of each per head, so the adds'
-// latency overlaps; a last group of fewer rows sums them one by one.
-TEXT ·indexScore64AVX2(SB), NOSPLIT, $0-48
-	MOVQ sums+0(FP), DI
+// For each of rows ≤ 8 index keys j (icache [rows][128]): qk[h] = Σ_k
+// icache[j][k]·iqT[k][h] for the 64 heads (fp32, k ascending), and the
+// score terms terms[j][h] = bf16(max(bf16(qk[h]), 0)·w[h]); terms is
+// [8][64]. indexSum64 then adds each row's terms.
+TEXT ·indexTerms64AVX2(SB), NOSPLIT, $0-40
+	MOVQ terms+0(FP), BX
 	MOVQ icache+8(FP), DX
 	MOVQ iqT+16(FP), R10
 	MOVQ w+24(FP), R8
-	MOVQ terms+32(FP), R9
-	MOVQ rows+40(FP), R11
+	MOVQ rows+32(FP), R13
 	MOVL $0x7FFF, AX
 	VMOVD AX, X12
 	VPBROADCASTD X12, Y12
@@ -633,16 +627,6 @@ TEXT ·indexScore64AVX2(SB), NOSPLIT, $0-48
 	MOVL $0xFFFF0000, AX
 	VMOVD AX, X14
 	VPBROADCASTD X14, Y14
-
-idxgroup:
-	MOVQ $8, R12 // rows in this group: min(8, rows left)
-	CMPQ R11, $8
-	JGE  idxfull
-	MOVQ R11, R12
-
-idxfull:
-	MOVQ R9, BX // the group's row r stores its terms at terms[r]
-	MOVQ R12, R13
 
 idxrow:
 	VXORPS Y0, Y0, Y0
@@ -682,11 +666,23 @@ idxk:
 	ADDQ $256, BX
 	DECQ R13
 	JNZ  idxrow
+	VZEROUPPER
+	RET
 
+// func indexSum64(sums *float32, terms *float32, rows int)
+//
+// sums[j] = Σ_h terms[j][h] in fp32, h ascending from +0, for rows ≤ 8
+// (terms [8][64]). A row's sum is a chain of 64 dependent adds, as long as
+// its 64×128 multiply-adds at full FMA throughput; 8 rows are summed as 8
+// independent chains, one add of each per head, so that the adds' latency
+// overlaps (fewer rows, the last group of a task, one after another).
+TEXT ·indexSum64(SB), NOSPLIT, $0-24
+	MOVQ sums+0(FP), DI
+	MOVQ terms+8(FP), SI
+	MOVQ rows+16(FP), R12
+	MOVQ $64, CX
 	CMPQ R12, $8
-	JNE  idxserial
-
-	// 8 rows: 8 chains, each in head order from +0
+	JNE  sumserial
 	VXORPS X0, X0, X0
 	VXORPS X1, X1, X1
 	VXORPS X2, X2, X2
@@ -695,10 +691,8 @@ idxk:
 	VXORPS X5, X5, X5
 	VXORPS X6, X6, X6
 	VXORPS X7, X7, X7
-	MOVQ R9, SI
-	MOVQ $64, CX
 
-idxsum8:
+sum8:
 	VADDSS 0(SI), X0, X0
 	VADDSS 256(SI), X1, X1
 	VADDSS 512(SI), X2, X2
@@ -709,7 +703,7 @@ idxsum8:
 	VADDSS 1792(SI), X7, X7
 	ADDQ $4, SI
 	DECQ CX
-	JNZ  idxsum8
+	JNZ  sum8
 	VMOVSS X0, 0(DI)
 	VMOVSS X1, 4(DI)
 	VMOVSS X2, 8(DI)
@@ -718,31 +712,21 @@ idxsum8:
 	VMOVSS X5, 20(DI)
 	VMOVSS X6, 24(DI)
 	VMOVSS X7, 28(DI)
-	ADDQ $32, DI
-	SUBQ $8, R11
-	JNZ  idxgroup
-	JMP  idxdone
+	RET
 
-idxserial:
-	// the last group, fewer than 8 rows: one chain after another
-	MOVQ R9, SI
-
-idxsrow:
+sumserial:
 	VXORPS X0, X0, X0
 	MOVQ $64, CX
 
-idxsum:
+sumrow:
 	VADDSS (SI), X0, X0
 	ADDQ $4, SI
 	DECQ CX
-	JNZ  idxsum
+	JNZ  sumrow
 	VMOVSS X0, (DI)
 	ADDQ $4, DI
 	DECQ R12
-	JNZ  idxsrow
-
-idxdone:
-	VZEROUPPER
+	JNZ  sumserial
 	RET
 
 // BF16RZ is BF16R on the 16 lanes of a ZMM register r (Z9 scratch, Z12 =
@@ -762,22 +746,20 @@ idxdone:
 	BF16RZ(acc); \
 	VMOVUPS acc, off(BX)
 
-// func indexScore64AVX512(sums *float32, icache *float32, iqT *float32, w *float32, terms *float32, rows int)
+// func indexTerms64AVX512(terms *float32, icache *float32, iqT *float32, w *float32, rows int)
 //
-// indexScore64AVX2 with 512-bit vectors, the same operations in the same
+// indexTerms64AVX2 with 512-bit vectors, the same operations in the same
 // order per head (so the same bits): a ZMM register holds 16 heads, and the
 // rows go in pairs that share the iqT loads, so that 8 accumulators keep
 // both FMA ports busy (a core with two 512-bit FMA units, as the GPU host's
 // Xeon, then does twice the AVX2 kernel's multiply-adds per cycle; Zen 4
-// splits each 512-bit operation in two). Groups of 8 rows are summed as in
-// indexScore64AVX2. terms is an [8][64]-float scratch, rows ≥ 1.
-TEXT ·indexScore64AVX512(SB), NOSPLIT, $0-48
-	MOVQ sums+0(FP), DI
+// splits each 512-bit operation in two). rows ≤ 8, terms [8][64].
+TEXT ·indexTerms64AVX512(SB), NOSPLIT, $0-40
+	MOVQ terms+0(FP), BX
 	MOVQ icache+8(FP), DX
 	MOVQ iqT+16(FP), R10
 	MOVQ w+24(FP), R8
-	MOVQ terms+32(FP), R9
-	MOVQ rows+40(FP), R11
+	MOVQ rows+32(FP), R13
 	MOVL $0x7FFF, AX
 	VPBROADCASTD AX, Z12
 	MOVL $1, AX
@@ -785,16 +767,6 @@ TEXT ·indexScore64AVX512(SB), NOSPLIT, $0-48
 	MOVL $0xFFFF0000, AX
 	VPBROADCASTD AX, Z14
 	VPXORD Z10, Z10, Z10
-
-zgroup:
-	MOVQ $8, R12 // rows in this group: min(8, rows left)
-	CMPQ R11, $8
-	JGE  zfull
-	MOVQ R11, R12
-
-zfull:
-	MOVQ R9, BX
-	MOVQ R12, R13
 
 zpair:
 	CMPQ R13, $2
@@ -844,10 +816,11 @@ zk2:
 	ADDQ $256, BX
 	SUBQ $2, R13
 	JNZ  zpair
-	JMP  zsums
+	VZEROUPPER
+	RET
 
 zone:
-	// the group's last row when it has an odd number
+	// the last row when rows is odd
 	VPXORD Z0, Z0, Z0
 	VPXORD Z1, Z1, Z1
 	VPXORD Z2, Z2, Z2
@@ -870,66 +843,6 @@ zk1:
 	TERM16(64, Z1)
 	TERM16(128, Z2)
 	TERM16(192, Z3)
-	ADDQ $256, BX
-
-zsums:
-	CMPQ R12, $8
-	JNE  zserial
-
-	VXORPS X0, X0, X0
-	VXORPS X1, X1, X1
-	VXORPS X2, X2, X2
-	VXORPS X3, X3, X3
-	VXORPS X4, X4, X4
-	VXORPS X5, X5, X5
-	VXORPS X6, X6, X6
-	VXORPS X7, X7, X7
-	MOVQ R9, SI
-	MOVQ $64, CX
-
-zsum8:
-	VADDSS 0(SI), X0, X0
-	VADDSS 256(SI), X1, X1
-	VADDSS 512(SI), X2, X2
-	VADDSS 768(SI), X3, X3
-	VADDSS 1024(SI), X4, X4
-	VADDSS 1280(SI), X5, X5
-	VADDSS 1536(SI), X6, X6
-	VADDSS 1792(SI), X7, X7
-	ADDQ $4, SI
-	DECQ CX
-	JNZ  zsum8
-	VMOVSS X0, 0(DI)
-	VMOVSS X1, 4(DI)
-	VMOVSS X2, 8(DI)
-	VMOVSS X3, 12(DI)
-	VMOVSS X4, 16(DI)
-	VMOVSS X5, 20(DI)
-	VMOVSS X6, 24(DI)
-	VMOVSS X7, 28(DI)
-	ADDQ $32, DI
-	SUBQ $8, R11
-	JNZ  zgroup
-	JMP  zdone
-
-zserial:
-	MOVQ R9, SI
-
-zsrow:
-	VXORPS X0, X0, X0
-	MOVQ $64, CX
-
-zsum:
-	VADDSS (SI), X0, X0
-	ADDQ $4, SI
-	DECQ CX
-	JNZ  zsum
-	VMOVSS X0, (DI)
-	ADDQ $4, DI
-	DECQ R12
-	JNZ  zsrow
-
-zdone:
 	VZEROUPPER
 	RET
 

@@ -21,11 +21,15 @@ func f32Panel64AVX2(y *float32, w *float32, x *float32, k int) {
 	panic("attention: no assembly kernels in this build")
 }
 
-func indexScore64AVX2(sums *float32, icache *float32, iqT *float32, w *float32, terms *float32, rows int) {
+func indexTerms64AVX2(terms *float32, icache *float32, iqT *float32, w *float32, rows int) {
 	panic("attention: no assembly kernels in this build")
 }
 
-func indexScore64AVX512(sums *float32, icache *float32, iqT *float32, w *float32, terms *float32, rows int) {
+func indexSum64(sums *float32, terms *float32, rows int) {
+	panic("attention: no assembly kernels in this build")
+}
+
+func indexTerms64AVX512(terms *float32, icache *float32, iqT *float32, w *float32, rows int) {
 	panic("attention: no assembly kernels in this build")
 }
 

@@ -526,7 +526,7 @@ func TestIndexScoresFastEqualsReference(t *testing.T) {
 	defer func(old bool) { UseAVX512 = old }(UseAVX512)
 	for _, z := range []bool{false, true} {
 		if z && !hasAVX512 {
-			t.Log("no AVX-512 on this CPU: indexScore64AVX512 not run")
+			t.Log("no AVX-512 on this CPU: indexTerms64AVX512 not run")
 			continue
 		}
 		UseAVX512 = z

@@ -31,7 +31,7 @@ func HasAssembly() bool { return hasAVX2 }
 func useAsm() bool { return UseAssembly && hasAVX2 }
 
 // UseAVX512 selects, with UseAssembly, the AVX-512 form of the index
-// scoring kernel when the CPU has AVX-512F (the default); false keeps it on
+// scoring kernel (indexTerms64AVX512) when the CPU has AVX-512F (the default); false keeps it on
 // AVX2. Both compute the same bits (the tests run both where the CPU can);
 // it is there to compare their speed on one machine.
 var UseAVX512 = hasAVX512

@@ -131,15 +131,19 @@ func IndexScoresFast(score, iq, icache, w []float32, heads, hd int) {
 	}
 	const rowsPerTask = 256
 	parallelFor((tc+rowsPerTask-1)/rowsPerTask, tc*heads*hd, func(lo, hi int) {
-		var terms [8 * PanelRows]float32 // indexScore64AVX2's scratch: 8 rows' terms
+		var terms [8 * PanelRows]float32 // 8 keys' score terms (indexTerms64AVX2)
 		qk := make([]float32, heads)
 		for t := lo; t < hi; t++ {
 			j0, j1 := t*rowsPerTask, min(tc, (t+1)*rowsPerTask)
-			switch {
-			case asm && useAVX512():
-				indexScore64AVX512(&score[j0], &icache[j0*hd], &iqT[0], &w[0], &terms[0], j1-j0)
-			case asm:
-				indexScore64AVX2(&score[j0], &icache[j0*hd], &iqT[0], &w[0], &terms[0], j1-j0)
+			// groups of 8 keys: their terms, then their sums (indexSum64)
+			for g := j0; asm && g < j1; g += 8 {
+				n := min(8, j1-g)
+				if useAVX512() {
+					indexTerms64AVX512(&terms[0], &icache[g*hd], &iqT[0], &w[0], n)
+				} else {
+					indexTerms64AVX2(&terms[0], &icache[g*hd], &iqT[0], &w[0], n)
+				}
+				indexSum64(&score[g], &terms[0], n)
 			}
 			for j := j0; j < j1; j++ {
 				if asm {
