@@ -60,7 +60,8 @@
 //
 // Beside the reference, *_fast.go hold the same computations repacked for
 // speed (FP8Panels, Panels, WoAPanels, SparseAttnFast, IndexScoresFast,
-// IndexQKFast; AVX2 kernels in kernels_fast_amd64.s, pure-Go lane loops
+// IndexQKFast; AVX2 kernels in kernels_fast_amd64.s, and an AVX-512 form of
+// the index scoring where the CPU has it (UseAVX512), pure-Go lane loops
 // elsewhere, with -tags purego, or with UseAssembly = false). Each SIMD lane
 // owns one output and performs the reference's fp32 operations in the
 // reference's order, so the results are the same bits; work is split by
