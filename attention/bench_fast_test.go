@@ -340,9 +340,10 @@ func median(v []float64) float64 {
 
 // BenchmarkFP8PanelsLinear: FP8Linear on the packed V4-Flash weights, for
 // each code distribution (fp8Dists). The kernels' speed must not depend on
-// it. Compare with -cpu 1,2,8,16 and BenchmarkStreamRead in the same run:
+// it. Compare thread counts one process each (with Go 1.26 the first entry
+// of a -cpu list does not set GOMAXPROCS for a b.Loop benchmark):
 //
-//	go test ./attention -run '^$' -bench 'StreamRead/scan|FP8Panels' -cpu 1,2 -count 5
+//	go test ./attention -run '^$' -bench 'FP8Panels' -cpu 2 -count 5
 func BenchmarkFP8PanelsLinear(b *testing.B) {
 	for _, dist := range fp8Dists {
 		for _, w := range flashFP8 {

@@ -160,7 +160,9 @@ func TestPlainBlockRange(t *testing.T) {
 // BenchmarkParallelForRoundTrip: the fixed cost of one parallel call — 64
 // items of ≈ 1 µs each (a small GEMV's split) over GOMAXPROCS goroutines,
 // back to back, as a decode step's chain of GEMVs issues them (compare
-// -cpu 1,2,16: the items alone take 64 µs on one core).
+// -cpu 1, -cpu 2 and -cpu 16, one process each: with Go 1.26 the first
+// entry of a -cpu list does not set GOMAXPROCS for a b.Loop benchmark; the
+// items alone take 64 µs on one core).
 func BenchmarkParallelForRoundTrip(b *testing.B) {
 	var sink [64]float64
 	for b.Loop() {
