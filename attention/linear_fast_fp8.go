@@ -115,6 +115,8 @@ const (
 	// subnormal code, so x·v = qx·E4M3·2^-20 on both (the common rows save
 	// a multiply per row)
 	fp8ActExp = 100
+	// fp8ActScale is 2^fp8ActExp: xs = qx·fp8ActScale (exact)
+	fp8ActScale = float32(1 << fp8ActExp)
 )
 
 // fp8KTab is the subnormal correction of fp8WidenBits: the field of m·2^-113
@@ -168,7 +170,7 @@ func quantizeActFast(q, s, xs, x []float32) {
 		if am >= 0x7f800000 || e < -100 || e > 100 {
 			quant.QuantizeActFP8(out, s[b:b+1], blk, ActBlock)
 			for i, v := range out {
-				sc[i] = v * 0x1p100
+				sc[i] = v * fp8ActScale
 			}
 			continue
 		}
@@ -193,7 +195,7 @@ func quantBlockFast(out, xs, x *[ActBlock]float32, inv float32) {
 			r = math.Float32bits((math.Float32frombits(ab) + 0x1p14) - 0x1p14)
 		}
 		out[i] = math.Float32frombits(r | bits&0x80000000)
-		xs[i] = out[i] * 0x1p100
+		xs[i] = out[i] * fp8ActScale
 	}
 }
 
@@ -345,7 +347,6 @@ type fp8Job struct {
 	terms    []float32      // [np][cb][64] block terms when ng > 1
 	left     []atomic.Int32 // [np] groups of each panel still running
 	lo, hi   []float64      // plain: each block's smallest nonzero and largest |x|
-	sxe      []int32        // blockwise: the exponents of sx
 	xsBuf    []float32      // xs when the caller has none
 }
 
@@ -374,7 +375,7 @@ func (p *FP8Panels) job(y, x, sx, xs []float32, workers int) *fp8Job {
 		j = new(fp8Job)
 	}
 	*j = fp8Job{p: p, y: y, x: x, sx: sx, xs: xs, np: (p.Rows + PanelRows - 1) / PanelRows, cb: cb, asm: useAsm() && p.exact, ng: 1,
-		scl: j.scl, ok: j.ok, terms: j.terms, left: j.left, lo: j.lo, hi: j.hi, sxe: j.sxe, xsBuf: j.xsBuf}
+		scl: j.scl, ok: j.ok, terms: j.terms, left: j.left, lo: j.lo, hi: j.hi, xsBuf: j.xsBuf}
 	j.asm = j.asm && len(p.Sub) == j.np*p.Cols/64
 	if sx != nil {
 		j.asm = j.asm && normalPow2s(sx)
@@ -398,20 +399,17 @@ func (p *FP8Panels) job(y, x, sx, xs []float32, workers int) *fp8Job {
 		// of 2^-38, |sum| < 2^5), scaled back by 2^(e+20)·s_b: terms in
 		// [2^-118, 2^85]. s_b = ±2^x_b (normalPow2s) and e in [-90, 100]
 		// (exact), so the factor is ±2^(e+20+x_b), a normal float exactly
-		// when that exponent is; it is computed on the exponents (an
-		// integer loop: the float form, Pow2(e+20)·s_b with its range
-		// test, cost 2.4 µs a call for indexer.wq_b's 512 blocks)
-		j.sxe = grow(j.sxe, cb)
-		for b, v := range sx {
-			j.sxe[b] = int32(math.Float32bits(v)>>23&0xff) - 127
-		}
+		// when that exponent is: the range is tested on the exponents (the
+		// float test, |Pow2(e+20)·s_b| in float64 against 2^±80, cost
+		// 2.4 µs a call for indexer.wq_b's 512 blocks)
 		for rb := range nrb {
 			srow, scl := p.Scale[rb*cb:(rb+1)*cb], j.scl[rb*cb:(rb+1)*cb]
 			ok := true
 			for b, c := range srow {
-				f := int32(c) - 127 + 20 + j.sxe[b]
+				e := int(c) - 127
+				f := e + 20 + int(math.Float32bits(sx[b])>>23&0xff) - 127
 				ok = ok && f >= -80 && f <= 80
-				scl[b] = math.Float32frombits(math.Float32bits(sx[b])&0x80000000 | uint32(f+127)&0xff<<23)
+				scl[b] = quant.Pow2(e+20) * sx[b]
 			}
 			j.ok[rb] = ok
 		}
@@ -440,7 +438,7 @@ func (p *FP8Panels) job(y, x, sx, xs []float32, workers int) *fp8Job {
 			j.xsBuf = grow(j.xsBuf, len(x))
 			j.xs = j.xsBuf
 			for k, v := range x {
-				j.xs[k] = v * 0x1p100 // exact: qx is an E4M3 value
+				j.xs[k] = v * fp8ActScale // exact: qx is an E4M3 value
 			}
 		}
 		// a weight with fewer than 8 panels per goroutine has its blocks

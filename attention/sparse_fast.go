@@ -129,6 +129,7 @@ func IndexScoresFast(score, iq, icache, w []float32, heads, hd int) {
 	if asm {
 		iqT, _ = headPanels(iq, heads, hd)
 	}
+	avx512 := asm && useAVX512()
 	const rowsPerTask = 256
 	parallelFor((tc+rowsPerTask-1)/rowsPerTask, tc*heads*hd, func(lo, hi int) {
 		var terms [8 * PanelRows]float32 // 8 keys' score terms (indexTerms64AVX2)
@@ -138,7 +139,7 @@ func IndexScoresFast(score, iq, icache, w []float32, heads, hd int) {
 			// groups of 8 keys: their terms, then their sums (indexSum64)
 			for g := j0; asm && g < j1; g += 8 {
 				n := min(8, j1-g)
-				if useAVX512() {
+				if avx512 {
 					indexTerms64AVX512(&terms[0], &icache[g*hd], &iqT[0], &w[0], n)
 				} else {
 					indexTerms64AVX2(&terms[0], &icache[g*hd], &iqT[0], &w[0], n)
