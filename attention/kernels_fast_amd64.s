@@ -7,7 +7,7 @@
 // each lane does the reference's fp32 operations in the reference's order: a
 // rounded product then a rounded sum (VMULPS, VADDPS), k ascending. The FP8
 // kernels fuse the two (VFMADD231PS) because their products are exact (see
-// WORDS16), which makes the fused result the same bits. So a lane's result is
+// DEC32), which makes the fused result the same bits. So a lane's result is
 // bit-identical to the scalar reference loop.
 
 // func cpuid(eaxArg, ecxArg uint32) (eax, ebx, ecx, edx uint32)
@@ -37,17 +37,17 @@ TEXT ·xgetbv0(SB), NOSPLIT, $0-8
 // (fp8WidenBits in kernels_fast.go is the same computation in Go, and
 // TestFP8WidenAllCodes checks all 256 codes against it and against
 // quant.DecodeE4M3). For a normal code (c7 = c&0x7F ≥ 8) the fp32 field
-// exponent·8+mantissa is c7+128 (exponent e+16, the code's 3 mantissa bits);
-// the 8 subnormal codes c7 = m < 8 need c7+128−K[m] with
+// exponent·8+mantissa is f = c7+128 (exponent e+16, the code's 3 mantissa
+// bits); the 8 subnormal codes c7 = m < 8 need f = m+128−K[m] with
 // K = {128, 17, 10, 7, 4, 3, 2, 1} (m·2^-113 normalised; m = 0 gives +0/−0).
-// DEC32 does this on 32 code bytes at once:
+// DEC32 does this on 32 code bytes at once, with one 9-entry byte table
+// T[i] = f(i) − i (T[8] = 128, the normal codes' offset):
 //
-//	idx = satadd(c&0x7F, 0x78)     < 0x80 exactly for the subnormal codes
-//	K   = pshufb(KTAB, idx)        (0 when idx ≥ 0x80)
-//	f   = (c|0x80) − K             the field, 0..254
-//	h   = sign(c)·0x08
+//	t   = c&0x7F
+//	f   = t + pshufb(DTAB, min(t, 8))    the field, 0..254
+//	h   = sign(c)·0x08                   ((c>>4)&0x08)
 //
-// and stores the 16-bit words (h<<8|f)<<4: the upper half of the fp32 bit
+// and forms the 16-bit words (h<<8|f)<<4: the upper half of the fp32 bit
 // pattern of v(c) (sign → bit 31, f → bits 20..27). (The plain shift of
 // OLD16 below, E4M3·2^-120, makes the subnormal codes fp32 subnormals, on
 // which Intel cores take microcode assists: it is used only for rows
@@ -63,29 +63,17 @@ TEXT ·xgetbv0(SB), NOSPLIT, $0-8
 // 16(a/2)+2i+a%2 (fp8LaneRow in kernels_fast_amd64.go); every kernel here
 // uses that layout, and the Go side maps it back.
 
-DATA fp8ktab<>+0(SB)/8, $0
-DATA fp8ktab<>+8(SB)/8, $0x01020304070a1180
-DATA fp8ktab<>+16(SB)/8, $0
-DATA fp8ktab<>+24(SB)/8, $0x01020304070a1180
-GLOBL fp8ktab<>(SB), RODATA|NOPTR, $32
+DATA fp8dtab<>+0(SB)/8, $0x7f7e7d7c79766f00
+DATA fp8dtab<>+8(SB)/8, $0x0000000000000080
+DATA fp8dtab<>+16(SB)/8, $0x7f7e7d7c79766f00
+DATA fp8dtab<>+24(SB)/8, $0x0000000000000080
+GLOBL fp8dtab<>(SB), RODATA|NOPTR, $32
 
 DATA fp8c7f<>+0(SB)/8, $0x7f7f7f7f7f7f7f7f
 DATA fp8c7f<>+8(SB)/8, $0x7f7f7f7f7f7f7f7f
 DATA fp8c7f<>+16(SB)/8, $0x7f7f7f7f7f7f7f7f
 DATA fp8c7f<>+24(SB)/8, $0x7f7f7f7f7f7f7f7f
 GLOBL fp8c7f<>(SB), RODATA|NOPTR, $32
-
-DATA fp8c78<>+0(SB)/8, $0x7878787878787878
-DATA fp8c78<>+8(SB)/8, $0x7878787878787878
-DATA fp8c78<>+16(SB)/8, $0x7878787878787878
-DATA fp8c78<>+24(SB)/8, $0x7878787878787878
-GLOBL fp8c78<>(SB), RODATA|NOPTR, $32
-
-DATA fp8c80<>+0(SB)/8, $0x8080808080808080
-DATA fp8c80<>+8(SB)/8, $0x8080808080808080
-DATA fp8c80<>+16(SB)/8, $0x8080808080808080
-DATA fp8c80<>+24(SB)/8, $0x8080808080808080
-GLOBL fp8c80<>(SB), RODATA|NOPTR, $32
 
 DATA fp8c08<>+0(SB)/8, $0x0808080808080808
 DATA fp8c08<>+8(SB)/8, $0x0808080808080808
@@ -99,60 +87,58 @@ DATA fp8hiword<>+16(SB)/8, $0xffff0000ffff0000
 DATA fp8hiword<>+24(SB)/8, $0xffff0000ffff0000
 GLOBL fp8hiword<>(SB), RODATA|NOPTR, $32
 
-// FP8CONSTS loads the DEC32 constants: Y15 = 0x7F, Y14 = 0x78, Y13 = KTAB,
-// and WORDS16's Y12 = 0xFFFF0000.
+// FP8CONSTS loads the DEC32 constants: Y15 = 0x7F, Y14 = 0x08, Y13 = DTAB,
+// Y12 = 0xFFFF0000.
 #define FP8CONSTS \
 	VMOVDQU fp8c7f<>(SB), Y15; \
-	VMOVDQU fp8c78<>(SB), Y14; \
-	VMOVDQU fp8ktab<>(SB), Y13; \
+	VMOVDQU fp8c08<>(SB), Y14; \
+	VMOVDQU fp8dtab<>(SB), Y13; \
 	VMOVDQU fp8hiword<>(SB), Y12
 
-// DEC32 turns the 32 codes at src into 32 words (h<<8|f)<<4 at lo(SP)
-// (codes 0-15) and hi(SP) (codes 16-31), 32 bytes each: the qword permute
-// puts codes 0-7, 16-23 in the low 128-bit half and 8-15, 24-31 in the high
-// one, so that the per-half byte unpacks give codes 0-15 and 16-31 in
-// order. Uses Y8, Y9, Y10.
-#define DEC32(src, lo, hi) \
-	VPERMQ $0xD8, src, Y8; \
-	VPAND Y15, Y8, Y9; \
-	VPADDUSB Y14, Y9, Y9; \
-	VPSHUFB Y9, Y13, Y9; \
-	VPOR fp8c80<>(SB), Y8, Y10; \
-	VPSUBB Y9, Y10, Y10; \
-	VPSRLW $4, Y8, Y8; \
-	VPAND fp8c08<>(SB), Y8, Y8; \
-	VPUNPCKLBW Y8, Y10, Y9; \
-	VPUNPCKHBW Y8, Y10, Y10; \
-	VPSLLW $4, Y9, Y9; \
+// DEC32 widens the 32 codes at off(SI) of a row with a subnormal code to
+// v(c) and accumulates x·v (x broadcast in Y8) into e0, o0 (rows 16g+2i and
+// 16g+2i+1 of the first 16-row group g of the 32) and e1, o1 (the next
+// group). PackFP8 stores such a row's codes with the qwords 1 and 2 of each
+// 32 swapped (fp8StoredLane), so that the per-128-bit-lane byte unpacks
+// give rows 0-15 (low unpack) and 16-31 (high) without a cross-lane
+// permute (a VPERMQ here cost a quarter of the kernel's speed on Zen 3).
+// The high word of a dword is the odd row's fp32 value after a mask, the
+// low word the even row's after a 16-bit shift. The callers scale x so that
+// every product x·v is a normal fp32 value; with at most 12 significant bits
+// (x an E4M3 or bf16 value times a power of two, v E4M3 times one) it is
+// then exact, and the fused multiply-add rounds once, exactly like the
+// reference's product-then-sum. Uses Y9, Y10, Y11. (DEC32WORDS leaves the
+// words of the two groups in Y10 and Y11.)
+#define DEC32WORDS(off) \
+	VMOVDQU off(SI), Y9; \
+	VPAND Y15, Y9, Y10; \
+	VPMINUB Y14, Y10, Y11; \
+	VPSHUFB Y11, Y13, Y11; \
+	VPADDB Y11, Y10, Y10; \
+	VPSRLW $4, Y9, Y9; \
+	VPAND Y14, Y9, Y9; \
+	VPUNPCKHBW Y9, Y10, Y11; \
+	VPUNPCKLBW Y9, Y10, Y10; \
 	VPSLLW $4, Y10, Y10; \
-	VMOVDQU Y9, lo(SP); \
-	VMOVDQU Y10, hi(SP)
+	VPSLLW $4, Y11, Y11
 
-// WORDS16 widens the 16 words at off(SP) (16 codes of a row) to v(c) and
-// accumulates x·v into even (rows 2i) and odd (rows 2i+1) (x broadcast in
-// Y8, Y12 = 0xFFFF0000). The callers scale x so that every product x·v is a
-// normal fp32 value; with at most 12 significant bits (x an E4M3 or bf16
-// value times a power of two, v E4M3 times one) it is then exact, and the
-// fused multiply-add rounds once, exactly like the reference's
-// product-then-sum.
-#define WORDS16(off, even, odd) \
-	VMOVDQU off(SP), Y9; \
-	VPAND Y12, Y9, Y10; \
-	VPSLLD $16, Y9, Y9; \
-	VFMADD231PS Y8, Y10, odd; \
-	VFMADD231PS Y8, Y9, even
+#define DEC32(off, e0, o0, e1, o1) \
+	DEC32WORDS(off); \
+	VPAND Y12, Y10, Y9; \
+	VPSLLD $16, Y10, Y10; \
+	VFMADD231PS Y8, Y9, o0; \
+	VFMADD231PS Y8, Y10, e0; \
+	VPAND Y12, Y11, Y9; \
+	VPSLLD $16, Y11, Y11; \
+	VFMADD231PS Y8, Y9, o1; \
+	VFMADD231PS Y8, Y11, e1
 
-// DEC64 decodes the 64 codes of one panel row at SI into the scratch.
-#define DEC64 \
-	DEC32(0(SI), 0, 32); \
-	DEC32(32(SI), 64, 96)
-
-// CODES64 accumulates the 64 lanes of one panel row (decoded by DEC64).
+// CODES64 accumulates the 64 lanes of one panel row with a subnormal code
+// (DEC32 twice; Y11, OLD16's mask, is restored after).
 #define CODES64 \
-	WORDS16(0, Y0, Y1); \
-	WORDS16(32, Y2, Y3); \
-	WORDS16(64, Y4, Y5); \
-	WORDS16(96, Y6, Y7)
+	DEC32(0, Y0, Y1, Y2, Y3); \
+	DEC32(32, Y4, Y5, Y6, Y7); \
+	VMOVDQU fp8oldmask<>(SB), Y11
 
 // ACCBLK folds one 128-column block: acc[off] += blk·s (s in Y9).
 #define ACCBLK(off, blk) \
@@ -191,15 +177,17 @@ GLOBL fp8hiword<>(SB), RODATA|NOPTR, $32
 //  - a row without subnormal codes (every code normal or ±0) through OLD16,
 //    the plain shift sign<<31 | (code&0x7F)<<20 = E4M3·2^-120, with x 2^16
 //    times the other path's (the same products x·v);
-//  - a row with one through DEC64/WORDS16 (E4M3·2^-104, above).
+//  - a row with one through DEC32 (E4M3·2^-104, above).
 // The blockwise kernels (fp8Panel64AVX2, fp8Terms64AVX2) take x in the
 // first row kind's scale, the common one, and multiply the broadcast by
 // 2^-16 for the second; the plain one multiplies each row's x by its
 // block's scale anyway and keeps both scales of it.
 // The two give the same products, so a row's path changes no bit; it only
-// costs: DEC64 is about twice OLD16's work, so a weight whose every row
-// holds a subnormal code (the worst case) runs at most that much slower than
-// a checkpoint's, where almost no row does.
+// costs: DEC32 takes about 1.4× OLD16's time on Zen 3 (in cache, one core:
+// 13-14 against 19 GB/s of codes), so a weight whose every row holds a
+// subnormal code (the worst case) runs at most that much slower than a
+// checkpoint's, where almost no row does, and out of memory at 2 threads
+// both are bound by the memory (bench/README.md, round 6).
 
 DATA fp8oldmask<>+0(SB)/8, $0x87f0000087f00000
 DATA fp8oldmask<>+8(SB)/8, $0x87f0000087f00000
@@ -248,7 +236,7 @@ GLOBL fp8two16<>(SB), RODATA|NOPTR, $32
 // +0; codes is [nkb·128][64] bytes, x [nkb·128] (the caller's qx·2^100:
 // the rows without subnormal codes use it as it is, the others times 2^-16),
 // scl [nkb], sub [2·nkb] (the rows' subnormal flags).
-TEXT ·fp8Panel64AVX2(SB), NOSPLIT, $128-48
+TEXT ·fp8Panel64AVX2(SB), NOSPLIT, $0-48
 	MOVQ y+0(FP), DI
 	MOVQ codes+8(FP), SI
 	MOVQ x+16(FP), DX
@@ -287,7 +275,6 @@ fp8next:
 	JMP  fp8blockend
 
 fp8slow:
-	DEC64
 	VBROADCASTSS (DX), Y8
 	VMULPS fp8twom16<>(SB), Y8, Y8
 	CODES64
@@ -314,7 +301,7 @@ fp8blockend:
 //
 // t[b][0:64] = scl[b] · Σ_{k in block b} x[k]·v[k][lane] for each of the nkb
 // blocks (the block terms of fp8Panel64AVX2, not yet added): t is [nkb][64].
-TEXT ·fp8Terms64AVX2(SB), NOSPLIT, $128-48
+TEXT ·fp8Terms64AVX2(SB), NOSPLIT, $0-48
 	MOVQ t+0(FP), DI
 	MOVQ codes+8(FP), SI
 	MOVQ x+16(FP), DX
@@ -351,7 +338,6 @@ termnext:
 	JMP  termblockend
 
 termslow:
-	DEC64
 	VBROADCASTSS (DX), Y8
 	VMULPS fp8twom16<>(SB), Y8, Y8
 	CODES64
@@ -453,7 +439,6 @@ plainnext:
 	RET
 
 plainslow:
-	DEC64
 	VBROADCASTSS (DX), Y8
 	VMULPS 160(SP), Y8, Y8
 	CODES64
@@ -461,26 +446,24 @@ plainslow:
 
 // func fp8Widen64AVX2(v *float32, codes *uint8)
 //
-// v[p] = the fp32 value the FP8 kernels use for codes[fp8LaneRow[p]], 64
-// lanes in the kernels' layout (DEC64 then WORDS16 without the
-// multiply-add): for the tests.
-TEXT ·fp8Widen64AVX2(SB), NOSPLIT, $128-16
+// v[p] = the fp32 value the FP8 kernels use for the code of panel row
+// fp8LaneRow[p] in a row with a subnormal code, 64 lanes in the kernels'
+// layout, codes being the 64 bytes as PackFP8 stores such a row
+// (fp8StoredLane): DEC32 without the multiply-add, for the tests.
+TEXT ·fp8Widen64AVX2(SB), NOSPLIT, $0-16
 	MOVQ v+0(FP), DI
 	MOVQ codes+8(FP), SI
 	FP8CONSTS
-	DEC64
-	VMOVDQU 0(SP), Y1
-	VMOVDQU 32(SP), Y3
-	VMOVDQU 64(SP), Y5
-	VMOVDQU 96(SP), Y7
-	VPSLLD $16, Y1, Y0
-	VPSLLD $16, Y3, Y2
-	VPSLLD $16, Y5, Y4
-	VPSLLD $16, Y7, Y6
-	VPAND Y12, Y1, Y1
-	VPAND Y12, Y3, Y3
-	VPAND Y12, Y5, Y5
-	VPAND Y12, Y7, Y7
+	DEC32WORDS(0)
+	VPAND Y12, Y10, Y1
+	VPSLLD $16, Y10, Y0
+	VPAND Y12, Y11, Y3
+	VPSLLD $16, Y11, Y2
+	DEC32WORDS(32)
+	VPAND Y12, Y10, Y5
+	VPSLLD $16, Y10, Y4
+	VPAND Y12, Y11, Y7
+	VPSLLD $16, Y11, Y6
 	STORE8
 	VZEROUPPER
 	RET

@@ -147,7 +147,11 @@ func TestFP8WidenAllCodes(t *testing.T) {
 	for _, cs := range [][]uint8{codes, perm} {
 		v := make([]float32, 256)
 		for i := 0; i < 256; i += 64 {
-			fp8Widen64AVX2(&v[i], &cs[i])
+			var stored [PanelRows]uint8 // as PackFP8 stores a row with a subnormal code
+			for l := range stored {
+				stored[fp8StoredLane(true, l)] = cs[i+l]
+			}
+			fp8Widen64AVX2(&v[i], &stored[0])
 		}
 		for i := range cs {
 			// v is in the kernels' lane layout: position i of each 64 holds row fp8LaneRow[i%64]

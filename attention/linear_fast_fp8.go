@@ -21,7 +21,8 @@ type FP8Panels struct {
 	// (low 7 bits 0x01-0x07): bit k%64 of Sub[pi·Cols/64 + k/64] for row k
 	// of panel pi. The kernels widen flagged rows through the subnormal-safe
 	// decode and the others through the plain shift (0.2 % of the codes'
-	// bytes).
+	// bytes). A flagged row stores its 64 codes in the decode's order
+	// (fp8StoredLane), the others in row order.
 	Sub []uint64
 	// exact reports that the kernel's factoring (block sums of
 	// (qx·2^84)·(E4M3·2^-104) = (qx·2^100)·(E4M3·2^-120), scaled by
@@ -56,15 +57,24 @@ func PackFP8(codes, scale []uint8, rows, cols int) *FP8Panels {
 					dst[k*PanelRows+l] = c
 				}
 			}
-			// flag the panel's rows with a subnormal code (its own words of Sub)
+			// flag the panel's rows with a subnormal code (its own words of
+			// Sub) and store their codes in the decode's order
 			sub := p.Sub[pi*cols/64 : (pi+1)*cols/64]
 			for k := range cols {
-				for _, c := range dst[k*PanelRows : (k+1)*PanelRows] {
+				row := dst[k*PanelRows : (k+1)*PanelRows : (k+1)*PanelRows]
+				for _, c := range row {
 					if c&0x7f == 0x7f { // E4M3 NaN: the kernels' bit trick would read it as a number
 						nan.Store(true)
 					}
 					if c&0x78 == 0 && c&0x07 != 0 {
 						sub[k/64] |= 1 << (k % 64)
+					}
+				}
+				if sub[k/64]>>(k%64)&1 != 0 {
+					var r [PanelRows]uint8
+					copy(r[:], row)
+					for l, c := range r {
+						row[fp8StoredLane(true, l)] = c
 					}
 				}
 			}
@@ -85,12 +95,36 @@ func PackFP8Weight(w *FP8Weight) *FP8Panels {
 	return PackFP8(w.Codes, w.Scale, w.Rows, w.Cols)
 }
 
+// fp8StoredLane is the byte of a 64-code panel row that holds the code of
+// panel row l (a lane): l itself in a row without subnormal codes; in a row
+// with one (sub), l with its qwords 1 and 2 of each 32 swapped — the order
+// in which the assembly's DEC32 reads them, whose per-128-bit-lane byte
+// unpacks then give rows 0-15 and 16-31 without a cross-lane permute. It is
+// its own inverse.
+func fp8StoredLane(sub bool, l int) int {
+	if !sub {
+		return l
+	}
+	switch l % 32 / 8 {
+	case 1:
+		return l + 8
+	case 2:
+		return l - 8
+	}
+	return l
+}
+
+// code returns the E4M3 code of row n (panel row n%64 of panel pi), column k.
+func (p *FP8Panels) code(pi, k, l int) uint8 {
+	sub := p.Sub[pi*p.Cols/64+k/64]>>(k%64)&1 != 0
+	return p.Codes[(pi*p.Cols+k)*PanelRows+fp8StoredLane(sub, l)]
+}
+
 // rowCodes copies the codes of row n [Cols] out of the panels into dst.
 func (p *FP8Panels) rowCodes(dst []uint8, n int) {
 	pi, l := n/PanelRows, n%PanelRows
-	panel := p.Codes[pi*p.Cols*PanelRows : (pi+1)*p.Cols*PanelRows]
 	for k := range dst[:p.Cols] {
-		dst[k] = panel[k*PanelRows+l]
+		dst[k] = p.code(pi, k, l)
 	}
 }
 
@@ -119,22 +153,20 @@ const (
 	fp8ActScale = float32(1 << fp8ActExp)
 )
 
-// fp8KTab is the subnormal correction of fp8WidenBits: the field of m·2^-113
-// (code m < 8) is m+128−fp8KTab[8+m].
-var fp8KTab = [16]uint8{8: 128, 17, 10, 7, 4, 3, 2, 1}
+// fp8DTab is the table of fp8WidenBits: the field of code magnitude t is
+// t + fp8DTab[min(t, 8)] — m+128−K[m] for the subnormal magnitudes m < 8
+// (m·2^-113 normalised, K = {128, 17, 10, 7, 4, 3, 2, 1}; m = 0 gives the
+// field 0, ±0), t+128 for the normal ones.
+var fp8DTab = [16]uint8{0, 111, 118, 121, 124, 125, 126, 127, 128}
 
-// fp8WidenBits is the fp32 bit pattern the assembly (DEC32, WORDS8) gives
-// code c, computed the same way: the field exponent·8+mantissa is
-// (c|0x80) − K (K ≠ 0 only for the subnormal codes, found through a
-// saturating add and a 16-entry table), the sign goes to bit 31. For every
-// code but the NaN codes it is E4M3(c)·2^-104 exactly (TestFP8WidenAllCodes).
+// fp8WidenBits is the fp32 bit pattern the assembly (DEC32) gives code c in
+// a row with a subnormal code, computed the same way: the field
+// exponent·8+mantissa is t + T[min(t, 8)] for t = c&0x7F (VPMINUB, a
+// 16-entry VPSHUFB table), the sign goes to bit 31. For every code but the
+// NaN codes it is E4M3(c)·2^-104 exactly (TestFP8WidenAllCodes).
 func fp8WidenBits(c uint8) uint32 {
-	idx := min(uint32(c&0x7f)+0x78, 0xff) // VPADDUSB
-	var k uint32
-	if idx < 0x80 { // VPSHUFB: an index with its top bit set gives 0
-		k = uint32(fp8KTab[idx&15])
-	}
-	f := uint32(c|0x80) - k
+	t := uint32(c & 0x7f)
+	f := (t + uint32(fp8DTab[min(t, 8)])) & 0xff // VPADDB
 	h := uint32(c>>7) << 3
 	return (h<<8 | f) << 20
 }
@@ -527,12 +559,9 @@ func (j *fp8Job) reference(pi int) {
 	n0 := pi * PanelRows
 	rb := n0 / 128
 	srow := p.Scale[rb*cb : (rb+1)*cb]
-	panel := p.Codes[pi*p.Cols*PanelRows : (pi+1)*p.Cols*PanelRows]
 	row, codes := make([]float32, p.Cols), make([]uint8, p.Cols)
 	for l := 0; l < PanelRows && n0+l < p.Rows; l++ {
-		for k := range codes {
-			codes[k] = panel[k*PanelRows+l]
-		}
+		p.rowCodes(codes, n0+l)
 		quant.DequantFP8Weight(row, codes, srow, 1, p.Cols)
 		if sx == nil {
 			y[n0+l] = quant.BF16Round(dot(x, row))
