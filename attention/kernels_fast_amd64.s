@@ -34,7 +34,7 @@ TEXT ·xgetbv0(SB), NOSPLIT, $0-8
 //
 //	v(c) = E4M3(c)·2^-104
 //
-// (fp8WidenBits in kernels_fast.go is the same computation in Go, and
+// (fp8WidenBits in linear_fast_fp8.go is the same computation in Go, and
 // TestFP8WidenAllCodes checks all 256 codes against it and against
 // quant.DecodeE4M3). For a normal code (c7 = c&0x7F ≥ 8) the fp32 field
 // exponent·8+mantissa is f = c7+128 (exponent e+16, the code's 3 mantissa

@@ -114,7 +114,8 @@ func fp8StoredLane(sub bool, l int) int {
 	return l
 }
 
-// code returns the E4M3 code of row n (panel row n%64 of panel pi), column k.
+// code returns the E4M3 code of panel row l of panel pi (weight row
+// 64·pi+l), column k, wherever its panel row's order (fp8StoredLane) put it.
 func (p *FP8Panels) code(pi, k, l int) uint8 {
 	sub := p.Sub[pi*p.Cols/64+k/64]>>(k%64)&1 != 0
 	return p.Codes[(pi*p.Cols+k)*PanelRows+fp8StoredLane(sub, l)]
@@ -138,9 +139,9 @@ func (p *FP8Panels) Bytes() int64 { return int64(len(p.Codes) + len(p.Scale) + 8
 // ±0); any other row, whose codes are all normal or zero, widens by the plain
 // shift to E4M3(c)·2^-120 (normal or ±0) with x scaled by a further 2^16.
 // Both give the same products, so the path of a row changes no bit; the
-// subnormal-safe decode costs about 1.3-1.4× the plain one in cache (Zen 3), so a weight made of
-// subnormal codes (the worst case) runs at most that much slower than a
-// checkpoint's, where almost no row holds one. The activation side is
+// subnormal-safe decode costs about 1.3-1.4× the plain one in cache (Zen 3),
+// so a weight made of subnormal codes (the worst case) runs at most that much
+// slower than a checkpoint's, where almost no row holds one. The activation side is
 // scaled so that the products are the reference's, times a power of two:
 const (
 	fp8WidenExp = -104 // v(c) = E4M3(c)·2^fp8WidenExp
