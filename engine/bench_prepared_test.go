@@ -338,6 +338,43 @@ func BenchmarkPreparedLayerStep(b *testing.B) {
 	}
 }
 
+// BenchmarkPreparedStepPhases is BenchmarkPreparedLayerStep's CSA and HCA
+// steps at 64K (checkpoint-like codes) with the wall time of each phase of
+// PreparedLayer.Step (phaseClock) reported per step, in µs: the phases in
+// sequence (wq_a+wkv, branches, attn, wo_a, wo_b; they add up to about the
+// step), the concurrent branches inside "branches" (branch.q: wq_b and the
+// query's norm and RoPE; branch.kv; branch.indexer; branch.compressor) and
+// the indexer's phases in order (indexer.wq_b … indexer.topk). It shows which
+// phase keeps a step from scaling with GOMAXPROCS: run one -cpu value per
+// process (golang/go#49980).
+func BenchmarkPreparedStepPhases(b *testing.B) {
+	cfg, _ := Preset("flash")
+	for _, layer := range []int{2, 3} {
+		b.Run(fmt.Sprintf("%s/ctx=65536", cfg.LayerKind(layer)), func(b *testing.B) {
+			p, st, rope, x, pos := benchLayer(cfg, "checkpoint", layer, 65536, 1)
+			var mu sync.Mutex
+			sum := map[string]time.Duration{}
+			phaseClock = func(phase string, d time.Duration) {
+				mu.Lock()
+				sum[phase] += d
+				mu.Unlock()
+			}
+			defer func() { phaseClock = nil }()
+			for b.Loop() {
+				st.Next = pos
+				if _, err := p.Step(cfg, rope, st, x, pos); err != nil {
+					b.Fatal(err)
+				}
+			}
+			phaseClock = nil
+			b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "step-µs")
+			for phase, d := range sum {
+				b.ReportMetric(float64(d.Microseconds())/float64(b.N), phase+"-µs")
+			}
+		})
+	}
+}
+
 // distPrefix names the sub-benchmarks of a code distribution: none for
 // checkpoint (the default, the names bench/gpuhost.sh selects), "uniform/".
 func distPrefix(dist string) string {

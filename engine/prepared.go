@@ -150,10 +150,12 @@ func (p *PreparedLayer) Step(cfg *Config, rope *RopeTable, st *LayerState, x []f
 	// window kv: both read x, so one quantisation of x and one parallel
 	// loop over both weights (4 + 2 MiB: two small GEMVs that alone do not
 	// keep 16 cores streaming)
+	t := phaseStart()
 	qa, kv := make([]float32, cfg.QLoraRank), make([]float32, D)
 	attention.LinearShared([]*attention.FP8Panels{p.WqA, p.Wkv}, [][]float32{qa, kv}, x)
 	cq := make([]float32, len(qa))
 	attention.RMSNorm(cq, qa, p.QNorm, eps)
+	t = phaseEnd("wq_a+wkv", t)
 
 	// Four independent branches run concurrently (each writes only its own
 	// outputs and its own part of the state, and computes them the same way
@@ -163,30 +165,37 @@ func (p *PreparedLayer) Step(cfg *Config, rope *RopeTable, st *LayerState, x []f
 	var g errgroup.Group
 	q := make([]float32, H*D)
 	g.Go(func() error {
+		t := phaseStart()
 		p.WqB.Linear(q, cq)
 		attention.HeadRMS(q, D, eps)
 		for h := 0; h < H; h++ {
 			rope.Apply(q[h*D+D-rd:(h+1)*D], pos)
 		}
+		phaseEnd("branch.q", t)
 		return nil
 	})
 	g.Go(func() error {
+		t := phaseStart()
 		attention.RMSNorm(kv, kv, p.KVNorm, eps)
 		rope.Apply(kv[cfg.NopeDim():], pos)
 		quant.FQ8(kv[:cfg.NopeDim()], 64)
+		phaseEnd("branch.kv", t)
 		return nil
 	})
 	var cmp []int32 // compressed part of the index list
 	if r == 4 {
 		g.Go(func() error {
+			t := phaseStart()
 			sel, err := p.indexerStep(cfg, rope, st, x, cq, pos)
 			cmp = sel
+			phaseEnd("branch.indexer", t)
 			return err
 		})
 	}
 	var row []float32 // the compressed row this step emits, if any
 	if r > 0 {
 		g.Go(func() error {
+			t := phaseStart()
 			c := p.Compressor
 			a, b := make([]float32, c.Width()), make([]float32, c.Width())
 			p.CmpWkv.Dot(a, x)
@@ -194,12 +203,14 @@ func (p *PreparedLayer) Step(cfg *Config, rope *RopeTable, st *LayerState, x []f
 			if s := c.StepFrom(st.Cmp, a, b, pos, rope); s.Emitted {
 				row = s.Out
 			}
+			phaseEnd("branch.compressor", t)
 			return nil
 		})
 	}
 	if err := g.Wait(); err != nil {
 		return nil, err
 	}
+	t = phaseEnd("branches", t)
 	if r == 128 {
 		cmp = attention.CompressedIdx(pos, r, win)
 	}
@@ -214,10 +225,13 @@ func (p *PreparedLayer) Step(cfg *Config, rope *RopeTable, st *LayerState, x []f
 	o := make([]float32, H*D)
 	attention.SparseAttnFast(o, q, st.KV, D, idx, p.AttnSink, cfg.SoftmaxScale())
 	rope.RopeLast(o, D, pos, true)
+	t = phaseEnd("attn", t)
 	u := make([]float32, cfg.OGroups*cfg.OLoraRank)
 	p.WoA.WoA(u, o)
+	t = phaseEnd("wo_a", t)
 	y := make([]float32, cfg.Dim)
 	p.WoB.Linear(y, u)
+	phaseEnd("wo_b", t)
 	st.Next = pos + 1
 	return y, nil
 }
@@ -227,11 +241,14 @@ func (p *PreparedLayer) Step(cfg *Config, rope *RopeTable, st *LayerState, x []f
 func (p *PreparedLayer) indexerStep(cfg *Config, rope *RopeTable, st *LayerState, x, cq []float32, pos int64) ([]int32, error) {
 	ix := p.Indexer
 	hd := ix.NHeads * ix.HeadDim
+	t := phaseStart()
 	iqB, iqR, iqH, iq := make([]float32, hd), make([]float32, hd), make([]float32, hd), make([]float32, hd)
 	p.IWqB.Linear(iqB, cq)
+	t = phaseEnd("indexer.wq_b", t)
 	ix.QueryRoped(iqR, iqB, pos, rope)
 	ix.QueryHad(iqH, iqR)
 	ix.Query(iq, iqH)
+	t = phaseEnd("indexer.query", t)
 
 	c := ix.Compressor
 	a, b := make([]float32, c.Width()), make([]float32, c.Width())
@@ -244,15 +261,19 @@ func (p *PreparedLayer) indexerStep(cfg *Config, rope *RopeTable, st *LayerState
 		}
 		st.ICache = append(st.ICache, s.Out...)
 	}
+	t = phaseEnd("indexer.compressor", t)
 
 	raw, iw := make([]float32, ix.NHeads), make([]float32, ix.NHeads)
 	p.IWeightsProj.Linear(raw, x)
 	ix.Weights(iw, raw)
+	t = phaseEnd("indexer.weights", t)
 
 	tc := len(st.ICache) / ix.HeadDim
 	score := make([]float32, tc)
 	attention.IndexScoresFast(score, iq, st.ICache, iw, ix.NHeads, ix.HeadDim)
+	t = phaseEnd("indexer.scores", t)
 	top := topKFast(score, ix.K(tc))
+	phaseEnd("indexer.topk", t)
 	sel := make([]int32, len(top))
 	for i, j := range top {
 		sel[i] = int32(j) + int32(cfg.WindowSize)
