@@ -70,6 +70,13 @@ func parallelFor(n int, work int, f func(lo, hi int)) {
 	thePool.calls.Add(-1)
 }
 
+// ParallelFor is parallelFor for the packages above attention (the engine's
+// per-head stages): f(lo, hi) over chunks of [0, n) on the worker pool, work
+// the call's cost in multiply-add-sized units (below 2^16, no helper). f must
+// write only its own indices' outputs and compute each index the same way
+// whoever runs it.
+func ParallelFor(n int, work int, f func(lo, hi int)) { parallelFor(n, work, f) }
+
 // poolSpinNs is how long (ns) an idle pool worker keeps looking for a job
 // before it parks (and a caller polls for its helpers before it blocks).
 var poolSpinNs = func() *atomic.Int64 {

@@ -245,9 +245,11 @@ func (p *PreparedLayer) indexerStep(cfg *Config, rope *RopeTable, st *LayerState
 	iqB, iqR, iqH, iq := make([]float32, hd), make([]float32, hd), make([]float32, hd), make([]float32, hd)
 	p.IWqB.Linear(iqB, cq)
 	t = phaseEnd("indexer.wq_b", t)
-	ix.QueryRoped(iqR, iqB, pos, rope)
-	ix.QueryHad(iqH, iqR)
-	ix.Query(iq, iqH)
+	// the query's per-head stages (RoPE, Hadamard, FP4), heads in parallel:
+	// 64 heads take ≈ 0.18 ms on one core, on the step's critical path
+	attention.ParallelFor(ix.NHeads, hd*64, func(lo, hi int) {
+		ix.QueryHeads(iqR, iqH, iq, iqB, pos, rope, lo, hi)
+	})
 	t = phaseEnd("indexer.query", t)
 
 	c := ix.Compressor

@@ -70,6 +70,29 @@ func (ix *Indexer) Query(dst, had []float32) {
 	quant.FQ4(dst, 32)
 }
 
+// QueryHeads computes QueryRoped, QueryHad and Query (iq_roped, iq_had, iq)
+// for heads lo … hi−1 only: each output's values [lo·128, hi·128), the same
+// values the three whole-query stages give, since each works head by head
+// (the FP4 blocks of 32 never straddle a head of 128). The prepared step runs
+// the heads in parallel through it. Every slice is [H_I·128].
+func (ix *Indexer) QueryHeads(iqR, iqH, iq, iqB []float32, pos int64, rope *attention.RopeTable, lo, hi int) {
+	for _, v := range [][]float32{iqR, iqH, iq, iqB} {
+		ix.checkHeads(v)
+	}
+	if lo < 0 || hi > ix.NHeads || lo > hi || ix.HeadDim%32 != 0 {
+		panic("indexer: QueryHeads head range or head_dim")
+	}
+	a, b := lo*ix.HeadDim, hi*ix.HeadDim
+	copy(iqR[a:b], iqB[a:b])
+	rope.RopeLast(iqR[a:b], ix.HeadDim, pos, false)
+	copy(iqH[a:b], iqR[a:b])
+	for h := lo; h < hi; h++ {
+		quant.Hadamard(iqH[h*ix.HeadDim : (h+1)*ix.HeadDim])
+	}
+	copy(iq[a:b], iqH[a:b])
+	quant.FQ4(iq[a:b], 32)
+}
+
 // WeightsRaw is the per-head weight projection (iw_raw): dst = bf16(weights_proj · x),
 // a bf16 linear (fp32 accumulation) on the attention input x [dim] (not on cq).
 // dst is [H_I].

@@ -298,3 +298,34 @@ func TestScoreRowsEqualsReference(t *testing.T) {
 		runtime.GOMAXPROCS(old)
 	}
 }
+
+// TestQueryHeadsEqualsStages checks that the query's per-head stages run on
+// head ranges (the prepared step's split) give QueryRoped, QueryHad and
+// Query's values, for every split of 5 heads into two ranges.
+func TestQueryHeadsEqualsStages(t *testing.T) {
+	rng := rand.New(rand.NewPCG(6, 1))
+	const heads = 5
+	ix := randIndexer(rng, heads, 32, 128, 4)
+	rope := attention.NewRopeTable(attention.RopeParams{Base: 160000, OriginalSeqLen: 65536, Factor: 16, BetaFast: 32, BetaSlow: 1}, 64)
+	n := heads * ix.HeadDim
+	iqB := randVec(rng, n)
+	for i := range iqB {
+		iqB[i] = quant.BF16Round(iqB[i] * 40)
+	}
+	wR, wH, w := make([]float32, n), make([]float32, n), make([]float32, n)
+	ix.QueryRoped(wR, iqB, 37, rope)
+	ix.QueryHad(wH, wR)
+	ix.Query(w, wH)
+	for cut := 0; cut <= heads; cut++ {
+		r, h, q := make([]float32, n), make([]float32, n), make([]float32, n)
+		ix.QueryHeads(r, h, q, iqB, 37, rope, cut, heads)
+		ix.QueryHeads(r, h, q, iqB, 37, rope, 0, cut)
+		for name, pair := range map[string][2][]float32{"iq_roped": {r, wR}, "iq_had": {h, wH}, "iq": {q, w}} {
+			for i := range pair[0] {
+				if math.Float32bits(pair[0][i]) != math.Float32bits(pair[1][i]) {
+					t.Fatalf("cut %d: %s[%d] = %g, the stage gives %g", cut, name, i, pair[0][i], pair[1][i])
+				}
+			}
+		}
+	}
+}
