@@ -26,8 +26,9 @@ func headPanels(q []float32, heads, d int) (qT []float32, groups int) {
 // on SIMD lanes. The logits ℓ_i = f32(q_h·K_i)·τ run with one lane per head
 // (each lane a sequential fp32 dot product, k ascending), the P·V update with
 // one lane per dim (O[k] = O[k]·α, then O[k] += bf16(P_i)·K_i[k], i ascending).
-// Heads are spread over goroutines; each head is computed by one goroutine.
-// Shapes as SparseAttn; d must be a multiple of 64 for the kernels (other d
+// The logits are spread over goroutines by key, the P·V updates by groups of
+// 4 heads (each head computed by one goroutine), 64 dims and at most 16
+// keys at a time for all the group's heads. Shapes as SparseAttn; d must be a multiple of 64 for the kernels (other d
 // run the reference).
 func SparseAttnFast(o, q, kv []float32, d int, idx []int32, sink []float32, scale float32) (lse []float32) {
 	heads := checkAttn(q, kv, d, idx)
@@ -38,72 +39,123 @@ func SparseAttnFast(o, q, kv []float32, d int, idx []int32, sink []float32, scal
 		return SparseAttn(o, q, kv, d, idx, sink, scale)
 	}
 	L := len(idx)
-	// logits[h*L+i] = f32(q_h·K_i)·τ, −∞ for −1 entries
-	logits := make([]float32, heads*L)
+	// logits[i*S+h] = f32(q_h·K_i)·τ, −∞ for −1 entries, key-major (S =
+	// groups·64 per key, written by the kernel in place): each key's logits
+	// are the cache lines of the goroutine that computes them (head-major, the
+	// goroutines' adjacent keys shared cache lines, and writing them took a
+	// seventh of the CPU time at 16 threads)
 	qT, groups := headPanels(q, heads, d)
+	S := groups * PanelRows
+	logits := make([]float32, L*S)
 	parallelFor(L, L*heads*d, func(lo, hi int) {
-		var tmp [PanelRows]float32
 		for i := lo; i < hi; i++ {
-			j := idx[i]
+			j, li := idx[i], logits[i*S:(i+1)*S]
+			if j < 0 {
+				for l := range li {
+					li[l] = negInf
+				}
+				continue
+			}
 			for g := 0; g < groups; g++ {
-				if j >= 0 {
-					f32Panel64AVX2(&tmp[0], &qT[g*d*PanelRows], &kv[int(j)*d], d)
-				}
-				for l := 0; l < PanelRows && g*PanelRows+l < heads; l++ {
-					s := negInf
-					if j >= 0 {
-						s = float32(tmp[l] * scale)
-					}
-					logits[(g*PanelRows+l)*L+i] = s
-				}
+				f32Panel64AVX2(&li[g*PanelRows], &qT[g*d*PanelRows], &kv[int(j)*d], d)
+			}
+			for l := range li[:heads] {
+				li[l] = float32(li[l] * scale)
 			}
 		}
 	})
 	lse = make([]float32, heads)
-	parallelFor(heads, heads*L*d, func(lo, hi int) {
-		acc := make([]float32, d)
+	// P·V, heads in tasks of up to 4 (16 tasks for 64 heads): for each chunk
+	// of keys, every head's softmax update (m, α, bf16 P), then for each
+	// 64-dim column tile and each 16 of the chunk's rows, every head's update
+	// of that tile, so that the rows' tile is read from L1 by all the task's
+	// heads (one head at a time over all dims re-read the whole chunk, 128
+	// KiB, from L2 for every head; and the rows, 2 KiB apart, map a tile of
+	// more than about 24 of them onto too few L1 sets). Each O[k] still gets
+	// O[k]·α once, then its adds in key order, so the bits do not depend on
+	// the split.
+	const headsPerTask = 4
+	const pvRows = 16
+	tasks := (heads + headsPerTask - 1) / headsPerTask
+	parallelFor(tasks, heads*L*d, func(t0, t1 int) {
+		acc := make([]float32, headsPerTask*d)
 		p := make([]float32, AttnChunk)
-		pv := make([]float32, 0, AttnChunk)
-		rows := make([]*float32, 0, AttnChunk)
-		for h := lo; h < hi; h++ {
-			s := logits[h*L : (h+1)*L]
-			m, l := negInf, float32(0)
+		pv := make([]float32, headsPerTask*AttnChunk)
+		rows := make([]int, 0, AttnChunk) // offsets in kv of the chunk's rows
+		tile := make([]*float32, AttnChunk)
+		var m, l, alpha [headsPerTask]float32
+		for t := t0; t < t1; t++ {
+			h0, h1 := t*headsPerTask, min(heads, (t+1)*headsPerTask)
+			nh := h1 - h0
+			for i := range nh {
+				m[i], l[i] = negInf, 0
+			}
 			clear(acc)
 			for c0 := 0; c0 < L; c0 += AttnChunk {
 				chunk := idx[c0:min(c0+AttnChunk, L)]
-				cs := s[c0 : c0+len(chunk)]
-				mNew := m
-				for _, v := range cs {
-					mNew = max(mNew, v)
-				}
-				alpha := exp32(m - mNew)
-				var sum float32
-				for i, v := range cs {
-					p[i] = exp32(v - mNew)
-					sum += p[i]
-				}
-				l = float32(l*alpha) + sum
-				pv, rows = pv[:0], rows[:0]
-				for i, j := range chunk {
+				rows = rows[:0]
+				for _, j := range chunk {
 					if j >= 0 {
-						pv = append(pv, quant.BF16Round(p[i]))
-						rows = append(rows, &kv[int(j)*d])
+						rows = append(rows, int(j)*d)
 					}
 				}
-				var pp *float32
-				var rp **float32
-				if len(rows) > 0 {
-					pp, rp = &pv[0], &rows[0]
+				n := len(rows)
+				for i := range nh {
+					h := h0 + i
+					mNew := m[i]
+					for r := range chunk {
+						mNew = max(mNew, logits[(c0+r)*S+h])
+					}
+					alpha[i] = exp32(m[i] - mNew)
+					var sum float32
+					for r := range chunk {
+						p[r] = exp32(logits[(c0+r)*S+h] - mNew)
+						sum += p[r]
+					}
+					l[i] = float32(l[i]*alpha[i]) + sum
+					hp := pv[i*AttnChunk : i*AttnChunk : (i+1)*AttnChunk]
+					for r, j := range chunk {
+						if j >= 0 {
+							hp = append(hp, quant.BF16Round(p[r]))
+						}
+					}
+					m[i] = mNew
 				}
-				pvChunkAVX2(&acc[0], rp, pp, len(rows), alpha, d)
-				m = mNew
+				for k0 := 0; k0 < d; k0 += PanelRows {
+					var rp **float32
+					if n > 0 {
+						for r, off := range rows {
+							tile[r] = &kv[off+k0]
+						}
+						rp = &tile[0]
+					}
+					if n == 0 {
+						for i := range nh {
+							pvChunkAVX2(&acc[i*d+k0], rp, &pv[i*AttnChunk], 0, alpha[i], PanelRows)
+						}
+						continue
+					}
+					for r0 := 0; r0 < n; r0 += pvRows {
+						nr := min(pvRows, n-r0)
+						for i := range nh {
+							a := alpha[i]
+							if r0 > 0 {
+								a = 1 // α once, before the first rows (O·1 = O exactly)
+							}
+							pvChunkAVX2(&acc[i*d+k0], &tile[r0], &pv[i*AttnChunk+r0], nr, a, PanelRows)
+						}
+					}
+				}
 			}
-			l += exp32(sink[h] - m)
-			oh := o[h*d : (h+1)*d]
-			for k, v := range acc {
-				oh[k] = quant.BF16Round(v / l)
+			for i := range nh {
+				h := h0 + i
+				li := l[i] + exp32(sink[h]-m[i])
+				oh := o[h*d : (h+1)*d]
+				for k, v := range acc[i*d : (i+1)*d] {
+					oh[k] = quant.BF16Round(v / li)
+				}
+				lse[h] = m[i] + log32(li)
 			}
-			lse[h] = m + log32(l)
 		}
 	})
 	return lse
