@@ -12,12 +12,22 @@ import (
 func headPanels(q []float32, heads, d int) (qT []float32, groups int) {
 	groups = (heads + PanelRows - 1) / PanelRows
 	qT = make([]float32, groups*d*PanelRows)
-	for h := 0; h < heads; h++ {
-		g, l := h/PanelRows, h%PanelRows
-		for k := 0; k < d; k++ {
-			qT[(g*d+k)*PanelRows+l] = q[h*d+k]
+	// blocks of 16 dims, goroutines over blocks: a head's 16 values are one
+	// cache line of q and the block's 16 panel rows stay in L1 (head by head
+	// over all d, the serial transpose of 64 heads × 512 took 78 µs, a tenth
+	// of the attention's wall time at 16 threads on the GPU host)
+	const kb = 16
+	parallelFor((d+kb-1)/kb, 8*heads*d, func(lo, hi int) {
+		for k0 := lo * kb; k0 < min(d, hi*kb); k0 += kb {
+			k1 := min(d, k0+kb)
+			for h := 0; h < heads; h++ {
+				g, l := h/PanelRows, h%PanelRows
+				for k := k0; k < k1; k++ {
+					qT[(g*d+k)*PanelRows+l] = q[h*d+k]
+				}
+			}
 		}
-	}
+	})
 	return qT, groups
 }
 
