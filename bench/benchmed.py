@@ -6,8 +6,8 @@ to it:
     python3 bench/benchmed.py OUTDIR > OUTDIR/summary.md
 
 It reads csastep.md (bench/torch_step.py --go-server), model_step.txt,
-kernels.txt and kvcache.txt (go test -bench output); a missing file is
-reported as not run.
+kernels.txt, kvcache.txt and phases.txt (go test -bench output); a missing
+file is reported as not run.
 """
 import os
 import re
@@ -92,6 +92,33 @@ def main(out):
     if before:
         gemvs(before, "## The earlier build's FP8 GEMVs, same host run (GPUHOST_BEFORE)")
     kvtable(p)
+    phasetable(p)
+
+
+PHASES = ["wq_a+wkv", "branches", "branch.q", "branch.compressor", "branch.indexer", "indexer.wq_b", "indexer.query",
+          "indexer.compressor", "indexer.weights", "indexer.scores", "indexer.topk", "attn", "wo_a", "wo_b"]
+
+
+def phasetable(p):
+    print("## CSA-layer step at 64K, phase by phase (µs, medians)\n")
+    ph = parse(p("phases.txt"))
+    if not ph:
+        print("not run\n")
+        return
+    before = parse(p("phases_before.txt")) or {}
+    procs = sorted({pr for (n, pr) in ph if n.startswith("BenchmarkPreparedStepPhases/CSA")})
+    print("| phase | " + " | ".join(f"{pr} threads" for pr in procs) + " |")
+    print("|---|" + "---|" * len(procs))
+    get = lambda pr, u: med(ph.get(("BenchmarkPreparedStepPhases/CSA/ctx=65536", pr), {}), u)
+    for name in ["step"] + PHASES:
+        cells = [get(pr, name + "-µs") for pr in procs]
+        label = "&nbsp;" * (2 * name.startswith(("branch.", "indexer.")) + 2 * name.startswith("indexer.")) + name
+        print(f"| {label} | " + " | ".join("" if v is None else f"{v:.0f}" for v in cells) + " |")
+    if before:
+        cells = [med(before.get(("BenchmarkPreparedLayerStep/CSA/ctx=65536", pr), {}), "ms/step") for pr in procs]
+        print("| earlier build's step (GPUHOST_BEFORE) | " + " | ".join("" if v is None else f"{v * 1e3:.0f}" for v in cells) + " |")
+    print("\nThe phases in sequence (wq_a+wkv, branches, attn, wo_a, wo_b) add up to about the step; the branches "
+          "(branch.*) run concurrently inside \"branches\", the indexer's phases (indexer.*) in order inside branch.indexer.\n")
 
 
 def gemvs(kern, title):

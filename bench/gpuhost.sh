@@ -27,7 +27,11 @@
 #  3. the FP8 GEMVs for each code distribution beside the streaming read of
 #     the same process, at 2, 8 and 16 threads, one process per thread count
 #     (%stream: target ≥ 80);
-#  4. the KV page decode on one core (target ≥ 2 GB/s).
+#  4. the KV page decode on one core (target ≥ 2 GB/s);
+#  5. the CSA-layer step at 64K with the wall time of each of its phases
+#     (engine BenchmarkPreparedStepPhases) at 16, 1, 2 and 8 threads, one
+#     process each (and, with GPUHOST_BEFORE, the earlier build's CSA step
+#     after each: the same step without the phase clock).
 # and writes OUTDIR/summary.md (the tables), OUTDIR/csastep.json (every timed
 # run) and OUTDIR/raw.txt (every raw output).
 # GPUHOST_QUICK=1 shrinks every part (threads 1,2; one round; no 43-layer
@@ -39,7 +43,7 @@
 # second one (an earlier build: its attention.test and engine.test) whose
 # checkpoint-code GEMVs and 43-layer steps run beside, for a before/after
 # table in the same host run (kernels_before.txt, model_step_before.txt).
-# GPUHOST_PARTS picks parts ("csa", "step", "gemv", "kv"; default all), to
+# GPUHOST_PARTS picks parts ("csa", "step", "gemv", "kv", "phases"; default all), to
 # split a run over two device calls of at most 10 minutes each.
 # (One process per thread count: a first round ran -test.cpu 16,2 in one
 # process, and the first benchmark process after PyTorch kept only 2 Ps
@@ -77,7 +81,7 @@ run)
 	export PYTHONUNBUFFERED=1
 	PY=${PY:-python3} # the GPU host's python3 holds PyTorch
 	threads=16,2,8,4,1 reps=3 runs=10 cpus=2,8,16 big=1 count=${GPUHOST_COUNT:-3} # 16 and 2 first: torch.compile compiles in that order within its budget
-	compile=bf16 dists='' csatime=230 parts="csa step gemv kv" before_cpus=2,8,16
+	compile=bf16 dists='' csatime=230 parts="csa step gemv kv phases" before_cpus=2,8,16 phase_cpus=16,1,2,8
 	# time-based: %stream is the median over 16 MiB windows (attention's streamPair)
 	gemvtime=${GPUHOST_GEMVTIME:-300ms}
 	if [ "${GPUHOST_QUICK:-}" = 1 ]; then
@@ -160,6 +164,22 @@ run)
 				dists=checkpoint gemv $O/attention.test $before_cpus "$out/kernels_before.txt"
 			fi
 			;;
+		phases)
+			echo "=== 5. CSA-layer step phases at 64K ($(date -u +%T))"
+			: >"$out/phases.txt"
+			for c in ${phase_cpus//,/ }; do
+				(cd engine && timeout 120 $B/engine.test -test.run '^$' -test.bench 'PreparedStepPhases/CSA' \
+					-test.cpu $c -test.benchtime 40x -test.count $count -test.timeout 0 >>"$out/phases.txt" 2>&1)
+				echo "exit $? after $(( $(date +%s) - t0 )) s"
+				if [ -n "${GPUHOST_BEFORE:-}" ]; then
+					# the earlier build's whole CSA step, same thread count, next process
+					O=/tmp/sparsemla-before
+					mkdir -p $O && tar -C $O -xzf "$GPUHOST_BEFORE" engine.test
+					(cd engine && timeout 120 $O/engine.test -test.run '^$' -test.bench 'PreparedLayerStep/CSA/ctx=65536$' \
+						-test.cpu $c -test.benchtime 40x -test.count $count -test.timeout 0 >>"$out/phases_before.txt" 2>&1)
+				fi
+			done
+			;;
 		kv)
 			echo "=== 4. KV page decode ($(date -u +%T))"
 			(cd kvcache && timeout 20 $B/kvcache.test -test.run '^$' -test.bench 'DecodePage' -test.cpu 1 -test.count 3 \
@@ -170,7 +190,7 @@ run)
 	done
 	$PY "$here/benchmed.py" "$out" >"$dest/summary.md"
 	cp "$out/csastep.json" "$dest/" 2>/dev/null
-	for f in env.txt csastep.log model_step.txt model_step_again.txt kernels.txt kvcache.txt kernels_before.txt model_step_before.txt; do
+	for f in env.txt csastep.log model_step.txt model_step_again.txt kernels.txt kvcache.txt kernels_before.txt model_step_before.txt phases.txt phases_before.txt; do
 		echo "===== $f"
 		cat "$out/$f" 2>/dev/null
 	done >"$dest/raw.txt"
