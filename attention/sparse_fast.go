@@ -2,6 +2,7 @@ package attention
 
 import (
 	"math"
+	"runtime"
 
 	"sparsemla/quant"
 )
@@ -37,9 +38,9 @@ func headPanels(q []float32, heads, d int) (qT []float32, groups int) {
 // (each lane a sequential fp32 dot product, k ascending), the P·V update with
 // one lane per dim (O[k] = O[k]·α, then O[k] += bf16(P_i)·K_i[k], i ascending).
 // The logits are spread over goroutines by key, the P·V updates by groups of
-// 4 heads (each head computed by one goroutine), 64 dims and at most 16
-// keys at a time for all the group's heads. Shapes as SparseAttn; d must be a multiple of 64 for the kernels (other d
-// run the reference).
+// 8, 4 or 2 heads (each head computed by one goroutine), 64 dims and at most
+// 16 keys at a time for all the group's heads. Shapes as SparseAttn; d must
+// be a multiple of 64 for the kernels (other d run the reference).
 func SparseAttnFast(o, q, kv []float32, d int, idx []int32, sink []float32, scale float32) (lse []float32) {
 	heads := checkAttn(q, kv, d, idx)
 	if len(o) != len(q) || len(sink) != heads {
@@ -75,7 +76,7 @@ func SparseAttnFast(o, q, kv []float32, d int, idx []int32, sink []float32, scal
 		}
 	})
 	lse = make([]float32, heads)
-	// P·V, heads in tasks of up to 4 (16 tasks for 64 heads): for each chunk
+	// P·V, heads in tasks of 8, 4 or 2 (below): for each chunk
 	// of keys, every head's softmax update (m, α, bf16 P), then for each
 	// 64-dim column tile and each 16 of the chunk's rows, every head's update
 	// of that tile, so that the rows' tile is read from L1 by all the task's
@@ -84,8 +85,15 @@ func SparseAttnFast(o, q, kv []float32, d int, idx []int32, sink []float32, scal
 	// more than about 24 of them onto too few L1 sets). Each O[k] still gets
 	// O[k]·α once, then its adds in key order, so the bits do not depend on
 	// the split.
-	const headsPerTask = 4
+	// 8 heads per task while that leaves a task for every P, else 4 or 2
+	// (GPU host, 64 heads at 64K: 1 thread 2.85 ms with 8, 3.5-4.5 with 4;
+	// 16 threads 0.51-0.58 ms with 4, 0.73 with 8)
+	const maxHeadsPerTask = 8
 	const pvRows = 16
+	headsPerTask := maxHeadsPerTask
+	for headsPerTask > 2 && (heads+headsPerTask-1)/headsPerTask < runtime.GOMAXPROCS(0) {
+		headsPerTask /= 2
+	}
 	tasks := (heads + headsPerTask - 1) / headsPerTask
 	parallelFor(tasks, heads*L*d, func(t0, t1 int) {
 		acc := make([]float32, headsPerTask*d)
@@ -93,7 +101,7 @@ func SparseAttnFast(o, q, kv []float32, d int, idx []int32, sink []float32, scal
 		pv := make([]float32, headsPerTask*AttnChunk)
 		rows := make([]int, 0, AttnChunk) // offsets in kv of the chunk's rows
 		tile := make([]*float32, AttnChunk)
-		var m, l, alpha [headsPerTask]float32
+		var m, l, alpha [maxHeadsPerTask]float32
 		for t := t0; t < t1; t++ {
 			h0, h1 := t*headsPerTask, min(heads, (t+1)*headsPerTask)
 			nh := h1 - h0
