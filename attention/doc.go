@@ -60,8 +60,9 @@
 //
 // Beside the reference, *_fast.go hold the same computations repacked for
 // speed (FP8Panels, Panels, WoAPanels, SparseAttnFast, IndexScoresFast,
-// IndexQKFast; AVX2 kernels in kernels_fast_amd64.s, and an AVX-512 form of
-// the index scoring where the CPU has it (UseAVX512), pure-Go lane loops
+// IndexQKFast; AVX2 kernels in kernels_fast_amd64.s, and AVX-512 forms of
+// them where the CPU has it (UseAVX512: the FP8, bf16 and fp32 panels, the
+// index scoring, the attention's P·V), pure-Go lane loops
 // elsewhere, with -tags purego, or with UseAssembly = false). Each SIMD lane
 // owns one output and performs the reference's fp32 operations in the
 // reference's order, so the results are the same bits; work is split by

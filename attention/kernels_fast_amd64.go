@@ -90,6 +90,27 @@ func sumTerms64AVX2(y *float32, t *float32, n int)
 //go:noescape
 func fp8Widen64AVX2(v *float32, codes *uint8)
 
+// The AVX-512 forms of the FP8 kernels: the same contracts and bits as the
+// AVX2 forms above (the same lane layout, fp8LaneRow), on 16-lane registers.
+
+//go:noescape
+func fp8Panel64AVX512(y *float32, codes *uint8, x *float32, scl *float32, sub *uint64, nkb int)
+
+//go:noescape
+func fp8Terms64AVX512(t *float32, codes *uint8, x *float32, scl *float32, sub *uint64, nkb int)
+
+//go:noescape
+func bf16Panel64AVX512(y *float32, w *uint16, x *float32, k int)
+
+//go:noescape
+func f32Panel64AVX512(y *float32, w *float32, x *float32, k int)
+
+//go:noescape
+func pvChunkAVX512(acc *float32, rows **float32, p *float32, n int, alpha float32, d int)
+
+//go:noescape
+func fp8PlainPanel64AVX512(y *float32, codes *uint8, x *float32, scl *float32, sub *uint64, nkb int)
+
 // getMXCSR and setMXCSR read and write the SSE control register of the
 // calling thread (the tests run the kernels with denormals-are-zero and
 // flush-to-zero set, which changes the result of any subnormal operand or

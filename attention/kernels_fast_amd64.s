@@ -1002,3 +1002,365 @@ qloop:
 	JNZ  qloop
 	VZEROUPPER
 	RET
+
+// The AVX-512 forms of the FP8 kernels (fp8Panel64AVX512, fp8Terms64AVX512,
+// fp8PlainPanel64AVX512): the same widenings, the same products and sums in
+// the same order per lane, on 16-lane ZMM registers, so the same bits as
+// their AVX2 forms. A ZMM accumulator holds two of the AVX2 kernels' eight:
+//
+//	Z0 = [a0 | a2]   Z1 = [a1 | a3]   Z2 = [a4 | a6]   Z3 = [a5 | a7]
+//
+// (a = the AVX2 accumulator, lane i of a holding row 16(a/2)+2i+a%2): a
+// VPMOVSXBW of 32 codes puts rows 2i and 2i+1 in dword i (i < 16), so its
+// even rows are [a0 | a2] and its odd ones [a1 | a3]. The stores put them
+// back in the AVX2 order (VSHUFF64X2), so y's lane layout is fp8LaneRow's
+// for both forms. Rows with a subnormal code go through DEC32WORDS on YMM
+// registers, as in AVX2, and the two 16-row groups' words are joined into
+// one ZMM (VINSERTI64X4). Registers: Z8 x broadcast, Z9-Z11 scratch, Y13-Y15
+// DEC32's constants, Z12 = 0xFFFF0000, Z16 = OLD16's mask 0x87F00000, Z17 =
+// 2^-16, Z18-Z21 scratch for the stores.
+
+#define FP8CONSTS512 \
+	FP8CONSTS; \
+	VPBROADCASTD fp8hiword<>(SB), Z12; \
+	VPBROADCASTD fp8oldmask<>(SB), Z16; \
+	VPBROADCASTD fp8twom16<>(SB), Z17
+
+// OLD32Z is OLD16 on 32 codes: even rows into even, odd rows into odd.
+#define OLD32Z(off, even, odd) \
+	VPMOVSXBW off(SI), Z9; \
+	VPSLLW $4, Z9, Z9; \
+	VPANDD Z16, Z9, Z10; \
+	VPSLLD $16, Z9, Z9; \
+	VPANDD Z16, Z9, Z9; \
+	VFMADD231PS Z8, Z10, odd; \
+	VFMADD231PS Z8, Z9, even
+
+#define OLD64Z \
+	OLD32Z(0, Z0, Z1); \
+	OLD32Z(32, Z2, Z3)
+
+// DEC32Z is DEC32 on ZMM accumulators: the words of the two 16-row groups
+// (Y10: rows 0-15, Y11: rows 16-31 of the 32) joined into Z10.
+#define DEC32Z(off, even, odd) \
+	DEC32WORDS(off); \
+	VINSERTI64X4 $1, Y11, Z10, Z10; \
+	VPANDD Z12, Z10, Z9; \
+	VPSLLD $16, Z10, Z10; \
+	VFMADD231PS Z8, Z9, odd; \
+	VFMADD231PS Z8, Z10, even
+
+#define CODES64Z \
+	DEC32Z(0, Z0, Z1); \
+	DEC32Z(32, Z2, Z3)
+
+#define ZERO4Z \
+	VPXORD Z0, Z0, Z0; \
+	VPXORD Z1, Z1, Z1; \
+	VPXORD Z2, Z2, Z2; \
+	VPXORD Z3, Z3, Z3
+
+// INORDERZ puts the accumulators in the AVX2 order: Z18 = [a0 | a1], Z19 =
+// [a2 | a3], Z20 = [a4 | a5], Z21 = [a6 | a7].
+#define INORDERZ \
+	VSHUFF64X2 $0x44, Z1, Z0, Z18; \
+	VSHUFF64X2 $0xEE, Z1, Z0, Z19; \
+	VSHUFF64X2 $0x44, Z3, Z2, Z20; \
+	VSHUFF64X2 $0xEE, Z3, Z2, Z21
+
+// ACCBLKZ folds one block (acc[off] += blk·s, s in Z9).
+#define ACCBLKZ(off, blk) \
+	VMULPS Z9, blk, blk; \
+	VADDPS off(DI), blk, blk; \
+	VMOVUPS blk, off(DI)
+
+// STBLKZ stores one block's term (t[off] = blk·s, s in Z9).
+#define STBLKZ(off, blk) \
+	VMULPS Z9, blk, blk; \
+	VMOVUPS blk, off(DI)
+
+// func fp8Panel64AVX512(y *float32, codes *uint8, x *float32, scl *float32, sub *uint64, nkb int)
+//
+// fp8Panel64AVX2 on ZMM registers: the same contract and bits.
+TEXT ·fp8Panel64AVX512(SB), NOSPLIT, $0-48
+	MOVQ y+0(FP), DI
+	MOVQ codes+8(FP), SI
+	MOVQ x+16(FP), DX
+	MOVQ scl+24(FP), R8
+	MOVQ sub+32(FP), R11
+	MOVQ nkb+40(FP), CX
+	MOVQ ·fp8Prefetch(SB), R13
+	FP8CONSTS512
+	VPXORD Z9, Z9, Z9
+	VMOVUPS Z9, 0(DI)
+	VMOVUPS Z9, 64(DI)
+	VMOVUPS Z9, 128(DI)
+	VMOVUPS Z9, 192(DI)
+
+zfp8block:
+	ZERO4Z
+	MOVQ $2, R10
+
+zfp8word:
+	MOVQ (R11), R12
+	ADDQ $8, R11
+	MOVQ $64, BX
+
+zfp8k:
+	PREFETCHT0 (SI)(R13*1)
+	SHRQ $1, R12
+	JCS  zfp8slow
+	VBROADCASTSS (DX), Z8
+	OLD64Z
+
+zfp8next:
+	ADDQ $64, SI
+	ADDQ $4, DX
+	DECQ BX
+	JNZ  zfp8k
+	DECQ R10
+	JNZ  zfp8word
+
+	VBROADCASTSS (R8), Z9
+	INORDERZ
+	ACCBLKZ(0, Z18)
+	ACCBLKZ(64, Z19)
+	ACCBLKZ(128, Z20)
+	ACCBLKZ(192, Z21)
+	ADDQ $4, R8
+	DECQ CX
+	JNZ  zfp8block
+	VZEROUPPER
+	RET
+
+zfp8slow:
+	VBROADCASTSS (DX), Z8
+	VMULPS Z17, Z8, Z8
+	CODES64Z
+	JMP  zfp8next
+
+// func fp8Terms64AVX512(t *float32, codes *uint8, x *float32, scl *float32, sub *uint64, nkb int)
+//
+// fp8Terms64AVX2 on ZMM registers: the same contract and bits.
+TEXT ·fp8Terms64AVX512(SB), NOSPLIT, $0-48
+	MOVQ t+0(FP), DI
+	MOVQ codes+8(FP), SI
+	MOVQ x+16(FP), DX
+	MOVQ scl+24(FP), R8
+	MOVQ sub+32(FP), R11
+	MOVQ nkb+40(FP), CX
+	MOVQ ·fp8Prefetch(SB), R13
+	FP8CONSTS512
+
+ztermblock:
+	ZERO4Z
+	MOVQ $2, R10
+
+ztermword:
+	MOVQ (R11), R12
+	ADDQ $8, R11
+	MOVQ $64, BX
+
+ztermk:
+	PREFETCHT0 (SI)(R13*1)
+	SHRQ $1, R12
+	JCS  ztermslow
+	VBROADCASTSS (DX), Z8
+	OLD64Z
+
+ztermnext:
+	ADDQ $64, SI
+	ADDQ $4, DX
+	DECQ BX
+	JNZ  ztermk
+	DECQ R10
+	JNZ  ztermword
+
+	VBROADCASTSS (R8), Z9
+	INORDERZ
+	STBLKZ(0, Z18)
+	STBLKZ(64, Z19)
+	STBLKZ(128, Z20)
+	STBLKZ(192, Z21)
+	ADDQ $256, DI
+	ADDQ $4, R8
+	DECQ CX
+	JNZ  ztermblock
+	VZEROUPPER
+	RET
+
+ztermslow:
+	VBROADCASTSS (DX), Z8
+	VMULPS Z17, Z8, Z8
+	CODES64Z
+	JMP  ztermnext
+
+// func fp8PlainPanel64AVX512(y *float32, codes *uint8, x *float32, scl *float32, sub *uint64, nkb int)
+//
+// fp8PlainPanel64AVX2 on ZMM registers: the same contract and bits (Z22 =
+// the block's scale, for the rows with subnormal codes; Z23 = it times
+// 2^16, for the others).
+TEXT ·fp8PlainPanel64AVX512(SB), NOSPLIT, $0-48
+	MOVQ y+0(FP), DI
+	MOVQ codes+8(FP), SI
+	MOVQ x+16(FP), DX
+	MOVQ scl+24(FP), R8
+	MOVQ sub+32(FP), R11
+	MOVQ nkb+40(FP), CX
+	MOVQ ·fp8Prefetch(SB), R13
+	FP8CONSTS512
+	ZERO4Z
+
+zplainblock:
+	VBROADCASTSS (R8), Z22
+	VPBROADCASTD fp8two16<>(SB), Z23
+	VMULPS Z22, Z23, Z23
+	MOVQ $2, R10
+
+zplainword:
+	MOVQ (R11), R12
+	ADDQ $8, R11
+	MOVQ $64, BX
+
+zplaink:
+	PREFETCHT0 (SI)(R13*1)
+	SHRQ $1, R12
+	JCS  zplainslow
+	VBROADCASTSS (DX), Z8
+	VMULPS Z23, Z8, Z8
+	OLD64Z
+
+zplainnext:
+	ADDQ $64, SI
+	ADDQ $4, DX
+	DECQ BX
+	JNZ  zplaink
+	DECQ R10
+	JNZ  zplainword
+	ADDQ $4, R8
+	DECQ CX
+	JNZ  zplainblock
+	INORDERZ
+	VMOVUPS Z18, 0(DI)
+	VMOVUPS Z19, 64(DI)
+	VMOVUPS Z20, 128(DI)
+	VMOVUPS Z21, 192(DI)
+	VZEROUPPER
+	RET
+
+zplainslow:
+	VBROADCASTSS (DX), Z8
+	VMULPS Z22, Z8, Z8
+	CODES64Z
+	JMP  zplainnext
+
+// The AVX-512 forms of the bf16/fp32 panel kernels and of the P·V update:
+// the same contracts as their AVX2 forms (bf16Panel64AVX2, f32Panel64AVX2,
+// pvChunkAVX2), each ZMM accumulator holding 16 consecutive lanes (two of
+// the AVX2 kernels' accumulators, in memory order), and the same separate
+// multiply and add per lane, in the same order: the same bits.
+
+// BF16X16 widens 16 bf16 weights at off(SI) and accumulates x·w into acc.
+#define BF16X16(off, acc) \
+	VPMOVZXWD off(SI), Z9; \
+	VPSLLD $16, Z9, Z9; \
+	VMULPS Z8, Z9, Z9; \
+	VADDPS Z9, acc, acc
+
+#define STORE4Z \
+	VMOVUPS Z0, 0(DI); \
+	VMOVUPS Z1, 64(DI); \
+	VMOVUPS Z2, 128(DI); \
+	VMOVUPS Z3, 192(DI)
+
+// func bf16Panel64AVX512(y *float32, w *uint16, x *float32, k int)
+TEXT ·bf16Panel64AVX512(SB), NOSPLIT, $0-32
+	MOVQ y+0(FP), DI
+	MOVQ w+8(FP), SI
+	MOVQ x+16(FP), DX
+	MOVQ k+24(FP), CX
+	MOVQ ·fp8Prefetch(SB), R13
+	ZERO4Z
+
+zbf16k:
+	PREFETCHT0 (SI)(R13*1)
+	PREFETCHT0 64(SI)(R13*1)
+	VBROADCASTSS (DX), Z8
+	BF16X16(0, Z0)
+	BF16X16(32, Z1)
+	BF16X16(64, Z2)
+	BF16X16(96, Z3)
+	ADDQ $128, SI
+	ADDQ $4, DX
+	DECQ CX
+	JNZ  zbf16k
+	STORE4Z
+	VZEROUPPER
+	RET
+
+// F32X16 accumulates x·w[off] into acc.
+#define F32X16(off, acc) \
+	VMULPS off(SI), Z8, Z9; \
+	VADDPS Z9, acc, acc
+
+// func f32Panel64AVX512(y *float32, w *float32, x *float32, k int)
+TEXT ·f32Panel64AVX512(SB), NOSPLIT, $0-32
+	MOVQ y+0(FP), DI
+	MOVQ w+8(FP), SI
+	MOVQ x+16(FP), DX
+	MOVQ k+24(FP), CX
+	ZERO4Z
+
+zf32k:
+	VBROADCASTSS (DX), Z8
+	F32X16(0, Z0)
+	F32X16(64, Z1)
+	F32X16(128, Z2)
+	F32X16(192, Z3)
+	ADDQ $256, SI
+	ADDQ $4, DX
+	DECQ CX
+	JNZ  zf32k
+	STORE4Z
+	VZEROUPPER
+	RET
+
+// func pvChunkAVX512(acc *float32, rows **float32, p *float32, n int, alpha float32, d int)
+TEXT ·pvChunkAVX512(SB), NOSPLIT, $0-48
+	MOVQ acc+0(FP), DI
+	MOVQ rows+8(FP), R8
+	MOVQ p+16(FP), R9
+	MOVQ n+24(FP), R10
+	VBROADCASTSS alpha+32(FP), Z15
+	MOVQ d+40(FP), R11
+	XORQ R12, R12
+
+zpvblock:
+	VMULPS 0(DI), Z15, Z0
+	VMULPS 64(DI), Z15, Z1
+	VMULPS 128(DI), Z15, Z2
+	VMULPS 192(DI), Z15, Z3
+	XORQ BX, BX
+	TESTQ R10, R10
+	JZ   zpvstore
+
+zpvrow:
+	MOVQ (R8)(BX*8), SI
+	ADDQ R12, SI
+	VBROADCASTSS (R9)(BX*4), Z8
+	F32X16(0, Z0)
+	F32X16(64, Z1)
+	F32X16(128, Z2)
+	F32X16(192, Z3)
+	INCQ BX
+	CMPQ BX, R10
+	JNE  zpvrow
+
+zpvstore:
+	STORE4Z
+	ADDQ $256, DI
+	ADDQ $256, R12
+	SUBQ $64, R11
+	JNZ  zpvblock
+	VZEROUPPER
+	RET

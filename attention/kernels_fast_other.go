@@ -53,6 +53,30 @@ func fp8Widen64AVX2(v *float32, codes *uint8) {
 	panic("attention: no assembly kernels in this build")
 }
 
+func fp8Panel64AVX512(y *float32, codes *uint8, x *float32, scl *float32, sub *uint64, nkb int) {
+	panic("attention: no assembly kernels in this build")
+}
+
+func fp8Terms64AVX512(t *float32, codes *uint8, x *float32, scl *float32, sub *uint64, nkb int) {
+	panic("attention: no assembly kernels in this build")
+}
+
+func bf16Panel64AVX512(y *float32, w *uint16, x *float32, k int) {
+	panic("attention: no assembly kernels in this build")
+}
+
+func f32Panel64AVX512(y *float32, w *float32, x *float32, k int) {
+	panic("attention: no assembly kernels in this build")
+}
+
+func pvChunkAVX512(acc *float32, rows **float32, p *float32, n int, alpha float32, d int) {
+	panic("attention: no assembly kernels in this build")
+}
+
+func fp8PlainPanel64AVX512(y *float32, codes *uint8, x *float32, scl *float32, sub *uint64, nkb int) {
+	panic("attention: no assembly kernels in this build")
+}
+
 func getMXCSR() uint32  { panic("attention: no assembly kernels in this build") }
 func setMXCSR(v uint32) { panic("attention: no assembly kernels in this build") }
 

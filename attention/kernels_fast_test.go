@@ -11,26 +11,27 @@ import (
 	"sparsemla/quant"
 )
 
-// eachPath runs f with the assembly kernels (when this machine has them) and
-// with the pure-Go lane loops, at GOMAXPROCS 1, 2 and 16 (the work split of
-// the fast paths depends on it; the results must not).
+// eachPath runs f with the assembly kernels in their AVX-512 forms (when this
+// machine has them), in their AVX2 forms, and with the pure-Go lane loops, at
+// GOMAXPROCS 1, 2 and 16 (the work split of the fast paths depends on it; the
+// results must not).
 func eachPath(t *testing.T, f func(t *testing.T)) {
 	t.Helper()
-	old, oldProcs := UseAssembly, runtime.GOMAXPROCS(0)
-	defer func() { UseAssembly = old; runtime.GOMAXPROCS(oldProcs) }()
-	for _, asm := range []bool{true, false} {
-		if asm && !HasAssembly() {
+	old, old512, oldProcs := UseAssembly, UseAVX512, runtime.GOMAXPROCS(0)
+	defer func() { UseAssembly, UseAVX512 = old, old512; runtime.GOMAXPROCS(oldProcs) }()
+	for _, path := range []string{"avx512", "asm", "go"} {
+		if path == "avx512" && !(HasAssembly() && hasAVX512) {
+			t.Log("no AVX-512 on this machine/build: its kernels not run")
+			continue
+		}
+		if path == "asm" && !HasAssembly() {
 			t.Log("no AVX2 kernels on this machine/build: testing the pure-Go path only")
 			continue
 		}
 		for _, procs := range []int{1, 2, 16} {
-			UseAssembly = asm
+			UseAssembly, UseAVX512 = path != "go", path == "avx512"
 			runtime.GOMAXPROCS(procs)
-			name := "go"
-			if asm {
-				name = "asm"
-			}
-			t.Run(fmt.Sprintf("%s/P%d", name, procs), f)
+			t.Run(fmt.Sprintf("%s/P%d", path, procs), f)
 		}
 	}
 }
@@ -275,36 +276,44 @@ func TestFP8PanelsNoSubnormals(t *testing.T) {
 		randFP8(rng, 256, 1024),
 	}
 	x := bf16Vec(rng, 4096, 2)
-	old := UseAssembly
-	defer func() { UseAssembly = old }()
+	old, old512 := UseAssembly, UseAVX512
+	defer func() { UseAssembly, UseAVX512 = old, old512 }()
 	UseAssembly = true
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	for i, w := range ws {
-		xw := x[:w.Cols]
-		want, wantPlain := make([]float32, w.Rows), make([]float32, w.Rows)
-		FP8Linear(want, xw, w)
-		BF16Linear(wantPlain, xw, w.W, w.Rows, w.Cols)
-		qx, sx := make([]float32, w.Cols), make([]float32, w.Cols/ActBlock)
-		quant.QuantizeActFP8(qx, sx, xw, ActBlock)
-		p := PackFP8Weight(w)
-		got, split, plain := make([]float32, w.Rows), make([]float32, w.Rows), make([]float32, w.Rows)
-		csr := getMXCSR()
-		setMXCSR(csr | 0x8040) // FTZ | DAZ
-		j := p.job(got, qx, sx, nil, 1)
-		j.run(0, j.items())
-		js := p.job(split, qx, sx, nil, 16)
-		js.run(0, js.items())
-		jp := p.job(plain, xw, nil, nil, 1)
-		jp.run(0, jp.items())
-		setMXCSR(csr)
-		if !j.asm || !jp.asm || js.ng < 2 {
-			t.Fatalf("weight %d: the kernels did not run (asm %v %v, groups %d)", i, j.asm, jp.asm, js.ng)
+	for _, z := range []bool{true, false} {
+		if z && !hasAVX512 {
+			t.Log("no AVX-512 on this CPU: its FP8 kernels not run")
+			continue
 		}
-		js.release()
-		sameBits(t, fmt.Sprintf("weight %d Linear", i), got, want)
-		sameBits(t, fmt.Sprintf("weight %d Linear, blocks split", i), split, want)
-		sameBits(t, fmt.Sprintf("weight %d LinearPlain", i), plain, wantPlain)
+		UseAVX512 = z
+		for i, w := range ws {
+			xw := x[:w.Cols]
+			want, wantPlain := make([]float32, w.Rows), make([]float32, w.Rows)
+			FP8Linear(want, xw, w)
+			BF16Linear(wantPlain, xw, w.W, w.Rows, w.Cols)
+			qx, sx := make([]float32, w.Cols), make([]float32, w.Cols/ActBlock)
+			quant.QuantizeActFP8(qx, sx, xw, ActBlock)
+			p := PackFP8Weight(w)
+			got, split, plain := make([]float32, w.Rows), make([]float32, w.Rows), make([]float32, w.Rows)
+			csr := getMXCSR()
+			setMXCSR(csr | 0x8040) // FTZ | DAZ
+			j := p.job(got, qx, sx, nil, 1)
+			j.run(0, j.items())
+			js := p.job(split, qx, sx, nil, 16)
+			js.run(0, js.items())
+			jp := p.job(plain, xw, nil, nil, 1)
+			jp.run(0, jp.items())
+			setMXCSR(csr)
+			if !j.asm || !jp.asm || js.ng < 2 || j.avx512 != z || js.avx512 != z || jp.avx512 != z {
+				t.Fatalf("weight %d: the kernels did not run (asm %v %v, AVX-512 %v %v %v, want %v, groups %d)", i, j.asm, jp.asm, j.avx512, js.avx512, jp.avx512, z, js.ng)
+			}
+			js.release()
+			what := fmt.Sprintf("weight %d (AVX-512 %v)", i, z)
+			sameBits(t, what+" Linear", got, want)
+			sameBits(t, what+" Linear, blocks split", split, want)
+			sameBits(t, what+" LinearPlain", plain, wantPlain)
+		}
 	}
 }
 

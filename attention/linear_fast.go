@@ -30,11 +30,17 @@ func HasAssembly() bool { return hasAVX2 }
 
 func useAsm() bool { return UseAssembly && hasAVX2 }
 
-// UseAVX512 selects, with UseAssembly, the AVX-512 form of the index
-// scoring kernel (indexTerms64AVX512) when the CPU has AVX-512F (the default); false keeps it on
-// AVX2. Both compute the same bits (the tests run both where the CPU can);
-// it is there to compare their speed on one machine.
+// UseAVX512 selects, with UseAssembly, the AVX-512 forms of the kernels when
+// the CPU has AVX-512F (the default): the FP8 panels (fp8Panel64AVX512,
+// fp8Terms64AVX512, fp8PlainPanel64AVX512), the bf16 and fp32 panels, the
+// attention's P·V update and the index scoring. They compute the same bits
+// as the AVX2 forms (the tests run both where the CPU can); false keeps
+// AVX2, to compare their speed on one machine (SPARSEMLA_AVX512=0 in the
+// benchmarks).
 var UseAVX512 = hasAVX512
+
+// HasAVX512 reports whether this build and CPU can run the AVX-512 kernels.
+func HasAVX512() bool { return hasAVX512 && hasAVX2 }
 
 func useAVX512() bool { return UseAVX512 && hasAVX512 && useAsm() }
 
@@ -129,15 +135,16 @@ func (p *Panels) apply(y, x []float32, round bool) {
 	}
 	np := (p.Rows + PanelRows - 1) / PanelRows
 	K := p.Cols
+	z := useAVX512()
 	parallelFor(np, p.Rows*p.Cols, func(lo, hi int) {
 		var tmp [PanelRows]float32
 		for pi := lo; pi < hi; pi++ {
 			base := pi * K * PanelRows
 			switch {
 			case useAsm() && p.BF16 != nil:
-				bf16Panel64AVX2(&tmp[0], &p.BF16[base], &x[0], K)
+				bf16Panel64(z, &tmp[0], &p.BF16[base], &x[0], K)
 			case useAsm():
-				f32Panel64AVX2(&tmp[0], &p.F32[base], &x[0], K)
+				f32Panel64(z, &tmp[0], &p.F32[base], &x[0], K)
 			default:
 				tmp = [PanelRows]float32{}
 				for k, xv := range x {
@@ -252,5 +259,32 @@ func (w *WoAPanels) WoA(u, o []float32) {
 	})
 	for _, j := range jobs {
 		j.release()
+	}
+}
+
+// bf16Panel64, f32Panel64 and pvChunk run a kernel's AVX-512 form when z
+// (useAVX512, read once per product by the caller), else its AVX2 form: the
+// same bits either way.
+func bf16Panel64(z bool, y *float32, w *uint16, x *float32, k int) {
+	if z {
+		bf16Panel64AVX512(y, w, x, k)
+	} else {
+		bf16Panel64AVX2(y, w, x, k)
+	}
+}
+
+func f32Panel64(z bool, y *float32, w *float32, x *float32, k int) {
+	if z {
+		f32Panel64AVX512(y, w, x, k)
+	} else {
+		f32Panel64AVX2(y, w, x, k)
+	}
+}
+
+func pvChunk(z bool, acc *float32, rows **float32, p *float32, n int, alpha float32, d int) {
+	if z {
+		pvChunkAVX512(acc, rows, p, n, alpha, d)
+	} else {
+		pvChunkAVX2(acc, rows, p, n, alpha, d)
 	}
 }

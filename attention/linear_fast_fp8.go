@@ -374,6 +374,7 @@ type fp8Job struct {
 	xs       []float32 // blockwise, assembly: x·2^fp8ActExp
 	np, cb   int
 	asm      bool
+	avx512   bool           // the kernels' AVX-512 forms (useAVX512)
 	scl      []float32      // [row block][cb] the kernel's per-block factors
 	ok       []bool         // [row block] the kernel's factoring is proven there
 	ng       int            // block groups per panel
@@ -410,6 +411,7 @@ func (p *FP8Panels) job(y, x, sx, xs []float32, workers int) *fp8Job {
 	*j = fp8Job{p: p, y: y, x: x, sx: sx, xs: xs, np: (p.Rows + PanelRows - 1) / PanelRows, cb: cb, asm: useAsm() && p.exact, ng: 1,
 		scl: j.scl, ok: j.ok, terms: j.terms, left: j.left, lo: j.lo, hi: j.hi, xsBuf: j.xsBuf}
 	j.asm = j.asm && len(p.Sub) == j.np*p.Cols/64
+	j.avx512 = j.asm && useAVX512()
 	if sx != nil {
 		j.asm = j.asm && normalPow2s(sx)
 	} else if j.asm {
@@ -518,13 +520,20 @@ func (j *fp8Job) run(ilo, ihi int) {
 		scl := j.scl[rb*cb : (rb+1)*cb]
 		sub := p.Sub[pi*p.Cols/64 : (pi+1)*p.Cols/64]
 		switch {
+		case j.sx == nil && j.avx512:
+			fp8PlainPanel64AVX512(&tmp[0], &panel[0], &j.x[0], &scl[0], &sub[0], cb)
 		case j.sx == nil:
 			fp8PlainPanel64AVX2(&tmp[0], &panel[0], &j.x[0], &scl[0], &sub[0], cb)
+		case j.ng == 1 && j.avx512:
+			fp8Panel64AVX512(&tmp[0], &panel[0], &j.xs[0], &scl[0], &sub[0], cb)
 		case j.ng == 1:
 			fp8Panel64AVX2(&tmp[0], &panel[0], &j.xs[0], &scl[0], &sub[0], cb)
 		default:
 			b0, b1 := g*cb/j.ng, (g+1)*cb/j.ng
-			if b1 > b0 {
+			switch {
+			case b1 > b0 && j.avx512:
+				fp8Terms64AVX512(&j.terms[(pi*cb+b0)*PanelRows], &panel[b0*ActBlock*PanelRows], &j.xs[b0*ActBlock], &scl[b0], &sub[b0*ActBlock/64], b1-b0)
+			case b1 > b0:
 				fp8Terms64AVX2(&j.terms[(pi*cb+b0)*PanelRows], &panel[b0*ActBlock*PanelRows], &j.xs[b0*ActBlock], &scl[b0], &sub[b0*ActBlock/64], b1-b0)
 			}
 			if j.left[pi].Add(-1) != 0 {

@@ -23,7 +23,8 @@ func init() {
 	}
 }
 
-// SPARSEMLA_AVX512=0 keeps the index scoring on its AVX2 kernel (UseAVX512).
+// SPARSEMLA_AVX512=0 keeps the index scoring and the FP8 kernels on their AVX2
+// forms (UseAVX512).
 func init() {
 	if os.Getenv("SPARSEMLA_AVX512") == "0" {
 		UseAVX512 = false

@@ -58,6 +58,7 @@ func SparseAttnFast(o, q, kv []float32, d int, idx []int32, sink []float32, scal
 	qT, groups := headPanels(q, heads, d)
 	S := groups * PanelRows
 	logits := make([]float32, L*S)
+	z := useAVX512()
 	parallelFor(L, L*heads*d, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
 			j, li := idx[i], logits[i*S:(i+1)*S]
@@ -68,7 +69,7 @@ func SparseAttnFast(o, q, kv []float32, d int, idx []int32, sink []float32, scal
 				continue
 			}
 			for g := 0; g < groups; g++ {
-				f32Panel64AVX2(&li[g*PanelRows], &qT[g*d*PanelRows], &kv[int(j)*d], d)
+				f32Panel64(z, &li[g*PanelRows], &qT[g*d*PanelRows], &kv[int(j)*d], d)
 			}
 			for l := range li[:heads] {
 				li[l] = float32(li[l] * scale)
@@ -149,7 +150,7 @@ func SparseAttnFast(o, q, kv []float32, d int, idx []int32, sink []float32, scal
 					}
 					if n == 0 {
 						for i := range nh {
-							pvChunkAVX2(&acc[i*d+k0], rp, &pv[i*AttnChunk], 0, alpha[i], PanelRows)
+							pvChunk(z, &acc[i*d+k0], rp, &pv[i*AttnChunk], 0, alpha[i], PanelRows)
 						}
 						continue
 					}
@@ -160,7 +161,7 @@ func SparseAttnFast(o, q, kv []float32, d int, idx []int32, sink []float32, scal
 							if r0 > 0 {
 								a = 1 // α once, before the first rows (O·1 = O exactly)
 							}
-							pvChunkAVX2(&acc[i*d+k0], &tile[r0], &pv[i*AttnChunk+r0], nr, a, PanelRows)
+							pvChunk(z, &acc[i*d+k0], &tile[r0], &pv[i*AttnChunk+r0], nr, a, PanelRows)
 						}
 					}
 				}
@@ -253,11 +254,12 @@ func IndexQKFast(qk, iq, icache []float32, heads, hd int) {
 		return
 	}
 	qT, groups := headPanels(iq, heads, hd)
+	z := useAVX512()
 	parallelFor(tc, tc*heads*hd, func(lo, hi int) {
 		var tmp [PanelRows]float32
 		for j := lo; j < hi; j++ {
 			for g := 0; g < groups; g++ {
-				f32Panel64AVX2(&tmp[0], &qT[g*hd*PanelRows], &icache[j*hd], hd)
+				f32Panel64(z, &tmp[0], &qT[g*hd*PanelRows], &icache[j*hd], hd)
 				for l := 0; l < PanelRows && g*PanelRows+l < heads; l++ {
 					qk[(g*PanelRows+l)*tc+j] = quant.BF16Round(tmp[l])
 				}

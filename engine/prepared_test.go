@@ -25,20 +25,21 @@ func smallFlash(t testing.TB) *Config {
 	return cfg
 }
 
-// eachFastPath runs f with the assembly kernels (when available) and the
-// pure-Go lane loops, at GOMAXPROCS 1, 2 and 16 (16: the FP8 products
-// split their blocks among goroutines and share the pool's workers).
+// eachFastPath runs f with the assembly kernels in their AVX-512 forms (when
+// available), in their AVX2 forms, and with the pure-Go lane loops, at
+// GOMAXPROCS 1, 2 and 16 (16: the FP8 products split their blocks among
+// goroutines and share the pool's workers).
 func eachFastPath(t *testing.T, f func(t *testing.T)) {
-	old, procs := attention.UseAssembly, runtime.GOMAXPROCS(0)
-	defer func() { attention.UseAssembly = old; runtime.GOMAXPROCS(procs) }()
-	for _, asm := range []bool{true, false} {
-		if asm && !attention.HasAssembly() {
+	old, old512, procs := attention.UseAssembly, attention.UseAVX512, runtime.GOMAXPROCS(0)
+	defer func() { attention.UseAssembly, attention.UseAVX512 = old, old512; runtime.GOMAXPROCS(procs) }()
+	for _, path := range []string{"avx512", "asm", "go"} {
+		if path != "go" && !attention.HasAssembly() || path == "avx512" && !attention.HasAVX512() {
 			continue
 		}
 		for _, n := range []int{1, 2, 16} {
-			attention.UseAssembly = asm
+			attention.UseAssembly, attention.UseAVX512 = path != "go", path == "avx512"
 			runtime.GOMAXPROCS(n)
-			t.Run(map[bool]string{true: "asm", false: "go"}[asm]+fmt.Sprintf("/P%d", n), f)
+			t.Run(fmt.Sprintf("%s/P%d", path, n), f)
 		}
 	}
 }
