@@ -50,8 +50,9 @@ func detectAVX2() bool {
 
 var hasAVX2 = detectAVX2()
 
-// detectAVX512 reports whether the CPU and OS support AVX-512F with the
-// opmask and all 32 ZMM registers' state enabled (indexTerms64AVX512).
+// detectAVX512 reports whether the CPU and OS support AVX-512F and AVX-512BW
+// (the byte and word operations of the FP8 kernels' AVX-512 forms) with the
+// opmask and all 32 ZMM registers' state enabled.
 func detectAVX512() bool {
 	if !hasAVX2 {
 		return false
@@ -60,7 +61,7 @@ func detectAVX512() bool {
 		return false
 	}
 	_, ebx7, _, _ := cpuid(7, 0)
-	return ebx7&(1<<16) != 0 // AVX512F
+	return ebx7&(1<<16) != 0 && ebx7&(1<<30) != 0 // AVX512F, AVX512BW
 }
 
 var hasAVX512 = detectAVX512()

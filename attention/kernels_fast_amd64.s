@@ -1014,14 +1014,16 @@ qloop:
 // VPMOVSXBW of 32 codes puts rows 2i and 2i+1 in dword i (i < 16), so its
 // even rows are [a0 | a2] and its odd ones [a1 | a3]. The stores put them
 // back in the AVX2 order (VSHUFF64X2), so y's lane layout is fp8LaneRow's
-// for both forms. Rows with a subnormal code go through DEC32WORDS on YMM
-// registers, as in AVX2, and the two 16-row groups' words are joined into
-// one ZMM (VINSERTI64X4). Registers: Z8 x broadcast, Z9-Z11 scratch, Y13-Y15
-// DEC32's constants, Z12 = 0xFFFF0000, Z16 = OLD16's mask 0x87F00000, Z17 =
-// 2^-16, Z18-Z21 scratch for the stores.
+// for both forms. Rows with a subnormal code go through DEC64Z, DEC32's
+// arithmetic on 64 codes. Registers: Z8 x broadcast, Z9-Z11 and Z18 scratch,
+// Z13-Z15 DEC64Z's constants, Z12 = 0xFFFF0000, Z16 = OLD16's mask
+// 0x87F00000, Z17 = 2^-16, Z18-Z21 the stores' reordered accumulators. The
+// byte and word operations need AVX-512BW besides AVX-512F (detectAVX512).
 
 #define FP8CONSTS512 \
-	FP8CONSTS; \
+	VPBROADCASTD fp8c7f<>(SB), Z15; \
+	VPBROADCASTD fp8c08<>(SB), Z14; \
+	VBROADCASTI32X4 fp8dtab<>(SB), Z13; \
 	VPBROADCASTD fp8hiword<>(SB), Z12; \
 	VPBROADCASTD fp8oldmask<>(SB), Z16; \
 	VPBROADCASTD fp8twom16<>(SB), Z17
@@ -1040,19 +1042,38 @@ qloop:
 	OLD32Z(0, Z0, Z1); \
 	OLD32Z(32, Z2, Z3)
 
-// DEC32Z is DEC32 on ZMM accumulators: the words of the two 16-row groups
-// (Y10: rows 0-15, Y11: rows 16-31 of the 32) joined into Z10.
-#define DEC32Z(off, even, odd) \
-	DEC32WORDS(off); \
-	VINSERTI64X4 $1, Y11, Z10, Z10; \
+// DEC64Z is DEC32 on the 64 codes of a row with a subnormal code, on ZMM
+// registers (AVX-512BW byte operations; Z13 = DTAB in each 128-bit lane,
+// Z14 = 0x08, Z15 = 0x7F in each byte): the field bytes f and the sign bytes
+// h as in DEC32WORDS, then the per-128-bit-lane byte unpacks of the stored
+// order [q0 q2 q1 q3 | q4 q6 q5 q7] (qj = rows 8j..8j+7, fp8StoredLane) give
+// the words of rows [0-15 | 32-47] (low) and [16-31 | 48-63] (high), and two
+// VSHUFI64X2 put them as [0-15 | 16-31] and [32-47 | 48-63]: the layouts of
+// OLD32Z's two halves. Uses Z9, Z10, Z11, Z18.
+#define DEC64Z \
+	VMOVDQU64 (SI), Z9; \
+	VPANDD Z15, Z9, Z10; \
+	VPMINUB Z14, Z10, Z11; \
+	VPSHUFB Z11, Z13, Z11; \
+	VPADDB Z11, Z10, Z10; \
+	VPSRLW $4, Z9, Z9; \
+	VPANDD Z14, Z9, Z9; \
+	VPUNPCKHBW Z9, Z10, Z11; \
+	VPUNPCKLBW Z9, Z10, Z10; \
+	VPSLLW $4, Z10, Z10; \
+	VPSLLW $4, Z11, Z11; \
+	VSHUFI64X2 $0x44, Z11, Z10, Z18; \
+	VSHUFI64X2 $0xEE, Z11, Z10, Z10; \
+	VPANDD Z12, Z18, Z9; \
+	VPSLLD $16, Z18, Z18; \
+	VFMADD231PS Z8, Z9, Z1; \
+	VFMADD231PS Z8, Z18, Z0; \
 	VPANDD Z12, Z10, Z9; \
 	VPSLLD $16, Z10, Z10; \
-	VFMADD231PS Z8, Z9, odd; \
-	VFMADD231PS Z8, Z10, even
+	VFMADD231PS Z8, Z9, Z3; \
+	VFMADD231PS Z8, Z10, Z2
 
-#define CODES64Z \
-	DEC32Z(0, Z0, Z1); \
-	DEC32Z(32, Z2, Z3)
+#define CODES64Z DEC64Z
 
 #define ZERO4Z \
 	VPXORD Z0, Z0, Z0; \
