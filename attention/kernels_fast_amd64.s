@@ -739,8 +739,9 @@ sumrow:
 //
 // indexTerms64AVX2 with 512-bit vectors, the same operations in the same
 // order per head (so the same bits): a ZMM register holds 16 heads, and the
-// rows go in pairs that share the iqT loads, so that 8 accumulators keep
-// both FMA ports busy (a core with two 512-bit FMA units, as the GPU host's
+// rows go in fours (then a pair, then one) that share the iqT loads, so
+// that 16 accumulators keep both FMA ports busy with half the loads per
+// multiply-add of a pair (a core with two 512-bit FMA units, as the GPU host's
 // Xeon, then does twice the AVX2 kernel's multiply-adds per cycle; Zen 4
 // splits each 512-bit operation in two). rows ≤ 8, terms [8][64].
 TEXT ·indexTerms64AVX512(SB), NOSPLIT, $0-40
@@ -756,6 +757,86 @@ TEXT ·indexTerms64AVX512(SB), NOSPLIT, $0-40
 	MOVL $0xFFFF0000, AX
 	VPBROADCASTD AX, Z14
 	VPXORD Z10, Z10, Z10
+
+zquad:
+	CMPQ R13, $4
+	JLT  zpair
+	// rows a-d (at DX, DX+512, DX+1024, DX+1536): accumulators Z16-Z19,
+	// Z20-Z23, Z24-Z27, Z28-Z31, sharing each k's iqT loads (Z4-Z7)
+	VPXORD Z16, Z16, Z16
+	VPXORD Z17, Z17, Z17
+	VPXORD Z18, Z18, Z18
+	VPXORD Z19, Z19, Z19
+	VPXORD Z20, Z20, Z20
+	VPXORD Z21, Z21, Z21
+	VPXORD Z22, Z22, Z22
+	VPXORD Z23, Z23, Z23
+	VPXORD Z24, Z24, Z24
+	VPXORD Z25, Z25, Z25
+	VPXORD Z26, Z26, Z26
+	VPXORD Z27, Z27, Z27
+	VPXORD Z28, Z28, Z28
+	VPXORD Z29, Z29, Z29
+	VPXORD Z30, Z30, Z30
+	VPXORD Z31, Z31, Z31
+	MOVQ R10, SI
+	MOVQ $128, CX
+
+zk4:
+	VMOVUPS 0(SI), Z4
+	VMOVUPS 64(SI), Z5
+	VMOVUPS 128(SI), Z6
+	VMOVUPS 192(SI), Z7
+	VBROADCASTSS (DX), Z8
+	VFMADD231PS Z4, Z8, Z16
+	VFMADD231PS Z5, Z8, Z17
+	VFMADD231PS Z6, Z8, Z18
+	VFMADD231PS Z7, Z8, Z19
+	VBROADCASTSS 512(DX), Z11
+	VFMADD231PS Z4, Z11, Z20
+	VFMADD231PS Z5, Z11, Z21
+	VFMADD231PS Z6, Z11, Z22
+	VFMADD231PS Z7, Z11, Z23
+	VBROADCASTSS 1024(DX), Z15
+	VFMADD231PS Z4, Z15, Z24
+	VFMADD231PS Z5, Z15, Z25
+	VFMADD231PS Z6, Z15, Z26
+	VFMADD231PS Z7, Z15, Z27
+	VBROADCASTSS 1536(DX), Z1
+	VFMADD231PS Z4, Z1, Z28
+	VFMADD231PS Z5, Z1, Z29
+	VFMADD231PS Z6, Z1, Z30
+	VFMADD231PS Z7, Z1, Z31
+	ADDQ $256, SI
+	ADDQ $4, DX
+	DECQ CX
+	JNZ  zk4
+	ADDQ $1536, DX // past rows b-d too
+
+	TERM16(0, Z16)
+	TERM16(64, Z17)
+	TERM16(128, Z18)
+	TERM16(192, Z19)
+	ADDQ $256, BX
+	TERM16(0, Z20)
+	TERM16(64, Z21)
+	TERM16(128, Z22)
+	TERM16(192, Z23)
+	ADDQ $256, BX
+	TERM16(0, Z24)
+	TERM16(64, Z25)
+	TERM16(128, Z26)
+	TERM16(192, Z27)
+	ADDQ $256, BX
+	TERM16(0, Z28)
+	TERM16(64, Z29)
+	TERM16(128, Z30)
+	TERM16(192, Z31)
+	ADDQ $256, BX
+	SUBQ $4, R13
+	JNZ  zquad
+	VZEROUPPER
+	RET
 
 zpair:
 	CMPQ R13, $2

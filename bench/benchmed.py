@@ -93,6 +93,45 @@ def main(out):
         gemvs(before, "## The earlier build's FP8 GEMVs, same host run (GPUHOST_BEFORE)")
     kvtable(p)
     phasetable(p)
+    avx512table(p)
+
+
+def avx512table(p):
+    """The "avx512" part: each benchmark with SPARSEMLA_AVX512=0 (AVX2) and 1,
+    per round (one process per round, form and thread count)."""
+    path = p("avx512.txt")
+    if not os.path.exists(path):
+        return
+    print("## AVX-512 kernels against their AVX2 forms, same build (SPARSEMLA_AVX512=0 / 1)\n")
+    runs = {}  # (name, procs) -> {z: [values of the first unit]}
+    units = {}
+    z = None
+    for line in open(path, errors="replace"):
+        m = re.match(r"### SPARSEMLA_AVX512=(\d)", line)
+        if m:
+            z = int(m.group(1))
+            continue
+        m = LINE.match(line.strip())
+        if not m or z is None:
+            continue
+        name, procs, rest = m.group(1), int(m.group(2) or 1), m.group(3).split()
+        pairs = list(zip(rest[0::2], rest[1::2]))
+        # the step's phases: its total; GEMVs: GB/s and %stream; the rest: the first unit
+        want = [u for u in ("step-µs", "GB/s-cpu", "%stream", "GB/s", "GFLOP/s") if u in [q[1] for q in pairs]]
+        for v, u in pairs:
+            if u in want[:2]:
+                runs.setdefault((name.removeprefix("Benchmark"), procs, u), {}).setdefault(z, []).append(float(v))
+    print("| benchmark | threads | unit | AVX2 (each round) | AVX-512 (each round) | AVX-512 / AVX2 (medians) |")
+    print("|---|---|---|---|---|---|")
+    for (name, procs, u), d in sorted(runs.items()):
+        a, b = d.get(0, []), d.get(1, [])
+        ratio = ""
+        if a and b and statistics.median(a):
+            r = statistics.median(b) / statistics.median(a)
+            ratio = f"{1 / r:.2f}× faster" if u == "step-µs" else f"{r:.2f}"
+        fmt = lambda v: " / ".join(f"{x:.1f}" for x in v)
+        print(f"| {name} | {procs} | {u} | {fmt(a)} | {fmt(b)} | {ratio} |")
+    print()
 
 
 PHASES = ["wq_a+wkv", "branches", "branch.q", "branch.compressor", "branch.indexer", "indexer.wq_b", "indexer.query",

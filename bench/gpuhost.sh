@@ -43,7 +43,10 @@
 # second one (an earlier build: its attention.test and engine.test) whose
 # checkpoint-code GEMVs and 43-layer steps run beside, for a before/after
 # table in the same host run (kernels_before.txt, model_step_before.txt).
-# GPUHOST_PARTS picks parts ("csa", "step", "gemv", "kv", "phases"; default all), to
+#  6. "avx512" (not in the default parts): the kernels on one core and the
+#     CSA step's phases at 1 and 16 threads with SPARSEMLA_AVX512=0 (every
+#     kernel in its AVX2 form) and without, alternated twice.
+# GPUHOST_PARTS picks parts ("csa", "step", "gemv", "kv", "phases", "avx512"; default all but avx512), to
 # split a run over two device calls of at most 10 minutes each.
 # (One process per thread count: a first round ran -test.cpu 16,2 in one
 # process, and the first benchmark process after PyTorch kept only 2 Ps
@@ -180,6 +183,35 @@ run)
 				fi
 			done
 			;;
+		avx512)
+			echo "=== 6. the AVX-512 kernels against their AVX2 forms, same build ($(date -u +%T))"
+			# SPARSEMLA_AVX512=0 runs every kernel in its AVX2 form; two
+			# alternations, one process each: the kernels on one core
+			# (in cache: FP8PanelsInCache; out of memory: FP8PanelsLinear
+			# with its paired one-thread streaming read, Panels; the
+			# attention and the index scoring at 64K), then the CSA step's
+			# phases at 1 and 16 threads
+			: >"$out/avx512.txt"
+			for r in 1 2; do
+				for z in 0 1; do
+					echo "### SPARSEMLA_AVX512=$z round $r kernels" >>"$out/avx512.txt"
+					(cd attention && SPARSEMLA_AVX512=$z timeout 60 $B/attention.test -test.run '^$' \
+						-test.bench 'FP8PanelsInCache|FP8PanelsLinear/checkpoint|Panels$|SparseAttnFast/fast|IndexScoresFast/ctx=65536' \
+						-test.cpu 1 -test.benchtime 200ms -test.count 1 -test.timeout 0 >>"$out/avx512.txt" 2>&1)
+					echo "exit $? after $(( $(date +%s) - t0 )) s"
+				done
+			done
+			for r in 1 2; do
+				for c in 1 16; do
+					for z in 0 1; do
+						echo "### SPARSEMLA_AVX512=$z round $r step cpu $c" >>"$out/avx512.txt"
+						(cd engine && SPARSEMLA_AVX512=$z timeout 60 $B/engine.test -test.run '^$' -test.bench 'PreparedStepPhases/CSA' \
+							-test.cpu $c -test.benchtime 40x -test.count 1 -test.timeout 0 >>"$out/avx512.txt" 2>&1)
+					done
+				done
+				echo "exit $? after $(( $(date +%s) - t0 )) s"
+			done
+			;;
 		kv)
 			echo "=== 4. KV page decode ($(date -u +%T))"
 			(cd kvcache && timeout 20 $B/kvcache.test -test.run '^$' -test.bench 'DecodePage' -test.cpu 1 -test.count 3 \
@@ -190,7 +222,7 @@ run)
 	done
 	$PY "$here/benchmed.py" "$out" >"$dest/summary.md"
 	cp "$out/csastep.json" "$dest/" 2>/dev/null
-	for f in env.txt csastep.log model_step.txt model_step_again.txt kernels.txt kvcache.txt kernels_before.txt model_step_before.txt phases.txt phases_before.txt; do
+	for f in env.txt csastep.log model_step.txt model_step_again.txt kernels.txt kvcache.txt kernels_before.txt model_step_before.txt phases.txt phases_before.txt avx512.txt; do
 		echo "===== $f"
 		cat "$out/$f" 2>/dev/null
 	done >"$dest/raw.txt"
