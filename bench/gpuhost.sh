@@ -46,6 +46,8 @@
 #  6. "avx512" (not in the default parts): the kernels on one core and the
 #     CSA step's phases at 1 and 16 threads with SPARSEMLA_AVX512=0 (every
 #     kernel in its AVX2 form) and without, alternated twice.
+# GPUHOST_STEP_BRIEF=1 runs the 43-layer step at 16 and 2 threads only
+# (checkpoint codes; no uniform codes, no second run).
 # GPUHOST_PARTS picks parts ("csa", "step", "gemv", "kv", "phases", "avx512"; default all but avx512), to
 # split a run over two device calls of at most 10 minutes each.
 # (One process per thread count: a first round ran -test.cpu 16,2 in one
@@ -134,7 +136,9 @@ run)
 			echo "=== 2. 43-layer step at 64K ($(date -u +%T))"
 			: >"$out/model_step.txt"
 			step $B/engine.test 'PreparedModelStep/ctx=65536' 16 "$out/model_step.txt"
-			if [ "${GPUHOST_SHORT:-}" != 1 ]; then
+			if [ "${GPUHOST_SHORT:-}" != 1 ] && [ "${GPUHOST_STEP_BRIEF:-}" = 1 ]; then
+				step $B/engine.test 'PreparedModelStep/ctx=65536' 2 "$out/model_step.txt"
+			elif [ "${GPUHOST_SHORT:-}" != 1 ]; then
 				# (its setup, 43 layers generated at 2 threads, takes long)
 				step $B/engine.test 'PreparedModelStep/ctx=65536' 2 "$out/model_step.txt"
 				# the uniform codes the earlier runs drew, 16 threads (a worse case for the widening)
