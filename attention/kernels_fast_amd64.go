@@ -123,4 +123,7 @@ func setMXCSR(v uint32)
 func absMaxBitsAVX2(x *float32, n int) uint32
 
 //go:noescape
+func plainRangeAVX2(v *float32, n int) (lom, him, low uint32)
+
+//go:noescape
 func quantBlockAVX2(out, xs *float32, x *float32, inv float32, n int)

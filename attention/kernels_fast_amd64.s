@@ -1466,3 +1466,56 @@ zpvstore:
 	JNZ  zpvblock
 	VZEROUPPER
 	RET
+
+// func plainRangeAVX2(v *float32, n int) (lom, him, low uint32)
+//
+// Over i < n (a multiple of 8), with a = bits(v[i]) & 0x7FFFFFFF: lom = min
+// (a − 1) (unsigned: a zero wraps to 0xFFFFFFFF), him = max a (unsigned),
+// low = OR a (plainBlockRange's integer loop, 8 lanes at a time).
+TEXT ·plainRangeAVX2(SB), NOSPLIT, $0-28
+	MOVQ v+0(FP), SI
+	MOVQ n+8(FP), CX
+	SHRQ $3, CX
+	MOVL $0x7fffffff, AX
+	VMOVD AX, X1
+	VPBROADCASTD X1, Y1
+	VPCMPEQD Y2, Y2, Y2 // −1 in every lane
+	VPXOR Y3, Y3, Y3    // OR of a
+	VPXOR Y4, Y4, Y4    // max a
+	VMOVDQU Y2, Y5      // min (a − 1)
+
+rangeloop:
+	VPAND (SI), Y1, Y0
+	VPOR Y0, Y3, Y3
+	VPMAXUD Y0, Y4, Y4
+	VPADDD Y2, Y0, Y0
+	VPMINUD Y0, Y5, Y5
+	ADDQ $32, SI
+	DECQ CX
+	JNZ  rangeloop
+	VEXTRACTI128 $1, Y3, X0
+	VPOR X0, X3, X3
+	VPSHUFD $0x4e, X3, X0
+	VPOR X0, X3, X3
+	VPSHUFD $0xb1, X3, X0
+	VPOR X0, X3, X3
+	VEXTRACTI128 $1, Y4, X0
+	VPMAXUD X0, X4, X4
+	VPSHUFD $0x4e, X4, X0
+	VPMAXUD X0, X4, X4
+	VPSHUFD $0xb1, X4, X0
+	VPMAXUD X0, X4, X4
+	VEXTRACTI128 $1, Y5, X0
+	VPMINUD X0, X5, X5
+	VPSHUFD $0x4e, X5, X0
+	VPMINUD X0, X5, X5
+	VPSHUFD $0xb1, X5, X0
+	VPMINUD X0, X5, X5
+	VMOVD X5, AX
+	MOVL AX, lom+16(FP)
+	VMOVD X4, AX
+	MOVL AX, him+20(FP)
+	VMOVD X3, AX
+	MOVL AX, low+24(FP)
+	VZEROUPPER
+	RET

@@ -84,6 +84,10 @@ func absMaxBitsAVX2(x *float32, n int) uint32 {
 	panic("attention: no assembly kernels in this build")
 }
 
+func plainRangeAVX2(v *float32, n int) (lom, him, low uint32) {
+	panic("attention: no assembly kernels in this build")
+}
+
 func quantBlockAVX2(out, xs *float32, x *float32, inv float32, n int) {
 	panic("attention: no assembly kernels in this build")
 }

@@ -650,24 +650,38 @@ func EncodeFP8Blocks(W []float32, rows, cols int) (codes, scale []uint8, ok bool
 // plainBlockRange returns the smallest nonzero magnitude (+Inf when there
 // is none) and the largest magnitude of the values v, and whether every v
 // is a bf16 value (quant.BF16Round(v) == v: low 16 bits zero, not NaN). On
-// the bits: magnitudes of non-NaN fp32 values order as their bit patterns
-// (a plain integer loop, ≈ 10× faster than the float64 form; the result is
-// used only when every v passed).
+// the bits: magnitudes of non-NaN fp32 values order as their bit patterns,
+// and a NaN's are above +Inf's, so with a = bits & 0x7FFFFFFF the range is
+// min(a−1)+1 (a zero wraps to the largest value) and max a, and there is a
+// NaN exactly when max a > 0x7F800000. An integer loop (≈ 10× faster than
+// the float64 form), 8 lanes at a time in assembly (plainRangeAVX2: the
+// scalar loop over wo_a's 8 × 4096 inputs took ≈ 30 µs a call, serially
+// before the parallel part); the result is used only when every v passed.
 func plainBlockRange(v []float32) (lo, hi float64, ok bool) {
-	var low, nan uint32
-	lom, him := uint32(math.MaxUint32), uint32(0)
-	for _, f := range v {
-		a := math.Float32bits(f) & 0x7fffffff
-		low |= a & 0xffff
-		nan |= 0x7f800000 - min(a, 0x7f800001) // nonzero (wrapped) only for a NaN
-		lom = min(lom, a-1)                    // a zero wraps to the largest value
-		him = max(him, a)
+	var lom, him, low uint32
+	if useAsm() && len(v) > 0 && len(v)%8 == 0 {
+		lom, him, low = plainRangeAVX2(&v[0], len(v))
+	} else {
+		lom, him, low = plainRangeGo(v)
 	}
 	lo = math.Inf(1)
 	if lom != math.MaxUint32 {
 		lo = float64(math.Float32frombits(lom + 1))
 	}
-	return lo, float64(math.Float32frombits(him)), low == 0 && nan&0x80000000 == 0
+	return lo, float64(math.Float32frombits(him)), low&0xffff == 0 && him <= 0x7f800000
+}
+
+// plainRangeGo is plainRangeAVX2 in Go: lom = min(a−1), him = max a, low =
+// OR a over a = bits(v[i]) & 0x7FFFFFFF.
+func plainRangeGo(v []float32) (lom, him, low uint32) {
+	lom = math.MaxUint32
+	for _, f := range v {
+		a := math.Float32bits(f) & 0x7fffffff
+		low |= a
+		lom = min(lom, a-1)
+		him = max(him, a)
+	}
+	return lom, him, low
 }
 
 func isNormal(f float32) bool {

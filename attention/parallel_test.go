@@ -116,10 +116,11 @@ func TestParallelForPool(t *testing.T) {
 }
 
 // TestPlainBlockRange: the bit-level range check of LinearPlain's inputs
-// gives the float64 form's results (smallest nonzero and largest magnitude,
+// (plainRangeAVX2 and plainRangeGo) gives the float64 form's results (smallest nonzero and largest magnitude,
 // every value bf16) on blocks with zeros, ±0, subnormals, infinities, NaN
 // and values that are not bf16.
 func TestPlainBlockRange(t *testing.T) {
+	defer func(old bool) { UseAssembly = old }(UseAssembly)
 	rng := rand.New(rand.NewPCG(7, 8))
 	special := []float32{0, float32(math.Copysign(0, -1)), 0x1p-130, -0x1p-149, 0x1p127, float32(math.Inf(1)), float32(math.Inf(-1)),
 		float32(math.NaN()), math.Float32frombits(0x7fc00000), math.Float32frombits(0xff800001), 1.0000001, -3, 0.5}
@@ -150,9 +151,15 @@ func TestPlainBlockRange(t *testing.T) {
 				wlo, whi = min(wlo, a), max(whi, a)
 			}
 		}
-		lo, hi, ok := plainBlockRange(v)
-		if ok != wok || ok && (lo != wlo || hi != whi) {
-			t.Fatalf("trial %d: plainBlockRange = %v %v %v, float form %v %v %v", trial, lo, hi, ok, wlo, whi, wok)
+		for _, asm := range []bool{true, false} {
+			if asm && !HasAssembly() {
+				continue
+			}
+			UseAssembly = asm
+			lo, hi, ok := plainBlockRange(v)
+			if ok != wok || ok && (lo != wlo || hi != whi) {
+				t.Fatalf("trial %d (assembly %v): plainBlockRange = %v %v %v, float form %v %v %v", trial, asm, lo, hi, ok, wlo, whi, wok)
+			}
 		}
 	}
 }
