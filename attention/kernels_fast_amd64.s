@@ -1301,7 +1301,7 @@ ztermslow:
 //
 // fp8PlainPanel64AVX2 on ZMM registers: the same contract and bits (Z22 =
 // the block's scale, for the rows with subnormal codes; Z23 = it times
-// 2^16, for the others).
+// 2^16, for the others; Z24 = 2^16).
 TEXT ·fp8PlainPanel64AVX512(SB), NOSPLIT, $0-48
 	MOVQ y+0(FP), DI
 	MOVQ codes+8(FP), SI
@@ -1311,12 +1311,12 @@ TEXT ·fp8PlainPanel64AVX512(SB), NOSPLIT, $0-48
 	MOVQ nkb+40(FP), CX
 	MOVQ ·fp8Prefetch(SB), R13
 	FP8CONSTS512
+	VPBROADCASTD fp8two16<>(SB), Z24
 	ZERO4Z
 
 zplainblock:
 	VBROADCASTSS (R8), Z22
-	VPBROADCASTD fp8two16<>(SB), Z23
-	VMULPS Z22, Z23, Z23
+	VMULPS Z22, Z24, Z23
 	MOVQ $2, R10
 
 zplainword:

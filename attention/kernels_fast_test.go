@@ -20,7 +20,7 @@ func eachPath(t *testing.T, f func(t *testing.T)) {
 	old, old512, oldProcs := UseAssembly, UseAVX512, runtime.GOMAXPROCS(0)
 	defer func() { UseAssembly, UseAVX512 = old, old512; runtime.GOMAXPROCS(oldProcs) }()
 	for _, path := range []string{"avx512", "asm", "go"} {
-		if path == "avx512" && !(HasAssembly() && hasAVX512) {
+		if path == "avx512" && !HasAVX512() {
 			t.Log("no AVX-512 on this machine/build: its kernels not run")
 			continue
 		}
@@ -282,7 +282,7 @@ func TestFP8PanelsNoSubnormals(t *testing.T) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	for _, z := range []bool{true, false} {
-		if z && !hasAVX512 {
+		if z && !HasAVX512() {
 			t.Log("no AVX-512 on this CPU: its FP8 kernels not run")
 			continue
 		}

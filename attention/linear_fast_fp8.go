@@ -374,7 +374,7 @@ type fp8Job struct {
 	xs       []float32 // blockwise, assembly: x·2^fp8ActExp
 	np, cb   int
 	asm      bool
-	avx512   bool           // the kernels' AVX-512 forms (useAVX512)
+	avx512   bool           // asm in the kernels' AVX-512 forms (useAVX512)
 	scl      []float32      // [row block][cb] the kernel's per-block factors
 	ok       []bool         // [row block] the kernel's factoring is proven there
 	ng       int            // block groups per panel
@@ -411,7 +411,6 @@ func (p *FP8Panels) job(y, x, sx, xs []float32, workers int) *fp8Job {
 	*j = fp8Job{p: p, y: y, x: x, sx: sx, xs: xs, np: (p.Rows + PanelRows - 1) / PanelRows, cb: cb, asm: useAsm() && p.exact, ng: 1,
 		scl: j.scl, ok: j.ok, terms: j.terms, left: j.left, lo: j.lo, hi: j.hi, xsBuf: j.xsBuf}
 	j.asm = j.asm && len(p.Sub) == j.np*p.Cols/64
-	j.avx512 = j.asm && useAVX512()
 	if sx != nil {
 		j.asm = j.asm && normalPow2s(sx)
 	} else if j.asm {
@@ -428,6 +427,7 @@ func (p *FP8Panels) job(y, x, sx, xs []float32, workers int) *fp8Job {
 	if !j.asm {
 		return j
 	}
+	j.avx512 = useAVX512()
 	j.scl, j.ok = grow(j.scl, nrb*cb), grow(j.ok, nrb)
 	if sx != nil {
 		// block sums of (qx·2^84)·(E4M3·2^-104) = qx·E4M3·2^-20 (multiples

@@ -103,8 +103,7 @@ def avx512table(p):
     if not os.path.exists(path):
         return
     print("## AVX-512 kernels against their AVX2 forms, same build (SPARSEMLA_AVX512=0 / 1)\n")
-    runs = {}  # (name, procs) -> {z: [values of the first unit]}
-    units = {}
+    runs = {}  # (name, procs, unit) -> {z: [values, one per round]}
     z = None
     for line in open(path, errors="replace"):
         m = re.match(r"### SPARSEMLA_AVX512=(\d)", line)
