@@ -66,6 +66,23 @@ func detectAVX512() bool {
 
 var hasAVX512 = detectAVX512()
 
+// hasVBMI: the CPU has AVX-512 VBMI (VPERMI2B, VPERMT2B) besides
+// detectAVX512's features.
+var hasVBMI = func() bool {
+	if !hasAVX512 {
+		return false
+	}
+	_, _, ecx7, _ := cpuid(7, 0)
+	return ecx7&(1<<1) != 0
+}()
+
+// fp8VBMI, read by the AVX-512 FP8 kernels (1 or 0), selects DEC64V (VBMI
+// permutes) or DEC64Z for the panel rows with a subnormal code: the same
+// words, so the same bits. It is 1 where the CPU has VBMI; the tests run
+// both, and SPARSEMLA_VBMI=0 keeps DEC64Z in a benchmark run. It may be 1
+// only where hasVBMI.
+var fp8VBMI = boolByte(hasVBMI)
+
 // fp8Prefetch is how far ahead (bytes) the FP8 panel kernels prefetch their
 // codes: PREFETCHT0 once per 64-byte panel row, 64 rows ahead (a prefetch
 // changes no result; past the end of a weight it is a no-op). On the GPU

@@ -1095,11 +1095,73 @@ qloop:
 // VPMOVSXBW of 32 codes puts rows 2i and 2i+1 in dword i (i < 16), so its
 // even rows are [a0 | a2] and its odd ones [a1 | a3]. The stores put them
 // back in the AVX2 order (VSHUFF64X2), so y's lane layout is fp8LaneRow's
-// for both forms. Rows with a subnormal code go through DEC64Z, DEC32's
-// arithmetic on 64 codes. Registers: Z8 x broadcast, Z9-Z11 and Z18 scratch,
-// Z13-Z15 DEC64Z's constants, Z12 = 0xFFFF0000, Z16 = OLD16's mask
+// for both forms. Rows with a subnormal code go through DEC64V (VBMI byte
+// permutes, where the CPU has them) or DEC64Z, DEC32's arithmetic on 64
+// codes. Registers: Z8 x broadcast, Z9-Z11 and Z18 scratch,
+// Z13-Z15 DEC64Z's constants, Z25-Z31 DEC64V's, Z12 = 0xFFFF0000, Z16 = OLD16's mask
 // 0x87F00000, Z17 = 2^-16, Z18-Z21 the stores' reordered accumulators. The
 // byte and word operations need AVX-512BW besides AVX-512F (detectAVX512).
+
+// DEC64V's tables (AVX-512 VBMI): for a code magnitude t = c&0x7F with
+// field f (DEC32's t + DTAB[min(t, 8)]), fp8vlo[t] = (f<<4)&0xFF and
+// fp8vhi[t] = f>>4, the low and high bytes of the word (h<<8|f)<<4 less the
+// sign; fp8vidx interleaves them into the words of rows 0-31 (its first 64
+// bytes) and 32-63 (the next 64): byte 2r picks fp8vlo's byte of row r at
+// the row's stored position (fp8StoredLane), byte 2r+1 the same position of
+// fp8vhi (+64, VPERMT2B's second table).
+DATA fp8vlo<>+0(SB)/8, $0x60402000c0800000
+DATA fp8vlo<>+8(SB)/8, $0xf0e0d0c0b0a09080
+DATA fp8vlo<>+16(SB)/8, $0x7060504030201000
+DATA fp8vlo<>+24(SB)/8, $0xf0e0d0c0b0a09080
+DATA fp8vlo<>+32(SB)/8, $0x7060504030201000
+DATA fp8vlo<>+40(SB)/8, $0xf0e0d0c0b0a09080
+DATA fp8vlo<>+48(SB)/8, $0x7060504030201000
+DATA fp8vlo<>+56(SB)/8, $0xf0e0d0c0b0a09080
+DATA fp8vlo<>+64(SB)/8, $0x7060504030201000
+DATA fp8vlo<>+72(SB)/8, $0xf0e0d0c0b0a09080
+DATA fp8vlo<>+80(SB)/8, $0x7060504030201000
+DATA fp8vlo<>+88(SB)/8, $0xf0e0d0c0b0a09080
+DATA fp8vlo<>+96(SB)/8, $0x7060504030201000
+DATA fp8vlo<>+104(SB)/8, $0xf0e0d0c0b0a09080
+DATA fp8vlo<>+112(SB)/8, $0x7060504030201000
+DATA fp8vlo<>+120(SB)/8, $0xf0e0d0c0b0a09080
+GLOBL fp8vlo<>(SB), RODATA|NOPTR, $128
+DATA fp8vhi<>+0(SB)/8, $0x0808080807070700
+DATA fp8vhi<>+8(SB)/8, $0x0808080808080808
+DATA fp8vhi<>+16(SB)/8, $0x0909090909090909
+DATA fp8vhi<>+24(SB)/8, $0x0909090909090909
+DATA fp8vhi<>+32(SB)/8, $0x0a0a0a0a0a0a0a0a
+DATA fp8vhi<>+40(SB)/8, $0x0a0a0a0a0a0a0a0a
+DATA fp8vhi<>+48(SB)/8, $0x0b0b0b0b0b0b0b0b
+DATA fp8vhi<>+56(SB)/8, $0x0b0b0b0b0b0b0b0b
+DATA fp8vhi<>+64(SB)/8, $0x0c0c0c0c0c0c0c0c
+DATA fp8vhi<>+72(SB)/8, $0x0c0c0c0c0c0c0c0c
+DATA fp8vhi<>+80(SB)/8, $0x0d0d0d0d0d0d0d0d
+DATA fp8vhi<>+88(SB)/8, $0x0d0d0d0d0d0d0d0d
+DATA fp8vhi<>+96(SB)/8, $0x0e0e0e0e0e0e0e0e
+DATA fp8vhi<>+104(SB)/8, $0x0e0e0e0e0e0e0e0e
+DATA fp8vhi<>+112(SB)/8, $0x0f0f0f0f0f0f0f0f
+DATA fp8vhi<>+120(SB)/8, $0x0f0f0f0f0f0f0f0f
+GLOBL fp8vhi<>(SB), RODATA|NOPTR, $128
+DATA fp8vidx<>+0(SB)/8, $0x4303420241014000
+DATA fp8vidx<>+8(SB)/8, $0x4707460645054404
+DATA fp8vidx<>+16(SB)/8, $0x5313521251115010
+DATA fp8vidx<>+24(SB)/8, $0x5717561655155414
+DATA fp8vidx<>+32(SB)/8, $0x4b0b4a0a49094808
+DATA fp8vidx<>+40(SB)/8, $0x4f0f4e0e4d0d4c0c
+DATA fp8vidx<>+48(SB)/8, $0x5b1b5a1a59195818
+DATA fp8vidx<>+56(SB)/8, $0x5f1f5e1e5d1d5c1c
+DATA fp8vidx<>+64(SB)/8, $0x6323622261216020
+DATA fp8vidx<>+72(SB)/8, $0x6727662665256424
+DATA fp8vidx<>+80(SB)/8, $0x7333723271317030
+DATA fp8vidx<>+88(SB)/8, $0x7737763675357434
+DATA fp8vidx<>+96(SB)/8, $0x6b2b6a2a69296828
+DATA fp8vidx<>+104(SB)/8, $0x6f2f6e2e6d2d6c2c
+DATA fp8vidx<>+112(SB)/8, $0x7b3b7a3a79397838
+DATA fp8vidx<>+120(SB)/8, $0x7f3f7e3e7d3d7c3c
+GLOBL fp8vidx<>(SB), RODATA|NOPTR, $128
+DATA fp8c80<>+0(SB)/4, $0x80808080
+GLOBL fp8c80<>(SB), RODATA|NOPTR, $4
 
 #define FP8CONSTS512 \
 	VPBROADCASTD fp8c7f<>(SB), Z15; \
@@ -1107,7 +1169,14 @@ qloop:
 	VBROADCASTI32X4 fp8dtab<>(SB), Z13; \
 	VPBROADCASTD fp8hiword<>(SB), Z12; \
 	VPBROADCASTD fp8oldmask<>(SB), Z16; \
-	VPBROADCASTD fp8twom16<>(SB), Z17
+	VPBROADCASTD fp8twom16<>(SB), Z17; \
+	VMOVDQU64 fp8vlo<>+0(SB), Z25; \
+	VMOVDQU64 fp8vlo<>+64(SB), Z26; \
+	VMOVDQU64 fp8vhi<>+0(SB), Z27; \
+	VMOVDQU64 fp8vhi<>+64(SB), Z28; \
+	VMOVDQU64 fp8vidx<>+0(SB), Z29; \
+	VMOVDQU64 fp8vidx<>+64(SB), Z30; \
+	VPBROADCASTD fp8c80<>(SB), Z31
 
 // OLD32Z is OLD16 on 32 codes: even rows into even, odd rows into odd.
 #define OLD32Z(off, even, odd) \
@@ -1154,7 +1223,35 @@ qloop:
 	VFMADD231PS Z8, Z9, Z3; \
 	VFMADD231PS Z8, Z10, Z2
 
-#define CODES64Z DEC64Z
+// DEC64V is DEC64Z with AVX-512 VBMI byte permutes (run when fp8VBMI is
+// set; kernels_fast_amd64.go): the same words, fewer operations. Two
+// VPERMI2B look up each code's low and high word bytes by its magnitude
+// (fp8vlo, fp8vhi in Z25-Z28; bit 7, the sign, is not an index bit), a
+// VPTERNLOGD ORs the code's sign bit into the high byte (Z31 = 0x80), and two
+// VPERMT2B (indices fp8vidx in Z29, Z30) interleave the bytes into the words
+// of rows [0-31] and [32-63] in OLD32Z's layout — the unpacks, the shifts and
+// the VSHUFI64X2 of DEC64Z in two operations: 16 instructions a row
+// against 21. One core in cache, every row with a subnormal code (uniform or
+// all-subnormal codes): 28-30 → 36 GB/s-cpu on the 2-core Zen 5 VM, 8.1-9.9
+// → 9.2-12.7 on the GPU host's Xeon (bench/README.md, round 9); checkpoint
+// codes, where few rows take it, 42-44. Uses Z9, Z10, Z11, Z18.
+#define DEC64V \
+	VMOVDQU64 (SI), Z9; \
+	VMOVDQU64 (SI), Z10; \
+	VPERMI2B Z26, Z25, Z9; \
+	VPERMI2B Z28, Z27, Z10; \
+	VPTERNLOGD $0xF8, (SI), Z31, Z10; \
+	VMOVDQA64 Z9, Z11; \
+	VPERMT2B Z10, Z29, Z9; \
+	VPERMT2B Z10, Z30, Z11; \
+	VPANDD Z12, Z9, Z18; \
+	VPSLLD $16, Z9, Z9; \
+	VFMADD231PS Z8, Z18, Z1; \
+	VFMADD231PS Z8, Z9, Z0; \
+	VPANDD Z12, Z11, Z18; \
+	VPSLLD $16, Z11, Z11; \
+	VFMADD231PS Z8, Z18, Z3; \
+	VFMADD231PS Z8, Z11, Z2
 
 #define ZERO4Z \
 	VPXORD Z0, Z0, Z0; \
@@ -1238,7 +1335,13 @@ zfp8next:
 zfp8slow:
 	VBROADCASTSS (DX), Z8
 	VMULPS Z17, Z8, Z8
-	CODES64Z
+	CMPB ·fp8VBMI(SB), $0
+	JEQ  zfp8slowz
+	DEC64V
+	JMP  zfp8next
+
+zfp8slowz:
+	DEC64Z
 	JMP  zfp8next
 
 // func fp8Terms64AVX512(t *float32, codes *uint8, x *float32, scl *float32, sub *uint64, nkb int)
@@ -1294,7 +1397,13 @@ ztermnext:
 ztermslow:
 	VBROADCASTSS (DX), Z8
 	VMULPS Z17, Z8, Z8
-	CODES64Z
+	CMPB ·fp8VBMI(SB), $0
+	JEQ  ztermslowz
+	DEC64V
+	JMP  ztermnext
+
+ztermslowz:
+	DEC64Z
 	JMP  ztermnext
 
 // func fp8PlainPanel64AVX512(y *float32, codes *uint8, x *float32, scl *float32, sub *uint64, nkb int)
@@ -1353,7 +1462,13 @@ zplainnext:
 zplainslow:
 	VBROADCASTSS (DX), Z8
 	VMULPS Z22, Z8, Z8
-	CODES64Z
+	CMPB ·fp8VBMI(SB), $0
+	JEQ  zplainslowz
+	DEC64V
+	JMP  zplainnext
+
+zplainslowz:
+	DEC64Z
 	JMP  zplainnext
 
 // The AVX-512 forms of the bf16/fp32 panel kernels and of the P·V update:

@@ -9,6 +9,11 @@ const hasAVX2 = false
 
 const hasAVX512 = false
 
+const hasVBMI = false
+
+// fp8VBMI is the AVX-512 kernels' switch (kernels_fast_amd64.go); unused here.
+var fp8VBMI uint8
+
 func fp8Panel64AVX2(y *float32, codes *uint8, x *float32, scl *float32, sub *uint64, nkb int) {
 	panic("attention: no assembly kernels in this build")
 }

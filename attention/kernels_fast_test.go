@@ -6,22 +6,31 @@ import (
 	"math/bits"
 	"math/rand/v2"
 	"runtime"
+	"strings"
 	"testing"
 
 	"sparsemla/quant"
 )
 
 // eachPath runs f with the assembly kernels in their AVX-512 forms (when this
-// machine has them), in their AVX2 forms, and with the pure-Go lane loops, at
+// machine has them; the FP8 kernels' rows with a subnormal code both ways,
+// DEC64V where the CPU has VBMI and DEC64Z), in their AVX2 forms, and with
+// the pure-Go lane loops, at
 // GOMAXPROCS 1, 2 and 16 (the work split of the fast paths depends on it; the
 // results must not).
 func eachPath(t *testing.T, f func(t *testing.T)) {
 	t.Helper()
-	old, old512, oldProcs := UseAssembly, UseAVX512, runtime.GOMAXPROCS(0)
-	defer func() { UseAssembly, UseAVX512 = old, old512; runtime.GOMAXPROCS(oldProcs) }()
-	for _, path := range []string{"avx512", "asm", "go"} {
-		if path == "avx512" && !HasAVX512() {
+	old, old512, oldProcs, oldVBMI := UseAssembly, UseAVX512, runtime.GOMAXPROCS(0), fp8VBMI
+	defer func() { UseAssembly, UseAVX512, fp8VBMI = old, old512, oldVBMI; runtime.GOMAXPROCS(oldProcs) }()
+	for _, path := range []string{"avx512", "avx512-dec64z", "asm", "go"} {
+		if strings.HasPrefix(path, "avx512") && !HasAVX512() {
 			t.Log("no AVX-512 on this machine/build: its kernels not run")
+			continue
+		}
+		// avx512: DEC64V where the CPU has VBMI (else DEC64Z: the next
+		// form is then the same and is skipped)
+		fp8VBMI = boolByte(hasVBMI && path == "avx512")
+		if path == "avx512-dec64z" && !hasVBMI {
 			continue
 		}
 		if path == "asm" && !HasAssembly() {
@@ -29,7 +38,7 @@ func eachPath(t *testing.T, f func(t *testing.T)) {
 			continue
 		}
 		for _, procs := range []int{1, 2, 16} {
-			UseAssembly, UseAVX512 = path != "go", path == "avx512"
+			UseAssembly, UseAVX512 = path != "go", strings.HasPrefix(path, "avx512")
 			runtime.GOMAXPROCS(procs)
 			t.Run(fmt.Sprintf("%s/P%d", path, procs), f)
 		}
@@ -276,17 +285,18 @@ func TestFP8PanelsNoSubnormals(t *testing.T) {
 		randFP8(rng, 256, 1024),
 	}
 	x := bf16Vec(rng, 4096, 2)
-	old, old512 := UseAssembly, UseAVX512
-	defer func() { UseAssembly, UseAVX512 = old, old512 }()
+	old, old512, oldVBMI := UseAssembly, UseAVX512, fp8VBMI
+	defer func() { UseAssembly, UseAVX512, fp8VBMI = old, old512, oldVBMI }()
 	UseAssembly = true
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	for _, z := range []bool{true, false} {
-		if z && !HasAVX512() {
-			t.Log("no AVX-512 on this CPU: its FP8 kernels not run")
+	for _, form := range []string{"avx512-vbmi", "avx512", "avx2"} {
+		z := form != "avx2"
+		if z && !HasAVX512() || form == "avx512-vbmi" && !hasVBMI {
+			t.Logf("no %s on this CPU: its FP8 kernels not run", form)
 			continue
 		}
-		UseAVX512 = z
+		UseAVX512, fp8VBMI = z, boolByte(form == "avx512-vbmi")
 		for i, w := range ws {
 			xw := x[:w.Cols]
 			want, wantPlain := make([]float32, w.Rows), make([]float32, w.Rows)

@@ -45,6 +45,14 @@ func HasAVX512() bool { return hasAVX512 && hasAVX2 }
 
 func useAVX512() bool { return UseAVX512 && hasAVX512 && useAsm() }
 
+// boolByte is 1 for true, 0 for false (a flag the assembly reads).
+func boolByte(b bool) uint8 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 // Panels is a bf16 or fp32 weight [Rows, Cols] repacked as
 // [ceil(Rows/64)][Cols][64] (rows past Rows are zero padding). Weights whose
 // every value is a bf16 value (weights_proj, wo_a, and the checkpoint's

@@ -40,3 +40,11 @@ func init() {
 		hugemem.SetEnabled(false)
 	}
 }
+
+// SPARSEMLA_VBMI=0 keeps the AVX-512 FP8 kernels' rows with a subnormal code
+// on DEC64Z (fp8VBMI), to compare it with DEC64V on one machine.
+func init() {
+	if os.Getenv("SPARSEMLA_VBMI") == "0" {
+		fp8VBMI = 0
+	}
+}
