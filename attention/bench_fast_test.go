@@ -252,8 +252,10 @@ func streamWindow() int64 { return max(64<<20, int64(runtime.GOMAXPROCS(0))<<23)
 // poolStream reads buf[off:off+n] (wrapping at the end) with parallelFor
 // in 256 KiB items — the pool the GEMVs run on, so that the streaming read
 // and the calls it is paired with start their helpers alike.
-func poolStream(buf []byte, off, n int) {
-	const item = 256 << 10
+func poolStream(buf []byte, off, n int) { poolStreamItems(buf, off, n, 256<<10) }
+
+// poolStreamItems is poolStream in items of the given size.
+func poolStreamItems(buf []byte, off, n, item int) {
 	items := (n + item - 1) / item
 	parallelFor(items, n, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
@@ -342,6 +344,31 @@ func median(v []float64) float64 {
 		return v[len(v)/2]
 	}
 	return (v[len(v)/2-1] + v[len(v)/2]) / 2
+}
+
+// BenchmarkStreamReadPerCall is the streaming read done the way a GEMV of
+// the same size reads its weight: n bytes a call (2, 4 and 6 MiB: wkv, wq_a,
+// wq_a + wkv) through the same worker pool, in items of at most 256 KiB and
+// at least 8 per goroutine, cycling through the 512 MiB buffer, paired with
+// the window streaming read as the GEMVs are (%stream). It is what a GEMV of
+// that size would reach if its kernel cost nothing: the fork/join, the
+// helpers' start and the last item's imbalance, paid once per call, are in
+// it, and the 64 MiB windows pay them once per window.
+func BenchmarkStreamReadPerCall(b *testing.B) {
+	for _, n := range []int{2 << 20, 4 << 20, 6 << 20} {
+		b.Run(fmt.Sprint(n>>20, "MiB"), func(b *testing.B) {
+			buf := getStreamBuf()
+			item := min(256<<10, max(4<<10, n/(8*runtime.GOMAXPROCS(0))&^(4<<10-1)))
+			off := len(buf) / 2 // away from the windows' start
+			sp := newStreamPair(b, int64(n))
+			for b.Loop() {
+				poolStreamItems(buf, off, n, item)
+				off = (off + n) % len(buf)
+				sp.tick()
+			}
+			sp.report(0)
+		})
+	}
 }
 
 // BenchmarkFP8PanelsLinear: FP8Linear on the packed V4-Flash weights, for
