@@ -15,7 +15,6 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
-	"sparsemla/hugemem"
 	"sparsemla/quant"
 )
 
@@ -191,8 +190,7 @@ func fp8Copies(dist string, rows, cols int) []*FP8Panels {
 	ws[0] = p
 	for i := 1; i < len(ws); i++ {
 		c := *p
-		c.Codes = hugemem.Bytes(len(p.Codes))
-		copy(c.Codes, p.Codes)
+		c.Codes = append([]uint8(nil), p.Codes...)
 		ws[i] = &c
 	}
 	return ws
@@ -201,7 +199,7 @@ func fp8Copies(dist string, rows, cols int) []*FP8Panels {
 // getStreamBuf returns the 512 MiB streaming-read buffer (no zero byte).
 func getStreamBuf() []byte {
 	if streamBuf == nil {
-		streamBuf = hugemem.Bytes(512 << 20) // huge pages, as the packed weights
+		streamBuf = make([]byte, 512<<20)
 		for i := range streamBuf {
 			streamBuf[i] = byte(i%251) | 1
 		}
@@ -331,10 +329,6 @@ func (s *streamPair) report(macs int64) {
 	b.ReportMetric(100*median(s.ratios), "%stream")
 	b.ReportMetric(median(s.rates), "stream-GB/s")
 	b.ReportMetric(float64(len(s.ratios)), "pairs")
-	// whether the kernel granted the weights and the buffer huge pages
-	if h := hugemem.ProcessHugeBytes(); h >= 0 {
-		b.ReportMetric(float64(h>>20), "thp-MiB")
-	}
 }
 
 // median of v (v is reordered).

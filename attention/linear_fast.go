@@ -3,7 +3,6 @@ package attention
 import (
 	"math"
 
-	"sparsemla/hugemem"
 	"sparsemla/quant"
 )
 
@@ -80,9 +79,9 @@ func PackPanels(W []float32, rows, cols int) *Panels {
 	}
 	p := &Panels{Rows: rows, Cols: cols}
 	if bf {
-		p.BF16 = hugemem.Uint16s(np * cols * PanelRows)
+		p.BF16 = make([]uint16, np*cols*PanelRows)
 	} else {
-		p.F32 = hugemem.Float32s(np * cols * PanelRows)
+		p.F32 = make([]float32, np*cols*PanelRows)
 	}
 	parallelFor(np, rows*cols, func(lo, hi int) {
 		for pi := lo; pi < hi; pi++ {

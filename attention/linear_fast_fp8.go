@@ -6,7 +6,6 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"sparsemla/hugemem"
 	"sparsemla/quant"
 )
 
@@ -41,7 +40,7 @@ func PackFP8(codes, scale []uint8, rows, cols int) *FP8Panels {
 		panic("attention: PackFP8 shape mismatch")
 	}
 	np := (rows + PanelRows - 1) / PanelRows
-	p := &FP8Panels{Rows: rows, Cols: cols, Codes: hugemem.Bytes(np * cols * PanelRows), Scale: append([]uint8(nil), scale...), exact: true}
+	p := &FP8Panels{Rows: rows, Cols: cols, Codes: make([]uint8, np*cols*PanelRows), Scale: append([]uint8(nil), scale...), exact: true}
 	for _, b := range scale {
 		if e := int(b) - 127; b == quant.UE8M0NaN || e < -90 || e > 100 {
 			p.exact = false

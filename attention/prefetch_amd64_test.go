@@ -6,8 +6,6 @@ import (
 	"os"
 	"strconv"
 	"time"
-
-	"sparsemla/hugemem"
 )
 
 // SPARSEMLA_FP8_PREFETCH=N sets the FP8 kernels' prefetch distance for a
@@ -30,14 +28,6 @@ func init() {
 func init() {
 	if os.Getenv("SPARSEMLA_AVX512") == "0" {
 		UseAVX512 = false
-	}
-}
-
-// SPARSEMLA_HUGEPAGES=0 keeps the packed weights and the streaming-read
-// buffer on ordinary pages (hugemem.SetEnabled), to compare on one machine.
-func init() {
-	if os.Getenv("SPARSEMLA_HUGEPAGES") == "0" {
-		hugemem.SetEnabled(false)
 	}
 }
 

@@ -15,7 +15,6 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"sparsemla/attention"
-	"sparsemla/hugemem"
 	"sparsemla/indexer"
 	"sparsemla/quant"
 )
@@ -533,9 +532,5 @@ func init() {
 	// SPARSEMLA_AVX512=0 keeps the index scoring on its AVX2 kernel
 	if os.Getenv("SPARSEMLA_AVX512") == "0" {
 		attention.UseAVX512 = false
-	}
-	// SPARSEMLA_HUGEPAGES=0 keeps the packed weights on ordinary pages
-	if os.Getenv("SPARSEMLA_HUGEPAGES") == "0" {
-		hugemem.SetEnabled(false)
 	}
 }
