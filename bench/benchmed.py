@@ -182,6 +182,8 @@ def gemvs(kern, title):
             print(f"| {name.removeprefix('Benchmark')} | " + " | ".join(cells) + " |")
         print("\nTarget: every FP8 GEMV ≥ 80 % of the streaming read at 2, 8 and 16 threads: \"(P % of S)\" is the median ratio over")
         print("64 MiB windows (8 MiB per thread above 8 threads) alternating the benchmark's calls with a streaming read of as many bytes on the same worker pool (S: its median GB/s).")
+        print("StreamReadPerCall/N is the streaming read done N bytes a call on the same pool, paired the same way: what a GEMV of N")
+        print("bytes would reach if its kernel cost nothing (the per-call fork/join and imbalance included).")
         print("FP8PanelsInCache is one core on a")
         print("cache-resident weight: the kernel's own rate (GB/s of codes per second of thread CPU time).\n")
 

@@ -29,7 +29,8 @@
 #     again — one process per run;
 #  3. the FP8 GEMVs for each code distribution beside the streaming read of
 #     the same process, at 2, 8 and 16 threads, one process per thread count
-#     (%stream: target ≥ 80);
+#     (%stream: target ≥ 80), and the streaming read done a call at a time
+#     (StreamReadPerCall: the ceiling of a GEMV of 2, 4, 6 MiB);
 #  4. the KV page decode on one core (target ≥ 2 GB/s);
 #  5. the CSA-layer step at 64K with the wall time of each of its phases
 #     (engine BenchmarkPreparedStepPhases) at 16, 1, 2 and 8 threads, one
@@ -120,7 +121,7 @@ run)
 	}
 	gemv() { # gemv BINARY CPUS FILE: one process per thread count
 		for c in ${2//,/ }; do
-			(cd attention && timeout 100 "$1" -test.run '^$' -test.bench "StreamRead/scan/allcores|FP8PanelsLinear/$dists|FP8PanelsLinearShared/$dists|FP8PanelsWoA/$dists" \
+			(cd attention && timeout 100 "$1" -test.run '^$' -test.bench "StreamRead/scan/allcores|StreamReadPerCall|FP8PanelsLinear/$dists|FP8PanelsLinearShared/$dists|FP8PanelsWoA/$dists" \
 				-test.cpu $c -test.benchtime $gemvtime -test.count $count -test.timeout 0 >>"$3" 2>&1)
 			echo "exit $? after $(( $(date +%s) - t0 )) s"
 		done
