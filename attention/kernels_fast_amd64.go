@@ -93,8 +93,20 @@ var fp8VBMI = boolByte(hasVBMI)
 // gained 3-6 points at 16 threads on the small weights (wq_a 89-91 → 95-97
 // %, wkv 70-73 → 75-76 %, wq_a+wkv 85-87 → 87-89 %; two alternations in one
 // host process each) and changed nothing measurable on this 2-core Zen 4.
-// 0 prefetches the row being read: no effect.
-var fp8Prefetch = 4096
+// 8 KiB (round 9), alternated with 4 KiB in one process, 30 rounds of 100
+// calls: on the 2-core Zen 5 VM at 2 threads, wkv and wq_a 3-10 % less time a
+// call in each of six runs (checkpoint wq_a 95.3 → 90.3 µs); on a GPU host
+// instance at 16 threads, 3 of 4 small-weight cases faster in each of three
+// runs (checkpoint wkv 50.8 → 48.7, 46.5 → 42.9, 100.1 → 84.1 µs; uniform
+// wq_a within ±3 %), at 8 and 2 threads within ±4 %. 16 KiB was slower than
+// 8 at 16 threads. 0 prefetches the row being read: no effect.
+var fp8Prefetch = 8192
+
+// bf16Prefetch is the bf16 panel kernels' prefetch distance (bytes): 4 KiB,
+// the FP8 kernels' distance until round 9, at which their prefetch was
+// measured (bench/README.md, round 7, item 5); 8 KiB has not been measured
+// on them.
+var bf16Prefetch = 4096
 
 //go:noescape
 func fp8PlainPanel64AVX2(y *float32, codes *uint8, x *float32, scl *float32, sub *uint64, nkb int)

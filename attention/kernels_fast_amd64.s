@@ -478,7 +478,7 @@ TEXT ·fp8Widen64AVX2(SB), NOSPLIT, $0-16
 // func bf16Panel64AVX2(y *float32, w *uint16, x *float32, k int)
 //
 // y[lane] = Σ_k x[k]·w[k][lane], w [k][64] bf16 bits. It prefetches the
-// weight fp8Prefetch bytes ahead, both cache lines of each 128-byte row
+// weight bf16Prefetch bytes ahead, both cache lines of each 128-byte row
 // (as the FP8 kernels: the hardware prefetchers alone kept too few lines
 // in flight for one core to stream).
 TEXT ·bf16Panel64AVX2(SB), NOSPLIT, $0-32
@@ -486,7 +486,7 @@ TEXT ·bf16Panel64AVX2(SB), NOSPLIT, $0-32
 	MOVQ w+8(FP), SI
 	MOVQ x+16(FP), DX
 	MOVQ k+24(FP), CX
-	MOVQ ·fp8Prefetch(SB), R13 // prefetch distance in bytes (kernels_fast_amd64.go)
+	MOVQ ·bf16Prefetch(SB), R13 // prefetch distance in bytes (kernels_fast_amd64.go)
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
@@ -1496,7 +1496,7 @@ TEXT ·bf16Panel64AVX512(SB), NOSPLIT, $0-32
 	MOVQ w+8(FP), SI
 	MOVQ x+16(FP), DX
 	MOVQ k+24(FP), CX
-	MOVQ ·fp8Prefetch(SB), R13
+	MOVQ ·bf16Prefetch(SB), R13
 	ZERO4Z
 
 zbf16k:
