@@ -136,6 +136,9 @@ func bf16Panel64AVX512(y *float32, w *uint16, x *float32, k int)
 func f32Panel64AVX512(y *float32, w *float32, x *float32, k int)
 
 //go:noescape
+func f32Panel64x4AVX512(ys *[4]*float32, w *float32, xs *[4]*float32, k int)
+
+//go:noescape
 func pvChunkAVX512(acc *float32, rows **float32, p *float32, n int, alpha float32, d int)
 
 //go:noescape

@@ -1542,6 +1542,112 @@ zf32k:
 	VZEROUPPER
 	RET
 
+// func f32Panel64x4AVX512(ys *[4]*float32, w *float32, xs *[4]*float32, k int)
+//
+// f32Panel64AVX512 on four x vectors at once: ys[r][lane] = Σ_k
+// xs[r][k]·w[k][lane] for r = 0..3, each lane's products and adds in the
+// same order and operand order as f32Panel64AVX512 (so the same bits). The
+// four keys share each k's four loads of w: attention's q panel (512 × 64
+// fp32, 128 KiB) is read from L2 once per four keys instead of once per
+// key, and the 16 accumulators (Z16-Z31) give the adds' latency chains
+// room on both vector ports.
+TEXT ·f32Panel64x4AVX512(SB), NOSPLIT, $0-32
+	MOVQ w+8(FP), SI
+	MOVQ xs+16(FP), AX
+	MOVQ 0(AX), R8
+	MOVQ 8(AX), R9
+	MOVQ 16(AX), R10
+	MOVQ 24(AX), R11
+	MOVQ k+24(FP), CX
+	VPXORD Z16, Z16, Z16
+	VPXORD Z17, Z17, Z17
+	VPXORD Z18, Z18, Z18
+	VPXORD Z19, Z19, Z19
+	VPXORD Z20, Z20, Z20
+	VPXORD Z21, Z21, Z21
+	VPXORD Z22, Z22, Z22
+	VPXORD Z23, Z23, Z23
+	VPXORD Z24, Z24, Z24
+	VPXORD Z25, Z25, Z25
+	VPXORD Z26, Z26, Z26
+	VPXORD Z27, Z27, Z27
+	VPXORD Z28, Z28, Z28
+	VPXORD Z29, Z29, Z29
+	VPXORD Z30, Z30, Z30
+	VPXORD Z31, Z31, Z31
+
+zf32k4:
+	VMOVUPS 0(SI), Z4
+	VMOVUPS 64(SI), Z5
+	VMOVUPS 128(SI), Z6
+	VMOVUPS 192(SI), Z7
+	VBROADCASTSS (R8), Z8
+	VBROADCASTSS (R9), Z9
+	VBROADCASTSS (R10), Z10
+	VBROADCASTSS (R11), Z11
+	VMULPS Z4, Z8, Z0
+	VADDPS Z0, Z16, Z16
+	VMULPS Z5, Z8, Z1
+	VADDPS Z1, Z17, Z17
+	VMULPS Z6, Z8, Z2
+	VADDPS Z2, Z18, Z18
+	VMULPS Z7, Z8, Z3
+	VADDPS Z3, Z19, Z19
+	VMULPS Z4, Z9, Z12
+	VADDPS Z12, Z20, Z20
+	VMULPS Z5, Z9, Z13
+	VADDPS Z13, Z21, Z21
+	VMULPS Z6, Z9, Z14
+	VADDPS Z14, Z22, Z22
+	VMULPS Z7, Z9, Z15
+	VADDPS Z15, Z23, Z23
+	VMULPS Z4, Z10, Z0
+	VADDPS Z0, Z24, Z24
+	VMULPS Z5, Z10, Z1
+	VADDPS Z1, Z25, Z25
+	VMULPS Z6, Z10, Z2
+	VADDPS Z2, Z26, Z26
+	VMULPS Z7, Z10, Z3
+	VADDPS Z3, Z27, Z27
+	VMULPS Z4, Z11, Z12
+	VADDPS Z12, Z28, Z28
+	VMULPS Z5, Z11, Z13
+	VADDPS Z13, Z29, Z29
+	VMULPS Z6, Z11, Z14
+	VADDPS Z14, Z30, Z30
+	VMULPS Z7, Z11, Z15
+	VADDPS Z15, Z31, Z31
+	ADDQ $256, SI
+	ADDQ $4, R8
+	ADDQ $4, R9
+	ADDQ $4, R10
+	ADDQ $4, R11
+	DECQ CX
+	JNZ  zf32k4
+	MOVQ ys+0(FP), AX
+	MOVQ 0(AX), DI
+	VMOVUPS Z16, 0(DI)
+	VMOVUPS Z17, 64(DI)
+	VMOVUPS Z18, 128(DI)
+	VMOVUPS Z19, 192(DI)
+	MOVQ 8(AX), DI
+	VMOVUPS Z20, 0(DI)
+	VMOVUPS Z21, 64(DI)
+	VMOVUPS Z22, 128(DI)
+	VMOVUPS Z23, 192(DI)
+	MOVQ 16(AX), DI
+	VMOVUPS Z24, 0(DI)
+	VMOVUPS Z25, 64(DI)
+	VMOVUPS Z26, 128(DI)
+	VMOVUPS Z27, 192(DI)
+	MOVQ 24(AX), DI
+	VMOVUPS Z28, 0(DI)
+	VMOVUPS Z29, 64(DI)
+	VMOVUPS Z30, 128(DI)
+	VMOVUPS Z31, 192(DI)
+	VZEROUPPER
+	RET
+
 // func pvChunkAVX512(acc *float32, rows **float32, p *float32, n int, alpha float32, d int)
 TEXT ·pvChunkAVX512(SB), NOSPLIT, $0-48
 	MOVQ acc+0(FP), DI

@@ -74,6 +74,10 @@ func f32Panel64AVX512(y *float32, w *float32, x *float32, k int) {
 	panic("attention: no assembly kernels in this build")
 }
 
+func f32Panel64x4AVX512(ys *[4]*float32, w *float32, xs *[4]*float32, k int) {
+	panic("attention: no assembly kernels in this build")
+}
+
 func pvChunkAVX512(acc *float32, rows **float32, p *float32, n int, alpha float32, d int) {
 	panic("attention: no assembly kernels in this build")
 }

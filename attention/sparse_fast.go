@@ -35,7 +35,8 @@ func headPanels(q []float32, heads, d int) (qT []float32, groups int) {
 // SparseAttnFast is SparseAttn, bit-identical at any GOMAXPROCS: the same
 // chunked online softmax per head, in the same order, with the two inner loops
 // on SIMD lanes. The logits ℓ_i = f32(q_h·K_i)·τ run with one lane per head
-// (each lane a sequential fp32 dot product, k ascending), the P·V update with
+// (each lane a sequential fp32 dot product, k ascending; with AVX-512 four
+// keys at a time, sharing the loads of q), the P·V update with
 // one lane per dim (O[k] = O[k]·α, then O[k] += bf16(P_i)·K_i[k], i ascending).
 // The logits are spread over goroutines by key, the P·V updates by groups of
 // 8, 4 or 2 heads (each head computed by one goroutine), 64 dims and at most
@@ -60,21 +61,53 @@ func SparseAttnFast(o, q, kv []float32, d int, idx []int32, sink []float32, scal
 	logits := make([]float32, L*S)
 	z := useAVX512()
 	parallelFor(L, L*heads*d, func(lo, hi int) {
+		// with AVX-512 the keys go in fours (f32Panel64x4AVX512: one read
+		// of each q panel per four keys), the rest one at a time; every
+		// logit has the same bits either way
+		var quad [4]int // the positions i of up to four pending keys
+		pending := 0
+		var ys, xs [4]*float32
+		flush := func(n int) {
+			if n == 4 {
+				for g := 0; g < groups; g++ {
+					for r, i := range quad {
+						ys[r], xs[r] = &logits[i*S+g*PanelRows], &kv[int(idx[i])*d]
+					}
+					f32Panel64x4AVX512(&ys, &qT[g*d*PanelRows], &xs, d)
+				}
+			} else {
+				for _, i := range quad[:n] {
+					for g := 0; g < groups; g++ {
+						f32Panel64(z, &logits[i*S+g*PanelRows], &qT[g*d*PanelRows], &kv[int(idx[i])*d], d)
+					}
+				}
+			}
+			for _, i := range quad[:n] {
+				li := logits[i*S : i*S+heads]
+				for l := range li {
+					li[l] = float32(li[l] * scale)
+				}
+			}
+		}
 		for i := lo; i < hi; i++ {
-			j, li := idx[i], logits[i*S:(i+1)*S]
-			if j < 0 {
+			if idx[i] < 0 {
+				li := logits[i*S : (i+1)*S]
 				for l := range li {
 					li[l] = negInf
 				}
 				continue
 			}
-			for g := 0; g < groups; g++ {
-				f32Panel64(z, &li[g*PanelRows], &qT[g*d*PanelRows], &kv[int(j)*d], d)
-			}
-			for l := range li[:heads] {
-				li[l] = float32(li[l] * scale)
+			quad[pending] = i
+			pending++
+			if pending == 4 && z {
+				flush(4)
+				pending = 0
+			} else if !z {
+				flush(pending)
+				pending = 0
 			}
 		}
+		flush(pending)
 	})
 	lse = make([]float32, heads)
 	// P·V, heads in tasks of 8, 4 or 2 (below): for each chunk
