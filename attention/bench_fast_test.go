@@ -569,9 +569,18 @@ func BenchmarkIndexScoresFast(b *testing.B) {
 		b.Run(fmt.Sprintf("ctx=%d", ctx), func(b *testing.B) {
 			rng := rand.New(rand.NewPCG(4, 4))
 			iq, ic, w := bf16Vec(rng, 64*128, 1), bf16Vec(rng, tc*128, 1), bf16Vec(rng, 64, 0.1)
+			// FP4-rounded per 32, as the V4 indexer's query and keys are
+			// (the integer products need that form; SPARSEMLA_VNNI=0
+			// keeps the fp32 kernel)
+			quant.FQ4(iq, 32)
+			quant.FQ4(ic, 32)
 			score := make([]float32, tc)
+			var keys *IndexKeys
+			if os.Getenv("SPARSEMLA_INDEX_KEYS") != "0" {
+				keys = new(IndexKeys) // kept between calls, as the engine's layer state does
+			}
 			for b.Loop() {
-				IndexScoresFast(score, iq, ic, w, 64, 128)
+				IndexScoresKeys(score, iq, ic, keys, w, 64, 128)
 			}
 			s := b.Elapsed().Seconds() / float64(b.N)
 			flop := 2 * 64 * 128 * float64(tc)

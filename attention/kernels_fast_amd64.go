@@ -27,6 +27,15 @@ func indexSum64(sums *float32, terms *float32, rows int)
 func indexTerms64AVX512(terms *float32, icache *float32, iqT *float32, w *float32, rows int)
 
 //go:noescape
+func vnniPackRows(recs *byte, src *float32, rows int, limit int) (done uint64)
+
+//go:noescape
+func vnniVerifyRows(recs *byte, src *float32, rows int, limit int) (done uint64)
+
+//go:noescape
+func indexTerms64VNNI(terms *float32, recs *byte, q *vnniQuery, done uint64, rows int)
+
+//go:noescape
 func pvChunkAVX2(acc *float32, rows **float32, p *float32, n int, alpha float32, d int)
 
 // detectAVX2 reports whether the CPU and OS support the instructions the
@@ -74,6 +83,16 @@ var hasVBMI = func() bool {
 	}
 	_, _, ecx7, _ := cpuid(7, 0)
 	return ecx7&(1<<1) != 0
+}()
+
+// hasVNNI: the CPU has AVX-512 VNNI (VPDPBUSD) besides detectAVX512's
+// features (and AVX-512 F's VGETEXPPS, VSCALEFPS).
+var hasVNNI = func() bool {
+	if !hasAVX512 {
+		return false
+	}
+	_, _, ecx7, _ := cpuid(7, 0)
+	return ecx7&(1<<11) != 0
 }()
 
 // fp8VBMI, read by the AVX-512 FP8 kernels (1 or 0), selects DEC64V (VBMI

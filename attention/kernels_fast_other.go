@@ -11,6 +11,8 @@ const hasAVX512 = false
 
 const hasVBMI = false
 
+const hasVNNI = false
+
 // fp8VBMI is the AVX-512 kernels' switch (kernels_fast_amd64.go); unused here.
 var fp8VBMI uint8
 
@@ -98,5 +100,17 @@ func plainRangeAVX2(v *float32, n int) (lom, him, low uint32) {
 }
 
 func quantBlockAVX2(out, xs *float32, x *float32, inv float32, n int) {
+	panic("attention: no assembly kernels in this build")
+}
+
+func vnniPackRows(recs *byte, src *float32, rows int, limit int) (done uint64) {
+	panic("attention: no assembly kernels in this build")
+}
+
+func indexTerms64VNNI(terms *float32, recs *byte, q *vnniQuery, done uint64, rows int) {
+	panic("attention: no assembly kernels in this build")
+}
+
+func vnniVerifyRows(recs *byte, src *float32, rows int, limit int) (done uint64) {
 	panic("attention: no assembly kernels in this build")
 }

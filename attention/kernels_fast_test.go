@@ -553,13 +553,17 @@ func TestIndexScoresFastEqualsReference(t *testing.T) {
 	for k := 0; k < hd; k++ {
 		icNaN[9*hd+k] = 3e38
 	}
-	defer func(old bool) { UseAVX512 = old }(UseAVX512)
-	for _, z := range []bool{false, true} {
-		if z && !hasAVX512 {
+	defer func(old, oldVNNI bool) { UseAVX512, UseVNNI = old, oldVNNI }(UseAVX512, UseVNNI)
+	for _, z := range []int{0, 1, 2} { // AVX2, AVX-512 fp32, AVX-512 with VNNI (where the CPU has them)
+		if z > 0 && !hasAVX512 {
 			t.Log("no AVX-512 on this CPU: indexTerms64AVX512 not run")
 			continue
 		}
-		UseAVX512 = z
+		if z == 2 && !hasVNNI {
+			t.Log("no AVX-512 VNNI on this CPU: indexTerms64VNNI not run")
+			continue
+		}
+		UseAVX512, UseVNNI = z > 0, z == 2
 		eachPath(t, func(t *testing.T) {
 			for _, c := range []struct {
 				iq, ic, w []float32
@@ -570,7 +574,7 @@ func TestIndexScoresFastEqualsReference(t *testing.T) {
 				want := scoreRef(c.iq, c.ic, c.w, c.heads, hd)
 				got := make([]float32, len(want))
 				IndexScoresFast(got, c.iq, c.ic, c.w, c.heads, hd)
-				sameBits(t, fmt.Sprintf("score (AVX-512 %v)", z), got, want)
+				sameBits(t, fmt.Sprintf("score (kernels %d)", z), got, want)
 			}
 		})
 	}

@@ -39,6 +39,16 @@ func useAsm() bool { return UseAssembly && hasAVX2 }
 // benchmarks).
 var UseAVX512 = hasAVX512
 
+// UseVNNI selects, with UseAVX512, the index scoring's integer products
+// (indexTerms64VNNI) for the keys where they give the reference's bits, when
+// the CPU has AVX-512 VNNI (the default); false keeps every key on the fp32
+// kernel, to compare their speed on one machine (SPARSEMLA_VNNI=0 in the
+// benchmarks).
+var UseVNNI = true
+
+// HasVNNI reports whether this build and CPU can run the VNNI index kernel.
+func HasVNNI() bool { return hasVNNI && HasAVX512() }
+
 // HasAVX512 reports whether this build and CPU can run the AVX-512 kernels.
 func HasAVX512() bool { return hasAVX512 && hasAVX2 }
 

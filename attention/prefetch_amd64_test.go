@@ -38,3 +38,17 @@ func init() {
 		fp8VBMI = 0
 	}
 }
+
+// SPARSEMLA_VNNI=0 keeps every index key on the fp32 kernel (UseVNNI).
+func init() {
+	if os.Getenv("SPARSEMLA_VNNI") == "0" {
+		UseVNNI = false
+	}
+}
+
+// SPARSEMLA_VNNI_PREFETCH=N sets vnniVerifyRows's prefetch distance (bytes).
+func init() {
+	if v, err := strconv.Atoi(os.Getenv("SPARSEMLA_VNNI_PREFETCH")); err == nil {
+		vnniPrefetch = v
+	}
+}

@@ -221,9 +221,20 @@ func SparseAttnFast(o, q, kv []float32, d int, idx []int32, sink []float32, scal
 // with each dot product a sequential fp32 sum (k ascending) and the head sum in
 // fp32 in head order. The assembly runs one lane per head (64 heads × 128 dims,
 // the V4 indexer); other shapes, and rows whose score is not finite (where the
-// SIMD bf16 rounding of a NaN may differ), run the scalar reference form.
+// SIMD bf16 rounding of a NaN may differ), run the scalar reference form. With
+// AVX-512 VNNI (UseVNNI), the keys whose dot products are exact sums of
+// small integers times powers of two (FP4-rounded query and keys; see
+// sparse_fast_vnni.go) take them as integer products, the others the fp32
+// kernel.
 // score [Tc], iq [heads][hd], icache [Tc][hd], w [heads].
 func IndexScoresFast(score, iq, icache, w []float32, heads, hd int) {
+	IndexScoresKeys(score, iq, icache, nil, w, heads, hd)
+}
+
+// IndexScoresKeys is IndexScoresFast with the keys' integer form kept in
+// keys between calls (IndexKeys; nil packs every key in the call): the same
+// bits, whatever keys holds.
+func IndexScoresKeys(score, iq, icache []float32, keys *IndexKeys, w []float32, heads, hd int) {
 	if hd <= 0 || heads != len(w) || len(iq) != heads*hd || len(icache) != len(score)*hd {
 		panic("attention: IndexScoresFast shape mismatch")
 	}
@@ -234,16 +245,52 @@ func IndexScoresFast(score, iq, icache, w []float32, heads, hd int) {
 		iqT, _ = headPanels(iq, heads, hd)
 	}
 	avx512 := asm && useAVX512()
+	// the integer products (sparse_fast_vnni.go) where the query allows them
+	var vq *vnniQuery
+	vnni := avx512 && UseVNNI && hasVNNI && tc > 0
+	if vnni {
+		vq, vnni = packVNNIQuery(iq, w)
+	}
+	if vnni && keys != nil {
+		keys.sync(icache, tc)
+	}
+	limit := 0
+	if vnni {
+		limit = vnniSpread - int(vq.maxSq)
+	}
 	const rowsPerTask = 256
 	parallelFor((tc+rowsPerTask-1)/rowsPerTask, tc*heads*hd, func(lo, hi int) {
 		var terms [8 * PanelRows]float32 // 8 keys' score terms (indexTerms64AVX2)
+		var recs [8 * vnniRecord]byte    // 8 keys' vnniPackRows records
 		qk := make([]float32, heads)
 		for t := lo; t < hi; t++ {
 			j0, j1 := t*rowsPerTask, min(tc, (t+1)*rowsPerTask)
 			// groups of 8 keys: their terms, then their sums (indexSum64)
 			for g := j0; asm && g < j1; g += 8 {
 				n := min(8, j1-g)
-				if avx512 {
+				if vnni {
+					rec := &recs[0]
+					var done uint64
+					if keys != nil {
+						rec = &keys.recs[g*vnniRecord]
+						done = vnniVerifyRows(rec, &icache[g*hd], n, limit)
+					} else {
+						done = vnniPackRows(rec, &icache[g*hd], n, limit)
+					}
+					indexTerms64VNNI(&terms[0], rec, vq, done, n)
+					for r := 0; r < n; r++ {
+						if done&(1<<r) != 0 {
+							continue
+						}
+						// a key the integer products do not take (or whose
+						// kept record no longer matches it: packed again
+						// for the next call)
+						if keys != nil && keys.stale(g+r, limit) {
+							vnniPackRows(&keys.recs[(g+r)*vnniRecord], &icache[(g+r)*hd], 1, vnniSpread)
+						}
+						indexTerms64AVX512(&terms[r*PanelRows], &icache[(g+r)*hd], &iqT[0], &w[0], 1)
+					}
+				} else if avx512 {
 					indexTerms64AVX512(&terms[0], &icache[g*hd], &iqT[0], &w[0], n)
 				} else {
 					indexTerms64AVX2(&terms[0], &icache[g*hd], &iqT[0], &w[0], n)

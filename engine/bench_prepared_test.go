@@ -183,7 +183,9 @@ func benchLayer(cfg *Config, dist string, layer, ctx int, seed uint64) (*Prepare
 		p.Indexer = ix
 		p.IWqB = randPackedFP8(rng, dist, cfg.IndexNHeads*cfg.IndexHeadDim, cfg.QLoraRank)
 		p.IWeightsProj = attention.PackPanels(fastRand(rng, cfg.IndexNHeads*dim, -8), cfg.IndexNHeads, dim)
+		// index keys on the FP4 grid, as the row path (Had → FQ4) leaves them
 		st.ICache = fastRand(rng, st.Rows()*cfg.IndexHeadDim, -1)
+		quant.FQ4(st.ICache, 32)
 		fillState(st.ICmp)
 	}
 	return p, st, sharedRope(cfg, layer, ctx+2), fastRand(rng, dim, -1), pos
@@ -532,5 +534,9 @@ func init() {
 	// SPARSEMLA_AVX512=0 keeps the index scoring on its AVX2 kernel
 	if os.Getenv("SPARSEMLA_AVX512") == "0" {
 		attention.UseAVX512 = false
+	}
+	// SPARSEMLA_VNNI=0 keeps every index key on the fp32 kernel
+	if os.Getenv("SPARSEMLA_VNNI") == "0" {
+		attention.UseVNNI = false
 	}
 }

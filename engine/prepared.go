@@ -122,7 +122,7 @@ func (p *PreparedLayer) PackedBytes() int64 {
 //
 //	q_a, cq, q_b, q (HeadRMS, RoPE)      attention.LinearShared (q_a with kv), RMSNorm, FP8Panels.Linear, HeadRMS, RoPE
 //	kv                                    attention.LinearShared, RMSNorm, RoPE, FQ8
-//	iq, icache, iw, index_score, topk    FP8Panels / Panels, Compressor.StepFrom, IndexScoresFast, topKFast
+//	iq, icache, iw, index_score, topk    FP8Panels / Panels, Compressor.StepFrom, IndexScoresKeys, topKFast
 //	cmp_* (r > 0)                         Panels.Dot, Compressor.StepFrom
 //	o, o_inv, u, y                        SparseAttnFast, RoPE⁻¹, WoAPanels.WoA, FP8Panels.Linear
 //
@@ -272,7 +272,10 @@ func (p *PreparedLayer) indexerStep(cfg *Config, rope *RopeTable, st *LayerState
 
 	tc := len(st.ICache) / ix.HeadDim
 	score := make([]float32, tc)
-	attention.IndexScoresFast(score, iq, st.ICache, iw, ix.NHeads, ix.HeadDim)
+	if st.ikeys == nil {
+		st.ikeys = new(attention.IndexKeys)
+	}
+	attention.IndexScoresKeys(score, iq, st.ICache, st.ikeys, iw, ix.NHeads, ix.HeadDim)
 	t = phaseEnd("indexer.scores", t)
 	top := topKFast(score, ix.K(tc))
 	phaseEnd("indexer.topk", t)

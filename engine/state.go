@@ -38,6 +38,12 @@ type LayerState struct {
 	// [T][128] and IScale its k_scale_cache [T].
 	V32    bool
 	IScale []float32
+
+	// ikeys is the integer form of ICache's rows kept for the index scoring
+	// (attention.IndexKeys): packed as rows are added, checked against
+	// ICache by every call, so that a cache changed in place only costs
+	// its packing again
+	ikeys *attention.IndexKeys
 }
 
 // NewLayerState returns the state of a fresh sequence for layer l: empty window
@@ -88,6 +94,7 @@ func (s *LayerState) Clone() *LayerState {
 	if s.ICmp != nil {
 		c.ICmp = s.ICmp.Clone()
 	}
+	c.ikeys = s.ikeys.Clone()
 	return &c
 }
 
