@@ -1,9 +1,6 @@
 package attention
 
-import (
-	"encoding/binary"
-	"math"
-)
+import "math"
 
 // The index scores' q·k products as integers (indexTerms64VNNI, AVX-512
 // VNNI), where that gives the reference's bits.
@@ -50,17 +47,18 @@ type vnniQuery struct {
 }
 
 // vnniRecord is the size of vnniPackRows's record of one row (bytes).
-const vnniRecord = 256
+const vnniRecord = 136
 
 // vnniPackRowRef is vnniPackRows on one row of 128 values in plain Go (the
 // tests hold the assembly to it): it fills rec (vnniRecord bytes: the codes
-// n + 15, the blocks' shifts E − Emin as int32 at 128 + 16b, Emin − 3 as
-// fp32 at 192, the spread Emax − Emin as int32 at 196, 1 at 200 if the row
-// is taken, else 0) and reports whether the row is taken. Per block of 32 values, E = floor(log2 max|v|) and
-// n = v·2^(3−E) must be integers (|n| ≤ 15 follows); a zero block counts
-// as E = Emax of the others; −57 ≤ Emin ≤ Emax ≤ 43 and Emax − Emin ≤ limit.
+// n + 15 at 0-127, the blocks' shifts E − Emin at 128-131, Emin − 3 as an
+// int8 at 132, the spread Emax − Emin at 133, 1 at 134 if the row is taken,
+// else 0) and reports whether the row is taken. Per block of 32 values,
+// E = floor(log2 max|v|) and n = v·2^(3−E) must be integers (|n| ≤ 15
+// follows); a zero block counts as E = Emax of the others; −57 ≤ Emin ≤
+// Emax ≤ 43 and Emax − Emin ≤ limit.
 func vnniPackRowRef(rec []byte, v []float32, limit int) bool {
-	binary.LittleEndian.PutUint32(rec[200:], 0)
+	rec[134] = 0
 	const blk = 32
 	var es [4]int
 	var zero [4]bool
@@ -99,13 +97,11 @@ func vnniPackRowRef(rec []byte, v []float32, limit int) bool {
 	}
 	copy(rec, codes[:])
 	for b := range es {
-		for l := 0; l < 4; l++ {
-			binary.LittleEndian.PutUint32(rec[128+16*b+4*l:], uint32(es[b]-emin))
-		}
+		rec[128+b] = byte(es[b] - emin)
 	}
-	binary.LittleEndian.PutUint32(rec[192:], math.Float32bits(float32(emin-3)))
-	binary.LittleEndian.PutUint32(rec[196:], uint32(emax-emin))
-	binary.LittleEndian.PutUint32(rec[200:], 1)
+	rec[132] = byte(int8(emin - 3))
+	rec[133] = byte(emax - emin)
+	rec[134] = 1
 	return true
 }
 
@@ -129,10 +125,10 @@ func packVNNIQuery(iq, w []float32) (*vnniQuery, bool) {
 				sum += int(n)
 			}
 			q.corr[b*heads+h] = int32(-15 * sum)
-			q.shift[b*heads+h] = int32(binary.LittleEndian.Uint32(rec[128+16*b:]))
+			q.shift[b*heads+h] = int32(rec[128+b])
 		}
-		q.emin[h] = math.Float32frombits(binary.LittleEndian.Uint32(rec[192:]))
-		q.maxSq = max(q.maxSq, int64(int32(binary.LittleEndian.Uint32(rec[196:]))))
+		q.emin[h] = float32(int8(rec[132]))
+		q.maxSq = max(q.maxSq, int64(rec[133]))
 		q.w[h] = w[h]
 	}
 	return q, true
@@ -178,7 +174,7 @@ func (k *IndexKeys) sync(icache []float32, tc int) {
 // wider than limit, is left as it is).
 func (k *IndexKeys) stale(r, limit int) bool {
 	rec := k.recs[r*vnniRecord : (r+1)*vnniRecord]
-	return binary.LittleEndian.Uint32(rec[200:]) == 1 && int(int32(binary.LittleEndian.Uint32(rec[196:]))) <= limit
+	return rec[134] == 1 && int(rec[133]) <= limit
 }
 
 // Clone returns a copy of k that shares nothing with it (nil for nil): a

@@ -2,7 +2,6 @@ package attention
 
 import (
 	"bytes"
-	"encoding/binary"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -118,14 +117,14 @@ func TestVNNIPackRowsEqualRef(t *testing.T) {
 				continue
 			}
 			if !wok {
-				if binary.LittleEndian.Uint32(got[200:]) != 0 {
+				if got[134] != 0 {
 					t.Errorf("limit %d, %s: not taken but flagged", limit, names[i])
 				}
 				continue
 			}
 			taken++
-			if !bytes.Equal(got[:204], want[:204]) {
-				t.Errorf("limit %d, %s: record differs\n got %x\nwant %x", limit, names[i], got[:204], want[:204])
+			if !bytes.Equal(got, want) {
+				t.Errorf("limit %d, %s: record differs\n got %x\nwant %x", limit, names[i], got, want)
 			}
 		}
 	}
@@ -161,13 +160,13 @@ func TestVNNIVerifyRows(t *testing.T) {
 		if !ok {
 			continue
 		}
-		spread := int(binary.LittleEndian.Uint32(rec[196:]))
+		spread := int(rec[133])
 		if spread > 0 && vnniVerifyRows(&rec[0], &row[0], 1, spread-1) != 0 {
 			t.Errorf("%s: verified under a limit below its spread %d", names[i], spread)
 		}
 		// every single value changed (to another value of its grid, or off it)
 		for k := 0; k < 128; k += 7 {
-			for _, nv := range []float32{row[k] + float32(math.Ldexp(1, int(int32(binary.LittleEndian.Uint32(rec[192:]))))), row[k] * 1.5, -row[k], float32(math.NaN())} {
+			for _, nv := range []float32{row[k] + float32(math.Ldexp(1, int(int8(rec[132])))), row[k] * 1.5, -row[k], float32(math.NaN())} {
 				if nv == row[k] || (row[k] == 0 && nv == 0) {
 					continue
 				}
@@ -273,7 +272,7 @@ func TestVNNISpreadBound(t *testing.T) {
 		if !vnniPackRowRef(rec, k, 99) {
 			return -1
 		}
-		return int(binary.LittleEndian.Uint32(rec[196:]))
+		return int(rec[133])
 	}
 	var hazard []float32
 	for try := 0; try < 1_000_000 && hazard == nil; try++ {
