@@ -27,6 +27,9 @@ func indexSum64(sums *float32, terms *float32, rows int)
 func indexTerms64AVX512(terms *float32, icache *float32, iqT *float32, w *float32, rows int)
 
 //go:noescape
+func exp32x8AVX512(dst *float32, src *float32, n int, window int64) (bad uint64)
+
+//go:noescape
 func vnniPackRows(recs *byte, src *float32, rows int, limit int) (done uint64)
 
 //go:noescape

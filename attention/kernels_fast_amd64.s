@@ -2978,3 +2978,112 @@ vvnext:
 	MOVQ R12, done+32(FP)
 	VZEROUPPER
 	RET
+
+// exptab: log2e, ln2 in two parts (ln2hi has 42 significant bits, so n·ln2hi
+// is exact for |n| < 2^11), the domain bounds, the float32 rounding
+// midpoint's low 29 bits and their mask, then 1/k! for k = 0 … 11.
+DATA exptab<>+0(SB)/8, $0x3ff71547652b82fe  // log2 e
+DATA exptab<>+8(SB)/8, $0x3fe62e42fefa3800  // ln2hi
+DATA exptab<>+16(SB)/8, $0x3d2ef35793c76730 // ln2lo
+DATA exptab<>+24(SB)/8, $0xc055d33333333333 // −87.3
+DATA exptab<>+32(SB)/8, $0x4056000000000000 // 88
+DATA exptab<>+40(SB)/8, $0x000000001fffffff // low 29 bits
+DATA exptab<>+48(SB)/8, $0x0000000010000000 // a float32 rounding midpoint's low 29 bits
+DATA exptab<>+56(SB)/8, $0x3ff0000000000000 // 1/0!
+DATA exptab<>+64(SB)/8, $0x3ff0000000000000 // 1/1!
+DATA exptab<>+72(SB)/8, $0x3fe0000000000000 // 1/2!
+DATA exptab<>+80(SB)/8, $0x3fc5555555555555 // 1/3!
+DATA exptab<>+88(SB)/8, $0x3fa5555555555555 // 1/4!
+DATA exptab<>+96(SB)/8, $0x3f81111111111111 // 1/5!
+DATA exptab<>+104(SB)/8, $0x3f56c16c16c16c17 // 1/6!
+DATA exptab<>+112(SB)/8, $0x3f2a01a01a01a01a // 1/7!
+DATA exptab<>+120(SB)/8, $0x3efa01a01a01a01a // 1/8!
+DATA exptab<>+128(SB)/8, $0x3ec71de3a556c734 // 1/9!
+DATA exptab<>+136(SB)/8, $0x3e927e4fb7789f5c // 1/10!
+DATA exptab<>+144(SB)/8, $0x3e5ae64567f544e4 // 1/11!
+GLOBL exptab<>(SB), RODATA|NOPTR, $152
+
+// func exp32x8AVX512(dst *float32, src *float32, n int, window int64) (bad uint64)
+//
+// dst[i] = float32(e^src[i]) for n = 8k ≤ 64 values, eight at a time in
+// float64: n = round(x·log2 e), r = x − n·ln2 (|r| ≤ 0.35, exact to about
+// 2^-55), e^r by its Taylor polynomial to degree 11 (truncation < 2^-47),
+// then ·2^n. Its relative error is well under 2^-44, within 2^8 ulps of the
+// exact value, and math.Exp's is under one ulp: the two round to the same
+// float32 unless a float32 rounding midpoint lies between them. Lanes whose
+// result is within window ulps of a midpoint (its low 29 bits within window
+// of 2^28), and lanes outside [−87.3, 88] (where the float32 would be
+// subnormal or overflow; NaN) are marked in bad (bit i for dst[i]) for the
+// caller to compute with math.Exp; the others are float32(math.Exp(x))
+// exactly (expFast; TestExpFast, exhaustive with SPARSEMLA_EXHAUSTIVE=1).
+TEXT ·exp32x8AVX512(SB), NOSPLIT, $0-40
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), R13
+	VPBROADCASTQ window+24(FP), Z31
+	VBROADCASTSD exptab<>+0(SB), Z16
+	VBROADCASTSD exptab<>+8(SB), Z17
+	VBROADCASTSD exptab<>+16(SB), Z18
+	VBROADCASTSD exptab<>+24(SB), Z19
+	VBROADCASTSD exptab<>+32(SB), Z20
+	VBROADCASTSD exptab<>+40(SB), Z21
+	VBROADCASTSD exptab<>+48(SB), Z22
+	VBROADCASTSD exptab<>+56(SB), Z4
+	VBROADCASTSD exptab<>+64(SB), Z5
+	VBROADCASTSD exptab<>+72(SB), Z6
+	VBROADCASTSD exptab<>+80(SB), Z7
+	VBROADCASTSD exptab<>+88(SB), Z8
+	VBROADCASTSD exptab<>+96(SB), Z9
+	VBROADCASTSD exptab<>+104(SB), Z10
+	VBROADCASTSD exptab<>+112(SB), Z11
+	VBROADCASTSD exptab<>+120(SB), Z12
+	VBROADCASTSD exptab<>+128(SB), Z13
+	VBROADCASTSD exptab<>+136(SB), Z14
+	VBROADCASTSD exptab<>+144(SB), Z15
+	XORQ R12, R12
+	XORQ CX, CX
+
+eloop:
+	VCVTPS2PD (SI), Z0
+	VMULPD Z16, Z0, Z1
+	VRNDSCALEPD $0, Z1, Z1
+	VMOVAPD Z0, Z2
+	VFNMADD231PD Z17, Z1, Z2
+	VFNMADD231PD Z18, Z1, Z2
+	VMOVAPD Z15, Z3
+	VFMADD213PD Z14, Z2, Z3
+	VFMADD213PD Z13, Z2, Z3
+	VFMADD213PD Z12, Z2, Z3
+	VFMADD213PD Z11, Z2, Z3
+	VFMADD213PD Z10, Z2, Z3
+	VFMADD213PD Z9, Z2, Z3
+	VFMADD213PD Z8, Z2, Z3
+	VFMADD213PD Z7, Z2, Z3
+	VFMADD213PD Z6, Z2, Z3
+	VFMADD213PD Z5, Z2, Z3
+	VFMADD213PD Z4, Z2, Z3
+	VSCALEFPD Z1, Z3, Z3
+	// good lanes: −87.3 ≤ x ≤ 88 (false for NaN) and the result's low 29
+	// bits farther than window from 2^28
+	VCMPPD $0x1D, Z19, Z0, K1
+	VCMPPD $0x12, Z20, Z0, K2
+	KANDB K2, K1, K1
+	VPANDQ Z21, Z3, Z23
+	VPSUBQ Z22, Z23, Z23
+	VPABSQ Z23, Z23
+	VPCMPQ $6, Z31, Z23, K3
+	KANDB K3, K1, K1
+	KNOTB K1, K1
+	KMOVB K1, AX
+	SHLQ CX, AX
+	ORQ  AX, R12
+	VCVTPD2PS Z3, Y24
+	VMOVUPS Y24, (DI)
+	ADDQ $32, SI
+	ADDQ $32, DI
+	ADDQ $8, CX
+	SUBQ $8, R13
+	JNZ  eloop
+	MOVQ R12, bad+32(FP)
+	VZEROUPPER
+	RET

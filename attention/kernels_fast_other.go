@@ -114,3 +114,7 @@ func indexTerms64VNNI(terms *float32, recs *byte, q *vnniQuery, done uint64, row
 func vnniVerifyRows(recs *byte, src *float32, rows int, limit int) (done uint64) {
 	panic("attention: no assembly kernels in this build")
 }
+
+func exp32x8AVX512(dst *float32, src *float32, n int, window int64) (bad uint64) {
+	panic("attention: no assembly kernels in this build")
+}

@@ -132,6 +132,7 @@ func SparseAttnFast(o, q, kv []float32, d int, idx []int32, sink []float32, scal
 	parallelFor(tasks, heads*L*d, func(t0, t1 int) {
 		acc := make([]float32, headsPerTask*d)
 		p := make([]float32, AttnChunk)
+		arg := make([]float32, AttnChunk) // the exponents of a chunk (expFast)
 		pv := make([]float32, headsPerTask*AttnChunk)
 		rows := make([]int, 0, AttnChunk) // offsets in kv of the chunk's rows
 		tile := make([]*float32, AttnChunk)
@@ -159,10 +160,13 @@ func SparseAttnFast(o, q, kv []float32, d int, idx []int32, sink []float32, scal
 						mNew = max(mNew, logits[(c0+r)*S+h])
 					}
 					alpha[i] = exp32(m[i] - mNew)
-					var sum float32
 					for r := range chunk {
-						p[r] = exp32(logits[(c0+r)*S+h] - mNew)
-						sum += p[r]
+						arg[r] = logits[(c0+r)*S+h] - mNew
+					}
+					expFast(p[:len(chunk)], arg[:len(chunk)])
+					var sum float32
+					for _, v := range p[:len(chunk)] {
+						sum += v
 					}
 					l[i] = float32(l[i]*alpha[i]) + sum
 					hp := pv[i*AttnChunk : i*AttnChunk : (i+1)*AttnChunk]
