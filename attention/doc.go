@@ -67,5 +67,12 @@
 // owns one output and performs the reference's fp32 operations in the
 // reference's order, so the results are the same bits; work is split by
 // output across GOMAXPROCS goroutines, so they do not depend on it either.
+// Two fast paths compute differently and prove the same bits instead: the
+// index scoring's integer q·k products (AVX-512 VNNI, sparse_fast_vnni.go:
+// FP4-rounded blocks whose exact sum the reference's fp32 sum equals, checked
+// per key; IndexKeys keeps the packed keys and verifies them against the
+// fp32 cache on every call) and the softmax's exps (expFast: float64 with
+// an error bound, and math.Exp for every lane near a float32 rounding
+// midpoint; tested on all 2^32 inputs).
 // bench/README.md explains the exactness arguments and the figures.
 package attention
