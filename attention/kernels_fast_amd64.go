@@ -161,6 +161,9 @@ func f32Panel64AVX512(y *float32, w *float32, x *float32, k int)
 func f32Panel64x4AVX512(ys *[4]*float32, w *float32, xs *[4]*float32, k int)
 
 //go:noescape
+func pvChunk2AVX512(acc0, acc1 *float32, rows **float32, p0, p1 *float32, n int, alpha0, alpha1 float32)
+
+//go:noescape
 func pvChunkAVX512(acc *float32, rows **float32, p *float32, n int, alpha float32, d int)
 
 //go:noescape

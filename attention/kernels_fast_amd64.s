@@ -3087,3 +3087,71 @@ eloop:
 	MOVQ R12, bad+32(FP)
 	VZEROUPPER
 	RET
+
+// func pvChunk2AVX512(acc0, acc1 *float32, rows **float32, p0, p1 *float32, n int, alpha0, alpha1 float32)
+//
+// pvChunkAVX512 for two heads and one 64-dim tile (d = 64): acc_h[k] =
+// acc_h[k]·α_h, then acc_h[k] += p_h[i]·rows[i][k] for i < n, each head's
+// operations in pvChunkAVX512's order and operand order (so the same bits).
+// Each row's tile is loaded once for both heads, and the 8 accumulators
+// (Z0-Z7) give the adds' latency chains room.
+TEXT ·pvChunk2AVX512(SB), NOSPLIT, $0-56
+	MOVQ acc0+0(FP), DI
+	MOVQ acc1+8(FP), DX
+	MOVQ rows+16(FP), R8
+	MOVQ p0+24(FP), R9
+	MOVQ p1+32(FP), R10
+	MOVQ n+40(FP), R11
+	VBROADCASTSS alpha0+48(FP), Z14
+	VBROADCASTSS alpha1+52(FP), Z15
+	VMULPS 0(DI), Z14, Z0
+	VMULPS 64(DI), Z14, Z1
+	VMULPS 128(DI), Z14, Z2
+	VMULPS 192(DI), Z14, Z3
+	VMULPS 0(DX), Z15, Z4
+	VMULPS 64(DX), Z15, Z5
+	VMULPS 128(DX), Z15, Z6
+	VMULPS 192(DX), Z15, Z7
+	XORQ BX, BX
+	TESTQ R11, R11
+	JZ   zpv2store
+
+zpv2row:
+	MOVQ (R8)(BX*8), SI
+	VMOVUPS 0(SI), Z16
+	VMOVUPS 64(SI), Z17
+	VMOVUPS 128(SI), Z18
+	VMOVUPS 192(SI), Z19
+	VBROADCASTSS (R9)(BX*4), Z8
+	VBROADCASTSS (R10)(BX*4), Z9
+	VMULPS Z16, Z8, Z20
+	VADDPS Z20, Z0, Z0
+	VMULPS Z17, Z8, Z21
+	VADDPS Z21, Z1, Z1
+	VMULPS Z18, Z8, Z22
+	VADDPS Z22, Z2, Z2
+	VMULPS Z19, Z8, Z23
+	VADDPS Z23, Z3, Z3
+	VMULPS Z16, Z9, Z24
+	VADDPS Z24, Z4, Z4
+	VMULPS Z17, Z9, Z25
+	VADDPS Z25, Z5, Z5
+	VMULPS Z18, Z9, Z26
+	VADDPS Z26, Z6, Z6
+	VMULPS Z19, Z9, Z27
+	VADDPS Z27, Z7, Z7
+	INCQ BX
+	CMPQ BX, R11
+	JNE  zpv2row
+
+zpv2store:
+	VMOVUPS Z0, 0(DI)
+	VMOVUPS Z1, 64(DI)
+	VMOVUPS Z2, 128(DI)
+	VMOVUPS Z3, 192(DI)
+	VMOVUPS Z4, 0(DX)
+	VMOVUPS Z5, 64(DX)
+	VMOVUPS Z6, 128(DX)
+	VMOVUPS Z7, 192(DX)
+	VZEROUPPER
+	RET

@@ -118,3 +118,7 @@ func vnniVerifyRows(recs *byte, src *float32, rows int, limit int) (done uint64)
 func exp32x8AVX512(dst *float32, src *float32, n int, window int64) (bad uint64) {
 	panic("attention: no assembly kernels in this build")
 }
+
+func pvChunk2AVX512(acc0, acc1 *float32, rows **float32, p0, p1 *float32, n int, alpha0, alpha1 float32) {
+	panic("attention: no assembly kernels in this build")
+}

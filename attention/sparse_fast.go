@@ -193,7 +193,15 @@ func SparseAttnFast(o, q, kv []float32, d int, idx []int32, sink []float32, scal
 					}
 					for r0 := 0; r0 < n; r0 += pvRows {
 						nr := min(pvRows, n-r0)
-						for i := range nh {
+						i := 0
+						for ; z && i+2 <= nh; i += 2 { // two heads a call, one load of the tile
+							a0, a1 := alpha[i], alpha[i+1]
+							if r0 > 0 {
+								a0, a1 = 1, 1
+							}
+							pvChunk2AVX512(&acc[i*d+k0], &acc[(i+1)*d+k0], &tile[r0], &pv[i*AttnChunk+r0], &pv[(i+1)*AttnChunk+r0], nr, a0, a1)
+						}
+						for ; i < nh; i++ {
 							a := alpha[i]
 							if r0 > 0 {
 								a = 1 // α once, before the first rows (O·1 = O exactly)
