@@ -3,6 +3,7 @@ package attention
 import (
 	"math"
 	"runtime"
+	"sync"
 
 	"sparsemla/quant"
 )
@@ -12,7 +13,26 @@ import (
 // past heads), so that panel g is contiguous for the kernels.
 func headPanels(q []float32, heads, d int) (qT []float32, groups int) {
 	groups = (heads + PanelRows - 1) / PanelRows
-	qT = make([]float32, groups*d*PanelRows)
+	return headPanelsInto(make([]float32, groups*d*PanelRows), q, heads, d), groups
+}
+
+// panelPool keeps the q panels of SparseAttnFast calls (128 KiB for V4's 64
+// heads × 512): a fresh buffer each call cost its page faults, a step's
+// garbage being returned to the OS between steps (one-thread CSA step on the
+// VM: the transpose took 0.35 ms in a step against 36 µs alone).
+var panelPool sync.Pool
+
+// logitPool keeps SparseAttnFast's logits buffers (160 KiB for 64 heads ×
+// 640 keys), for the same reason: a fresh one each call cost the one-thread
+// step on the VM 0.3-0.4 ms.
+var logitPool sync.Pool
+
+// headPanelsInto is headPanels into qT (groups·d·64 values, every one
+// written: the zero lanes past heads too).
+func headPanelsInto(qT, q []float32, heads, d int) []float32 {
+	if heads%PanelRows != 0 {
+		clear(qT)
+	}
 	// blocks of 16 dims, goroutines over blocks: a head's 16 values are one
 	// cache line of q and the block's 16 panel rows stay in L1 (head by head
 	// over all d, the serial transpose of 64 heads × 512 took 78 µs, a tenth
@@ -29,7 +49,7 @@ func headPanels(q []float32, heads, d int) (qT []float32, groups int) {
 			}
 		}
 	})
-	return qT, groups
+	return qT
 }
 
 // SparseAttnFast is SparseAttn, bit-identical at any GOMAXPROCS: the same
@@ -56,9 +76,23 @@ func SparseAttnFast(o, q, kv []float32, d int, idx []int32, sink []float32, scal
 	// are the cache lines of the goroutine that computes them (head-major, the
 	// goroutines' adjacent keys shared cache lines, and writing them took a
 	// seventh of the CPU time at 16 threads)
-	qT, groups := headPanels(q, heads, d)
+	groups := (heads + PanelRows - 1) / PanelRows
+	n := groups * d * PanelRows
+	buf, _ := panelPool.Get().(*[]float32)
+	if buf == nil || cap(*buf) < n {
+		buf = &[]float32{}
+		*buf = make([]float32, n)
+	}
+	defer panelPool.Put(buf)
+	qT := headPanelsInto((*buf)[:n], q, heads, d)
 	S := groups * PanelRows
-	logits := make([]float32, L*S)
+	lbuf, _ := logitPool.Get().(*[]float32)
+	if lbuf == nil || cap(*lbuf) < L*S {
+		lbuf = &[]float32{}
+		*lbuf = make([]float32, L*S)
+	}
+	defer logitPool.Put(lbuf)
+	logits := (*lbuf)[:L*S] // every value written below
 	z := useAVX512()
 	parallelFor(L, L*heads*d, func(lo, hi int) {
 		// with AVX-512 the keys go in fours (f32Panel64x4AVX512: one read
@@ -254,7 +288,13 @@ func IndexScoresKeys(score, iq, icache []float32, keys *IndexKeys, w []float32, 
 	asm := useAsm() && heads == PanelRows && hd == 128
 	var iqT []float32
 	if asm {
-		iqT, _ = headPanels(iq, heads, hd)
+		buf, _ := panelPool.Get().(*[]float32)
+		if buf == nil || cap(*buf) < heads*hd {
+			buf = &[]float32{}
+			*buf = make([]float32, heads*hd)
+		}
+		defer panelPool.Put(buf)
+		iqT = headPanelsInto((*buf)[:heads*hd], iq, heads, hd) // heads = 64: one panel, every value written
 	}
 	avx512 := asm && useAVX512()
 	// the integer products (sparse_fast_vnni.go) where the query allows them
@@ -262,6 +302,9 @@ func IndexScoresKeys(score, iq, icache []float32, keys *IndexKeys, w []float32, 
 	vnni := avx512 && UseVNNI && hasVNNI && tc > 0
 	if vnni {
 		vq, vnni = packVNNIQuery(iq, w)
+	}
+	if vq != nil {
+		defer vnniQueryPool.Put(vq)
 	}
 	if vnni && keys != nil {
 		keys.sync(icache, tc)

@@ -1,6 +1,9 @@
 package attention
 
-import "math"
+import (
+	"math"
+	"sync"
+)
 
 // The index scores' q·k products as integers (indexTerms64VNNI, AVX-512
 // VNNI), where that gives the reference's bits.
@@ -107,6 +110,10 @@ func vnniPackRowRef(rec []byte, v []float32, limit int) bool {
 	return true
 }
 
+// vnniQueryPool keeps the vnniQuery of finished calls (11 KiB each): a
+// step's fresh memory costs more than its packing.
+var vnniQueryPool sync.Pool
+
 // packVNNIQuery returns the query of an IndexScoresFast call (64 heads ×
 // 128 dims) in vnniQuery form (each head a vnniPackRows row, transposed),
 // or false where a head is not of the form the integer products need.
@@ -116,7 +123,11 @@ func packVNNIQuery(iq, w []float32) (*vnniQuery, bool) {
 	if vnniPackRows(&recs[0], &iq[0], heads, vnniSpread) != 1<<heads-1 {
 		return nil, false
 	}
-	q := new(vnniQuery)
+	q, _ := vnniQueryPool.Get().(*vnniQuery)
+	if q == nil {
+		q = new(vnniQuery)
+	}
+	q.maxSq = 0 // (every other field is written below)
 	for h := 0; h < heads; h++ {
 		rec := recs[h*vnniRecord : (h+1)*vnniRecord]
 		for b := 0; b < hd/blk; b++ {
