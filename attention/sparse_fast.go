@@ -3,7 +3,6 @@ package attention
 import (
 	"math"
 	"runtime"
-	"sync"
 
 	"sparsemla/quant"
 )
@@ -16,16 +15,16 @@ func headPanels(q []float32, heads, d int) (qT []float32, groups int) {
 	return headPanelsInto(make([]float32, groups*d*PanelRows), q, heads, d), groups
 }
 
-// panelPool keeps the q panels of SparseAttnFast calls (128 KiB for V4's 64
-// heads × 512): a fresh buffer each call cost its page faults, a step's
-// garbage being returned to the OS between steps (one-thread CSA step on the
-// VM: the transpose took 0.35 ms in a step against 36 µs alone).
-var panelPool sync.Pool
+// panelPool keeps the q panels of SparseAttnFast and IndexScoresKeys calls
+// (128 KiB for V4's 64 heads × 512): fresh ones were fresh memory (BufPool;
+// one-thread CSA step on the VM: the transpose took 0.35 ms in a step
+// against 36 µs alone).
+var panelPool BufPool[float32]
 
 // logitPool keeps SparseAttnFast's logits buffers (160 KiB for 64 heads ×
 // 640 keys), for the same reason: a fresh one each call cost the one-thread
 // step on the VM 0.3-0.4 ms.
-var logitPool sync.Pool
+var logitPool BufPool[float32]
 
 // headPanelsInto is headPanels into qT (groups·d·64 values, every one
 // written: the zero lanes past heads too).
@@ -77,22 +76,13 @@ func SparseAttnFast(o, q, kv []float32, d int, idx []int32, sink []float32, scal
 	// goroutines' adjacent keys shared cache lines, and writing them took a
 	// seventh of the CPU time at 16 threads)
 	groups := (heads + PanelRows - 1) / PanelRows
-	n := groups * d * PanelRows
-	buf, _ := panelPool.Get().(*[]float32)
-	if buf == nil || cap(*buf) < n {
-		buf = &[]float32{}
-		*buf = make([]float32, n)
-	}
+	buf := panelPool.Get(groups * d * PanelRows)
 	defer panelPool.Put(buf)
-	qT := headPanelsInto((*buf)[:n], q, heads, d)
+	qT := headPanelsInto(*buf, q, heads, d)
 	S := groups * PanelRows
-	lbuf, _ := logitPool.Get().(*[]float32)
-	if lbuf == nil || cap(*lbuf) < L*S {
-		lbuf = &[]float32{}
-		*lbuf = make([]float32, L*S)
-	}
+	lbuf := logitPool.Get(L * S)
 	defer logitPool.Put(lbuf)
-	logits := (*lbuf)[:L*S] // every value written below
+	logits := *lbuf // every value written below
 	z := useAVX512()
 	parallelFor(L, L*heads*d, func(lo, hi int) {
 		// with AVX-512 the keys go in fours (f32Panel64x4AVX512: one read
@@ -288,13 +278,9 @@ func IndexScoresKeys(score, iq, icache []float32, keys *IndexKeys, w []float32, 
 	asm := useAsm() && heads == PanelRows && hd == 128
 	var iqT []float32
 	if asm {
-		buf, _ := panelPool.Get().(*[]float32)
-		if buf == nil || cap(*buf) < heads*hd {
-			buf = &[]float32{}
-			*buf = make([]float32, heads*hd)
-		}
+		buf := panelPool.Get(heads * hd)
 		defer panelPool.Put(buf)
-		iqT = headPanelsInto((*buf)[:heads*hd], iq, heads, hd) // heads = 64: one panel, every value written
+		iqT = headPanelsInto(*buf, iq, heads, hd) // heads = 64: one panel, every value written
 	}
 	avx512 := asm && useAVX512()
 	// the integer products (sparse_fast_vnni.go) where the query allows them

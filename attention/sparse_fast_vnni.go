@@ -51,8 +51,16 @@ type vnniQuery struct {
 	maxSq int64             // 10752: the largest spread e_q max − min over the heads
 }
 
-// vnniRecord is the size of vnniPackRows's record of one row (bytes).
-const vnniRecord = 136
+// vnniRecord is the size of vnniPackRows's record of one row (bytes), and
+// the offsets in it past the 128 codes (vnniPackRows, indexTerms64VNNI and
+// vnniVerifyRows read the same offsets).
+const (
+	vnniRecord    = 136
+	vnniRecShifts = 128 // 4 bytes: the blocks' shifts E − Emin
+	vnniRecEmin   = 132 // Emin − 3, an int8
+	vnniRecSpread = 133 // Emax − Emin
+	vnniRecTaken  = 134 // 1 if the row is taken, else 0
+)
 
 // vnniPackRowRef is vnniPackRows on one row of 128 values in plain Go (the
 // tests hold the assembly to it): it fills rec (vnniRecord bytes: the codes
@@ -63,7 +71,7 @@ const vnniRecord = 136
 // follows); a zero block counts as E = Emax of the others; −57 ≤ Emin ≤
 // Emax ≤ 43 and Emax − Emin ≤ limit.
 func vnniPackRowRef(rec []byte, v []float32, limit int) bool {
-	rec[134] = 0
+	rec[vnniRecTaken] = 0
 	const blk = 32
 	var es [4]int
 	var zero [4]bool
@@ -84,7 +92,7 @@ func vnniPackRowRef(rec []byte, v []float32, limit int) bool {
 		es[b] = exp - 1
 		emin, emax = min(emin, es[b]), max(emax, es[b])
 	}
-	if emin > emax || emax > 43 || emin < -57 || emax-emin > limit {
+	if emin > emax || emax-3 > vnniExpMax || emin-3 < vnniExpMin || emax-emin > limit {
 		return false // (an all-zero row too)
 	}
 	var codes [128]byte
@@ -102,11 +110,11 @@ func vnniPackRowRef(rec []byte, v []float32, limit int) bool {
 	}
 	copy(rec, codes[:])
 	for b := range es {
-		rec[128+b] = byte(es[b] - emin)
+		rec[vnniRecShifts+b] = byte(es[b] - emin)
 	}
-	rec[132] = byte(int8(emin - 3))
-	rec[133] = byte(emax - emin)
-	rec[134] = 1
+	rec[vnniRecEmin] = byte(int8(emin - 3))
+	rec[vnniRecSpread] = byte(emax - emin)
+	rec[vnniRecTaken] = 1
 	return true
 }
 
@@ -138,10 +146,10 @@ func packVNNIQuery(iq, w []float32) (*vnniQuery, bool) {
 				sum += int(n)
 			}
 			q.corr[b*heads+h] = int32(-15 * sum)
-			q.shift[b*heads+h] = int32(rec[128+b])
+			q.shift[b*heads+h] = int32(rec[vnniRecShifts+b])
 		}
-		q.emin[h] = float32(int8(rec[132]))
-		q.maxSq = max(q.maxSq, int64(rec[133]))
+		q.emin[h] = float32(int8(rec[vnniRecEmin]))
+		q.maxSq = max(q.maxSq, int64(rec[vnniRecSpread]))
 		q.w[h] = w[h]
 	}
 	return q, true
@@ -187,7 +195,7 @@ func (k *IndexKeys) sync(icache []float32, tc int) {
 // wider than limit, is left as it is).
 func (k *IndexKeys) stale(r, limit int) bool {
 	rec := k.recs[r*vnniRecord : (r+1)*vnniRecord]
-	return rec[134] == 1 && int(rec[133]) <= limit
+	return rec[vnniRecTaken] == 1 && int(rec[vnniRecSpread]) <= limit
 }
 
 // Clone returns a copy of k that shares nothing with it (nil for nil): a

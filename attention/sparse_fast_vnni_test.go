@@ -117,7 +117,7 @@ func TestVNNIPackRowsEqualRef(t *testing.T) {
 				continue
 			}
 			if !wok {
-				if got[134] != 0 {
+				if got[vnniRecTaken] != 0 {
 					t.Errorf("limit %d, %s: not taken but flagged", limit, names[i])
 				}
 				continue
@@ -160,13 +160,13 @@ func TestVNNIVerifyRows(t *testing.T) {
 		if !ok {
 			continue
 		}
-		spread := int(rec[133])
+		spread := int(rec[vnniRecSpread])
 		if spread > 0 && vnniVerifyRows(&rec[0], &row[0], 1, spread-1) != 0 {
 			t.Errorf("%s: verified under a limit below its spread %d", names[i], spread)
 		}
 		// every single value changed (to another value of its grid, or off it)
 		for k := 0; k < 128; k += 7 {
-			for _, nv := range []float32{row[k] + float32(math.Ldexp(1, int(int8(rec[132])))), row[k] * 1.5, -row[k], float32(math.NaN())} {
+			for _, nv := range []float32{row[k] + float32(math.Ldexp(1, int(int8(rec[vnniRecEmin])))), row[k] * 1.5, -row[k], float32(math.NaN())} {
 				if nv == row[k] || (row[k] == 0 && nv == 0) {
 					continue
 				}
@@ -272,7 +272,7 @@ func TestVNNISpreadBound(t *testing.T) {
 		if !vnniPackRowRef(rec, k, 99) {
 			return -1
 		}
-		return int(rec[133])
+		return int(rec[vnniRecSpread])
 	}
 	var hazard []float32
 	for try := 0; try < 1_000_000 && hazard == nil; try++ {

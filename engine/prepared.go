@@ -5,7 +5,6 @@ import (
 	"math"
 	"runtime"
 	"slices"
-	"sync"
 
 	"golang.org/x/sync/errgroup"
 
@@ -164,8 +163,9 @@ func (p *PreparedLayer) Step(cfg *Config, rope *RopeTable, st *LayerState, x []f
 	// and the main compressor (r > 0). Overlapping the memory-bound GEMVs with
 	// the compute-bound index scoring saves time on a single layer.
 	var g errgroup.Group
-	q := headBuf(H * D) // every value written by wq_b
-	defer headBufs.Put(&q)
+	qb := headBufs.Get(H * D)
+	defer headBufs.Put(qb)
+	q := *qb // every value written by wq_b
 	g.Go(func() error {
 		t := phaseStart()
 		p.WqB.Linear(q, cq)
@@ -224,8 +224,9 @@ func (p *PreparedLayer) Step(cfg *Config, rope *RopeTable, st *LayerState, x []f
 	st.KV = append(st.KV, row...)
 
 	// attention and output
-	o := headBuf(H * D) // every value written by the attention
-	defer headBufs.Put(&o)
+	ob := headBufs.Get(H * D)
+	defer headBufs.Put(ob)
+	o := *ob // every value written by the attention
 	attention.SparseAttnFast(o, q, st.KV, D, idx, p.AttnSink, cfg.SoftmaxScale())
 	rope.RopeLast(o, D, pos, true)
 	t = phaseEnd("attn", t)
@@ -241,23 +242,13 @@ func (p *PreparedLayer) Step(cfg *Config, rope *RopeTable, st *LayerState, x []f
 
 // headBufs keeps the step's large fp32 buffers between steps (q and o, 128
 // KiB each for V4-Flash; the indexer's four query stages and its scores):
-// fresh ones each step are fresh memory (no GC runs for hundreds of steps
-// with the weights live), and on the VM they cost the one-thread CSA step
-// about 0.3 ms per 128 KiB, as SparseAttnFast's own buffers did
-// (attention/sparse_fast.go). None of them leaves the step.
-var headBufs sync.Pool
+// fresh ones each step are fresh memory (attention.BufPool). None of them
+// leaves the step.
+var headBufs attention.BufPool[float32]
 
 // candBufs keeps topKFast's candidate keys (128 KiB at 64K context), for the
 // same reason.
-var candBufs sync.Pool
-
-// headBuf returns a buffer of n values from headBufs (its values stale).
-func headBuf(n int) []float32 {
-	if b, _ := headBufs.Get().(*[]float32); b != nil && cap(*b) >= n {
-		return (*b)[:n]
-	}
-	return make([]float32, n)
-}
+var candBufs attention.BufPool[uint64]
 
 // indexerStep runs the indexer of an r = 4 layer (query, compressor, head
 // weights, scores, top-k) and returns index_sel as kv_cache offsets.
@@ -265,8 +256,9 @@ func (p *PreparedLayer) indexerStep(cfg *Config, rope *RopeTable, st *LayerState
 	ix := p.Indexer
 	hd := ix.NHeads * ix.HeadDim
 	t := phaseStart()
-	qbuf := headBuf(4 * hd) // every value written: iqB by indexer.wq_b, the others by QueryHeads
-	defer headBufs.Put(&qbuf)
+	qb := headBufs.Get(4 * hd)
+	defer headBufs.Put(qb)
+	qbuf := *qb // every value written: iqB by indexer.wq_b, the others by QueryHeads
 	iqB, iqR, iqH, iq := qbuf[:hd], qbuf[hd:2*hd], qbuf[2*hd:3*hd], qbuf[3*hd:]
 	p.IWqB.Linear(iqB, cq)
 	t = phaseEnd("indexer.wq_b", t)
@@ -296,8 +288,9 @@ func (p *PreparedLayer) indexerStep(cfg *Config, rope *RopeTable, st *LayerState
 	t = phaseEnd("indexer.weights", t)
 
 	tc := len(st.ICache) / ix.HeadDim
-	score := headBuf(tc) // every value written by the scoring; read by top-k only
-	defer headBufs.Put(&score)
+	sb := headBufs.Get(tc)
+	defer headBufs.Put(sb)
+	score := *sb // every value written by the scoring; read by top-k only
 	if st.ikeys == nil {
 		st.ikeys = new(attention.IndexKeys)
 	}
@@ -342,13 +335,9 @@ func topKFast(scores []float32, k int) []int64 {
 	if k < 0 || k > len(scores) || len(scores) > math.MaxUint32 {
 		panic("engine: topKFast k out of range")
 	}
-	cb, _ := candBufs.Get().(*[]uint64)
-	if cb == nil || cap(*cb) < len(scores) {
-		cb = &[]uint64{}
-		*cb = make([]uint64, len(scores))
-	}
+	cb := candBufs.Get(len(scores))
 	defer candBufs.Put(cb)
-	cand := (*cb)[:len(scores)] // every value written below
+	cand := *cb // every value written below
 	for i, s := range scores {
 		cand[i] = scoreKey(s, i)
 	}
