@@ -118,6 +118,7 @@ func ParseConfig(b []byte) (*Config, error) {
 	if err := dec.Decode(&c); err != nil {
 		return nil, fmt.Errorf("engine: config: %w", err)
 	}
+	c.V41Args.dropEmptyLists()
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}

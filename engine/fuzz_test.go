@@ -37,6 +37,13 @@ func FuzzConfig(f *testing.F) {
 	f.Add([]byte(`{"head_dim": 64, "rope_head_dim": 64}`))
 	f.Add([]byte(`{"n_layers": 1, "compress_ratios": [5]}`))
 	f.Add([]byte(`{"dim": 1e400}`))
+	// Round trips that once changed the config: a V3.2 key whose default is
+	// not zero, set to zero (omitempty dropped it, the parse restored the
+	// default), and an empty V4.1 list (it came back nil).
+	for _, k := range []string{"n_limited_groups", "n_expert_groups", "n_dense_layers", "inter_dim", "mscale"} {
+		f.Add([]byte(`{"kv_lora_rank": 512, "q_lora_rank": 128, "` + k + `": 0}`))
+	}
+	f.Add([]byte(`{"n_layers": 2, "compress_ratios": [4, 128], "kv_source_layers": [], "engram_num_embeddings": [], "index_head_dim": 128, "window_size": 1}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		c, err := ParseConfig(b)
 		if err != nil {

@@ -240,7 +240,10 @@ func v32Preset(name string) *Config {
 }
 
 // MarshalJSON writes a V4 config with every field (as before) and a V3.2
-// config with the V3.2 ModelArgs keys only, so that it parses back as V3.2.
+// config with every V3.2 ModelArgs key and no other, so that it parses back
+// as the same V3.2 config. The V3.2 keys that a V4 config omits when zero
+// (omitempty) are written even when zero: their V3.2 defaults are not zero
+// (n_limited_groups = 0 must not come back as the default 1).
 func (c Config) MarshalJSON() ([]byte, error) {
 	type plain Config
 	b, err := json.Marshal(plain(c))
@@ -254,6 +257,15 @@ func (c Config) MarshalJSON() ([]byte, error) {
 	for k := range m {
 		if !v32Keys[k] {
 			delete(m, k)
+		}
+	}
+	for k, v := range map[string]any{
+		"inter_dim": c.InterDim, "n_dense_layers": c.NDenseLayers, "n_expert_groups": c.NExpertGroups,
+		"n_limited_groups": c.NLimitedGroups, "kv_lora_rank": c.KVLoraRank, "qk_nope_head_dim": c.QKNopeHeadDim,
+		"qk_rope_head_dim": c.QKRopeHeadDim, "v_head_dim": c.VHeadDim, "mscale": c.Mscale,
+	} {
+		if m[k], err = json.Marshal(v); err != nil {
+			return nil, err
 		}
 	}
 	return json.Marshal(m)

@@ -60,6 +60,22 @@ type V41Args struct {
 	DSparkNActivatedExperts   int     `json:"dspark_n_activated_experts,omitempty"`
 }
 
+// dropEmptyLists makes an empty list key ("kv_source_layers": []) the same
+// config as an absent one: every reader takes only their length and elements,
+// and a config must come back unchanged from a JSON round trip, where
+// omitempty drops an empty list.
+func (a *V41Args) dropEmptyLists() {
+	for _, l := range []*[]int{&a.KVSourceLayers, &a.IndexSourceLayers, &a.KVSourceLayerIDs,
+		&a.IndexSourceLayerIDs, &a.EngramLayerIDs, &a.DSparkTargetLayerIDs} {
+		if len(*l) == 0 {
+			*l = nil
+		}
+	}
+	if len(a.EngramNumEmbeddings) == 0 {
+		a.EngramNumEmbeddings = nil
+	}
+}
+
 // IsV41 reports whether the config is DeepSeek-V4.1 (CSA2): it names KV-source
 // or index-source layers, or candidate blocks.
 func (c *Config) IsV41() bool {
