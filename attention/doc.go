@@ -68,7 +68,8 @@
 // reference's order, so the results are the same bits; work is split by
 // output across GOMAXPROCS goroutines, so they do not depend on it either.
 // Two fast paths compute differently and prove the same bits instead: the
-// index scoring's integer q·k products (AVX-512 VNNI, sparse_fast_vnni.go:
+// index scoring's integer q·k products (AVX-512 VNNI, sparse_fast_vnni.go;
+// its kernels in index_vnni_amd64.s, written by internal/vnnigen:
 // FP4-rounded blocks whose exact sum the reference's fp32 sum equals, checked
 // per key; IndexKeys keeps the packed keys and verifies them against the
 // fp32 cache on every call) and the softmax's exps (expFast: float64 with

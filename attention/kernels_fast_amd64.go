@@ -2,8 +2,9 @@
 
 package attention
 
-// Assembly kernels (kernels_fast_amd64.s). Their contracts are in the .s file and
-// linear_fast.go, linear_fast_fp8.go / sparse_fast.go.
+// Assembly kernels (kernels_fast_amd64.s; the VNNI ones in index_vnni_amd64.s,
+// written by internal/vnnigen). Their contracts are in the .s files and
+// linear_fast.go, linear_fast_fp8.go / sparse_fast.go / sparse_fast_vnni.go.
 
 func cpuid(eaxArg, ecxArg uint32) (eax, ebx, ecx, edx uint32)
 func xgetbv0() (eax, edx uint32)

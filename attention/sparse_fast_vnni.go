@@ -5,6 +5,9 @@ import (
 	"sync"
 )
 
+// The VNNI kernels (index_vnni_amd64.s) are written by internal/vnnigen.
+//go:generate go run ./internal/vnnigen
+
 // The index scores' q·k products as integers (indexTerms64VNNI, AVX-512
 // VNNI), where that gives the reference's bits.
 //
