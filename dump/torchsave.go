@@ -183,7 +183,7 @@ func readTorchSave(fr io.ReaderAt, size int64, path string) (interface{}, error)
 	if err != nil {
 		return nil, fmt.Errorf("dump: %s: %s: %w", path, pkl.Name, err)
 	}
-	v, err := ptValue(obj, 0)
+	v, err := newPtWalk(len(data)).value(obj, 0)
 	if err != nil {
 		return nil, fmt.Errorf("dump: %s: %s: %w", path, pkl.Name, err)
 	}
@@ -215,22 +215,22 @@ func readMember(f *zip.File, max int64) ([]byte, error) {
 func (a *ptArchive) persistentLoad(pid interface{}) (interface{}, error) {
 	t, ok := pid.(*types.Tuple)
 	if !ok || t.Len() < 5 {
-		return nil, fmt.Errorf("persistent id %v is not a storage tuple", pid)
+		return nil, fmt.Errorf("persistent id %s is not a storage tuple", ptDescribe(pid))
 	}
 	if s, _ := t.Get(0).(string); s != "storage" {
-		return nil, fmt.Errorf("persistent id kind %v (want \"storage\")", t.Get(0))
+		return nil, fmt.Errorf("persistent id kind %s (want \"storage\")", ptDescribe(t.Get(0)))
 	}
 	cls, ok := t.Get(1).(*ptStorageClass)
 	if !ok {
-		return nil, fmt.Errorf("persistent id storage type %v is not a torch storage class", t.Get(1))
+		return nil, fmt.Errorf("persistent id storage type %s is not a torch storage class", ptDescribe(t.Get(1)))
 	}
 	key, ok := t.Get(2).(string)
 	if !ok || key == "" || strings.ContainsAny(key, "/\\") {
-		return nil, fmt.Errorf("storage key %v", t.Get(2))
+		return nil, fmt.Errorf("storage key %s", ptDescribe(t.Get(2)))
 	}
 	numel, err := ptInt(t.Get(4))
 	if err != nil || numel < 0 {
-		return nil, fmt.Errorf("storage %s: numel %v", key, t.Get(4))
+		return nil, fmt.Errorf("storage %s: numel %s", key, ptDescribe(t.Get(4)))
 	}
 	if st, ok := a.storages[key]; ok {
 		if st.dtype != cls.dt || st.numel != numel {

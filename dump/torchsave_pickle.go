@@ -93,7 +93,7 @@ func (r *ptRebuild) Call(args ...interface{}) (interface{}, error) {
 	}
 	off, err := ptInt(args[1])
 	if err != nil || off < 0 {
-		return nil, fmt.Errorf("%s: storage offset %v", r.name, args[1])
+		return nil, fmt.Errorf("%s: storage offset %s", r.name, ptDescribe(args[1]))
 	}
 	size, err := ptInts(args[2])
 	if err != nil {
@@ -129,7 +129,7 @@ func ptInt(v interface{}) (int64, error) {
 		}
 		return 0, nil
 	}
-	return 0, fmt.Errorf("%v (%T) is not an integer", v, v)
+	return 0, fmt.Errorf("%s (%T) is not an integer", ptDescribe(v), v)
 }
 
 func ptInts(v interface{}) ([]int64, error) {
@@ -192,10 +192,32 @@ type ptDict struct {
 	vals map[string]interface{}
 }
 
-// ptValue converts gopickle's values into the closed set a tensor file may hold.
-func ptValue(v interface{}, depth int) (interface{}, error) {
+// ptWalk converts gopickle's values into the closed set a tensor file may
+// hold. A pickle can name one container many times (its memo), so the tree it
+// spells can be exponentially larger than the file: 40 nested tuples that
+// each hold the one before twice are 2^40 values in a few hundred bytes. The
+// walk therefore counts every value it visits against left, set from the
+// pickle's length (a tensor file's values are spelled out, or are strings and
+// tensors named again at two bytes a name), and stops when it runs out.
+type ptWalk struct {
+	left  int64 // values the walk may still visit
+	limit int64 // the budget it started with, for the error
+}
+
+// newPtWalk budgets a walk of the pickle of n bytes: 4 values a byte, and at
+// least 1<<16.
+func newPtWalk(n int) *ptWalk {
+	l := 4*int64(n) + 1<<16
+	return &ptWalk{left: l, limit: l}
+}
+
+// value converts v (at nesting depth) and what it holds.
+func (w *ptWalk) value(v interface{}, depth int) (interface{}, error) {
 	if depth > maxPickleDepth {
 		return nil, fmt.Errorf("containers nested deeper than %d", maxPickleDepth)
+	}
+	if w.left--; w.left < 0 {
+		return nil, fmt.Errorf("the pickle's containers hold more than %d values (one container named again and again): not a tensor file", w.limit)
 	}
 	switch x := v.(type) {
 	case nil, string, bool, float64, *ptTensor:
@@ -210,13 +232,13 @@ func ptValue(v interface{}, depth int) (interface{}, error) {
 		}
 		return x.String(), nil
 	case *types.Tuple:
-		return ptList(*x, depth)
+		return w.list(*x, depth)
 	case *types.List:
-		return ptList(*x, depth)
+		return w.list(*x, depth)
 	case *types.Dict:
 		d := &ptDict{vals: map[string]interface{}{}}
 		for _, e := range *x {
-			if err := d.set(e.Key, e.Value, depth); err != nil {
+			if err := w.set(d, e.Key, e.Value, depth); err != nil {
 				return nil, err
 			}
 		}
@@ -225,7 +247,7 @@ func ptValue(v interface{}, depth int) (interface{}, error) {
 		d := &ptDict{vals: map[string]interface{}{}}
 		for e := x.List.Front(); e != nil; e = e.Next() {
 			oe := e.Value.(*types.OrderedDictEntry)
-			if err := d.set(oe.Key, oe.Value, depth); err != nil {
+			if err := w.set(d, oe.Key, oe.Value, depth); err != nil {
 				return nil, err
 			}
 		}
@@ -236,10 +258,10 @@ func ptValue(v interface{}, depth int) (interface{}, error) {
 	return nil, fmt.Errorf("pickle constructs a %T, which a tensor file may not hold", v)
 }
 
-func ptList(items []interface{}, depth int) ([]interface{}, error) {
+func (w *ptWalk) list(items []interface{}, depth int) ([]interface{}, error) {
 	out := make([]interface{}, len(items))
 	for i, it := range items {
-		v, err := ptValue(it, depth+1)
+		v, err := w.value(it, depth+1)
 		if err != nil {
 			return nil, err
 		}
@@ -248,7 +270,8 @@ func ptList(items []interface{}, depth int) ([]interface{}, error) {
 	return out, nil
 }
 
-func (d *ptDict) set(k, v interface{}, depth int) error {
+// set converts a dict entry into d.
+func (w *ptWalk) set(d *ptDict, k, v interface{}, depth int) error {
 	var key string
 	switch x := k.(type) {
 	case string:
@@ -260,7 +283,7 @@ func (d *ptDict) set(k, v interface{}, depth int) error {
 	default:
 		return fmt.Errorf("dict key of type %T", k)
 	}
-	val, err := ptValue(v, depth+1)
+	val, err := w.value(v, depth+1)
 	if err != nil {
 		return err
 	}
@@ -269,6 +292,35 @@ func (d *ptDict) set(k, v interface{}, depth int) error {
 	}
 	d.vals[key] = val
 	return nil
+}
+
+// ptDescribe names a decoded pickle value for an error message: a scalar by
+// its value (a string quoted, at most 64 bytes of it), a container by its
+// kind and length only. It never walks into a container: a pickle can make a
+// container hold itself, and printing it with %v would never end.
+func ptDescribe(v interface{}) string {
+	switch x := v.(type) {
+	case nil:
+		return "None"
+	case string:
+		if len(x) > 64 {
+			return strconv.Quote(x[:64]) + fmt.Sprintf("… (%d bytes)", len(x))
+		}
+		return strconv.Quote(x)
+	case bool, int, int64, float64:
+		return fmt.Sprint(x)
+	case *big.Int:
+		return fmt.Sprintf("an integer of %d bits", x.BitLen())
+	case *types.Tuple:
+		return fmt.Sprintf("a tuple of %d items", x.Len())
+	case *types.List:
+		return fmt.Sprintf("a list of %d items", x.Len())
+	case *types.Dict:
+		return fmt.Sprintf("a dict of %d entries", x.Len())
+	case *types.OrderedDict:
+		return fmt.Sprintf("an OrderedDict of %d entries", x.Len())
+	}
+	return fmt.Sprintf("a %T", v)
 }
 
 // scanPickle walks the opcodes of a pickle and checks that every length it

@@ -262,3 +262,43 @@ func TestTorchSaveMemberPastEOF(t *testing.T) {
 	}
 	t.Fatal("central directory record not found")
 }
+
+// torchZipOf wraps a pickle as the data.pkl of a torch.save zip.
+func torchZipOf(pkl []byte) []byte {
+	var buf bytes.Buffer
+	zw := zip.NewWriter(&buf)
+	w, _ := zw.CreateHeader(&zip.FileHeader{Name: "f/data.pkl", Method: zip.Store})
+	w.Write(pkl)
+	zw.Close()
+	return buf.Bytes()
+}
+
+// Pickles whose memo makes a container hold itself or name another one
+// many times fail at once, with an error that does not print the
+// containers. A dict holding itself as a persistent id once overflowed the
+// stack while its error was formatted (FuzzTorchSave found it, kept in
+// testdata/fuzz/FuzzTorchSave); 40 nested tuples that each hold the one
+// before twice (2^40 values from 290 bytes) never ended.
+func TestTorchSaveSharedContainers(t *testing.T) {
+	// d = {}; d["k"] = d; then d as a persistent id
+	self := []byte("\x80\x02}q\x00(X\x01\x00\x00\x00kh\x00uh\x00Q.")
+	dag := []byte{0x80, 0x02, ']', 'q', 0}
+	for i := 0; i < 40; i++ {
+		dag = append(dag, 'h', byte(i), 'h', byte(i), 0x86, 'q', byte(i+1))
+	}
+	dag = append(dag, '.')
+	for _, c := range []struct {
+		name string
+		pkl  []byte
+		want string
+	}{
+		{"a dict holding itself, as a persistent id", self, "persistent id a dict of 1 entries is not a storage tuple"},
+		{"2^40 values named through the memo", dag, "the pickle's containers hold more than"},
+	} {
+		b := torchZipOf(c.pkl)
+		_, err := readTorchSave(bytes.NewReader(b), int64(len(b)), "hostile.pt")
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: error %v, want one containing %q", c.name, err, c.want)
+		}
+	}
+}

@@ -964,6 +964,39 @@ func npzClaim(t *testing.T) []byte {
 	return buf.Bytes()
 }
 
+// torchZipRaw wraps a pickle as the data.pkl of a torch.save zip (stored,
+// with its byteorder member).
+func torchZipRaw(t *testing.T, pkl []byte) []byte {
+	var buf bytes.Buffer
+	zw := zip.NewWriter(&buf)
+	for _, m := range []struct {
+		name string
+		b    []byte
+	}{{"f/data.pkl", pkl}, {"f/byteorder", []byte("little")}} {
+		w, err := zw.CreateHeader(&zip.FileHeader{Name: m.name, Method: zip.Store, Modified: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.Write(m.b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+// pickleMemoDoubling is a protocol-2 pickle of n nested tuples, each holding
+// the one before twice through the memo (BINGET): 2^n leaves in 7n + 6 bytes.
+func pickleMemoDoubling(n int) []byte {
+	p := []byte{0x80, 0x02, ']', 'q', 0}
+	for i := range n {
+		p = append(p, 'h', byte(i), 'h', byte(i), 0x86, 'q', byte(i+1))
+	}
+	return append(p, '.')
+}
+
 // writeBadCorpus returns the committed files of testdata/bad by name.
 func writeBadCorpus(t *testing.T, dir string) map[string][]byte {
 	x8 := make([]byte, 8)
@@ -1005,6 +1038,12 @@ func writeBadCorpus(t *testing.T, dir string) map[string][]byte {
 		"npy_big_endian.npy": npyRaw(1, "{'descr': '>u2', 'fortran_order': False, 'shape': (4,), }\n", x8),
 		"npz_claims_64g.npz": npzClaim(t),
 		"npy_hlen_huge.npy":  append(append([]byte("\x93NUMPY\x02\x00"), 0xff, 0xff, 0xff, 0x7f), x8...),
+		// torch.save zips whose pickle memo shares containers: a dict that
+		// holds itself, used as a persistent id (its error once printed it:
+		// a stack overflow), and 40 nested tuples that each hold the one
+		// before twice (2^40 values, once a walk that never ended)
+		"pt_self_ref.pt":   torchZipRaw(t, []byte("\x80\x02}q\x00(X\x01\x00\x00\x00kh\x00uh\x00Q.")),
+		"pt_memo_2e40.pt": torchZipRaw(t, pickleMemoDoubling(40)),
 		// name maps
 		"map_bad_json.map.json":     []byte(`{"name": "x", "files": [`),
 		"map_bad_regexp.map.json":   []byte(`{"name": "x", "files": [{"file": "^step_(?P<step>\\d+$", "rules": [{"match": ".*"}]}]}`),
