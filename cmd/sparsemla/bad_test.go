@@ -1042,7 +1042,7 @@ func writeBadCorpus(t *testing.T, dir string) map[string][]byte {
 		// holds itself, used as a persistent id (its error once printed it:
 		// a stack overflow), and 40 nested tuples that each hold the one
 		// before twice (2^40 values, once a walk that never ended)
-		"pt_self_ref.pt":   torchZipRaw(t, []byte("\x80\x02}q\x00(X\x01\x00\x00\x00kh\x00uh\x00Q.")),
+		"pt_self_ref.pt":  torchZipRaw(t, []byte("\x80\x02}q\x00(X\x01\x00\x00\x00kh\x00uh\x00Q.")),
 		"pt_memo_2e40.pt": torchZipRaw(t, pickleMemoDoubling(40)),
 		// name maps
 		"map_bad_json.map.json":     []byte(`{"name": "x", "files": [`),
