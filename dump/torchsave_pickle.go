@@ -312,15 +312,23 @@ func ptDescribe(v interface{}) string {
 	case *big.Int:
 		return fmt.Sprintf("an integer of %d bits", x.BitLen())
 	case *types.Tuple:
-		return fmt.Sprintf("a tuple of %d items", x.Len())
+		return "a tuple of " + count(x.Len(), "item", "items")
 	case *types.List:
-		return fmt.Sprintf("a list of %d items", x.Len())
+		return "a list of " + count(x.Len(), "item", "items")
 	case *types.Dict:
-		return fmt.Sprintf("a dict of %d entries", x.Len())
+		return "a dict of " + count(x.Len(), "entry", "entries")
 	case *types.OrderedDict:
-		return fmt.Sprintf("an OrderedDict of %d entries", x.Len())
+		return "an OrderedDict of " + count(x.Len(), "entry", "entries")
 	}
 	return fmt.Sprintf("a %T", v)
+}
+
+// count is "1 item" or "n items".
+func count(n int, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return strconv.Itoa(n) + " " + many
 }
 
 // scanPickle walks the opcodes of a pickle and checks that every length it

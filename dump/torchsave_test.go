@@ -292,7 +292,7 @@ func TestTorchSaveSharedContainers(t *testing.T) {
 		pkl  []byte
 		want string
 	}{
-		{"a dict holding itself, as a persistent id", self, "persistent id a dict of 1 entries is not a storage tuple"},
+		{"a dict holding itself, as a persistent id", self, "persistent id a dict of 1 entry is not a storage tuple"},
 		{"2^40 values named through the memo", dag, "the pickle's containers hold more than"},
 	} {
 		b := torchZipOf(c.pkl)
