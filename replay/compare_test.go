@@ -111,6 +111,27 @@ func TestToleranceOverrides(t *testing.T) {
 	}
 }
 
+// An unknown stage name is quoted in the error at most maxQuoted bytes long,
+// with its length, and the "did you mean" search skips names whose length
+// rules them out (a 1 MiB name once took seconds and echoed 1 MB into the
+// error line); a near miss still gets its hint.
+func TestToleranceUnknownStageErrors(t *testing.T) {
+	long := strings.Repeat("q", 1<<20)
+	p := filepath.Join(t.TempDir(), "tol.json")
+	os.WriteFile(p, []byte(`{"stages": {"`+long+`": {"mode": "exact"}}}`), 0o644)
+	err := DefaultTolerance().LoadToleranceFile(p)
+	if err == nil || len(err.Error()) > 400 || !strings.Contains(err.Error(), "(1048576 bytes)") {
+		t.Errorf("1 MiB stage name: error of %d bytes, want a short one giving the length", len(fmt.Sprint(err)))
+	}
+	_, _, err = ParseStageTol(long + "=exact")
+	if err == nil || len(err.Error()) > 400 {
+		t.Errorf("--tol-stage with a 1 MiB name: error of %d bytes, want a short one", len(fmt.Sprint(err)))
+	}
+	if _, _, err := ParseStageTol("kv_cachee=exact"); err == nil || !strings.Contains(err.Error(), `did you mean "kv_cache"?`) {
+		t.Errorf("near miss: %v, want a hint naming kv_cache", err)
+	}
+}
+
 // compareFloatPlain is CompareFloat as first written (two passes, no short
 // path for identical pairs), kept to test the one-pass form against.
 func compareFloatPlain(ref, gpu engine.Tensor, tol StageTol, gpuTable bool) Metrics {

@@ -288,10 +288,10 @@ func (t *Tolerance) LoadToleranceFile(path string) error {
 	for _, n := range names {
 		st := f.Stages[n]
 		if !KnownStage(n) {
-			return fmt.Errorf("tolerance file %s: unknown stage %q (%s)", path, n, knownStagesHint(n))
+			return fmt.Errorf("tolerance file %s: unknown stage %s (%s)", path, quoteName(n), knownStagesHint(n))
 		}
 		if !st.Mode.valid() {
-			return fmt.Errorf("tolerance file %s: stage %q: unknown mode %q (exact, ulp, close, set)", path, n, st.Mode)
+			return fmt.Errorf("tolerance file %s: stage %q: unknown mode %s (exact, ulp, close, set)", path, n, quoteName(string(st.Mode)))
 		}
 		if err := st.Validate(); err != nil {
 			return fmt.Errorf("tolerance file %s: stage %q: %w", path, n, err)
@@ -300,7 +300,7 @@ func (t *Tolerance) LoadToleranceFile(path string) error {
 	}
 	if f.Fallback != nil {
 		if !f.Fallback.Mode.valid() {
-			return fmt.Errorf("tolerance file %s: fallback: unknown mode %q", path, f.Fallback.Mode)
+			return fmt.Errorf("tolerance file %s: fallback: unknown mode %s", path, quoteName(string(f.Fallback.Mode)))
 		}
 		if err := f.Fallback.Validate(); err != nil {
 			return fmt.Errorf("tolerance file %s: fallback: %w", path, err)
@@ -362,8 +362,14 @@ func knownStagesHint(name string) string {
 	sort.Strings(all)
 	sort.Strings(v32)
 	best, bd := "", 1<<30
-	// V4 names first; a V3.2 stage name only when strictly closer
+	// V4 names first; a V3.2 stage name only when strictly closer. A name
+	// whose length differs by more than 3 is more than 3 edits away, so the
+	// O(len·len) distance runs only on names of about the same length (a
+	// hostile 4 MiB name costs nothing).
 	for _, n := range append(all, v32...) {
+		if abs(len(name)-len(n)) > 3 {
+			continue
+		}
 		if d := editDistance(name, n); d < bd {
 			best, bd = n, d
 		}
@@ -372,6 +378,26 @@ func knownStagesHint(name string) string {
 		return fmt.Sprintf("did you mean %q? stage names: docs/replay-json.md", best)
 	}
 	return "stage names: docs/replay-json.md"
+}
+
+func abs(n int) int {
+	if n < 0 {
+		return -n
+	}
+	return n
+}
+
+// maxQuoted bounds the bytes of an input name quoted in an error message.
+const maxQuoted = 64
+
+// quoteName quotes an input name for an error message: whole if it is at
+// most maxQuoted bytes, else its first maxQuoted bytes and its length (an
+// error is one line, not an echo of a 4 MiB key).
+func quoteName(s string) string {
+	if len(s) <= maxQuoted {
+		return strconv.Quote(s)
+	}
+	return fmt.Sprintf("%s… (%d bytes)", strconv.Quote(s[:maxQuoted]), len(s))
 }
 
 // editDistance is the Levenshtein distance of a and b (bytes).
@@ -403,20 +429,20 @@ func editDistance(a, b string) int {
 func ParseStageTol(s string) (string, StageTol, error) {
 	name, spec, ok := strings.Cut(s, "=")
 	if !ok || name == "" {
-		return "", StageTol{}, fmt.Errorf("tolerance %q: want STAGE=MODE[,key=value...]", s)
+		return "", StageTol{}, fmt.Errorf("tolerance %s: want STAGE=MODE[,key=value...]", quoteName(s))
 	}
 	if !KnownStage(name) {
-		return "", StageTol{}, fmt.Errorf("tolerance %q: unknown stage %q (%s)", s, name, knownStagesHint(name))
+		return "", StageTol{}, fmt.Errorf("tolerance %s: unknown stage %s (%s)", quoteName(s), quoteName(name), knownStagesHint(name))
 	}
 	parts := strings.Split(spec, ",")
 	st := StageTol{Mode: TolMode(parts[0]), Why: "command line"}
 	if !st.Mode.valid() {
-		return "", StageTol{}, fmt.Errorf("tolerance %q: unknown mode %q (exact, ulp, close, set)", s, parts[0])
+		return "", StageTol{}, fmt.Errorf("tolerance %s: unknown mode %s (exact, ulp, close, set)", quoteName(s), quoteName(parts[0]))
 	}
 	for _, kv := range parts[1:] {
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok {
-			return "", StageTol{}, fmt.Errorf("tolerance %q: %q is not key=value", s, kv)
+			return "", StageTol{}, fmt.Errorf("tolerance %s: %s is not key=value", quoteName(s), quoteName(kv))
 		}
 		var err error
 		switch k {
@@ -431,14 +457,14 @@ func ParseStageTol(s string) (string, StageTol, error) {
 		case "cos":
 			st.Cos, err = strconv.ParseFloat(v, 64)
 		default:
-			return "", StageTol{}, fmt.Errorf("tolerance %q: unknown key %q", s, k)
+			return "", StageTol{}, fmt.Errorf("tolerance %s: unknown key %s", quoteName(s), quoteName(k))
 		}
 		if err != nil {
-			return "", StageTol{}, fmt.Errorf("tolerance %q: %s: %w", s, k, err)
+			return "", StageTol{}, fmt.Errorf("tolerance %s: %s: %w", quoteName(s), k, err)
 		}
 	}
 	if err := st.Validate(); err != nil {
-		return "", StageTol{}, fmt.Errorf("tolerance %q: %w", s, err)
+		return "", StageTol{}, fmt.Errorf("tolerance %s: %w", quoteName(s), err)
 	}
 	return name, st, nil
 }
