@@ -3,6 +3,7 @@ package dump
 import (
 	"bytes"
 	"fmt"
+	"math"
 	"slices"
 	"sort"
 	"strconv"
@@ -183,8 +184,16 @@ func (d *Dump) mergeGroup(idx []int) (Entry, error) {
 	m.Shape[s0.Dim] = 0
 	m.NBytes = 0
 	for _, p := range parts {
+		if p.Shape[s0.Dim] > math.MaxInt-m.Shape[s0.Dim] || p.NBytes > math.MaxInt64-m.NBytes {
+			return Entry{}, fmt.Errorf("dump: %s: record %d (%s %s): shard shape %v: the %d TP shards' dimension %d overflows", p.File, p.Record, p.Key, p.Kind, p.Shape, s0.Size, s0.Dim)
+		}
 		m.Shape[s0.Dim] += p.Shape[s0.Dim]
 		m.NBytes += p.NBytes
+	}
+	// Each shard's shape holds its bytes; the merged shape must hold their
+	// sum (the shards agree outside dim, so it does unless it overflows).
+	if err := (&Record{DType: m.DType, Shape: m.Shape}).checkLen(m.NBytes); err != nil {
+		return Entry{}, fmt.Errorf("dump: %s %s: merged shape of %d TP shards (have %s record %d): %w", first.Key, first.Kind, s0.Size, first.File, first.Record, err)
 	}
 	m.parts = parts
 	m.Offset = -1
@@ -200,9 +209,17 @@ func (d *Dump) readMerged(e *Entry, buf []byte) (Record, error) {
 	} else {
 		r.Data = make([]byte, e.NBytes)
 	}
+	if e.NBytes == 0 {
+		// Nothing to copy. The shape may still be huge ([2^31, 2^31, 0]):
+		// looping over its leading dimensions would never end.
+		return r, nil
+	}
 	dim := e.Shard.Dim
-	outer := 1
+	outer := 1 // rows to interleave: the product of the leading dimensions
 	for _, s := range e.Shape[:dim] {
+		if s < 0 || s > 0 && outer > math.MaxInt/s {
+			return Record{}, fmt.Errorf("dump: %s %s: merged shape %v: leading dimensions overflow", e.Key, e.Kind, e.Shape)
+		}
 		outer *= s
 	}
 	// bytes per outer index of each part

@@ -2,6 +2,8 @@ package dump
 
 import (
 	"bytes"
+	"fmt"
+	"math"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -110,4 +112,46 @@ func TestCaptureTPMerged(t *testing.T) {
 	if len(d.Entries) != 3 {
 		t.Errorf("%d entries", len(d.Entries))
 	}
+}
+
+// Zero-byte shards may claim huge leading dimensions (the shape holds no
+// element when another dimension is 0): reading the merged record must not
+// loop over them (it looped 2^60 times). Shards whose dimensions sum past
+// the largest int are refused at open.
+func TestTPShardsHugeShapes(t *testing.T) {
+	t.Run("zero bytes", func(t *testing.T) {
+		dir := t.TempDir()
+		empty := []int{1 << 30, 1 << 30, 0}
+		for rank := 0; rank < 2; rank++ {
+			writeRank(t, filepath.Join(dir, "a.tp"+istr(rank)+".smd"), rank,
+				[]Record{bf16Rec("x", empty, []byte{})}, []*ShardInfo{{Rank: rank, Size: 2, Dim: 2}})
+		}
+		d, err := Open(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer d.Close()
+		r, err := d.Get(Key{Step: 5, Layer: 0, Stage: "x"}, KindStage)
+		if err != nil || !equalInts(r.Shape, empty) || len(r.Data) != 0 {
+			t.Errorf("read %v %d bytes, %v; want %v, no bytes", r.Shape, len(r.Data), err, empty)
+		}
+	})
+	t.Run("dimension overflow", func(t *testing.T) {
+		dir := t.TempDir()
+		half := []int{math.MaxInt/2 + 1, 0}
+		for rank := 0; rank < 2; rank++ {
+			writeRank(t, filepath.Join(dir, "a.tp"+istr(rank)+".smd"), rank,
+				[]Record{bf16Rec("x", half, []byte{})}, []*ShardInfo{{Rank: rank, Size: 2, Dim: 0}})
+		}
+		d, err := Open(dir)
+		if err == nil {
+			t.Errorf("opened shards summing past the largest int: shape %v", d.Entries[0].Shape)
+			d.Close()
+			return
+		}
+		want := fmt.Sprintf("a.tp1.smd: record 1 (-/p5/L0/x stage): shard shape %v: the 2 TP shards' dimension 0 overflows", half)
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %v, want one containing %q", err, want)
+		}
+	})
 }

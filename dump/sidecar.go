@@ -54,6 +54,10 @@ type foreignMeta struct {
 	sidecar     *Sidecar
 	sidecarPath string
 	fileReq     map[string]string // file -> sparsemla.request
+	// prefixAt indexes d.Prefix by request while addPrefixHit fills it (a
+	// safetensors __metadata__ can hold a million hits: scanning d.Prefix
+	// for each one was quadratic).
+	prefixAt map[string]int
 }
 
 // ParseSidecar parses a sidecar strictly: version 1, no unknown keys, every
@@ -164,18 +168,23 @@ func (d *Dump) noteFileMeta(path string, md map[string]string) error {
 	return nil
 }
 
-// addPrefixHit merges a prefix hit: the same request twice must agree.
+// addPrefixHit merges a prefix hit: the same request twice must agree, and
+// is kept once, where it first came. A foreign dump's d.Prefix is appended
+// only here (assignRequests sorts it once all hits are in), so prefixAt
+// stays its index.
 func (d *Dump) addPrefixHit(h PrefixHit) error {
-	for _, p := range d.Prefix {
-		if p.Request != h.Request {
-			continue
-		}
+	if i, ok := d.meta.prefixAt[h.Request]; ok {
+		p := d.Prefix[i]
 		if p.Source != h.Source || p.Tokens != h.Tokens {
 			return fmt.Errorf("dump: prefix hit of request %q: %s says source %q tokens %d, %s says source %q tokens %d",
 				h.Request, p.File, p.Source, p.Tokens, h.File, h.Source, h.Tokens)
 		}
 		return nil
 	}
+	if d.meta.prefixAt == nil {
+		d.meta.prefixAt = map[string]int{}
+	}
+	d.meta.prefixAt[h.Request] = len(d.Prefix)
 	d.Prefix = append(d.Prefix, h)
 	return nil
 }

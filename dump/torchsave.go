@@ -113,6 +113,20 @@ func newPtTensor(st *ptStorage, dt DType, fp4 bool, off int64, size, stride []in
 			return nil, fmt.Errorf("view (offset %d, size %v, stride %v) reaches element %d of storage %s that holds %d bytes", off, size, stride, last, st.key, stBytes)
 		}
 		t.span = (last+1)*esz - off*esz
+		// A view is read as a gather of distinct storage elements, so its
+		// bytes never exceed the storage's. A view that names one element
+		// more than once (a broadcast made by expand, or an overlapping
+		// as_strided window) is legal in PyTorch but would make the reader
+		// allocate what the shape claims, not what the file holds: a
+		// 1-element storage viewed as (2^30, 2^30) with stride (0, 0).
+		for i, s := range size {
+			if s > 1 && stride[i] == 0 {
+				return nil, fmt.Errorf("view (offset %d, size %v, stride %v) of storage %s is broadcast (stride 0 on dimension %d of size %d): expanded views are not read, save a contiguous copy (x.contiguous())", off, size, stride, st.key, i, s)
+			}
+		}
+		if t.nbytes > t.span {
+			return nil, fmt.Errorf("view (offset %d, size %v, stride %v) of storage %s overlaps itself (%d bytes of elements in a span of %d bytes): overlapping views are not read, save a contiguous copy (x.contiguous())", off, size, stride, st.key, t.nbytes, t.span)
+		}
 	}
 	return t, nil
 }
@@ -139,11 +153,12 @@ func isTorchZip(zr *zip.Reader) bool {
 // readTorchSave decodes the pickle of a torch.save zip (fr of size bytes)
 // into Go values: map (*types.Dict / *types.OrderedDict entries kept in
 // order as ptDict), []interface{}, string, int64, float64, bool, nil and
-// *ptTensor.
-func readTorchSave(fr io.ReaderAt, size int64, path string) (interface{}, error) {
+// *ptTensor. It also returns the pickle's length, which budgets the
+// flattening of the value (newPtFlat).
+func readTorchSave(fr io.ReaderAt, size int64, path string) (v interface{}, pklLen int, err error) {
 	zr, err := zip.NewReader(fr, size)
 	if err != nil {
-		return nil, fmt.Errorf("dump: %s: torch.save zip: %w", path, err)
+		return nil, 0, fmt.Errorf("dump: %s: torch.save zip: %w", path, err)
 	}
 	a := &ptArchive{path: path, size: size, members: map[string]*zip.File{}, storages: map[string]*ptStorage{}}
 	var pkl *zip.File
@@ -155,23 +170,23 @@ func readTorchSave(fr io.ReaderAt, size int64, path string) (interface{}, error)
 		}
 	}
 	if pkl == nil {
-		return nil, fmt.Errorf("dump: %s: zip has no data.pkl member: not a torch.save file", path)
+		return nil, 0, fmt.Errorf("dump: %s: zip has no data.pkl member: not a torch.save file", path)
 	}
 	if bo, ok := a.members[a.prefix+"byteorder"]; ok {
 		b, err := readMember(bo, 16)
 		if err != nil {
-			return nil, fmt.Errorf("dump: %s: byteorder: %w", path, err)
+			return nil, 0, fmt.Errorf("dump: %s: byteorder: %w", path, err)
 		}
 		if string(b) != "little" {
-			return nil, fmt.Errorf("dump: %s: byteorder %q (only little-endian files are read)", path, b)
+			return nil, 0, fmt.Errorf("dump: %s: byteorder %q (only little-endian files are read)", path, b)
 		}
 	}
 	data, err := readMember(pkl, maxPickle)
 	if err != nil {
-		return nil, fmt.Errorf("dump: %s: %s: %w", path, pkl.Name, err)
+		return nil, 0, fmt.Errorf("dump: %s: %s: %w", path, pkl.Name, err)
 	}
 	if err := scanPickle(data); err != nil {
-		return nil, fmt.Errorf("dump: %s: %s: %w", path, pkl.Name, err)
+		return nil, 0, fmt.Errorf("dump: %s: %s: %w", path, pkl.Name, err)
 	}
 	u := pickle.NewUnpickler(bytes.NewReader(data))
 	u.FindClass = ptAllowed
@@ -181,13 +196,13 @@ func readTorchSave(fr io.ReaderAt, size int64, path string) (interface{}, error)
 	}
 	obj, err := loadPickle(&u)
 	if err != nil {
-		return nil, fmt.Errorf("dump: %s: %s: %w", path, pkl.Name, err)
+		return nil, 0, fmt.Errorf("dump: %s: %s: %w", path, pkl.Name, err)
 	}
-	v, err := newPtWalk(len(data)).value(obj, 0)
+	v, err = newPtWalk(len(data)).value(obj, 0)
 	if err != nil {
-		return nil, fmt.Errorf("dump: %s: %s: %w", path, pkl.Name, err)
+		return nil, 0, fmt.Errorf("dump: %s: %s: %w", path, pkl.Name, err)
 	}
-	return v, nil
+	return v, len(data), nil
 }
 
 // readMember reads a whole zip member of at most max bytes (grown as read,
@@ -265,32 +280,82 @@ func (a *ptArchive) persistentLoad(pid interface{}) (interface{}, error) {
 	return st, nil
 }
 
-// ptFlatten lists the tensors of a decoded value as (name, tensor), names
-// joined with "." (dict keys, list indexes), and the non-tensor leaves as
-// "name" -> printed value.
-func ptFlatten(prefix string, v interface{}, tensors *[]ptNamed, meta map[string]string) {
-	join := func(k string) string {
-		if prefix == "" {
-			return k
-		}
-		return prefix + "." + k
+// ptFlat lists the tensors of a decoded pickle under dotted names (dict
+// keys and list indexes joined with "."), and its non-tensor leaves as
+// name -> printed value.
+//
+// A name is built at every node of the tree and repeats every key above the
+// node, and the pickle's memo lets one deep container be named again and
+// again: a 64-byte key nested 62 deep, named 64 times, spells 8 MB of names
+// from a 704-byte pickle, where the walk's budgets (ptWalk) count each key
+// once per visit. Every name built is therefore charged to a byte budget set
+// from the pickle's length (ptNameBytesPerPickleByte), and so is the
+// SGLang record name addPT puts before each tensor's.
+type ptFlat struct {
+	left  int64 // name bytes it may still build
+	limit int64 // the budget it started with, for the error
+}
+
+// newPtFlat budgets the flattening of a pickle of n bytes (see
+// ptNameBytesPerPickleByte).
+func newPtFlat(n int) *ptFlat {
+	l := ptNameBytesPerPickleByte*int64(n) + minPtNameBytes
+	return &ptFlat{left: l, limit: l}
+}
+
+// join returns prefix + "." + k (k alone at the root), charged to the
+// budget.
+func (f *ptFlat) join(prefix, k string) (string, error) {
+	if prefix == "" {
+		return f.name("", "", k)
 	}
+	return f.name(prefix, ".", k)
+}
+
+// name returns a + sep + b, charged to the budget.
+func (f *ptFlat) name(a, sep, b string) (string, error) {
+	if f.left -= int64(len(a) + len(sep) + len(b)); f.left < 0 {
+		return "", fmt.Errorf("the pickle's keys spell names of more than %d bytes in all (one container named again and again under long keys): not a tensor file", f.limit)
+	}
+	return a + sep + b, nil
+}
+
+// flatten appends the tensors of v (named prefix) to tensors and, when meta
+// is not nil, the non-tensor leaves to meta.
+func (f *ptFlat) flatten(prefix string, v interface{}, tensors *[]ptNamed, meta map[string]string) error {
 	switch x := v.(type) {
 	case *ptTensor:
 		*tensors = append(*tensors, ptNamed{prefix, x})
 	case *ptDict:
 		for _, k := range x.keys {
-			ptFlatten(join(k), x.vals[k], tensors, meta)
+			n, err := f.join(prefix, k)
+			if err != nil {
+				return err
+			}
+			if err := f.flatten(n, x.vals[k], tensors, meta); err != nil {
+				return err
+			}
 		}
 	case []interface{}:
 		for i, it := range x {
-			ptFlatten(join(strconv.Itoa(i)), it, tensors, meta)
+			n, err := f.join(prefix, strconv.Itoa(i))
+			if err != nil {
+				return err
+			}
+			if err := f.flatten(n, it, tensors, meta); err != nil {
+				return err
+			}
+		}
+	case string:
+		if meta != nil {
+			meta[prefix] = x // not copied: one string can be named many times
 		}
 	default:
 		if meta != nil {
 			meta[prefix] = fmt.Sprint(x)
 		}
 	}
+	return nil
 }
 
 type ptNamed struct {
@@ -372,18 +437,23 @@ func (d *Dump) addPT(path, rel string, prevFix *[]int) error {
 	if err != nil {
 		return err
 	}
-	obj, err := readTorchSave(f, size, path)
+	obj, pklLen, err := readTorchSave(f, size, path)
 	if err != nil {
 		return err
 	}
+	fl := newPtFlat(pklLen)
 	var ts []ptNamed
 	meta := map[string]string{}
 	// SGLang dumper files: {"value": tensor, "meta": {...}}.
 	if dd, ok := obj.(*ptDict); ok && len(dd.keys) == 2 && dd.vals["meta"] != nil {
 		if _, ok := dd.vals["value"]; ok {
-			ptFlatten("", dd.vals["meta"], &ts, meta)
+			if err := fl.flatten("", dd.vals["meta"], &ts, meta); err != nil {
+				return fmt.Errorf("dump: %s: %w", path, err)
+			}
 			ts = ts[:0]
-			ptFlatten("", dd.vals["value"], &ts, nil)
+			if err := fl.flatten("", dd.vals["value"], &ts, nil); err != nil {
+				return fmt.Errorf("dump: %s: %w", path, err)
+			}
 			if len(ts) == 0 {
 				// SGLang also dumps non-tensor values (e.g. the request ids
 				// "rids", a list of strings): listed, not indexed
@@ -398,13 +468,19 @@ func (d *Dump) addPT(path, rel string, prevFix *[]int) error {
 				if ts[i].name == "" {
 					ts[i].name = base
 				} else {
-					ts[i].name = base + "." + ts[i].name
+					n, err := fl.name(base, ".", ts[i].name)
+					if err != nil {
+						return fmt.Errorf("dump: %s: %w", path, err)
+					}
+					ts[i].name = n
 				}
 			}
 			goto index
 		}
 	}
-	ptFlatten("", obj, &ts, nil)
+	if err := fl.flatten("", obj, &ts, nil); err != nil {
+		return fmt.Errorf("dump: %s: %w", path, err)
+	}
 	for i := range ts {
 		if ts[i].name == "" {
 			ts[i].name = strings.TrimSuffix(strings.TrimSuffix(filepath.Base(rel), ".pt"), ".pth")

@@ -28,6 +28,17 @@ import (
 // maxPickleDepth bounds the nesting of containers walked after decoding.
 const maxPickleDepth = 64
 
+// maxPickleLong bounds the bytes of a LONG1 / LONG4 integer (little-endian
+// two's complement). gopickle decodes a longer one in time quadratic in its
+// length (a 10 MiB LONG4 takes hours); a tensor file's integers (sizes,
+// strides, offsets, element counts) are int64s, which need at most 8.
+const maxPickleLong = 8
+
+// maxPickleIntText bounds the text of an INT / LONG opcode ("I123\n",
+// "L123L\n"), parsed by math/big past 64 bits in time quadratic in its
+// length. An int64 is at most 20 characters, and "L" adds one.
+const maxPickleIntText = 24
+
 // torch storage class names -> dtype.
 var ptStorageTypes = map[string]DType{
 	"FloatStorage": F32, "DoubleStorage": F64, "HalfStorage": F16, "BFloat16Storage": BF16,
@@ -192,6 +203,17 @@ type ptDict struct {
 	vals map[string]interface{}
 }
 
+// ptNameBytesPerPickleByte and minPtNameBytes budget the names of a pickle
+// of n bytes: the dict keys the walk visits (ptWalk) and, apart, the dotted
+// names built from them (ptFlat) may each hold ptNameBytesPerPickleByte*n
+// bytes, and at least minPtNameBytes. A state dict spells its keys out (a
+// flat one has no more name bytes than its keys hold); nested dicts repeat
+// short keys and prefixes, but every tensor costs tens of pickle bytes.
+const (
+	ptNameBytesPerPickleByte = 8
+	minPtNameBytes           = 1 << 20
+)
+
 // ptWalk converts gopickle's values into the closed set a tensor file may
 // hold. A pickle can name one container many times (its memo), so the tree it
 // spells can be exponentially larger than the file: 40 nested tuples that
@@ -199,16 +221,21 @@ type ptDict struct {
 // walk therefore counts every value it visits against left, set from the
 // pickle's length (a tensor file's values are spelled out, or are strings and
 // tensors named again at two bytes a name), and stops when it runs out.
+// Each dict key it visits is hashed, so their bytes are counted too: the
+// memo can name one long key under many dicts.
 type ptWalk struct {
-	left  int64 // values the walk may still visit
-	limit int64 // the budget it started with, for the error
+	left     int64 // values the walk may still visit
+	limit    int64 // the budget it started with, for the error
+	keyLeft  int64 // dict key bytes the walk may still visit
+	keyLimit int64
 }
 
 // newPtWalk budgets a walk of the pickle of n bytes: 4 values a byte, and at
-// least 1<<16.
+// least 1<<16; key bytes as ptNameBytesPerPickleByte says.
 func newPtWalk(n int) *ptWalk {
 	l := 4*int64(n) + 1<<16
-	return &ptWalk{left: l, limit: l}
+	k := ptNameBytesPerPickleByte*int64(n) + minPtNameBytes
+	return &ptWalk{left: l, limit: l, keyLeft: k, keyLimit: k}
 }
 
 // value converts v (at nesting depth) and what it holds.
@@ -283,6 +310,9 @@ func (w *ptWalk) set(d *ptDict, k, v interface{}, depth int) error {
 	default:
 		return fmt.Errorf("dict key of type %T", k)
 	}
+	if w.keyLeft -= int64(len(key)); w.keyLeft < 0 {
+		return fmt.Errorf("the pickle's dict keys hold more than %d bytes in all (one long key named again and again): not a tensor file", w.keyLimit)
+	}
 	val, err := w.value(v, depth+1)
 	if err != nil {
 		return err
@@ -333,9 +363,10 @@ func count(n int, one, many string) string {
 
 // scanPickle walks the opcodes of a pickle and checks that every length it
 // claims (strings, bytes, frames) fits in the bytes left, that every opcode
-// is one a torch.save pickle may use, and that every text GLOBAL is on the
-// allow-list. It runs before gopickle so that gopickle never allocates a
-// claimed length larger than the file.
+// is one a torch.save pickle may use, that every integer fits the limits
+// above, and that every text GLOBAL is on the allow-list. It runs before
+// gopickle so that gopickle never allocates a claimed length larger than
+// the file, nor decodes an integer in quadratic time.
 func scanPickle(b []byte) error {
 	le := binary.LittleEndian
 	i := 0
@@ -354,37 +385,165 @@ func scanPickle(b []byte) error {
 		i += j + 1
 		return s, nil
 	}
+	// The memo lets a string spelled once be pushed again and again, by GET
+	// or DUP at two bytes a time, and gopickle hashes a string each time it
+	// is set as an OrderedDict key: one 4 MiB key set into many dicts costs
+	// time quadratic in the file. So the scan keeps a model of the stack
+	// (stack[j]: the length of a string or bytes, notString for any other
+	// value, markItem for a MARK) and of the memo (memo[k], the same for
+	// slot k), and budgets the bytes of strings pushed again (reread), as
+	// the walk budgets its keys.
+	const notString, markItem = -1, -2
+	var stack []int64
+	memo := map[uint64]int64{}
+	rereadLimit := ptNameBytesPerPickleByte*int64(len(b)) + minPtNameBytes
+	reread := rereadLimit
+	pop := func(n int) { // pops n items (fewer if the stack is shorter: gopickle fails there)
+		stack = stack[:max(0, len(stack)-n)]
+	}
+	popMark := func() { // pops to the last MARK, and the MARK
+		j := len(stack) - 1
+		for j >= 0 && stack[j] != markItem {
+			j--
+		}
+		stack = stack[:max(0, j)]
+	}
+	top := func() int64 {
+		if len(stack) == 0 {
+			return notString
+		}
+		return stack[len(stack)-1]
+	}
+	pushAgain := func(at int, l int64) error { // a value pushed again: GET, DUP
+		stack = append(stack, l)
+		if l < 0 {
+			return nil
+		}
+		if reread -= l; reread < 0 {
+			return fmt.Errorf("pickle at offset %d: strings pushed again from the memo hold more than %d bytes in all (one long string named again and again): not a tensor file", at, rereadLimit)
+		}
+		return nil
+	}
+	get := func(at int, k uint64) error {
+		l, ok := memo[k]
+		if !ok {
+			l = notString
+		}
+		return pushAgain(at, l)
+	}
+	lineIndex := func() (uint64, error) { // the decimal memo index of GET / PUT
+		at := i
+		text, err := line()
+		if err != nil {
+			return 0, err
+		}
+		k, err := strconv.ParseUint(text, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("pickle: memo index %s at offset %d", ptDescribe(text), at)
+		}
+		return k, nil
+	}
 	for i < len(b) {
 		op := b[i]
 		at := i
 		i++
 		switch op {
-		case '(', '.', '0', '1', '2', 'N', 'Q', 'R', 'a', 'b', 'd', '}', 'e', 'l', ']', 's', 't', ')', 'u',
-			0x85, 0x86, 0x87, 0x88, 0x89, 0x8f, 0x90, 0x91, 0x93, 0x94:
-			if op == '.' {
-				return nil
+		// Not the set opcodes (EMPTY_SET, ADDITEMS, FROZENSET): a tensor
+		// file holds no set, and gopickle hashes every item added to one,
+		// so one long string added to many sets takes time quadratic in
+		// the file.
+		case '.': // STOP
+			return nil
+		case '(': // MARK
+			stack = append(stack, markItem)
+		case ')', ']', '}', 'N', 0x88, 0x89: // empty tuple, list, dict; None, True, False
+			stack = append(stack, notString)
+		case '0': // POP
+			pop(1)
+		case '1': // POP_MARK
+			popMark()
+		case '2': // DUP
+			if err := pushAgain(at, top()); err != nil {
+				return err
 			}
-		case 'K', 'h', 'q', 0x80:
+		case 't', 'l', 'd': // TUPLE, LIST, DICT from the items above the MARK
+			popMark()
+			stack = append(stack, notString)
+		case 0x85, 0x86, 0x87: // TUPLE1, TUPLE2, TUPLE3
+			pop(int(op - 0x84))
+			stack = append(stack, notString)
+		case 'a', 'b': // APPEND, BUILD: pop one into the item below
+			pop(1)
+		case 's': // SETITEM
+			pop(2)
+		case 'e', 'u': // APPENDS, SETITEMS
+			popMark()
+		case 'R': // REDUCE: callable and arguments, then the result
+			pop(2)
+			stack = append(stack, notString)
+		case 'Q': // BINPERSID: the id, then the storage
+			pop(1)
+			stack = append(stack, notString)
+		case 0x94: // MEMOIZE: the top into the next slot
+			memo[uint64(len(memo))] = top()
+		case 0x93:
+			// STACK_GLOBAL takes module and name from the stack, where this
+			// scan does not check them against the allow-list (and gopickle
+			// resolves some builtins itself). torch.save writes protocol 2,
+			// which has only the text GLOBAL.
+			return fmt.Errorf("pickle STACK_GLOBAL at offset %d: a protocol 4 pickle, which is not read (torch.save's default pickle_protocol 2 writes none)", at)
+		case 0x80: // PROTO
 			if err := need(1); err != nil {
 				return err
 			}
 			i++
-		case 'M':
+		case 'K': // BININT1
+			if err := need(1); err != nil {
+				return err
+			}
+			i++
+			stack = append(stack, notString)
+		case 'h', 'q': // BINGET, BINPUT
+			if err := need(1); err != nil {
+				return err
+			}
+			k := uint64(b[i])
+			i++
+			if op == 'q' {
+				memo[k] = top()
+			} else if err := get(at, k); err != nil {
+				return err
+			}
+		case 'M': // BININT2
 			if err := need(2); err != nil {
 				return err
 			}
 			i += 2
-		case 'J', 'j', 'r':
+			stack = append(stack, notString)
+		case 'J': // BININT
 			if err := need(4); err != nil {
 				return err
 			}
 			i += 4
-		case 'G':
+			stack = append(stack, notString)
+		case 'j', 'r': // LONG_BINGET, LONG_BINPUT
+			if err := need(4); err != nil {
+				return err
+			}
+			k := uint64(le.Uint32(b[i:]))
+			i += 4
+			if op == 'r' {
+				memo[k] = top()
+			} else if err := get(at, k); err != nil {
+				return err
+			}
+		case 'G': // BINFLOAT
 			if err := need(8); err != nil {
 				return err
 			}
 			i += 8
-		case 0x95: // FRAME
+			stack = append(stack, notString)
+		case 0x95: // FRAME: the opcodes that follow are read on
 			if err := need(8); err != nil {
 				return err
 			}
@@ -393,17 +552,25 @@ func scanPickle(b []byte) error {
 			if err := need(n); err != nil {
 				return err
 			}
-		case 'U', 'C', 0x8c, 0x8a: // 1-byte length
+		case 'U', 'C', 0x8c, 0x8a: // 1-byte length: SHORT_BINSTRING, SHORT_BINBYTES, SHORT_BINUNICODE, LONG1
 			if err := need(1); err != nil {
 				return err
 			}
 			n := uint64(b[i])
+			if op == 0x8a && n > maxPickleLong {
+				return fmt.Errorf("pickle LONG1 at offset %d: an integer of %d bytes (a tensor file's integers fit in %d)", at, n, maxPickleLong)
+			}
 			i++
 			if err := need(n); err != nil {
 				return err
 			}
 			i += int(n)
-		case 'T', 'B', 'X', 0x8b: // 4-byte length
+			if op == 0x8a {
+				stack = append(stack, notString)
+			} else {
+				stack = append(stack, int64(n))
+			}
+		case 'T', 'B', 'X', 0x8b: // 4-byte length: BINSTRING, BINBYTES, BINUNICODE, LONG4
 			if err := need(4); err != nil {
 				return err
 			}
@@ -413,12 +580,20 @@ func scanPickle(b []byte) error {
 					return fmt.Errorf("pickle opcode at offset %d: negative length", at)
 				}
 			}
+			if op == 0x8b && n > maxPickleLong {
+				return fmt.Errorf("pickle LONG4 at offset %d: an integer of %d bytes (a tensor file's integers fit in %d)", at, n, maxPickleLong)
+			}
 			i += 4
 			if err := need(n); err != nil {
 				return err
 			}
 			i += int(n)
-		case 0x8d, 0x8e, 0x96: // 8-byte length
+			if op == 0x8b {
+				stack = append(stack, notString)
+			} else {
+				stack = append(stack, int64(n))
+			}
+		case 0x8d, 0x8e, 0x96: // 8-byte length: BINUNICODE8, BINBYTES8, BYTEARRAY8
 			if err := need(8); err != nil {
 				return err
 			}
@@ -428,8 +603,36 @@ func scanPickle(b []byte) error {
 				return err
 			}
 			i += int(n)
-		case 'I', 'L', 'F', 'S', 'V', 'g', 'p':
+			stack = append(stack, int64(n))
+		case 'I', 'L':
+			text, err := line()
+			if err != nil {
+				return err
+			}
+			if len(text) > maxPickleIntText {
+				name := map[byte]string{'I': "INT", 'L': "LONG"}[op]
+				return fmt.Errorf("pickle %s at offset %d: an integer of %d characters (a tensor file's integers fit in %d)", name, at, len(text), maxPickleIntText)
+			}
+			stack = append(stack, notString)
+		case 'F': // FLOAT
 			if _, err := line(); err != nil {
+				return err
+			}
+			stack = append(stack, notString)
+		case 'S', 'V': // STRING, UNICODE: a string on a line
+			text, err := line()
+			if err != nil {
+				return err
+			}
+			stack = append(stack, int64(len(text)))
+		case 'g', 'p': // GET, PUT with a decimal index
+			k, err := lineIndex()
+			if err != nil {
+				return err
+			}
+			if op == 'p' {
+				memo[k] = top()
+			} else if err := get(at, k); err != nil {
 				return err
 			}
 		case 'c': // GLOBAL module\nname\n
@@ -444,6 +647,7 @@ func scanPickle(b []byte) error {
 			if _, err := ptAllowed(mod, name); err != nil {
 				return fmt.Errorf("offset %d: %w", at, err)
 			}
+			stack = append(stack, notString)
 		default:
 			return fmt.Errorf("pickle opcode 0x%02x at offset %d is not allowed in a tensor file", op, at)
 		}

@@ -296,9 +296,272 @@ func TestTorchSaveSharedContainers(t *testing.T) {
 		{"2^40 values named through the memo", dag, "the pickle's containers hold more than"},
 	} {
 		b := torchZipOf(c.pkl)
-		_, err := readTorchSave(bytes.NewReader(b), int64(len(b)), "hostile.pt")
+		_, _, err := readTorchSave(bytes.NewReader(b), int64(len(b)), "hostile.pt")
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: error %v, want one containing %q", c.name, err, c.want)
+		}
+	}
+}
+
+// ptStr is a pickle BINUNICODE opcode of s.
+func ptStr(s string) []byte {
+	return append(binary.LittleEndian.AppendUint32([]byte{'X'}, uint32(len(s))), s...)
+}
+
+// ptViewOps are the pickle opcodes that push
+// torch._utils._rebuild_tensor_v2(storage, 0, size, stride) on a
+// FloatStorage "0" of numel elements.
+func ptViewOps(numel int, size, stride []int) []byte {
+	p := []byte("ctorch._utils\n_rebuild_tensor_v2\n((")
+	p = append(p, ptStr("storage")...)
+	p = append(p, "ctorch\nFloatStorage\n"...)
+	p = append(p, ptStr("0")...)
+	p = append(p, ptStr("cpu")...)
+	p = binary.LittleEndian.AppendUint32(append(p, 'J'), uint32(numel))
+	p = append(p, 't', 'Q', 'K', 0)
+	for _, v := range [][]int{size, stride} {
+		p = append(p, '(')
+		for _, x := range v {
+			p = binary.LittleEndian.AppendUint32(append(p, 'J'), uint32(x))
+		}
+		p = append(p, 't')
+	}
+	return append(p, 't', 'R')
+}
+
+// torchZipStorage is a torch.save zip of pkl and the storage member
+// f/data/0 holding data.
+func torchZipStorage(pkl, data []byte) []byte {
+	var buf bytes.Buffer
+	zw := zip.NewWriter(&buf)
+	w, _ := zw.CreateHeader(&zip.FileHeader{Name: "f/data.pkl", Method: zip.Store})
+	w.Write(pkl)
+	w, _ = zw.CreateHeader(&zip.FileHeader{Name: "f/data/0", Method: zip.Store})
+	w.Write(data)
+	zw.Close()
+	return buf.Bytes()
+}
+
+// A view that names a storage element more than once (a broadcast: stride
+// 0 on a dimension of size > 1, or an overlapping as_strided window) is
+// refused at open. The reader allocates a view's bytes by its shape: a
+// 372-byte file viewing one float as (2^30, 2^30) with stride (0, 0) made
+// Read panic in makeslice. Views that name each element once still read.
+func TestTorchSaveOverlappingViews(t *testing.T) {
+	// four float32 elements (their bytes are what a read must gather)
+	storage := []byte{1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0, 4, 0, 0, 0}
+	for _, c := range []struct {
+		name         string
+		numel        int
+		size, stride []int
+		want         string // error, or "" for a view that reads
+		shape        []int
+		data         []byte
+	}{
+		{"2^60 floats from one", 1, []int{1 << 30, 1 << 30}, []int{0, 0}, "stride [0 0]) of storage 0 is broadcast (stride 0 on dimension 0 of size 1073741824)", nil, nil},
+		{"expand(3, 4)", 4, []int{3, 4}, []int{0, 1}, "size [3 4], stride [0 1]) of storage 0 is broadcast (stride 0 on dimension 0 of size 3): expanded views are not read", nil, nil},
+		{"as_strided window", 3, []int{2, 2}, []int{1, 1}, "overlaps itself (16 bytes of elements in a span of 12 bytes): overlapping views are not read", nil, nil},
+		{"transpose", 4, []int{2, 2}, []int{1, 2}, "", []int{2, 2}, []byte{1, 0, 0, 0, 3, 0, 0, 0, 2, 0, 0, 0, 4, 0, 0, 0}},
+		{"stride 0 on a dimension of size 1", 4, []int{1, 4}, []int{0, 1}, "", []int{1, 4}, storage},
+		{"empty, stride 0", 4, []int{0, 5}, []int{0, 0}, "", []int{0, 5}, []byte{}},
+	} {
+		pkl := append([]byte{0x80, 2, '}', 'q', 0}, ptStr("x")...)
+		pkl = append(append(pkl, ptViewOps(c.numel, c.size, c.stride)...), 's', '.')
+		p := filepath.Join(t.TempDir(), "view.pt")
+		if err := os.WriteFile(p, torchZipStorage(pkl, storage[:4*c.numel]), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		d, err := Open(p)
+		if c.want != "" {
+			if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), p) {
+				t.Errorf("%s: error %v, want one naming %s and containing %q", c.name, err, p, c.want)
+			}
+			if err == nil {
+				d.Close()
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%s: %v", c.name, err)
+			continue
+		}
+		r, err := d.Read(&d.Entries[0])
+		d.Close()
+		if err != nil || !equalInts(r.Shape, c.shape) || !bytes.Equal(r.Data, c.data) {
+			t.Errorf("%s: read %v %v, %v; want %v %v", c.name, r.Shape, r.Data, err, c.shape, c.data)
+		}
+	}
+}
+
+// Integers wider than a tensor file needs are refused before gopickle
+// decodes them (in time quadratic in their length: a 128 KiB LONG4 took
+// 1.2 s, a 10 MiB one hours); int64-sized ones still decode.
+func TestTorchSaveLongIntegers(t *testing.T) {
+	long4 := func(n int) []byte {
+		p := binary.LittleEndian.AppendUint32([]byte{0x80, 2, 0x8b}, uint32(n))
+		return append(append(p, bytes.Repeat([]byte{0x11}, n)...), '.')
+	}
+	long1 := func(n int) []byte {
+		return append(append([]byte{0x80, 2, 0x8a, byte(n)}, bytes.Repeat([]byte{0x7f}, n)...), '.')
+	}
+	for _, c := range []struct {
+		name string
+		pkl  []byte
+		want string // "" when the pickle is accepted
+	}{
+		{"LONG4 of 128 KiB", long4(128 << 10), "pickle LONG4 at offset 2: an integer of 131072 bytes (a tensor file's integers fit in 8)"},
+		{"LONG4 of 9 bytes", long4(9), "pickle LONG4 at offset 2: an integer of 9 bytes"},
+		{"LONG1 of 255 bytes", long1(255), "pickle LONG1 at offset 2: an integer of 255 bytes"},
+		{"LONG1 of 9 bytes", long1(9), "pickle LONG1 at offset 2: an integer of 9 bytes"},
+		{"INT of 25 digits", []byte("(I1234567890123456789012345\nt."), "pickle INT at offset 1: an integer of 25 characters (a tensor file's integers fit in 24)"},
+		{"LONG of 1000 digits", []byte("L" + strings.Repeat("9", 1000) + "L\n."), "pickle LONG at offset 0: an integer of 1001 characters"},
+		{"LONG1 of 8 bytes", long1(8), ""},
+		{"LONG4 of 8 bytes", long4(8), ""},
+		{"INT bool", []byte("I01\n."), ""},
+		{"LONG int64 min", []byte("L-9223372036854775808L\n."), ""},
+	} {
+		b := torchZipOf(c.pkl)
+		_, _, err := readTorchSave(bytes.NewReader(b), int64(len(b)), "long.pt")
+		if c.want == "" {
+			if err != nil {
+				t.Errorf("%s: %v", c.name, err)
+			}
+		} else if err == nil || !strings.Contains(err.Error(), "long.pt: f/data.pkl: "+c.want) {
+			t.Errorf("%s: error %v, want one containing %q", c.name, err, c.want)
+		}
+	}
+}
+
+// ptKeyChain is a pickle whose value is a list of refs references to one
+// chain of depth dicts, each holding the one before under the same key of
+// keyLen bytes (memoized), the innermost holding leaf under it: every
+// reference spells depth names of up to depth*(keyLen+1) bytes.
+func ptKeyChain(keyLen, depth, refs int, leaf []byte) []byte {
+	p := append([]byte{0x80, 2}, ptStr(strings.Repeat("k", keyLen))...)
+	p = append(p, 'q', 0)
+	p = append(append(p, leaf...), 'q', 1)
+	for i := 1; i <= depth; i++ {
+		p = append(p, '}', 'h', 0, 'h', byte(i), 's', 'q', byte(i+1))
+	}
+	p = append(p, ']', '(')
+	for i := 0; i < refs; i++ {
+		p = append(p, 'h', byte(depth+1))
+	}
+	return append(p, 'e', '.')
+}
+
+// The names of a pickle are charged to byte budgets set from the pickle's
+// length: the dict keys the walk visits (hashing each), and the dotted names
+// built from them. One dict chain named again and again under long keys
+// built gigabytes of names (a 16 KiB key nested 62 deep, named a thousand
+// times, took 38 s on a 21 KB file). The long name of an SGLang record,
+// prefixed to each of many references to one tensor, is charged too.
+func TestTorchSaveNameBudget(t *testing.T) {
+	storage := make([]byte, 4)
+	// {"value": [t, t, ...], "meta": {"name": <64 KiB>}}
+	sglang := append([]byte{0x80, 2, '}', '('}, ptStr("value")...)
+	sglang = append(append(sglang, ']', '('), ptViewOps(1, []int{1}, []int{1})...)
+	sglang = append(sglang, 'q', 0)
+	for i := 0; i < 100; i++ {
+		sglang = append(sglang, 'h', 0)
+	}
+	sglang = append(append(sglang, 'e'), ptStr("meta")...)
+	sglang = append(append(sglang, '}'), ptStr("name")...)
+	sglang = append(append(sglang, ptStr(strings.Repeat("n", 64<<10))...), 's', 'u', '.')
+	const keys, names = "the pickle's dict keys hold more than ", "the pickle's keys spell names of more than "
+	for _, c := range []struct {
+		name string
+		pkl  []byte
+		want string
+	}{
+		{"a 16 KiB key nested 62 deep, named 100 times", ptKeyChain(16<<10, 62, 100, []byte{'N'}), keys},
+		{"a 64-byte key nested 62 deep, named 64 times", ptKeyChain(64, 62, 64, []byte{'N'}), names},
+		{"a 64 KiB SGLang name on 100 tensors", sglang, names},
+	} {
+		p := filepath.Join(t.TempDir(), "names.pt")
+		if err := os.WriteFile(p, torchZipStorage(c.pkl, storage), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		d, err := Open(p)
+		if err == nil {
+			d.Close()
+		}
+		if err == nil || !strings.Contains(err.Error(), p+": ") || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: error %v, want one naming the file and containing %q", c.name, err, c.want)
+		}
+	}
+	// short keys nested as deep still read
+	p := filepath.Join(t.TempDir(), "deep.pt")
+	os.WriteFile(p, torchZipStorage(ptKeyChain(8, 62, 4, ptViewOps(1, []int{1}, []int{1})), storage), 0o644)
+	d, err := Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if len(d.Entries) != 4 || !strings.HasPrefix(d.Entries[3].Name, "3.kkkkkkkk.kkkkkkkk.") {
+		t.Errorf("%d entries, last %q", len(d.Entries), d.Entries[len(d.Entries)-1].Name)
+	}
+}
+
+// The set opcodes are refused while the pickle is scanned: a tensor file
+// holds no set, and gopickle hashes each item added to one (one long
+// string added to many sets is quadratic work).
+func TestTorchSaveRefusesSets(t *testing.T) {
+	for _, c := range []struct {
+		pkl  []byte
+		want string
+	}{
+		{append(append([]byte{0x80, 2, 0x8f, '('}, ptStr("a")...), 0x90, '.'), "pickle opcode 0x8f at offset 2 is not allowed in a tensor file"},
+		{append(append([]byte{0x80, 2, '('}, ptStr("a")...), 0x91, '.'), "pickle opcode 0x91 at offset 9 is not allowed in a tensor file"},
+	} {
+		if err := scanPickle(c.pkl); err == nil || err.Error() != c.want {
+			t.Errorf("% x: %v, want %q", c.pkl, err, c.want)
+		}
+	}
+}
+
+// A long string spelled once and pushed again through the memo (GET, DUP)
+// is budgeted by scanPickle, which models the stack for it: gopickle hashes
+// a string each time it is set as an OrderedDict key, so one 1 MiB key
+// pushed a thousand times was a gigabyte hashed from a 1 MiB file. The model
+// follows the string through POP and PUT. STACK_GLOBAL (protocol 4) is
+// refused: its module and name come from the stack, past the allow-list.
+func TestTorchSaveMemoStrings(t *testing.T) {
+	long := func() []byte { // PROTO 2, BINUNICODE of 1 MiB
+		p := []byte{0x80, 2, 'X'}
+		p = binary.LittleEndian.AppendUint32(p, 1<<20)
+		return append(p, bytes.Repeat([]byte{'k'}, 1<<20)...)
+	}
+	repeat := func(p []byte, op []byte, n int) []byte {
+		for range n {
+			p = append(p, op...)
+		}
+		return p
+	}
+	get := append(append(long(), 'q', 0, '0', '('), repeat(nil, []byte{'h', 0}, 1000)...)
+	get = append(get, 'l', '.')
+	dup := append(long(), '(')
+	dup = append(repeat(dup[:len(dup)-1], []byte{'2'}, 1000), 'l', '.')
+	// the string, then None, POP: the string is on top again, PUT, GETs
+	popPut := append(append(long(), 'N', '0', 'q', 1, '0', '('), repeat(nil, []byte{'h', 1}, 1000)...)
+	popPut = append(popPut, 'l', '.')
+	few := append(append(long(), 'q', 0, '0', '('), repeat(nil, []byte{'h', 0}, 4)...)
+	few = append(few, 'l', '.')
+	const budget = "strings pushed again from the memo hold more than"
+	for _, c := range []struct {
+		name string
+		pkl  []byte
+		want string
+	}{
+		{"1000 GETs of a 1 MiB string", get, budget},
+		{"1000 DUPs of a 1 MiB string", dup, budget},
+		{"POP, then PUT and 1000 GETs", popPut, budget},
+		{"4 GETs of a 1 MiB string", few, ""},
+		{"STACK_GLOBAL", []byte("\x80\x04\x8c\x0bcollections\x94\x8c\x0bOrderedDict\x94\x93\x94)R\x94."), "STACK_GLOBAL at offset"},
+	} {
+		err := scanPickle(c.pkl)
+		if c.want == "" && err != nil || c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)) {
+			t.Errorf("%s: %v, want %q", c.name, err, c.want)
 		}
 	}
 }
