@@ -965,14 +965,19 @@ func npzClaim(t *testing.T) []byte {
 }
 
 // torchZipRaw wraps a pickle as the data.pkl of a torch.save zip (stored,
-// with its byteorder member).
-func torchZipRaw(t *testing.T, pkl []byte) []byte {
+// with its byteorder member and storages f/data/0, 1, …).
+func torchZipRaw(t *testing.T, pkl []byte, storages ...[]byte) []byte {
 	var buf bytes.Buffer
 	zw := zip.NewWriter(&buf)
-	for _, m := range []struct {
+	type member struct {
 		name string
 		b    []byte
-	}{{"f/data.pkl", pkl}, {"f/byteorder", []byte("little")}} {
+	}
+	members := []member{{"f/data.pkl", pkl}, {"f/byteorder", []byte("little")}}
+	for k, st := range storages {
+		members = append(members, member{fmt.Sprintf("f/data/%d", k), st})
+	}
+	for _, m := range members {
 		w, err := zw.CreateHeader(&zip.FileHeader{Name: m.name, Method: zip.Store, Modified: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)})
 		if err != nil {
 			t.Fatal(err)
@@ -985,6 +990,25 @@ func torchZipRaw(t *testing.T, pkl []byte) []byte {
 		t.Fatal(err)
 	}
 	return buf.Bytes()
+}
+
+// pickleBroadcastTensor is a protocol-2 pickle of {"x": a float32 tensor of
+// size (2^30, 2^30) and stride (0, 0) on storage 0 of one element}: a
+// broadcast view that claims 4 EiB (it once made the reader allocate them).
+func pickleBroadcastTensor() []byte {
+	str := func(x string) []byte {
+		return append(binary.LittleEndian.AppendUint32([]byte{'X'}, uint32(len(x))), x...)
+	}
+	p := append([]byte{0x80, 2, '}', 'q', 0}, str("x")...)
+	p = append(p, "ctorch._utils\n_rebuild_tensor_v2\n(("...)
+	p = append(p, str("storage")...)
+	p = append(p, "ctorch\nFloatStorage\n"...)
+	p = append(p, str("0")...)
+	p = append(p, str("cpu")...)
+	p = append(p, 'K', 1, 't', 'Q', 'K', 0,
+		'(', 'J', 0, 0, 0, 0x40, 'J', 0, 0, 0, 0x40, 't', // size (2^30, 2^30)
+		'(', 'K', 0, 'K', 0, 't', 't', 'R', 's', '.') // stride (0, 0)
+	return p
 }
 
 // pickleMemoDoubling is a protocol-2 pickle of n nested tuples, each holding
@@ -1044,6 +1068,7 @@ func writeBadCorpus(t *testing.T, dir string) map[string][]byte {
 		// before twice (2^40 values, once a walk that never ended)
 		"pt_self_ref.pt":  torchZipRaw(t, []byte("\x80\x02}q\x00(X\x01\x00\x00\x00kh\x00uh\x00Q.")),
 		"pt_memo_2e40.pt": torchZipRaw(t, pickleMemoDoubling(40)),
+		"pt_broadcast.pt": torchZipRaw(t, pickleBroadcastTensor(), make([]byte, 4)),
 		// name maps
 		"map_bad_json.map.json":     []byte(`{"name": "x", "files": [`),
 		"map_bad_regexp.map.json":   []byte(`{"name": "x", "files": [{"file": "^step_(?P<step>\\d+$", "rules": [{"match": ".*"}]}]}`),
