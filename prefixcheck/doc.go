@@ -69,5 +69,7 @@
 // The correct cache holds at most Config.Capacity tokens (when the input
 // records no evictions); per request the run keeps its page chain hashes
 // (8 bytes a page) and, for the last Config.Retain requests (0: all), its
-// token stream, which the hit-too-long check reads.
+// token stream, which the hit-too-long check reads. [EventsTrace] gives
+// every request and eviction its whole parent chain: together they may take
+// 128 MiB plus 128 bytes per byte of the event stream (an error beyond).
 package prefixcheck

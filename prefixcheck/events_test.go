@@ -3,6 +3,7 @@ package prefixcheck
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sort"
@@ -180,6 +181,148 @@ func TestEventsTraceErrors(t *testing.T) {
 	}
 }
 
+// A hash that recurs along a chain: SGLang hashes a page's tokens alone, so
+// with pages of one token a prompt 5 7 5 9 stores 5, then 7 on 5, then 5 again
+// on 7, then 9 on that 5. A block's parent is the block its parent hash named
+// when it was stored, so no block becomes its own ancestor and every request
+// holds its prefix as stored (reading parents by hash looped forever here).
+func TestEventsRecurringHashes(t *testing.T) {
+	type req struct {
+		tokens []int32
+		ids    []string
+		hit    int
+		source string
+	}
+	cases := []struct {
+		name string
+		evs  []any
+		want []req
+	}{
+		// One event stores hash 1 twice (the second on the first), the next
+		// builds on 1 (53 bytes of msgpack).
+		{"one hash twice in an event", []any{
+			stored{hashes: []int64{1, 1}, tokens: []int64{5, 6}, bs: 1},
+			stored{hashes: []int64{2}, parent: p64(1), tokens: []int64{7}, bs: 1},
+		}, []req{
+			{[]int32{5, 6}, []string{"1", "1"}, 0, ""},
+			{[]int32{5, 6, 7}, []string{"1", "1", "2"}, 2, "b0.e0"},
+		}},
+		{"a hash stored again under its child", []any{
+			stored{hashes: []int64{5}, tokens: []int64{5}, bs: 1},
+			stored{hashes: []int64{7}, parent: p64(5), tokens: []int64{7}, bs: 1},
+			stored{hashes: []int64{5}, parent: p64(7), tokens: []int64{5}, bs: 1},
+			stored{hashes: []int64{9}, parent: p64(5), tokens: []int64{9}, bs: 1},
+			stored{hashes: []int64{8}, parent: p64(7), tokens: []int64{8}, bs: 1},
+		}, []req{
+			{[]int32{5}, []string{"5"}, 0, ""},
+			{[]int32{5, 7}, []string{"5", "7"}, 1, "b0.e0"},
+			{[]int32{5, 7, 5}, []string{"5", "7", "5"}, 2, "b0.e1"},
+			{[]int32{5, 7, 5, 9}, []string{"5", "7", "5", "9"}, 3, "b0.e2"},
+			{[]int32{5, 7, 8}, []string{"5", "7", "8"}, 2, "b0.e1"},
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			x := newEvEnc()
+			x.sglangBatch(1, c.evs...)
+			b, err := DecodeEvents(x.buf.Bytes(), "x")
+			if err != nil {
+				t.Fatal(err)
+			}
+			tr, err := EventsTrace(b, "x", EventsOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(tr.Requests) != len(c.want) {
+				t.Fatalf("%d requests, want %d", len(tr.Requests), len(c.want))
+			}
+			for i, w := range c.want {
+				q := tr.Requests[i]
+				if !equal32(q.Tokens, w.tokens) || strings.Join(q.PageIDs, " ") != strings.Join(w.ids, " ") || q.Hit == nil || q.Hit.Tokens != w.hit || q.Hit.Source != w.source {
+					t.Fatalf("request %d: tokens %v ids %v hit %+v, want %+v", i, q.Tokens, q.PageIDs, q.Hit, w)
+				}
+			}
+			if _, err := Run(tr, Config{PageSize: 1}); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// The guard of chain: a cycle of parents (which stored never makes) is an
+// error, not an endless walk.
+func TestEventsChainGuard(t *testing.T) {
+	a := &evBlock{hash: "1", tokens: []int32{1}, depth: 2}
+	a.parent = &evBlock{hash: "2", parent: a, tokens: []int32{2}, depth: 1}
+	r := &eventsReader{t: &Trace{PageSize: 1}, floor: prefixBytesFloor}
+	if _, _, _, _, err := r.chain(a, 0, 0); err == nil || !strings.Contains(err.Error(), "cycle of parents") {
+		t.Fatalf("error %v", err)
+	}
+}
+
+// chainStream is one batch of n BlockStored events of one token, each on the
+// block the one before stored (every request holds the whole chain so far),
+// then, when evict, the removal of each block from the leaf up (every
+// eviction holds the chain it cuts).
+func chainStream(n int, evict bool) []byte {
+	var evs []any
+	for i := 0; i < n; i++ {
+		ev := stored{hashes: []int64{int64(i + 1)}, tokens: []int64{7}, bs: 1}
+		if i > 0 {
+			ev.parent = p64(int64(i))
+		}
+		evs = append(evs, ev)
+	}
+	for i := n; evict && i > 0; i-- {
+		evs = append(evs, removed{hashes: []int64{int64(i)}})
+	}
+	x := newEvEnc()
+	x.sglangBatch(1, evs...)
+	return x.buf.Bytes()
+}
+
+// The prefixes a stream's requests and evictions hold grow with the square
+// of a chain's length; beyond the budget for the stream's size EventsTrace
+// fails. Here the floor is lowered from 128 MiB to 1 MiB and 300 KiB: 2,000
+// chained events (47 KB) would build 72 MB, 200 build 0.7 MB and their
+// evictions as much again.
+func TestEventsPrefixBudget(t *testing.T) {
+	cases := []struct {
+		name      string
+		data      []byte
+		floor     int64
+		fromEvent int // the error names an event from this one on (-1: no error)
+	}{
+		{"long chain", chainStream(2000, false), 1 << 20, 0},
+		{"chain within the budget", chainStream(200, false), 300 << 10, -1},
+		{"its evictions beyond it", chainStream(200, true), 300 << 10, 200},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			b, err := DecodeEvents(c.data, "x")
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = eventsTrace(b, "x", EventsOptions{}, c.floor)
+			if c.fromEvent < 0 {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatal("no error")
+			}
+			var ev, at int
+			if n, _ := fmt.Sscanf(err.Error(), "prefixcheck: x: batch 0 event %d (byte %d): a chain of ", &ev, &at); n != 2 || ev < c.fromEvent ||
+				!strings.Contains(err.Error(), fmt.Sprintf("over the limit of %d for the %d bytes of the stream before this event", c.floor+prefixBytesPerStreamByte*int64(at), at)) ||
+				!strings.HasSuffix(err.Error(), "this stream's chains are too long and too many to check") {
+				t.Fatalf("error %v", err)
+			}
+		})
+	}
+}
+
 func FuzzEvents(f *testing.F) {
 	for _, name := range []string{"vllm-kv-events.msgpack", "sglang-kv-events.msgpack"} {
 		data, err := os.ReadFile(filepath.Join(fixtureDir, name))
@@ -190,6 +333,9 @@ func FuzzEvents(f *testing.F) {
 	}
 	f.Add([]byte{0xdd, 0xff, 0xff, 0xff, 0xff})
 	f.Add(mapBatchWith(func(x *evEnc) { x.sglangEvent(cleared{}) }))
+	x := newEvEnc() // a hash stored on itself, then built on
+	x.sglangBatch(1, stored{hashes: []int64{1, 1}, tokens: []int64{5, 6}, bs: 1}, stored{hashes: []int64{2}, parent: p64(1), tokens: []int64{7}, bs: 1})
+	f.Add(x.buf.Bytes())
 	f.Fuzz(func(t *testing.T, data []byte) {
 		b, err := DecodeEvents(data, "fuzz")
 		if err != nil {

@@ -21,16 +21,47 @@ type EventsOptions struct {
 	DPRank *int64
 }
 
+// evBlock is a stored block. Its parent is the block its parent hash named
+// when it was stored, and never changes: a later BlockStored of that hash
+// under another parent replaces the hash's block for later events but leaves
+// the chains already built on the old one as they were. A parent is thus
+// always stored before its children and no block is its own ancestor, even
+// when one hash recurs along a chain (SGLang hashes a page's tokens alone, so
+// a page repeated in a prompt has one hash at every place it occurs).
 type evBlock struct {
-	parent  BlockHash
-	tokens  []int32 // this block's tokens
-	extra   string  // raw msgpack of its extra keys ("" none)
-	ns      string
-	depth   int // blocks from the root, this one included
-	live    int // cached copies (vLLM does not deduplicate)
-	stored  string
-	unknown bool // its chain reaches a parent never stored
+	hash       BlockHash
+	parent     *evBlock  // nil: a root, or a parent never stored (unknown)
+	parentHash BlockHash // the parent's hash ("" none)
+	tokens     []int32   // this block's tokens
+	extra      string    // raw msgpack of its extra keys ("" none)
+	ns         string
+	depth      int // blocks from the root, this one included
+	live       int // cached copies (vLLM does not deduplicate)
+	stored     string
+	unknown    bool // its chain reaches a parent never stored
 }
+
+// Limits on the prefixes EventsTrace builds. Every request (one per
+// BlockStored) and every eviction holds its whole parent chain, so a stream
+// that keeps extending one chain costs memory quadratic in its length (8,000
+// one-token events, 191 KB, took 1.3 GB), and Run's work and report grow
+// alike (about four times the prefixes' bytes in memory). The prefixes built
+// are therefore bounded by a floor plus a multiple of the stream's bytes
+// before the event that builds one; the tokens an event stores itself are the
+// stream's own and not counted.
+const (
+	prefixTokenBytes = 4  // a token of a prefix (int32)
+	prefixPageBytes  = 32 // a page of a prefix: its id and extra key (string headers; their text is shared)
+	// prefixBytesFloor is allowed whatever the stream's size: a thousand
+	// requests of 16,000 tokens in pages of 16 take about 90 MiB. A hostile
+	// stream of 64 KB reaches it and costs Run a few seconds and 0.5 GB.
+	prefixBytesFloor = 128 << 20
+	// prefixBytesPerStreamByte is allowed beyond the floor per byte of the
+	// stream: streams that carry their requests' new tokens stay well within
+	// it; ones whose events mostly extend long chains by a block (decode
+	// steps of long contexts) may not.
+	prefixBytesPerStreamByte = 128
+)
 
 func namespaceOf(ev *Event) string {
 	switch {
@@ -48,8 +79,16 @@ func namespaceOf(ev *Event) string {
 // from the event that stored the parent), whose page ids are the block
 // hashes; BlockRemoved (of a block's last cached copy) and AllBlocksCleared
 // are the evictions and clears before the next request. The trace records
-// hits and evictions, and its page ids are content addresses.
+// hits and evictions, and its page ids are content addresses. The prefixes
+// the requests and evictions hold together are limited to prefixBytesFloor
+// plus prefixBytesPerStreamByte per byte of the stream (an error beyond).
 func EventsTrace(batches []EventBatch, input string, opt EventsOptions) (*Trace, error) {
+	return eventsTrace(batches, input, opt, prefixBytesFloor)
+}
+
+// eventsTrace is EventsTrace with the floor of the prefix budget as a
+// parameter (tests lower it).
+func eventsTrace(batches []EventBatch, input string, opt EventsOptions, floor int64) (*Trace, error) {
 	medium := opt.Medium
 	if medium == "" {
 		medium = "GPU"
@@ -67,6 +106,7 @@ func EventsTrace(batches []EventBatch, input string, opt EventsOptions) (*Trace,
 		t:      &Trace{Input: input, Format: "kv-events", HitsRecorded: true, EvictionsRecorded: true, ContentPageIDs: true},
 		input:  input,
 		blocks: map[BlockHash]*evBlock{},
+		floor:  floor,
 	}
 	for bi := range batches {
 		if opt.DPRank != nil && rankOf(&batches[bi]) != *opt.DPRank {
@@ -90,7 +130,9 @@ func EventsTrace(batches []EventBatch, input string, opt EventsOptions) (*Trace,
 			case "AllBlocksCleared":
 				r.cleared()
 			case "BlockRemoved":
-				r.removed(ev)
+				if err := r.removed(ev, bi, ei); err != nil {
+					return nil, err
+				}
 			case "BlockStored":
 				if err := r.stored(ev, bi, ei); err != nil {
 					return nil, err
@@ -125,38 +167,58 @@ func oneRank(batches []EventBatch, input string) error {
 }
 
 // eventsReader is the state EventsTrace carries from event to event: the
-// blocks stored so far, the evictions and clear since the last request, and
-// the counts of what it skipped.
+// blocks stored so far, the evictions and clear since the last request, the
+// bytes of prefixes built and the counts of what it skipped.
 type eventsReader struct {
 	t         *Trace
 	input     string
-	blocks    map[BlockHash]*evBlock
+	blocks    map[BlockHash]*evBlock // the block each hash names now
 	evictions []Eviction
 	clear     bool
+	built     int64 // estimated bytes of the prefixes built (prefixTokenBytes, prefixPageBytes)
+	floor     int64 // the prefix budget's floor (prefixBytesFloor)
 
 	skippedMedium, skippedGroup, unknownRemoved, dups, inventory int
 }
 
-// chain is the prefix that ends with block h: its tokens, the extra keys and
-// the hashes of its blocks from the root; ok is false when a block of it was
-// never stored in this stream.
-func (r *eventsReader) chain(h BlockHash) (toks []int32, extra []string, ids []string, ok bool) {
-	var path []*evBlock
-	var hs []BlockHash
-	for h != "" {
-		b := r.blocks[h]
-		if b == nil || b.unknown {
-			return nil, nil, nil, false
+// where names event ei of batch bi in errors.
+func where(bi, ei int, ev *Event) string {
+	return fmt.Sprintf("batch %d event %d (byte %d)", bi, ei, ev.Offset)
+}
+
+// chain is the prefix that ends with block b: its tokens, the extra keys and
+// the hashes of its blocks from the root, with room for more blocks after it;
+// ok is false when a block of it was never stored in this stream. at is the
+// byte offset of the event that needs it: the prefixes built so far, this one
+// included, must fit the budget of the stream before that byte.
+func (r *eventsReader) chain(b *evBlock, at int64, more int) (toks []int32, extra, ids []string, ok bool, err error) {
+	if b.unknown {
+		return nil, nil, nil, false, nil
+	}
+	P := r.t.PageSize // every stored block has this many tokens
+	r.built += int64(b.depth) * (prefixTokenBytes*int64(P) + prefixPageBytes)
+	if limit := r.floor + prefixBytesPerStreamByte*at; r.built > limit {
+		return nil, nil, nil, false, fmt.Errorf("a chain of %d blocks brings the prefixes held by requests and evictions to %d bytes, over the limit of %d for the %d bytes of the stream before this event (%d plus %d a byte): each request and eviction holds its whole parent chain, and this stream's chains are too long and too many to check",
+			b.depth, r.built, limit, at, r.floor, prefixBytesPerStreamByte)
+	}
+	toks = make([]int32, b.depth*P, (b.depth+more)*P)
+	extra = make([]string, b.depth, b.depth+more)
+	ids = make([]string, b.depth, b.depth+more)
+	i := b.depth - 1
+	for x := b; x != nil; x = x.parent {
+		// A guard: parents are stored before their children, so a chain is
+		// exactly depth blocks long; a longer one would be a cycle.
+		if i < 0 {
+			return nil, nil, nil, false, fmt.Errorf("the parent chain of block %s is longer than its %d blocks (a cycle of parents)", b.hash, b.depth)
 		}
-		path, hs = append(path, b), append(hs, h)
-		h = b.parent
+		copy(toks[i*P:], x.tokens)
+		extra[i], ids[i] = x.extra, string(x.hash)
+		i--
 	}
-	for i := len(path) - 1; i >= 0; i-- {
-		toks = append(toks, path[i].tokens...)
-		extra = append(extra, path[i].extra)
-		ids = append(ids, string(hs[i]))
+	if i >= 0 {
+		return nil, nil, nil, false, fmt.Errorf("the parent chain of block %s is shorter than its %d blocks", b.hash, b.depth)
 	}
-	return toks, extra, ids, true
+	return toks, extra, ids, true, nil
 }
 
 // cleared follows AllBlocksCleared: no block is cached any more, and the
@@ -168,9 +230,9 @@ func (r *eventsReader) cleared() {
 	r.evictions, r.clear = nil, true
 }
 
-// removed follows BlockRemoved: a block whose last cached copy goes is an
-// eviction before the next request.
-func (r *eventsReader) removed(ev *Event) {
+// removed follows BlockRemoved (event ei of batch bi): a block whose last
+// cached copy goes is an eviction before the next request.
+func (r *eventsReader) removed(ev *Event, bi, ei int) error {
 	for _, h := range ev.BlockHashes {
 		b := r.blocks[h]
 		if b == nil || b.live == 0 {
@@ -180,12 +242,16 @@ func (r *eventsReader) removed(ev *Event) {
 		if b.live--; b.live > 0 {
 			continue
 		}
-		toks, extra, ids, ok := r.chain(h)
+		toks, extra, ids, ok, err := r.chain(b, ev.Offset, 0)
+		if err != nil {
+			return fmt.Errorf("prefixcheck: %s: %s: %w", r.input, where(bi, ei, ev), err)
+		}
 		if !ok {
 			continue
 		}
 		r.evictions = append(r.evictions, Eviction{Namespace: b.ns, Prefix: toks, Extra: extra, PageID: ids[len(ids)-1]})
 	}
+	return nil
 }
 
 // stored follows BlockStored (event ei of batch bi): a request whose hit is
@@ -195,46 +261,58 @@ func (r *eventsReader) stored(ev *Event, bi, ei int) error {
 	if t.PageSize == 0 {
 		t.PageSize = ev.BlockSize
 	} else if ev.BlockSize != t.PageSize {
-		where := fmt.Sprintf("batch %d event %d (byte %d)", bi, ei, ev.Offset)
-		return fmt.Errorf("prefixcheck: %s: %s: block size %d, earlier events %d (a partial last page?)", r.input, where, ev.BlockSize, t.PageSize)
+		return fmt.Errorf("prefixcheck: %s: %s: block size %d, earlier events %d (a partial last page?)", r.input, where(bi, ei, ev), ev.BlockSize, t.PageSize)
 	}
 	id := fmt.Sprintf("b%d.e%d", bi, ei)
 	ns := namespaceOf(ev)
 	q := Request{ID: id, Namespace: ns, Evictions: r.evictions, Clear: r.clear}
 	r.evictions, r.clear = nil, false
 	known := true
+	var parent *evBlock
 	var toks []int32
 	var extra, ids []string
-	depth := 0
 	if ev.Parent != "" {
-		p := r.blocks[ev.Parent]
-		toks, extra, ids, known = r.chain(ev.Parent)
+		if parent = r.blocks[ev.Parent]; parent == nil {
+			known = false
+		} else {
+			var err error
+			toks, extra, ids, known, err = r.chain(parent, ev.Offset, len(ev.BlockHashes))
+			if err != nil {
+				return fmt.Errorf("prefixcheck: %s: %s: %w", r.input, where(bi, ei, ev), err)
+			}
+		}
 		if !known {
 			q.Unknown = fmt.Sprintf("parent block %s was never stored in this stream (it starts mid-run?)", ev.Parent)
 		} else {
-			depth = p.depth
-			q.Hit = &Hit{Tokens: depth * ev.BlockSize, Source: p.stored}
+			q.Hit = &Hit{Tokens: parent.depth * ev.BlockSize, Source: parent.stored}
 		}
 	} else {
 		q.Hit = &Hit{}
 	}
 	B := ev.BlockSize
 	dupAll := len(ev.BlockHashes) > 0
+	prev := parent // the block before the next one
 	for i, h := range ev.BlockHashes {
 		x := ""
 		if ev.ExtraKeys != nil {
 			x = ev.ExtraKeys[i]
 		}
 		own := ev.TokenIDs[i*B : (i+1)*B]
-		parent := ev.Parent
+		parentHash := ev.Parent
 		if i > 0 {
-			parent = ev.BlockHashes[i-1]
+			parentHash = ev.BlockHashes[i-1]
 		}
-		if b := r.blocks[h]; b != nil && b.live > 0 && b.parent == parent && b.extra == x && b.ns == ns && equal32(b.tokens, own) {
+		if b := r.blocks[h]; b != nil && b.live > 0 && b.parent == prev && b.parentHash == parentHash && b.extra == x && b.ns == ns && equal32(b.tokens, own) {
 			b.live++
+			prev = b
 		} else {
 			dupAll = false
-			r.blocks[h] = &evBlock{parent: parent, tokens: own, extra: x, ns: ns, depth: depth + i + 1, live: 1, stored: id, unknown: !known}
+			depth := 1
+			if prev != nil {
+				depth = prev.depth + 1
+			}
+			prev = &evBlock{hash: h, parent: prev, parentHash: parentHash, tokens: own, extra: x, ns: ns, depth: depth, live: 1, stored: id, unknown: !known}
+			r.blocks[h] = prev
 		}
 		if known {
 			toks = append(toks, own...)

@@ -78,32 +78,31 @@ func FromDump(d *dump.Dump) (*Trace, error) {
 		ids = append(ids, id)
 	}
 	sort.Slice(ids, func(i, j int) bool { return first[ids[i]] < first[ids[j]] })
-	// Sources first: a depth-first placement in first-appearance order.
+	// Sources first: each request is placed after the chain of sources its
+	// hit leads to, in first-appearance order. The chain is walked, not
+	// recursed into: a dump may chain any number of hits.
 	placed := map[string]int{} // 1 placing, 2 placed
 	var order []string
-	var place func(id string) error
-	place = func(id string) error {
-		switch placed[id] {
-		case 1:
-			return fmt.Errorf("prefixcheck: %s: prefix hits form a cycle through request %q", d.Path, id)
-		case 2:
-			return nil
-		}
-		placed[id] = 1
-		if h, ok := hits[id]; ok && h.Tokens > 0 {
-			if _, in := first[h.Source]; in && h.Source != id {
-				if err := place(h.Source); err != nil {
-					return err
-				}
-			}
-		}
-		placed[id] = 2
-		order = append(order, id)
-		return nil
-	}
 	for _, id := range ids {
-		if err := place(id); err != nil {
-			return nil, err
+		var chain []string // id, its source, the source's source, ... not yet placed
+		for cur := id; placed[cur] != 2; {
+			if placed[cur] == 1 {
+				return nil, fmt.Errorf("prefixcheck: %s: prefix hits form a cycle through request %q", d.Path, cur)
+			}
+			placed[cur] = 1
+			chain = append(chain, cur)
+			h, ok := hits[cur]
+			if !ok || h.Tokens <= 0 || h.Source == cur {
+				break
+			}
+			if _, in := first[h.Source]; !in {
+				break
+			}
+			cur = h.Source
+		}
+		for i := len(chain) - 1; i >= 0; i-- {
+			placed[chain[i]] = 2
+			order = append(order, chain[i])
 		}
 	}
 	for _, id := range order {

@@ -3,6 +3,8 @@ package prefixcheck
 import (
 	"encoding/binary"
 	"path/filepath"
+	"runtime/debug"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -131,5 +133,38 @@ func TestFromNativeDumpWithoutHits(t *testing.T) {
 	}
 	if rep.Summary.Unchecked != 2 || rep.Diverged() || len(rep.Notes) != 1 || rep.Requests[1].Truth.Tokens != 8 {
 		t.Fatalf("%+v %v", rep.Summary, rep.Notes)
+	}
+}
+
+// A long chain of prefix hits (each request reused the one before) is placed
+// without recursion: under a 1 MiB stack limit, a recursive placement of
+// 20,000 chained hits overflows the stack (a fatal error, not a test
+// failure).
+func TestFromDumpLongHitChain(t *testing.T) {
+	defer debug.SetMaxStack(debug.SetMaxStack(1 << 20))
+	const n = 20000
+	d := &dump.Dump{Path: "chain.smd"}
+	// Newest first: r<n> reused r<n-1>, ..., r1 reused r0, which reused
+	// nothing.
+	for i := n; i >= 1; i-- {
+		d.Prefix = append(d.Prefix, dump.PrefixHit{Request: "r" + strconv.Itoa(i), Source: "r" + strconv.Itoa(i-1), Tokens: 1})
+	}
+	d.Prefix = append(d.Prefix, dump.PrefixHit{Request: "r0"})
+	tr, err := FromDump(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tr.Requests) != n+1 {
+		t.Fatalf("%d requests, want %d", len(tr.Requests), n+1)
+	}
+	for i, q := range tr.Requests {
+		if want := "r" + strconv.Itoa(i); q.ID != want {
+			t.Fatalf("request %d is %q, want %q (every source before its request)", i, q.ID, want)
+		}
+	}
+	// Closing the chain into a cycle is still an error.
+	d.Prefix[n] = dump.PrefixHit{Request: "r0", Source: "r" + strconv.Itoa(n), Tokens: 1}
+	if _, err := FromDump(d); err == nil || !strings.Contains(err.Error(), "prefix hits form a cycle") {
+		t.Fatalf("error %v", err)
 	}
 }
