@@ -1069,6 +1069,12 @@ func writeBadCorpus(t *testing.T, dir string) map[string][]byte {
 		"pt_self_ref.pt":  torchZipRaw(t, []byte("\x80\x02}q\x00(X\x01\x00\x00\x00kh\x00uh\x00Q.")),
 		"pt_memo_2e40.pt": torchZipRaw(t, pickleMemoDoubling(40)),
 		"pt_broadcast.pt": torchZipRaw(t, pickleBroadcastTensor(), make([]byte, 4)),
+		// a KV event stream (msgpack) in which block 1 is stored under
+		// parent 1, then 5 and 6 under 1, then 2 under 7: read as a parent
+		// cycle, it once looped until memory ran out
+		"events_cycle.events": []byte("\x92\xcb\x3f\xf0\x00\x00\x00\x00\x00\x00\x92" +
+			"\x96\xabBlockStored\x92\x01\x01\xc0\x92\x05\x06\x01\xc0" +
+			"\x96\xabBlockStored\x91\x02\x01\x91\x07\x01\xc0"),
 		// name maps
 		"map_bad_json.map.json":     []byte(`{"name": "x", "files": [`),
 		"map_bad_regexp.map.json":   []byte(`{"name": "x", "files": [{"file": "^step_(?P<step>\\d+$", "rules": [{"match": ".*"}]}]}`),
