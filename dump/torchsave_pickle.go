@@ -415,10 +415,11 @@ func scanPickle(b []byte) error {
 		return stack[len(stack)-1]
 	}
 	pushAgain := func(at int, l int64) error { // a value pushed again: GET, DUP
-		stack = append(stack, l)
 		if l < 0 {
+			stack = append(stack, notString) // (a slot PUT from a MARK fails in gopickle)
 			return nil
 		}
+		stack = append(stack, l)
 		if reread -= l; reread < 0 {
 			return fmt.Errorf("pickle at offset %d: strings pushed again from the memo hold more than %d bytes in all (one long string named again and again): not a tensor file", at, rereadLimit)
 		}
