@@ -10,6 +10,8 @@ import (
 
 	"github.com/nlpodyssey/gopickle/pickle"
 	"github.com/nlpodyssey/gopickle/types"
+
+	"sparsemla/userfile"
 )
 
 // The data.pkl member of a torch.save file (torchsave.go reads the zip).
@@ -333,10 +335,7 @@ func ptDescribe(v interface{}) string {
 	case nil:
 		return "None"
 	case string:
-		if len(x) > 64 {
-			return strconv.Quote(x[:64]) + fmt.Sprintf("… (%d bytes)", len(x))
-		}
-		return strconv.Quote(x)
+		return userfile.Quote(x)
 	case bool, int, int64, float64:
 		return fmt.Sprint(x)
 	case *big.Int:

@@ -288,10 +288,10 @@ func (t *Tolerance) LoadToleranceFile(path string) error {
 	for _, n := range names {
 		st := f.Stages[n]
 		if !KnownStage(n) {
-			return fmt.Errorf("tolerance file %s: unknown stage %s (%s)", path, quoteName(n), knownStagesHint(n))
+			return fmt.Errorf("tolerance file %s: unknown stage %s (%s)", path, userfile.Quote(n), knownStagesHint(n))
 		}
 		if !st.Mode.valid() {
-			return fmt.Errorf("tolerance file %s: stage %q: unknown mode %s (exact, ulp, close, set)", path, n, quoteName(string(st.Mode)))
+			return fmt.Errorf("tolerance file %s: stage %q: unknown mode %s (exact, ulp, close, set)", path, n, userfile.Quote(string(st.Mode)))
 		}
 		if err := st.Validate(); err != nil {
 			return fmt.Errorf("tolerance file %s: stage %q: %w", path, n, err)
@@ -300,7 +300,7 @@ func (t *Tolerance) LoadToleranceFile(path string) error {
 	}
 	if f.Fallback != nil {
 		if !f.Fallback.Mode.valid() {
-			return fmt.Errorf("tolerance file %s: fallback: unknown mode %s", path, quoteName(string(f.Fallback.Mode)))
+			return fmt.Errorf("tolerance file %s: fallback: unknown mode %s", path, userfile.Quote(string(f.Fallback.Mode)))
 		}
 		if err := f.Fallback.Validate(); err != nil {
 			return fmt.Errorf("tolerance file %s: fallback: %w", path, err)
@@ -387,19 +387,6 @@ func abs(n int) int {
 	return n
 }
 
-// maxQuoted bounds the bytes of an input name quoted in an error message.
-const maxQuoted = 64
-
-// quoteName quotes an input name for an error message: whole if it is at
-// most maxQuoted bytes, else its first maxQuoted bytes and its length (an
-// error is one line, not an echo of a 4 MiB key).
-func quoteName(s string) string {
-	if len(s) <= maxQuoted {
-		return strconv.Quote(s)
-	}
-	return fmt.Sprintf("%s… (%d bytes)", strconv.Quote(s[:maxQuoted]), len(s))
-}
-
 // editDistance is the Levenshtein distance of a and b (bytes).
 func editDistance(a, b string) int {
 	prev := make([]int, len(b)+1)
@@ -429,20 +416,20 @@ func editDistance(a, b string) int {
 func ParseStageTol(s string) (string, StageTol, error) {
 	name, spec, ok := strings.Cut(s, "=")
 	if !ok || name == "" {
-		return "", StageTol{}, fmt.Errorf("tolerance %s: want STAGE=MODE[,key=value...]", quoteName(s))
+		return "", StageTol{}, fmt.Errorf("tolerance %s: want STAGE=MODE[,key=value...]", userfile.Quote(s))
 	}
 	if !KnownStage(name) {
-		return "", StageTol{}, fmt.Errorf("tolerance %s: unknown stage %s (%s)", quoteName(s), quoteName(name), knownStagesHint(name))
+		return "", StageTol{}, fmt.Errorf("tolerance %s: unknown stage %s (%s)", userfile.Quote(s), userfile.Quote(name), knownStagesHint(name))
 	}
 	parts := strings.Split(spec, ",")
 	st := StageTol{Mode: TolMode(parts[0]), Why: "command line"}
 	if !st.Mode.valid() {
-		return "", StageTol{}, fmt.Errorf("tolerance %s: unknown mode %s (exact, ulp, close, set)", quoteName(s), quoteName(parts[0]))
+		return "", StageTol{}, fmt.Errorf("tolerance %s: unknown mode %s (exact, ulp, close, set)", userfile.Quote(s), userfile.Quote(parts[0]))
 	}
 	for _, kv := range parts[1:] {
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok {
-			return "", StageTol{}, fmt.Errorf("tolerance %s: %s is not key=value", quoteName(s), quoteName(kv))
+			return "", StageTol{}, fmt.Errorf("tolerance %s: %s is not key=value", userfile.Quote(s), userfile.Quote(kv))
 		}
 		var err error
 		switch k {
@@ -457,14 +444,14 @@ func ParseStageTol(s string) (string, StageTol, error) {
 		case "cos":
 			st.Cos, err = strconv.ParseFloat(v, 64)
 		default:
-			return "", StageTol{}, fmt.Errorf("tolerance %s: unknown key %s", quoteName(s), quoteName(k))
+			return "", StageTol{}, fmt.Errorf("tolerance %s: unknown key %s", userfile.Quote(s), userfile.Quote(k))
 		}
 		if err != nil {
-			return "", StageTol{}, fmt.Errorf("tolerance %s: %s: %w", quoteName(s), k, err)
+			return "", StageTol{}, fmt.Errorf("tolerance %s: %s: %w", userfile.Quote(s), k, err)
 		}
 	}
 	if err := st.Validate(); err != nil {
-		return "", StageTol{}, fmt.Errorf("tolerance %s: %w", quoteName(s), err)
+		return "", StageTol{}, fmt.Errorf("tolerance %s: %w", userfile.Quote(s), err)
 	}
 	return name, st, nil
 }

@@ -2,6 +2,7 @@ package userfile
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 )
@@ -76,4 +77,18 @@ func OneLine(msg string) string {
 		}
 	}
 	return strings.Join(kept, "; ")
+}
+
+// maxQuoted bounds the bytes of an input string that Quote writes out.
+const maxQuoted = 64
+
+// Quote quotes a string taken from an input (a stage name, a pickle string)
+// for an error message: whole (strconv.Quote) if it is at most 64 bytes,
+// else its first 64 bytes and its length, so that one hostile 4 MiB name
+// does not become a 4 MiB error line.
+func Quote(s string) string {
+	if len(s) <= maxQuoted {
+		return strconv.Quote(s)
+	}
+	return fmt.Sprintf("%s… (%d bytes)", strconv.Quote(s[:maxQuoted]), len(s))
 }

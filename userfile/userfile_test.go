@@ -354,3 +354,19 @@ func TestCreateDirRefusesLinkedCopy(t *testing.T) {
 		t.Errorf("without the input in the guard the copy is an earlier output: %v", err)
 	}
 }
+
+// Quote writes a name of at most 64 bytes whole, a longer one cut to 64
+// bytes with its length.
+func TestQuote(t *testing.T) {
+	long := strings.Repeat("ab", 40)
+	for _, c := range []struct{ in, want string }{
+		{"kv_cache", `"kv_cache"`},
+		{"a\nb", `"a\nb"`},
+		{long[:64], `"` + long[:64] + `"`},
+		{long, `"` + long[:64] + `"… (80 bytes)`},
+	} {
+		if got := Quote(c.in); got != c.want {
+			t.Errorf("Quote(%q) = %s, want %s", c.in, got, c.want)
+		}
+	}
+}
