@@ -299,7 +299,7 @@ type ptFlat struct {
 // newPtFlat budgets the flattening of a pickle of n bytes (see
 // ptNameBytesPerPickleByte).
 func newPtFlat(n int) *ptFlat {
-	l := ptNameBytesPerPickleByte*int64(n) + minPtNameBytes
+	l := ptNameBudget(n)
 	return &ptFlat{left: l, limit: l}
 }
 

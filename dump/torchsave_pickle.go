@@ -216,6 +216,10 @@ const (
 	minPtNameBytes           = 1 << 20
 )
 
+// ptNameBudget is the name-byte budget of a pickle of n bytes:
+// ptNameBytesPerPickleByte a byte, and at least minPtNameBytes.
+func ptNameBudget(n int) int64 { return ptNameBytesPerPickleByte*int64(n) + minPtNameBytes }
+
 // ptWalk converts gopickle's values into the closed set a tensor file may
 // hold. A pickle can name one container many times (its memo), so the tree it
 // spells can be exponentially larger than the file: 40 nested tuples that
@@ -236,7 +240,7 @@ type ptWalk struct {
 // least 1<<16; key bytes as ptNameBytesPerPickleByte says.
 func newPtWalk(n int) *ptWalk {
 	l := 4*int64(n) + 1<<16
-	k := ptNameBytesPerPickleByte*int64(n) + minPtNameBytes
+	k := ptNameBudget(n)
 	return &ptWalk{left: l, limit: l, keyLeft: k, keyLimit: k}
 }
 
@@ -395,7 +399,7 @@ func scanPickle(b []byte) error {
 	const notString, markItem = -1, -2
 	var stack []int64
 	memo := map[uint64]int64{}
-	rereadLimit := ptNameBytesPerPickleByte*int64(len(b)) + minPtNameBytes
+	rereadLimit := ptNameBudget(len(b))
 	reread := rereadLimit
 	pop := func(n int) { // pops n items (fewer if the stack is shorter: gopickle fails there)
 		stack = stack[:max(0, len(stack)-n)]

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -210,14 +211,8 @@ func FuzzTorchSave(f *testing.F) {
 		if err := scanPickle(pkl); err != nil {
 			return
 		}
-		var buf bytes.Buffer
-		zw := zip.NewWriter(&buf)
-		w, _ := zw.CreateHeader(&zip.FileHeader{Name: "f/data.pkl", Method: zip.Store})
-		w.Write(pkl)
-		w, _ = zw.CreateHeader(&zip.FileHeader{Name: "f/data/0", Method: zip.Store})
-		w.Write(make([]byte, 64))
-		zw.Close()
-		readTorchSave(bytes.NewReader(buf.Bytes()), int64(buf.Len()), "fuzz")
+		b := torchZip(pkl, make([]byte, 64))
+		readTorchSave(bytes.NewReader(b), int64(len(b)), "fuzz")
 	})
 }
 
@@ -263,12 +258,17 @@ func TestTorchSaveMemberPastEOF(t *testing.T) {
 	t.Fatal("central directory record not found")
 }
 
-// torchZipOf wraps a pickle as the data.pkl of a torch.save zip.
-func torchZipOf(pkl []byte) []byte {
+// torchZip wraps a pickle as the data.pkl of a torch.save zip, with the
+// storage members f/data/0, 1, … holding storages.
+func torchZip(pkl []byte, storages ...[]byte) []byte {
 	var buf bytes.Buffer
 	zw := zip.NewWriter(&buf)
 	w, _ := zw.CreateHeader(&zip.FileHeader{Name: "f/data.pkl", Method: zip.Store})
 	w.Write(pkl)
+	for k, st := range storages {
+		w, _ = zw.CreateHeader(&zip.FileHeader{Name: "f/data/" + strconv.Itoa(k), Method: zip.Store})
+		w.Write(st)
+	}
 	zw.Close()
 	return buf.Bytes()
 }
@@ -295,7 +295,7 @@ func TestTorchSaveSharedContainers(t *testing.T) {
 		{"a dict holding itself, as a persistent id", self, "persistent id a dict of 1 entry is not a storage tuple"},
 		{"2^40 values named through the memo", dag, "the pickle's containers hold more than"},
 	} {
-		b := torchZipOf(c.pkl)
+		b := torchZip(c.pkl)
 		_, _, err := readTorchSave(bytes.NewReader(b), int64(len(b)), "hostile.pt")
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: error %v, want one containing %q", c.name, err, c.want)
@@ -329,19 +329,6 @@ func ptViewOps(numel int, size, stride []int) []byte {
 	return append(p, 't', 'R')
 }
 
-// torchZipStorage is a torch.save zip of pkl and the storage member
-// f/data/0 holding data.
-func torchZipStorage(pkl, data []byte) []byte {
-	var buf bytes.Buffer
-	zw := zip.NewWriter(&buf)
-	w, _ := zw.CreateHeader(&zip.FileHeader{Name: "f/data.pkl", Method: zip.Store})
-	w.Write(pkl)
-	w, _ = zw.CreateHeader(&zip.FileHeader{Name: "f/data/0", Method: zip.Store})
-	w.Write(data)
-	zw.Close()
-	return buf.Bytes()
-}
-
 // A view that names a storage element more than once (a broadcast: stride
 // 0 on a dimension of size > 1, or an overlapping as_strided window) is
 // refused at open. The reader allocates a view's bytes by its shape: a
@@ -368,7 +355,7 @@ func TestTorchSaveOverlappingViews(t *testing.T) {
 		pkl := append([]byte{0x80, 2, '}', 'q', 0}, ptStr("x")...)
 		pkl = append(append(pkl, ptViewOps(c.numel, c.size, c.stride)...), 's', '.')
 		p := filepath.Join(t.TempDir(), "view.pt")
-		if err := os.WriteFile(p, torchZipStorage(pkl, storage[:4*c.numel]), 0o644); err != nil {
+		if err := os.WriteFile(p, torchZip(pkl, storage[:4*c.numel]), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		d, err := Open(p)
@@ -420,7 +407,7 @@ func TestTorchSaveLongIntegers(t *testing.T) {
 		{"INT bool", []byte("I01\n."), ""},
 		{"LONG int64 min", []byte("L-9223372036854775808L\n."), ""},
 	} {
-		b := torchZipOf(c.pkl)
+		b := torchZip(c.pkl)
 		_, _, err := readTorchSave(bytes.NewReader(b), int64(len(b)), "long.pt")
 		if c.want == "" {
 			if err != nil {
@@ -479,7 +466,7 @@ func TestTorchSaveNameBudget(t *testing.T) {
 		{"a 64 KiB SGLang name on 100 tensors", sglang, names},
 	} {
 		p := filepath.Join(t.TempDir(), "names.pt")
-		if err := os.WriteFile(p, torchZipStorage(c.pkl, storage), 0o644); err != nil {
+		if err := os.WriteFile(p, torchZip(c.pkl, storage), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		d, err := Open(p)
@@ -492,7 +479,7 @@ func TestTorchSaveNameBudget(t *testing.T) {
 	}
 	// short keys nested as deep still read
 	p := filepath.Join(t.TempDir(), "deep.pt")
-	os.WriteFile(p, torchZipStorage(ptKeyChain(8, 62, 4, ptViewOps(1, []int{1}, []int{1})), storage), 0o644)
+	os.WriteFile(p, torchZip(ptKeyChain(8, 62, 4, ptViewOps(1, []int{1}, []int{1})), storage), 0o644)
 	d, err := Open(p)
 	if err != nil {
 		t.Fatal(err)
