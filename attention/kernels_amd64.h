@@ -21,3 +21,22 @@
 	VMULPS off(R8), acc, acc; \
 	BF16RZ(acc); \
 	VMOVUPS acc, off(BX)
+
+// TERM64 is TERM16 on the 64 heads of one key: heads 0-15 in a, 16-31 in
+// b, 32-47 in c, 48-63 in d, stored at 0(BX) … 192(BX).
+#define TERM64(a, b, c, d) \
+	TERM16(0, a); \
+	TERM16(64, b); \
+	TERM16(128, c); \
+	TERM16(192, d)
+
+// TERM16CONSTS sets the registers BF16RZ and TERM16 read (AX scratch): Z12
+// = 0x7FFF, Z13 = 1, Z14 = 0xFFFF0000 in every lane, Z10 = +0.
+#define TERM16CONSTS \
+	MOVL $0x7FFF, AX; \
+	VPBROADCASTD AX, Z12; \
+	MOVL $1, AX; \
+	VPBROADCASTD AX, Z13; \
+	MOVL $0xFFFF0000, AX; \
+	VPBROADCASTD AX, Z14; \
+	VPXORD Z10, Z10, Z10

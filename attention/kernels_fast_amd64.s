@@ -719,8 +719,9 @@ sumrow:
 	JNZ  sumserial
 	RET
 
-// BF16RZ and TERM16, the 16-lane forms of BF16R and TERM8, are in
-// kernels_amd64.h: index_vnni_amd64.s uses them too.
+// BF16RZ and TERM16, the 16-lane forms of BF16R and TERM8, TERM64 (a key's
+// 64 heads) and TERM16CONSTS (their constants) are in kernels_amd64.h:
+// index_vnni_amd64.s uses them too.
 
 // func indexTerms64AVX512(terms *float32, icache *float32, iqT *float32, w *float32, rows int)
 //
@@ -737,13 +738,7 @@ TEXT ·indexTerms64AVX512(SB), NOSPLIT, $0-40
 	MOVQ iqT+16(FP), R10
 	MOVQ w+24(FP), R8
 	MOVQ rows+32(FP), R13
-	MOVL $0x7FFF, AX
-	VPBROADCASTD AX, Z12
-	MOVL $1, AX
-	VPBROADCASTD AX, Z13
-	MOVL $0xFFFF0000, AX
-	VPBROADCASTD AX, Z14
-	VPXORD Z10, Z10, Z10
+	TERM16CONSTS
 
 zquad:
 	CMPQ R13, $4
@@ -800,25 +795,13 @@ zk4:
 	JNZ  zk4
 	ADDQ $1536, DX // past rows b-d too
 
-	TERM16(0, Z16)
-	TERM16(64, Z17)
-	TERM16(128, Z18)
-	TERM16(192, Z19)
+	TERM64(Z16, Z17, Z18, Z19)
 	ADDQ $256, BX
-	TERM16(0, Z20)
-	TERM16(64, Z21)
-	TERM16(128, Z22)
-	TERM16(192, Z23)
+	TERM64(Z20, Z21, Z22, Z23)
 	ADDQ $256, BX
-	TERM16(0, Z24)
-	TERM16(64, Z25)
-	TERM16(128, Z26)
-	TERM16(192, Z27)
+	TERM64(Z24, Z25, Z26, Z27)
 	ADDQ $256, BX
-	TERM16(0, Z28)
-	TERM16(64, Z29)
-	TERM16(128, Z30)
-	TERM16(192, Z31)
+	TERM64(Z28, Z29, Z30, Z31)
 	ADDQ $256, BX
 	SUBQ $4, R13
 	JNZ  zquad
@@ -861,15 +844,9 @@ zk2:
 	JNZ  zk2
 	ADDQ $512, DX // past row b too
 
-	TERM16(0, Z0)
-	TERM16(64, Z1)
-	TERM16(128, Z2)
-	TERM16(192, Z3)
+	TERM64(Z0, Z1, Z2, Z3)
 	ADDQ $256, BX
-	TERM16(0, Z4)
-	TERM16(64, Z5)
-	TERM16(128, Z6)
-	TERM16(192, Z7)
+	TERM64(Z4, Z5, Z6, Z7)
 	ADDQ $256, BX
 	SUBQ $2, R13
 	JNZ  zpair
@@ -896,10 +873,7 @@ zk1:
 	DECQ CX
 	JNZ  zk1
 
-	TERM16(0, Z0)
-	TERM16(64, Z1)
-	TERM16(128, Z2)
-	TERM16(192, Z3)
+	TERM64(Z0, Z1, Z2, Z3)
 	VZEROUPPER
 	RET
 
