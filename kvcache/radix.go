@@ -3,6 +3,7 @@ package kvcache
 import (
 	"encoding/binary"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 )
@@ -213,11 +214,20 @@ func (c *RadixCache) InsertNS(ns string, tokens []int32, vals []int64, snaps []S
 		c.windowTokens += n - pos
 		cur = leaf
 	}
-	for _, s := range snaps {
-		x := cur
-		for x.start >= s.At {
-			x = x.parent
+	// A snapshot lives on the path's node that holds its last token
+	// (start < At ≤ end). The path, root excluded, is listed once, in
+	// ascending start, and each snapshot's node found by binary search:
+	// climbing from cur for every snapshot cost O(depth) each, cubic over a
+	// chain of requests that each extend the previous one by a page.
+	var path []*node
+	if len(snaps) > 0 {
+		for x := cur; x != root; x = x.parent {
+			path = append(path, x)
 		}
+		slices.Reverse(path)
+	}
+	for _, s := range snaps {
+		x := path[sort.Search(len(path), func(i int) bool { return path[i].start >= s.At })-1]
 		if x.snaps == nil {
 			x.snaps = map[int]Snapshot{}
 		}

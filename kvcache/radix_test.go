@@ -172,6 +172,10 @@ func (r *radixRun) step(next func(int) int) {
 				snaps = append(snaps, Snapshot{At: at, StateFrom: from})
 			}
 		}
+		for i := len(snaps) - 1; i > 0; i-- { // in any order
+			j := next(i + 1)
+			snaps[i], snaps[j] = snaps[j], snaps[i]
+		}
 		want := r.m.insert(toks, vals, snaps)
 		got, _ := r.c.Insert(toks, vals, snaps)
 		if got != want {
