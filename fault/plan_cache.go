@@ -123,7 +123,14 @@ func (pl *faultPlan) planPages() error {
 			if err != nil {
 				return err
 			}
-			data, err := replay.RewritePage(e.Page.Layout, D, B, rec.Data, rows)
+			// A zero-byte record reads as nil, which RewritePage takes for
+			// "no page: zero bytes" and allocates at the claimed block size
+			// (up to 1 GiB); given as an empty page its length is checked.
+			page := rec.Data
+			if page == nil {
+				page = []byte{}
+			}
+			data, err := replay.RewritePage(e.Page.Layout, D, B, page, rows)
 			if err != nil {
 				return fmt.Errorf("dump %s: record %d (%s): re-encoding the faulty rows: %w", e.File, e.Record, e.Key, err)
 			}

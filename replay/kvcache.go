@@ -27,19 +27,19 @@ func kvFormat(layout string, dim, blockSize int) (kvcache.Format, kvcache.Layout
 // in rows are encoded from those rows with the reference scaling
 // (kvcache.RefScaling); other entries keep their bytes. The replay compares
 // the GPU's pages with it, and fault re-encodes the pages of a changed cache
-// with it.
+// with it. The page's length is checked before the copy is allocated: the
+// block size is a header's claim (up to 2^20 entries, a 1 GiB page of bf16
+// rows), the page bytes are what the dump holds.
 func RewritePage(layout string, dim, blockSize int, page []byte, rows map[int][]float32) ([]byte, error) {
 	f, l, err := kvFormat(layout, dim, blockSize)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]byte, f.PageBytes())
-	if page != nil {
-		if len(page) != len(out) {
-			return nil, fmt.Errorf("%v page has %d bytes, want %d", f, len(page), len(out))
-		}
-		copy(out, page)
+	if page != nil && len(page) != f.PageBytes() {
+		return nil, fmt.Errorf("%v page has %d bytes, want %d", f, len(page), f.PageBytes())
 	}
+	out := make([]byte, f.PageBytes())
+	copy(out, page)
 	for e, row := range rows {
 		if e < 0 || e >= blockSize || len(row) != f.Dim {
 			return nil, fmt.Errorf("%v: entry %d with %d values", f, e, len(row))

@@ -103,6 +103,14 @@ func comparePages(cfg *engine.Config, p int64, ref engine.Tensor, pages []Page) 
 	sort.Ints(order)
 	for _, b := range order {
 		bl := blocks[b]
+		// The page's bytes must make a whole page before any is decoded or
+		// re-encoded: its block size is a header's claim (up to 2^20
+		// entries, a 1 GiB page of bf16 rows), its bytes are what the dump
+		// holds (none: nil Data, which RewritePage would take as a zero page
+		// to allocate).
+		if f, _, err := kvFormat(bl.page.Layout, D, bl.page.BlockSize); err == nil && len(bl.page.Data) != f.PageBytes() {
+			return "", pageErr(bl.page, fmt.Errorf("%v page has %d bytes, want %d", f, len(bl.page.Data), f.PageBytes()))
+		}
 		// An entry whose bytes decode exactly to its row encodes it (another
 		// exact scale choice included): it keeps the GPU's bytes in want.
 		for e, row := range bl.rows {

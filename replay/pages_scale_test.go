@@ -1,6 +1,9 @@
 package replay
 
 import (
+	"fmt"
+	"runtime"
+	"strings"
 	"testing"
 
 	"sparsemla/engine"
@@ -53,5 +56,45 @@ func TestComparePagesOtherExactScale(t *testing.T) {
 	bad[s0]++ // scale doubled, codes kept: the block decodes to 2.0
 	if d, err := comparePages(cfg, 0, ref, pg(bad)); err != nil || d == "" {
 		t.Errorf("a doubled scale passed: %q %v", d, err)
+	}
+}
+
+// A page record's block size is a header's claim: a few page bytes (or none:
+// a zero-byte record reads as nil) claiming 2^20 entries of bf16 rows fail on
+// their length before a page of that size (1 GiB) is allocated to re-encode
+// them.
+func TestComparePagesClaimedBlockSize(t *testing.T) {
+	const D = 512
+	cfg := &engine.Config{WindowSize: 128}
+	ref := engine.Tensor{Kind: engine.KindBF16, Shape: []int{1, D}, F: make([]float32, D)}
+	for _, c := range []struct {
+		layout string
+		data   []byte
+	}{{"bf16", make([]byte, 16)}, {"v4-model1", make([]byte, 16)}, {"bf16", nil}} {
+		layout := c.layout
+		pages := []Page{{Layout: layout, PageID: 1, BlockSize: 1 << 20, BlockTable: []int{1}, Data: c.data, Origin: "dump x: record 3"}}
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		d, err := comparePages(cfg, 0, ref, pages)
+		runtime.ReadMemStats(&after)
+		if err == nil || !strings.Contains(err.Error(), "dump x: record 3: page 1: "+layout+"[dim 512, 1048576 entries/page") || !strings.Contains(err.Error(), fmt.Sprintf("page has %d bytes, want", len(c.data))) {
+			t.Errorf("%s: %q %v", layout, d, err)
+		}
+		if a := after.TotalAlloc - before.TotalAlloc; a > 16<<20 {
+			t.Errorf("%s: %d page bytes claiming 2^20 entries allocated %d MiB", layout, len(c.data), a>>20)
+		}
+		if c.data == nil {
+			continue
+		}
+		// RewritePage itself (fault re-encodes dumped pages with it).
+		runtime.ReadMemStats(&before)
+		_, err = RewritePage(layout, D, 1<<20, c.data[:0], map[int][]float32{0: ref.F})
+		runtime.ReadMemStats(&after)
+		if err == nil || !strings.Contains(err.Error(), "page has 0 bytes, want") {
+			t.Errorf("%s: RewritePage of an empty page: %v", layout, err)
+		}
+		if a := after.TotalAlloc - before.TotalAlloc; a > 16<<20 {
+			t.Errorf("%s: RewritePage of an empty page claiming 2^20 entries allocated %d MiB", layout, a>>20)
+		}
 	}
 }
