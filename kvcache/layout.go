@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"sparsemla/quant"
+	"sparsemla/userfile"
 )
 
 // Layout names how one cache entry (a window token, a compressed row or an
@@ -53,14 +54,15 @@ func (l Layout) String() string {
 	return fmt.Sprintf("Layout(%d)", uint8(l))
 }
 
-// ParseLayout is the inverse of Layout.String.
+// ParseLayout is the inverse of Layout.String. An unknown id (read from a
+// dump) is quoted in the error with userfile.Quote: at most 64 of its bytes.
 func ParseLayout(id string) (Layout, error) {
 	for l, n := range layoutNames {
 		if n == id {
 			return Layout(l), nil
 		}
 	}
-	return 0, fmt.Errorf("kvcache: unknown layout id %q (want v4-model1, v32, indexer-fp8, indexer-mxfp4 or bf16)", id)
+	return 0, fmt.Errorf("kvcache: unknown layout id %s (want v4-model1, v32, indexer-fp8, indexer-mxfp4 or bf16)", userfile.Quote(id))
 }
 
 // Geometry constants of the quantised layouts.

@@ -1,19 +1,24 @@
 package kvcache
 
-import "fmt"
+import (
+	"fmt"
+
+	"sparsemla/userfile"
+)
 
 // V4.1 KV pages: a page of P entries is P rows of RowBytes each, back to back
 // (kvcache.V41Row); a dump's page record names its row layout by the row's
 // id ("v41-window-fp8", "v41-kv-fp4", "v41-index-fp4").
 
-// ParseV41Row is the inverse of V41Row.String.
+// ParseV41Row is the inverse of V41Row.String. An unknown id (read from a
+// dump) is quoted in the error with userfile.Quote: at most 64 of its bytes.
 func ParseV41Row(id string) (V41Row, error) {
 	for _, r := range []V41Row{V41WindowFP8, V41KVFP4, V41IndexFP4} {
 		if r.String() == id {
 			return r, nil
 		}
 	}
-	return 0, fmt.Errorf("kvcache: unknown V4.1 row layout %q (want v41-window-fp8, v41-kv-fp4 or v41-index-fp4)", id)
+	return 0, fmt.Errorf("kvcache: unknown V4.1 row layout %s (want v41-window-fp8, v41-kv-fp4 or v41-index-fp4)", userfile.Quote(id))
 }
 
 // V41Field names the part of a row a byte belongs to: its codes or its

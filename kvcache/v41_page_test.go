@@ -1,6 +1,7 @@
 package kvcache
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -58,5 +59,25 @@ func TestScheduleIndexRatios(t *testing.T) {
 	s.IndexRatios = []int{0, 2, 1}
 	if nd := s.Needs(7); nd.IndexKeys != 7 {
 		t.Errorf("index keys of an r = 1 owner: %d, want 7", nd.IndexKeys)
+	}
+}
+
+// TestParseLayoutLongID: a layout id is read from a dump (a page record's
+// meta, up to 1 MiB): an unknown one is quoted in the error with at most 64
+// of its bytes, and a short one whole, as before.
+func TestParseLayoutLongID(t *testing.T) {
+	long := strings.Repeat("\x1bx", 1<<19)
+	_, err1 := ParseLayout(long)
+	_, err2 := ParseV41Row(long)
+	for _, err := range []error{err1, err2} {
+		if err == nil || len(err.Error()) > 400 || !strings.Contains(err.Error(), `"\x1bx\x1bx`) || !strings.Contains(err.Error(), "… (1048576 bytes)") {
+			t.Errorf("%d-byte id: error of %d bytes: %.300q", len(long), len(fmt.Sprint(err)), fmt.Sprint(err))
+		}
+	}
+	if _, err := ParseLayout("fp9-sideways"); err == nil || err.Error() != `kvcache: unknown layout id "fp9-sideways" (want v4-model1, v32, indexer-fp8, indexer-mxfp4 or bf16)` {
+		t.Errorf("short id: %v", err)
+	}
+	if _, err := ParseV41Row("v4-model1"); err == nil || err.Error() != `kvcache: unknown V4.1 row layout "v4-model1" (want v41-window-fp8, v41-kv-fp4 or v41-index-fp4)` {
+		t.Errorf("short id: %v", err)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"sparsemla/dump"
 	"sparsemla/engine"
 	"sparsemla/kvcache"
+	"sparsemla/userfile"
 )
 
 // KV pages of V4.1 dumps. A layer's caches after step p are held as page
@@ -79,7 +80,7 @@ func (d *V41Dump) loadV41Pages(dd *dump.Dump, request string) error {
 			return fmt.Errorf("%s: page record without page info", where)
 		}
 		if e.Page.Layout != layout {
-			return fmt.Errorf("%s: %s page of layout %q, want %s", where, cache, e.Page.Layout, layout)
+			return fmt.Errorf("%s: %s page of layout %s, want %s", where, cache, userfile.Quote(e.Page.Layout), layout)
 		}
 		row, _ := kvcache.ParseV41Row(layout)
 		B := e.Page.BlockSize
