@@ -92,3 +92,42 @@ func Quote(s string) string {
 	}
 	return fmt.Sprintf("%s… (%d bytes)", strconv.Quote(s[:maxQuoted]), len(s))
 }
+
+// Clip is Quote without the quotes, for a message that prints an input
+// string with %s: the string itself if it is at most 64 bytes, else its
+// first 64 bytes (cut back to a whole UTF-8 character) and its length.
+// Control characters are left to Escape / OneLine, as with %s.
+func Clip(s string) string {
+	if len(s) <= maxQuoted {
+		return s
+	}
+	cut := maxQuoted
+	for cut > maxQuoted-utf8.UTFMax && cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s… (%d bytes)", s[:cut], len(s))
+}
+
+// maxDims bounds the dimensions of an input shape that Dims writes out.
+const maxDims = 8
+
+// Dims formats a shape (or any list of integers) taken from an input for
+// an error message: as %v does ("[2 3 4]") if it has at most 8 values, else
+// its first 8 and its length ("[1 1 1 1 1 1 1 1 …] (500000 dims)"), so that
+// a header that claims half a million dimensions does not become a
+// megabyte-long error line.
+func Dims[T ~int | ~int8 | ~int16 | ~int32 | ~int64 | ~uint | ~uint8 | ~uint16 | ~uint32 | ~uint64](s []T) string {
+	if len(s) <= maxDims {
+		return fmt.Sprint(s)
+	}
+	var b strings.Builder
+	b.WriteByte('[')
+	for i, d := range s[:maxDims] {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		fmt.Fprint(&b, d)
+	}
+	fmt.Fprintf(&b, " …] (%d dims)", len(s))
+	return b.String()
+}

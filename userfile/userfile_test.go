@@ -5,6 +5,7 @@ package userfile
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"os"
@@ -368,5 +369,49 @@ func TestQuote(t *testing.T) {
 		if got := Quote(c.in); got != c.want {
 			t.Errorf("Quote(%q) = %s, want %s", c.in, got, c.want)
 		}
+	}
+}
+
+// Clip writes a string of at most 64 bytes as is (as %s does), a longer
+// one cut to at most 64 bytes, on a character boundary, with its length.
+func TestClip(t *testing.T) {
+	long := strings.Repeat("ab", 40)
+	wide := strings.Repeat("é", 40) // 2 bytes a character: byte 64 starts one
+	odd := "a" + wide               // byte 64 is the second byte of an é
+	for _, c := range []struct{ in, want string }{
+		{"", ""},
+		{"kv_cache", "kv_cache"},
+		{"a\nb", "a\nb"},
+		{long[:64], long[:64]},
+		{long, long[:64] + "… (80 bytes)"},
+		{wide, wide[:64] + "… (80 bytes)"},
+		{odd, odd[:63] + "… (81 bytes)"},
+	} {
+		if got := Clip(c.in); got != c.want {
+			t.Errorf("Clip(%q) = %q, want %q", c.in, got, c.want)
+		}
+		if len(c.in) <= 64 && Clip(c.in) != fmt.Sprintf("%s", c.in) {
+			t.Errorf("Clip(%q) differs from %%s", c.in)
+		}
+	}
+	if got := Clip(strings.Repeat("x", 4<<20)); len(got) > 100 {
+		t.Errorf("Clip of 4 MiB: %d bytes", len(got))
+	}
+}
+
+// Dims writes a shape of at most 8 dimensions as %v does, a longer one as
+// its first 8 and its rank.
+func TestDims(t *testing.T) {
+	for _, s := range [][]int{nil, {}, {7}, {2, 3, 4}, {1, 2, 3, 4, 5, 6, 7, 8}} {
+		if got, want := Dims(s), fmt.Sprint(s); got != want {
+			t.Errorf("Dims(%v) = %q, want %q", s, got, want)
+		}
+	}
+	if got, want := Dims([]int64{-1, 2, 3, 4, 5, 6, 7, 8, 9}), "[-1 2 3 4 5 6 7 8 …] (9 dims)"; got != want {
+		t.Errorf("Dims of 9 = %q, want %q", got, want)
+	}
+	huge := make([]int, 500000)
+	if got := Dims(huge); got != "[0 0 0 0 0 0 0 0 …] (500000 dims)" {
+		t.Errorf("Dims of 500000 = %q", got)
 	}
 }
