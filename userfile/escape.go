@@ -1,6 +1,8 @@
 package userfile
 
 import (
+	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -131,3 +133,42 @@ func Dims[T ~int | ~int8 | ~int16 | ~int32 | ~int64 | ~uint | ~uint8 | ~uint16 |
 	fmt.Fprintf(&b, " …] (%d dims)", len(s))
 	return b.String()
 }
+
+// JSONError bounds an encoding/json error about an input: the decoder
+// echoes a number it cannot store whole ("cannot unmarshal number 1111…")
+// and an unknown field's name ("unknown field \"…\""), each as long as the
+// input made it. A longer one is cut as Clip and Quote cut; anything else
+// is returned as is. The result wraps err (errors.Is / As still see it).
+func JSONError(err error) error {
+	if err == nil {
+		return nil
+	}
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) && len(te.Value) > maxQuoted {
+		c := *te
+		kind, v, ok := strings.Cut(te.Value, " ") // "number 1111…"
+		if !ok {
+			kind, v = "", te.Value
+		} else {
+			kind += " "
+		}
+		c.Value = kind + Clip(v)
+		return &boundedError{msg: strings.Replace(err.Error(), te.Error(), c.Error(), 1), err: err}
+	}
+	msg := err.Error()
+	const unknown = `json: unknown field "`
+	if i := strings.Index(msg, unknown); i >= 0 && strings.HasSuffix(msg, `"`) && len(msg)-i-len(unknown)-1 > maxQuoted {
+		name := msg[i+len(unknown) : len(msg)-1]
+		return &boundedError{msg: msg[:i] + "json: unknown field " + Quote(name), err: err}
+	}
+	return err
+}
+
+// boundedError is an error whose message was bounded, wrapping the original.
+type boundedError struct {
+	msg string
+	err error
+}
+
+func (e *boundedError) Error() string { return e.msg }
+func (e *boundedError) Unwrap() error { return e.err }

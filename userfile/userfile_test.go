@@ -4,6 +4,7 @@ package userfile
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -413,5 +414,41 @@ func TestDims(t *testing.T) {
 	huge := make([]int, 500000)
 	if got := Dims(huge); got != "[0 0 0 0 0 0 0 0 …] (500000 dims)" {
 		t.Errorf("Dims of 500000 = %q", got)
+	}
+}
+
+// JSONError cuts the number and the unknown field name that encoding/json
+// echo, and leaves a normal-sized error as it was.
+func TestJSONError(t *testing.T) {
+	type shape struct {
+		Shape []int `json:"shape"`
+	}
+	long := strings.Repeat("7", 1<<20)
+	var s shape
+	err := json.Unmarshal([]byte(`{"shape":[`+long+`]}`), &s)
+	got := JSONError(err)
+	if want := `json: cannot unmarshal number ` + long[:64] + `… (1048576 bytes) into Go struct field shape.shape of type int`; got.Error() != want {
+		t.Errorf("number: %q, want %q", got, want)
+	}
+	var te *json.UnmarshalTypeError
+	if !errors.As(got, &te) {
+		t.Errorf("number: %v does not wrap the *json.UnmarshalTypeError", got)
+	}
+	dec := json.NewDecoder(strings.NewReader(`{"` + long + `":1}`))
+	dec.DisallowUnknownFields()
+	err = dec.Decode(&s)
+	if got, want := JSONError(err).Error(), `json: unknown field "`+long[:64]+`"… (1048576 bytes)`; got != want {
+		t.Errorf("unknown field: %q, want %q", got, want)
+	}
+	for _, in := range []string{`{"shape":[true]}`, `{"shape":"x"}`, `{"sh":1}`, `{"shape":[1e400]}`, `{`} {
+		dec := json.NewDecoder(strings.NewReader(in))
+		dec.DisallowUnknownFields()
+		err := dec.Decode(&s)
+		if err == nil || JSONError(err) != err {
+			t.Errorf("%s: JSONError(%v) changed a short error", in, err)
+		}
+	}
+	if JSONError(nil) != nil {
+		t.Error("JSONError(nil) != nil")
 	}
 }
