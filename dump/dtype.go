@@ -3,6 +3,8 @@ package dump
 import (
 	"fmt"
 	"strings"
+
+	"sparsemla/userfile"
 )
 
 // DType is the element type of a record's raw little-endian bytes.
@@ -185,7 +187,7 @@ func NumElements(shape []int) (int64, error) {
 			return 0, fmt.Errorf("dimension %d is negative (%d)", i, d)
 		}
 		if d != 0 && n > (1<<62)/int64(d) {
-			return 0, fmt.Errorf("shape %v: element count overflows", shape)
+			return 0, fmt.Errorf("shape %s: element count overflows", userfile.Dims(shape))
 		}
 		n *= int64(d)
 	}

@@ -120,23 +120,23 @@ func ParseSafetensorsHeader(hdr []byte, dataSize int64) (*Safetensors, error) {
 		msg := raw[name]
 		if name == "__metadata__" {
 			if err := json.Unmarshal(msg, &st.Metadata); err != nil {
-				return nil, fmt.Errorf("__metadata__: want a string-to-string map: %w", err)
+				return nil, fmt.Errorf("__metadata__: want a string-to-string map: %w", userfile.JSONError(err))
 			}
 			continue
 		}
 		var e stEntryJSON
 		if err := json.Unmarshal(msg, &e); err != nil {
-			return nil, fmt.Errorf("tensor %q: %w", name, err)
+			return nil, fmt.Errorf("tensor %s: %w", userfile.Quote(name), userfile.JSONError(err))
 		}
 		dt, ok := ParseDType(e.DType)
 		if !ok || e.DType != dt.SafetensorsName() {
-			return nil, fmt.Errorf("tensor %q: unknown dtype %q", name, e.DType)
+			return nil, fmt.Errorf("tensor %s: unknown dtype %s", userfile.Quote(name), userfile.Quote(e.DType))
 		}
 		if e.Shape == nil {
-			return nil, fmt.Errorf("tensor %q: missing shape", name)
+			return nil, fmt.Errorf("tensor %s: missing shape", userfile.Quote(name))
 		}
 		if len(e.DataOffsets) != 2 {
-			return nil, fmt.Errorf("tensor %q: data_offsets has %d values, want 2", name, len(e.DataOffsets))
+			return nil, fmt.Errorf("tensor %s: data_offsets has %d values, want 2", userfile.Quote(name), len(e.DataOffsets))
 		}
 		b, end := e.DataOffsets[0], e.DataOffsets[1]
 		if b < 0 || end < b || end > dataSize {
@@ -145,14 +145,14 @@ func ParseSafetensorsHeader(hdr []byte, dataSize int64) (*Safetensors, error) {
 		}
 		cnt, err := NumElements(e.Shape)
 		if err != nil {
-			return nil, fmt.Errorf("tensor %q: %w", name, err)
+			return nil, fmt.Errorf("tensor %s: %w", userfile.Quote(name), err)
 		}
 		want, err := dt.ByteLen(cnt)
 		if err != nil {
-			return nil, fmt.Errorf("tensor %q: shape %v: %w", name, e.Shape, err)
+			return nil, fmt.Errorf("tensor %s: shape %s: %w", userfile.Quote(name), userfile.Dims(e.Shape), err)
 		}
 		if want != end-b {
-			return nil, fmt.Errorf("tensor %q: shape %v %s needs %d bytes, data_offsets [%d, %d] hold %d", name, e.Shape, e.DType, want, b, end, end-b)
+			return nil, fmt.Errorf("tensor %s: shape %s %s needs %d bytes, data_offsets [%d, %d] hold %d", userfile.Quote(name), userfile.Dims(e.Shape), e.DType, want, b, end, end-b)
 		}
 		st.Entries = append(st.Entries, SafetensorsEntry{Name: name, DType: dt, Shape: e.Shape, Offset: b, Size: end - b})
 	}
@@ -166,7 +166,7 @@ func ParseSafetensorsHeader(hdr []byte, dataSize int64) (*Safetensors, error) {
 			return outside[i].name < outside[j].name
 		})
 		o := outside[0]
-		return nil, fmt.Errorf("tensor %q: data_offsets [%d, %d] outside the %d-byte data area", o.name, o.b, o.end, dataSize)
+		return nil, fmt.Errorf("tensor %s: data_offsets [%d, %d] outside the %d-byte data area", userfile.Quote(o.name), o.b, o.end, dataSize)
 	}
 	sort.Slice(st.Entries, func(i, j int) bool {
 		a, b := st.Entries[i], st.Entries[j]
@@ -179,7 +179,7 @@ func ParseSafetensorsHeader(hdr []byte, dataSize int64) (*Safetensors, error) {
 		if i > 0 {
 			p, e := st.Entries[i-1], st.Entries[i]
 			if e.Offset < p.Offset+p.Size {
-				return nil, fmt.Errorf("tensor %q [%d, %d] overlaps tensor %q [%d, %d]", e.Name, e.Offset, e.Offset+e.Size, p.Name, p.Offset, p.Offset+p.Size)
+				return nil, fmt.Errorf("tensor %s [%d, %d] overlaps tensor %s [%d, %d]", userfile.Quote(e.Name), e.Offset, e.Offset+e.Size, userfile.Quote(p.Name), p.Offset, p.Offset+p.Size)
 			}
 		}
 		st.byName[st.Entries[i].Name] = i
@@ -213,11 +213,11 @@ func (s *Safetensors) Has(name string) bool { _, ok := s.byName[name]; return ok
 func (s *Safetensors) Read(name string) (Record, error) {
 	e, ok := s.Entry(name)
 	if !ok {
-		return Record{}, fmt.Errorf("dump: %s: no tensor %q", s.Path, name)
+		return Record{}, fmt.Errorf("dump: %s: no tensor %s", s.Path, userfile.Quote(name))
 	}
 	data := make([]byte, e.Size)
 	if err := readAt(s.r, data, e.Offset); err != nil {
-		return Record{}, fmt.Errorf("dump: %s: tensor %q: reading %d bytes at offset %d: %w", s.Path, name, e.Size, e.Offset, err)
+		return Record{}, fmt.Errorf("dump: %s: tensor %s: reading %d bytes at offset %d: %w", s.Path, userfile.Quote(name), e.Size, e.Offset, err)
 	}
 	return Record{
 		Key:   Key{Step: NoStep, Layer: Global, Stage: name},
@@ -234,13 +234,13 @@ func (s *Safetensors) Read(name string) (Record, error) {
 func (s *Safetensors) ReadRange(name string, off int64, dst []byte) error {
 	e, ok := s.Entry(name)
 	if !ok {
-		return fmt.Errorf("dump: %s: no tensor %q", s.Path, name)
+		return fmt.Errorf("dump: %s: no tensor %s", s.Path, userfile.Quote(name))
 	}
 	if off < 0 || off > e.Size || int64(len(dst)) > e.Size-off {
-		return fmt.Errorf("dump: %s: tensor %q: bytes [%d, %d) outside its %d bytes", s.Path, name, off, off+int64(len(dst)), e.Size)
+		return fmt.Errorf("dump: %s: tensor %s: bytes [%d, %d) outside its %d bytes", s.Path, userfile.Quote(name), off, off+int64(len(dst)), e.Size)
 	}
 	if err := readAt(s.r, dst, e.Offset+off); err != nil {
-		return fmt.Errorf("dump: %s: tensor %q: reading %d bytes at offset %d: %w", s.Path, name, len(dst), e.Offset+off, err)
+		return fmt.Errorf("dump: %s: tensor %s: reading %d bytes at offset %d: %w", s.Path, userfile.Quote(name), len(dst), e.Offset+off, err)
 	}
 	return nil
 }
@@ -355,7 +355,7 @@ func jsonObject(b []byte) (map[string]json.RawMessage, error) {
 		return nil, err
 	}
 	if d, ok := tok.(json.Delim); !ok || d != '{' {
-		return nil, fmt.Errorf("want a JSON object, got %v", tok)
+		return nil, fmt.Errorf("want a JSON object, got %s", jsonTokenText(tok))
 	}
 	out := map[string]json.RawMessage{}
 	for dec.More() {
@@ -369,10 +369,10 @@ func jsonObject(b []byte) (map[string]json.RawMessage, error) {
 		}
 		var v json.RawMessage
 		if err := dec.Decode(&v); err != nil {
-			return nil, fmt.Errorf("member %q: %w", key, err)
+			return nil, fmt.Errorf("member %s: %w", userfile.Quote(key), userfile.JSONError(err))
 		}
 		if _, dup := out[key]; dup {
-			return nil, fmt.Errorf("duplicate tensor name %q", key)
+			return nil, fmt.Errorf("duplicate tensor name %s", userfile.Quote(key))
 		}
 		out[key] = v
 	}
@@ -383,4 +383,13 @@ func jsonObject(b []byte) (map[string]json.RawMessage, error) {
 		return nil, fmt.Errorf("data after the header object")
 	}
 	return out, nil
+}
+
+// jsonTokenText prints a JSON token for an error message as %v does, a
+// string cut by userfile.Clip (a header can be one 100 MB string).
+func jsonTokenText(tok json.Token) string {
+	if s, ok := tok.(string); ok {
+		return userfile.Clip(s)
+	}
+	return fmt.Sprint(tok)
 }

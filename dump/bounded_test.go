@@ -1,0 +1,64 @@
+package dump
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+)
+
+// maxErrLen bounds an error about a hostile input: however long the names
+// or shapes it holds, one error stays one readable line.
+const maxErrLen = 1 << 10
+
+// checkBounded fails the test unless err is shorter than maxErrLen and
+// contains every one of want (the file, the offset, what is wrong).
+func checkBounded(t *testing.T, what string, err error, want ...string) {
+	t.Helper()
+	if err == nil {
+		t.Errorf("%s: no error", what)
+		return
+	}
+	msg := err.Error()
+	if len(msg) >= maxErrLen {
+		t.Errorf("%s: error of %d bytes (want < %d): %.300s…", what, len(msg), maxErrLen, msg)
+		return
+	}
+	for _, w := range want {
+		if !strings.Contains(msg, w) {
+			t.Errorf("%s: error %q does not contain %q", what, msg, w)
+		}
+	}
+}
+
+// dimsJSON is a JSON list of n ones.
+func dimsJSON(n int) string {
+	return "[" + strings.TrimSuffix(strings.Repeat("1,", n), ",") + "]"
+}
+
+// TestSafetensorsErrorsBounded: a header's tensor names, dtypes, shapes,
+// numbers and strings are echoed at most 64 bytes or 8 dimensions long, and
+// the error still names the file and the tensor.
+func TestSafetensorsErrorsBounded(t *testing.T) {
+	long := strings.Repeat("n", 1<<20)
+	cases := []struct {
+		name string
+		file []byte
+		want []string
+	}{
+		{"long name, unknown dtype", stFile(`{"`+long+`":{"dtype":"Q7","shape":[1],"data_offsets":[0,1]}}`, 1), []string{`tensor "nnnn`, `(1048576 bytes): unknown dtype "Q7"`}},
+		{"long dtype", stFile(`{"a":{"dtype":"`+long+`","shape":[1],"data_offsets":[0,1]}}`, 1), []string{`tensor "a": unknown dtype "nnn`, "(1048576 bytes)"}},
+		{"long name, missing shape", stFile(`{"`+long+`":{"dtype":"U8","data_offsets":[0,0]}}`, 0), []string{"missing shape"}},
+		{"long name, outside", stFile(`{"`+long+`":{"dtype":"U8","shape":[9],"data_offsets":[0,9]}}`, 2), []string{"outside the 2-byte data area"}},
+		{"long names, overlap", stFile(`{"a`+long+`":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"b`+long+`":{"dtype":"U8","shape":[2],"data_offsets":[1,3]}}`, 3), []string{"overlaps tensor"}},
+		{"long name, duplicate", stFile(`{"`+long+`":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"`+long+`":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}}`, 2), []string{"duplicate tensor name", "(1048576 bytes)"}},
+		{"long name, bad entry", stFile(`{"`+long+`":[1]}`, 0), []string{"cannot unmarshal"}},
+		{"many dims", stFile(`{"a":{"dtype":"U8","shape":`+dimsJSON(300000)+`,"data_offsets":[0,2]}}`, 2), []string{`tensor "a": shape [1 1 1 1 1 1 1 1 …] (300000 dims) U8 needs 1 bytes`}},
+		{"many dims overflow", stFile(`{"a":{"dtype":"U8","shape":[4611686018427387904,4`+strings.Repeat(",1", 300000)+`],"data_offsets":[0,0]}}`, 0), []string{"(300002 dims): element count overflows"}},
+		{"long number", stFile(`{"a":{"dtype":"U8","shape":[`+strings.Repeat("9", 1<<20)+`],"data_offsets":[0,0]}}`, 0), []string{`tensor "a": json: cannot unmarshal number 999`, "(1048576 bytes)"}},
+		{"a string", stFile(`"`+long+`"`, 0), []string{"want a JSON object, got nnn", "(1048576 bytes)"}},
+	}
+	for _, c := range cases {
+		_, err := NewSafetensors(bytes.NewReader(c.file), int64(len(c.file)), "bad.safetensors")
+		checkBounded(t, c.name, err, append([]string{"dump: bad.safetensors: safetensors: "}, c.want...)...)
+	}
+}
