@@ -1,7 +1,9 @@
 package dump
 
 import (
+	"archive/zip"
 	"bytes"
+	"encoding/binary"
 	"strings"
 	"testing"
 )
@@ -61,4 +63,51 @@ func TestSafetensorsErrorsBounded(t *testing.T) {
 		_, err := NewSafetensors(bytes.NewReader(c.file), int64(len(c.file)), "bad.safetensors")
 		checkBounded(t, c.name, err, append([]string{"dump: bad.safetensors: safetensors: "}, c.want...)...)
 	}
+}
+
+// npyV2 is a v2 .npy file (4-byte header length) of the header dict and
+// data bytes.
+func npyV2(dict string, data int) []byte {
+	b := []byte("\x93NUMPY\x02\x00")
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(dict)))
+	return append(append(b, dict...), make([]byte, data)...)
+}
+
+// TestNpyErrorsBounded: an .npy header's descr, shape dimensions and shape
+// are echoed bounded, with the offset; an .npz member's name too, with the
+// archive and the member's index.
+func TestNpyErrorsBounded(t *testing.T) {
+	long := strings.Repeat("x", 900000)
+	ones := strings.Repeat("1,", 400000)
+	cases := []struct {
+		name string
+		file []byte
+		want []string
+	}{
+		{"long descr", npyV2("{'descr': '"+long+"', 'fortran_order': False, 'shape': (2,), }", 8), []string{`npy: offset 12: unsupported descr "xxx`, "(900000 bytes) (little-endian"}},
+		{"long dimension", npyV2("{'descr': '<f4', 'fortran_order': False, 'shape': (2, "+long+"), }", 8), []string{`npy: offset 12: bad shape dimension "xxx`, "(900000 bytes)"}},
+		{"many dims", npyV2("{'descr': '<f4', 'fortran_order': False, 'shape': ("+ones+"), }", 8), []string{"npy: shape [1 1 1 1 1 1 1 1 …] (400000 dims) <f4 needs 4 data bytes at offset"}},
+	}
+	for _, c := range cases {
+		_, err := ParseNpyHeader(bytes.NewReader(c.file), int64(len(c.file)))
+		checkBounded(t, c.name, err, c.want...)
+	}
+
+	// An .npz whose one member has a 65000-byte name and a bad magic.
+	var buf bytes.Buffer
+	zw := zip.NewWriter(&buf)
+	w, err := zw.CreateHeader(&zip.FileHeader{Name: strings.Repeat("m", 65000) + ".npy", Method: zip.Store})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Write([]byte("NOTNUMPY\x01\x00\x00\x00"))
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	zr, err := zip.NewReader(bytes.NewReader(buf.Bytes()), int64(buf.Len()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = listNpz(zr, bytes.NewReader(buf.Bytes()), int64(buf.Len()), "bad.npz")
+	checkBounded(t, "npz member name", err, `dump: bad.npz: member 0 "mmm`, "(65004 bytes): npy: offset 0: bad magic")
 }

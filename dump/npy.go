@@ -8,6 +8,8 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+
+	"sparsemla/userfile"
 )
 
 // npyMagic starts every .npy file.
@@ -109,7 +111,7 @@ func ParseNpyHeader(r io.ReaderAt, size int64) (NpyHeader, error) {
 	h.Descr = string(m[1])
 	dt, ok := npyDescrDType(h.Descr)
 	if !ok {
-		return NpyHeader{}, fmt.Errorf("npy: offset %d: unsupported descr %q (little-endian numeric types only; save bf16/fp8 as uint16/uint8 bits)", start, h.Descr)
+		return NpyHeader{}, fmt.Errorf("npy: offset %d: unsupported descr %s (little-endian numeric types only; save bf16/fp8 as uint16/uint8 bits)", start, userfile.Quote(h.Descr))
 	}
 	h.DType = dt
 	m = npyFortranRe.FindSubmatch(hdr)
@@ -131,7 +133,7 @@ func ParseNpyHeader(r io.ReaderAt, size int64) (NpyHeader, error) {
 		}
 		d, err := strconv.Atoi(tok)
 		if err != nil || d < 0 {
-			return NpyHeader{}, fmt.Errorf("npy: offset %d: bad shape dimension %q", start, tok)
+			return NpyHeader{}, fmt.Errorf("npy: offset %d: bad shape dimension %s", start, userfile.Quote(tok))
 		}
 		h.Shape = append(h.Shape, d)
 	}
@@ -143,7 +145,7 @@ func ParseNpyHeader(r io.ReaderAt, size int64) (NpyHeader, error) {
 		return NpyHeader{}, fmt.Errorf("npy: offset %d: %w", start, err)
 	}
 	if h.NBytes != size-h.DataOff {
-		return NpyHeader{}, fmt.Errorf("npy: shape %v %s needs %d data bytes at offset %d, file has %d", h.Shape, h.Descr, h.NBytes, h.DataOff, size-h.DataOff)
+		return NpyHeader{}, fmt.Errorf("npy: shape %s %s needs %d data bytes at offset %d, file has %d", userfile.Dims(h.Shape), h.Descr, h.NBytes, h.DataOff, size-h.DataOff)
 	}
 	return h, nil
 }
@@ -182,10 +184,10 @@ func checkNpzInflation(f *zip.File) error {
 // instead.
 func checkZipInflation(f *zip.File, hint string) error {
 	if f.UncompressedSize64 > MaxNpzMember {
-		return fmt.Errorf("member %q claims %d bytes (limit %d)", f.Name, f.UncompressedSize64, uint64(MaxNpzMember))
+		return fmt.Errorf("member %s claims %d bytes (limit %d)", userfile.Quote(f.Name), f.UncompressedSize64, uint64(MaxNpzMember))
 	}
 	if f.UncompressedSize64 > NpzRatioFree && f.UncompressedSize64/NpzMaxRatio > f.CompressedSize64 {
-		return fmt.Errorf("member %q inflates %d compressed bytes to %d (over %d:1; %s)", f.Name, f.CompressedSize64, f.UncompressedSize64, NpzMaxRatio, hint)
+		return fmt.Errorf("member %s inflates %d compressed bytes to %d (over %d:1; %s)", userfile.Quote(f.Name), f.CompressedSize64, f.UncompressedSize64, NpzMaxRatio, hint)
 	}
 	return nil
 }
@@ -199,33 +201,33 @@ func readNpzMember(f *zip.File, skip, n int64, buf []byte) ([]byte, error) {
 		return nil, err
 	}
 	if skip < 0 || n < 0 || uint64(skip)+uint64(n) != f.UncompressedSize64 {
-		return nil, fmt.Errorf("member %q: %d + %d bytes, zip directory says %d", f.Name, skip, n, f.UncompressedSize64)
+		return nil, fmt.Errorf("member %s: %d + %d bytes, zip directory says %d", userfile.Quote(f.Name), skip, n, f.UncompressedSize64)
 	}
 	rc, err := f.Open()
 	if err != nil {
-		return nil, fmt.Errorf("member %q: %w", f.Name, err)
+		return nil, fmt.Errorf("member %s: %w", userfile.Quote(f.Name), err)
 	}
 	defer rc.Close()
 	if m, err := io.CopyN(io.Discard, rc, skip); err != nil {
-		return nil, fmt.Errorf("member %q: inflating its header: after %d bytes: %w", f.Name, m, err)
+		return nil, fmt.Errorf("member %s: inflating its header: after %d bytes: %w", userfile.Quote(f.Name), m, err)
 	}
 	var data []byte
 	if int64(cap(buf)) >= n {
 		data = buf[:n]
 		if _, err := io.ReadFull(rc, data); err != nil {
-			return nil, fmt.Errorf("member %q: inflating %d data bytes: %w", f.Name, n, err)
+			return nil, fmt.Errorf("member %s: inflating %d data bytes: %w", userfile.Quote(f.Name), n, err)
 		}
 	} else if data, err = readClaimed(rc, n); err != nil {
-		return nil, fmt.Errorf("member %q: after %d of %d data bytes: %w", f.Name, len(data), n, err)
+		return nil, fmt.Errorf("member %s: after %d of %d data bytes: %w", userfile.Quote(f.Name), len(data), n, err)
 	}
 	// The end: archive/zip checks the CRC-32 and the size when it is met.
 	var one [1]byte
 	m, err := io.ReadFull(rc, one[:])
 	if m != 0 {
-		return nil, fmt.Errorf("member %q: longer than the %d bytes the zip directory says", f.Name, f.UncompressedSize64)
+		return nil, fmt.Errorf("member %s: longer than the %d bytes the zip directory says", userfile.Quote(f.Name), f.UncompressedSize64)
 	}
 	if err != io.EOF {
-		return nil, fmt.Errorf("member %q: at its end: %w", f.Name, err)
+		return nil, fmt.Errorf("member %s: at its end: %w", userfile.Quote(f.Name), err)
 	}
 	return data, nil
 }
@@ -269,11 +271,11 @@ func (p *prefixReaderAt) ReadAt(b []byte, off int64) (int, error) {
 // inspect still lists such a member.
 func npyHeaderDeflated(f *zip.File) (NpyHeader, error) {
 	if f.UncompressedSize64 > MaxNpzMember {
-		return NpyHeader{}, fmt.Errorf("member %q claims %d bytes (limit %d)", f.Name, f.UncompressedSize64, uint64(MaxNpzMember))
+		return NpyHeader{}, fmt.Errorf("member %s claims %d bytes (limit %d)", userfile.Quote(f.Name), f.UncompressedSize64, uint64(MaxNpzMember))
 	}
 	rc, err := f.Open()
 	if err != nil {
-		return NpyHeader{}, fmt.Errorf("member %q: %w", f.Name, err)
+		return NpyHeader{}, fmt.Errorf("member %s: %w", userfile.Quote(f.Name), err)
 	}
 	defer rc.Close()
 	return ParseNpyHeader(&prefixReaderAt{r: rc, limit: 12 + MaxNpyHeader}, int64(f.UncompressedSize64))
@@ -293,20 +295,20 @@ func listNpz(zr *zip.Reader, ra io.ReaderAt, size int64, name string) ([]npzMemb
 		stored := int64(-1)
 		if off, oerr := f.DataOffset(); oerr == nil && f.Method == zip.Store && f.CompressedSize64 == f.UncompressedSize64 {
 			if off < 0 || off > size || f.UncompressedSize64 > uint64(size-off) {
-				return nil, fmt.Errorf("dump: %s: member %d %q: stored member of %d bytes at offset %d exceeds the %d-byte archive", name, i, f.Name, f.UncompressedSize64, off, size)
+				return nil, fmt.Errorf("dump: %s: member %d %s: stored member of %d bytes at offset %d exceeds the %d-byte archive", name, i, userfile.Quote(f.Name), f.UncompressedSize64, off, size)
 			}
 			// Stored (np.savez): parse in place through the archive's ReaderAt.
 			hdr, err = ParseNpyHeader(io.NewSectionReader(ra, off, int64(f.UncompressedSize64)), int64(f.UncompressedSize64))
 			stored = off
 		} else {
 			if f.CompressedSize64 > uint64(size) {
-				return nil, fmt.Errorf("dump: %s: member %d %q: %d compressed bytes exceed the %d-byte archive", name, i, f.Name, f.CompressedSize64, size)
+				return nil, fmt.Errorf("dump: %s: member %d %s: %d compressed bytes exceed the %d-byte archive", name, i, userfile.Quote(f.Name), f.CompressedSize64, size)
 			}
 			// Deflated: inflate the header only (the data is read by Dump.Read).
 			hdr, err = npyHeaderDeflated(f)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("dump: %s: member %d %q: %w", name, i, f.Name, err)
+			return nil, fmt.Errorf("dump: %s: member %d %s: %w", name, i, userfile.Quote(f.Name), err)
 		}
 		out = append(out, npzMember{f: f, name: strings.TrimSuffix(f.Name, ".npy"), hdr: hdr, stored: stored})
 	}
