@@ -111,3 +111,34 @@ func TestNpyErrorsBounded(t *testing.T) {
 	_, err = listNpz(zr, bytes.NewReader(buf.Bytes()), int64(buf.Len()), "bad.npz")
 	checkBounded(t, "npz member name", err, `dump: bad.npz: member 0 "mmm`, "(65004 bytes): npy: offset 0: bad magic")
 }
+
+// TestTorchSaveErrorsBounded: a pickle's global names, storage keys and
+// view sizes are echoed bounded, and the error still names the file, the
+// pickle and the offset.
+func TestTorchSaveErrorsBounded(t *testing.T) {
+	long := strings.Repeat("m", 1<<20)
+	global := append([]byte("\x80\x02c"+long+"\n"), "x"+long+"\n."...)
+	key := append([]byte{0x80, 2, '}', 'q', 0}, ptStr("x")...)
+	view := ptViewOps(4, []int{2}, []int{1})
+	view = bytes.Replace(view, ptStr("0"), ptStr(long), 1)
+	key = append(append(key, view...), 's', '.')
+	neg := make([]int, 64)
+	for i := range neg {
+		neg[i] = -1 << 31
+	}
+	negative := append([]byte{0x80, 2, '}', 'q', 0}, ptStr("x")...)
+	negative = append(append(negative, ptViewOps(4, neg, neg)...), 's', '.')
+	storage := make([]byte, 16)
+	for _, c := range []struct {
+		name string
+		zip  []byte
+		want []string
+	}{
+		{"long global", torchZip(global), []string{"dump: hostile.pt: f/data.pkl: offset 2: pickle names global mmm", "(1048576 bytes).xmmm", "(1048577 bytes), which a tensor file may not name"}},
+		{"long storage key", torchZip(key, storage), []string{"dump: hostile.pt: f/data.pkl: ", "storage mmm", "(1048576 bytes): no member f/data/mmm"}},
+		{"64 negative dims", torchZip(negative, storage), []string{"dump: hostile.pt: f/data.pkl: ", "negative size [-2147483648 -2147483648 -2147483648 -2147483648 -2147483648 -2147483648 -2147483648 -2147483648 …] (64 dims) or stride"}},
+	} {
+		_, _, err := readTorchSave(bytes.NewReader(c.zip), int64(len(c.zip)), "hostile.pt")
+		checkBounded(t, c.name, err, c.want...)
+	}
+}

@@ -14,6 +14,8 @@ import (
 
 	"github.com/nlpodyssey/gopickle/pickle"
 	"github.com/nlpodyssey/gopickle/types"
+
+	"sparsemla/userfile"
 )
 
 // torch.save zip files (".pt"): a zip archive <prefix>/data.pkl (a pickle,
@@ -61,7 +63,7 @@ func newPtTensor(st *ptStorage, dt DType, fp4 bool, off int64, size, stride []in
 	for i := len(size) - 1; i >= 0; i-- {
 		s, k := size[i], stride[i]
 		if s < 0 || k < 0 {
-			return nil, fmt.Errorf("negative size %v or stride %v", size, stride)
+			return nil, fmt.Errorf("negative size %s or stride %s", userfile.Dims(size), userfile.Dims(stride))
 		}
 		if s == 0 {
 			empty = true
@@ -71,12 +73,12 @@ func newPtTensor(st *ptStorage, dt DType, fp4 bool, off int64, size, stride []in
 		}
 		expect *= s
 		if s > 0 && n > math.MaxInt64/s {
-			return nil, fmt.Errorf("size %v overflows", size)
+			return nil, fmt.Errorf("size %s overflows", userfile.Dims(size))
 		}
 		n *= s
 		if s > 1 {
 			if k > 0 && (s-1) > (math.MaxInt64/4-last)/k {
-				return nil, fmt.Errorf("size %v stride %v overflow", size, stride)
+				return nil, fmt.Errorf("size %s stride %s overflow", userfile.Dims(size), userfile.Dims(stride))
 			}
 			last += (s - 1) * k
 		}
@@ -97,20 +99,20 @@ func newPtTensor(st *ptStorage, dt DType, fp4 bool, off int64, size, stride []in
 	}
 	t.shape = shape
 	if n > math.MaxInt64/esz {
-		return nil, fmt.Errorf("size %v overflows", size)
+		return nil, fmt.Errorf("size %s overflows", userfile.Dims(size))
 	}
 	t.nbytes = n * esz
 	stBytes := st.numel
 	if st.dtype != Invalid {
 		sb := int64(st.dtype.Bits() / 8)
 		if st.numel > math.MaxInt64/sb {
-			return nil, fmt.Errorf("storage %s numel %d overflows", st.key, st.numel)
+			return nil, fmt.Errorf("storage %s numel %d overflows", userfile.Clip(st.key), st.numel)
 		}
 		stBytes = st.numel * sb
 	}
 	if !empty {
 		if last > math.MaxInt64/esz-1 || (last+1)*esz > stBytes {
-			return nil, fmt.Errorf("view (offset %d, size %v, stride %v) reaches element %d of storage %s that holds %d bytes", off, size, stride, last, st.key, stBytes)
+			return nil, fmt.Errorf("view (offset %d, size %s, stride %s) reaches element %d of storage %s that holds %d bytes", off, userfile.Dims(size), userfile.Dims(stride), last, userfile.Clip(st.key), stBytes)
 		}
 		t.span = (last+1)*esz - off*esz
 		// A view is read as a gather of distinct storage elements, so its
@@ -121,11 +123,11 @@ func newPtTensor(st *ptStorage, dt DType, fp4 bool, off int64, size, stride []in
 		// 1-element storage viewed as (2^30, 2^30) with stride (0, 0).
 		for i, s := range size {
 			if s > 1 && stride[i] == 0 {
-				return nil, fmt.Errorf("view (offset %d, size %v, stride %v) of storage %s is broadcast (stride 0 on dimension %d of size %d): expanded views are not read, save a contiguous copy (x.contiguous())", off, size, stride, st.key, i, s)
+				return nil, fmt.Errorf("view (offset %d, size %s, stride %s) of storage %s is broadcast (stride 0 on dimension %d of size %d): expanded views are not read, save a contiguous copy (x.contiguous())", off, userfile.Dims(size), userfile.Dims(stride), userfile.Clip(st.key), i, s)
 			}
 		}
 		if t.nbytes > t.span {
-			return nil, fmt.Errorf("view (offset %d, size %v, stride %v) of storage %s overlaps itself (%d bytes of elements in a span of %d bytes): overlapping views are not read, save a contiguous copy (x.contiguous())", off, size, stride, st.key, t.nbytes, t.span)
+			return nil, fmt.Errorf("view (offset %d, size %s, stride %s) of storage %s overlaps itself (%d bytes of elements in a span of %d bytes): overlapping views are not read, save a contiguous copy (x.contiguous())", off, userfile.Dims(size), userfile.Dims(stride), userfile.Clip(st.key), t.nbytes, t.span)
 		}
 	}
 	return t, nil
@@ -183,10 +185,10 @@ func readTorchSave(fr io.ReaderAt, size int64, path string) (v interface{}, pklL
 	}
 	data, err := readMember(pkl, maxPickle)
 	if err != nil {
-		return nil, 0, fmt.Errorf("dump: %s: %s: %w", path, pkl.Name, err)
+		return nil, 0, fmt.Errorf("dump: %s: %s: %w", path, userfile.Clip(pkl.Name), err)
 	}
 	if err := scanPickle(data); err != nil {
-		return nil, 0, fmt.Errorf("dump: %s: %s: %w", path, pkl.Name, err)
+		return nil, 0, fmt.Errorf("dump: %s: %s: %w", path, userfile.Clip(pkl.Name), err)
 	}
 	u := pickle.NewUnpickler(bytes.NewReader(data))
 	u.FindClass = ptAllowed
@@ -196,11 +198,11 @@ func readTorchSave(fr io.ReaderAt, size int64, path string) (v interface{}, pklL
 	}
 	obj, err := loadPickle(&u)
 	if err != nil {
-		return nil, 0, fmt.Errorf("dump: %s: %s: %w", path, pkl.Name, err)
+		return nil, 0, fmt.Errorf("dump: %s: %s: %w", path, userfile.Clip(pkl.Name), err)
 	}
 	v, err = newPtWalk(len(data)).value(obj, 0)
 	if err != nil {
-		return nil, 0, fmt.Errorf("dump: %s: %s: %w", path, pkl.Name, err)
+		return nil, 0, fmt.Errorf("dump: %s: %s: %w", path, userfile.Clip(pkl.Name), err)
 	}
 	return v, len(data), nil
 }
@@ -245,34 +247,34 @@ func (a *ptArchive) persistentLoad(pid interface{}) (interface{}, error) {
 	}
 	numel, err := ptInt(t.Get(4))
 	if err != nil || numel < 0 {
-		return nil, fmt.Errorf("storage %s: numel %s", key, ptDescribe(t.Get(4)))
+		return nil, fmt.Errorf("storage %s: numel %s", userfile.Clip(key), ptDescribe(t.Get(4)))
 	}
 	if st, ok := a.storages[key]; ok {
 		if st.dtype != cls.dt || st.numel != numel {
-			return nil, fmt.Errorf("storage %s named twice with different types", key)
+			return nil, fmt.Errorf("storage %s named twice with different types", userfile.Clip(key))
 		}
 		return st, nil
 	}
 	m, ok := a.members[a.prefix+"data/"+key]
 	if !ok {
-		return nil, fmt.Errorf("storage %s: no member %sdata/%s", key, a.prefix, key)
+		return nil, fmt.Errorf("storage %s: no member %sdata/%s", userfile.Clip(key), userfile.Clip(a.prefix), userfile.Clip(key))
 	}
 	want := numel
 	if cls.dt != Invalid {
 		sb := int64(cls.dt.Bits() / 8)
 		if numel > math.MaxInt64/sb {
-			return nil, fmt.Errorf("storage %s: numel %d overflows", key, numel)
+			return nil, fmt.Errorf("storage %s: numel %d overflows", userfile.Clip(key), numel)
 		}
 		want = numel * sb
 	}
 	if m.UncompressedSize64 != uint64(want) {
-		return nil, fmt.Errorf("storage %s: member holds %d bytes, the pickle claims %d", key, m.UncompressedSize64, want)
+		return nil, fmt.Errorf("storage %s: member holds %d bytes, the pickle claims %d", userfile.Clip(key), m.UncompressedSize64, want)
 	}
 	if m.Method == zip.Store {
 		// a stored member's bytes are read in place: they must lie in the file
 		off, err := m.DataOffset()
 		if err != nil || m.CompressedSize64 != m.UncompressedSize64 || off < 0 || uint64(off)+m.CompressedSize64 > uint64(a.size) {
-			return nil, fmt.Errorf("storage %s: member %s of %d bytes does not lie inside the %d-byte file", key, m.Name, m.UncompressedSize64, a.size)
+			return nil, fmt.Errorf("storage %s: member %s of %d bytes does not lie inside the %d-byte file", userfile.Clip(key), userfile.Clip(m.Name), m.UncompressedSize64, a.size)
 		}
 	}
 	st := &ptStorage{key: key, dtype: cls.dt, numel: numel, member: m}
@@ -457,7 +459,7 @@ func (d *Dump) addPT(path, rel string, prevFix *[]int) error {
 			if len(ts) == 0 {
 				// SGLang also dumps non-tensor values (e.g. the request ids
 				// "rids", a list of strings): listed, not indexed
-				d.Unmapped = append(d.Unmapped, fmt.Sprintf("%s: %s (value is not a tensor)", rel, meta["name"]))
+				d.Unmapped = append(d.Unmapped, fmt.Sprintf("%s: %s (value is not a tensor)", rel, userfile.Clip(meta["name"])))
 				return nil
 			}
 			base := meta["name"]

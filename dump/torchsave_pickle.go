@@ -117,7 +117,7 @@ func (r *ptRebuild) Call(args ...interface{}) (interface{}, error) {
 		return nil, fmt.Errorf("%s: stride: %w", r.name, err)
 	}
 	if len(size) != len(stride) {
-		return nil, fmt.Errorf("%s: size %v and stride %v differ in rank", r.name, size, stride)
+		return nil, fmt.Errorf("%s: size %s and stride %s differ in rank", r.name, userfile.Dims(size), userfile.Dims(stride))
 	}
 	return newPtTensor(st, dt, fp4, off, size, stride)
 }
@@ -196,7 +196,7 @@ func ptAllowed(module, name string) (interface{}, error) {
 			return &types.OrderedDictClass{}, nil
 		}
 	}
-	return nil, fmt.Errorf("pickle names global %s.%s, which a tensor file may not name (allowed: torch._utils._rebuild_tensor_v2/_v3/_rebuild_parameter, torch storage classes and dtypes, collections.OrderedDict)", module, name)
+	return nil, fmt.Errorf("pickle names global %s.%s, which a tensor file may not name (allowed: torch._utils._rebuild_tensor_v2/_v3/_rebuild_parameter, torch storage classes and dtypes, collections.OrderedDict)", userfile.Clip(module), userfile.Clip(name))
 }
 
 // ptDict is an ordered dict of a decoded pickle.
