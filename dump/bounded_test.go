@@ -4,6 +4,9 @@ import (
 	"archive/zip"
 	"bytes"
 	"encoding/binary"
+	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -141,4 +144,78 @@ func TestTorchSaveErrorsBounded(t *testing.T) {
 		_, _, err := readTorchSave(bytes.NewReader(c.zip), int64(len(c.zip)), "hostile.pt")
 		checkBounded(t, c.name, err, c.want...)
 	}
+}
+
+// TestNativeErrorsBounded: a native frame's stage, kind, dtype, frame type
+// and shape are echoed bounded, with the file, the record and the offset.
+func TestNativeErrorsBounded(t *testing.T) {
+	long := strings.Repeat("s", 500000)
+	hdr := frame(t, map[string]any{"t": "header", "header": map[string]any{}}, nil)
+	tensor := func(m map[string]any, data []byte) []byte {
+		base := map[string]any{"t": "tensor", "stage": "q", "kind": "stage", "dtype": "bf16", "shape": []int{2}, "nbytes": 4, "step": 3, "layer": 0}
+		for k, v := range m {
+			base[k] = v
+		}
+		return frame(t, base, data)
+	}
+	ones := make([]int, 200000)
+	for i := range ones {
+		ones[i] = 1
+	}
+	data := []byte{1, 2, 3, 4}
+	at := "dump: bad.smd: record 1 at offset 34: "
+	for _, c := range []struct {
+		name string
+		file []byte
+		want []string
+	}{
+		{"long stage, bad dtype", bytes.Join([][]byte{fileHeader(1), hdr, tensor(map[string]any{"stage": long, "dtype": "q3"}, data)}, nil), []string{at + "sss", `(500000 bytes): unknown dtype "q3"`}},
+		{"long dtype", bytes.Join([][]byte{fileHeader(1), hdr, tensor(map[string]any{"dtype": long}, data)}, nil), []string{at + `q: unknown dtype "sss`}},
+		{"long kind", bytes.Join([][]byte{fileHeader(1), hdr, tensor(map[string]any{"kind": long}, data)}, nil), []string{at + `q: unknown kind "sss`}},
+		{"long frame type", bytes.Join([][]byte{fileHeader(1), hdr, frame(t, map[string]any{"t": long}, nil)}, nil), []string{at + `unknown frame type "sss`}},
+		{"many dims", bytes.Join([][]byte{fileHeader(1), hdr, tensor(map[string]any{"shape": ones}, data)}, nil), []string{at + "q: shape [1 1 1 1 1 1 1 1 …] (200000 dims) bf16 needs 2 bytes, frame says 4"}},
+		{"long stage, duplicate", bytes.Join([][]byte{fileHeader(1), hdr, tensor(map[string]any{"stage": long}, data), tensor(map[string]any{"stage": long}, data)}, nil), []string{"dump: bad.smd: ", "duplicate", "(500000 bytes)"}},
+	} {
+		_, err := OpenReaderAt("bad.smd", bytes.NewReader(c.file), int64(len(c.file)))
+		checkBounded(t, c.name, err, c.want...)
+	}
+}
+
+// TestConfigErrorsBounded: name maps, sidecars, config.json and a
+// checkpoint index echo their strings, unknown fields, numbers and regexps
+// bounded, and still name the file and the field.
+func TestConfigErrorsBounded(t *testing.T) {
+	long := strings.Repeat("z", 1<<20)
+	_, err := ParseNameMap([]byte(`{"files":[{"file":"x","kind":"`+long+`","rules":[]}]}`), "m.json")
+	checkBounded(t, "name map kind", err, `dump: name map m.json: files[0]: unknown kind "zzz`, "(1048576 bytes)")
+	_, err = ParseNameMap([]byte(`{"files":[{"file":"x","rules":[{"match":"x","dtype":"`+long+`"}]}]}`), "m.json")
+	checkBounded(t, "name map dtype", err, `dump: name map m.json: files[0].rules[0]: unknown dtype "zzz`)
+	_, err = ParseNameMap([]byte(`{"files":[{"file":"(`+long+`","rules":[]}]}`), "m.json")
+	checkBounded(t, "name map regexp", err, "dump: name map m.json: files[0].file: error parsing regexp: missing closing ): `(zzz", "(1048577 bytes)`")
+	_, err = ParseNameMap([]byte(`{"files":[{"file":"(?P<`+long+`>x)","rules":[]}]}`), "m.json")
+	checkBounded(t, "name map capture group", err, `dump: name map m.json: files[0].file: unknown capture group "zzz`)
+	_, err = ParseNameMap([]byte(`{"files":[],"`+long+`":1}`), "m.json")
+	checkBounded(t, "name map unknown field", err, `dump: name map m.json: json: unknown field "zzz`)
+	_, err = ParseNameMap([]byte(`{"files":[{"file":"x","rules":[{"match":"x","layer":`+strings.Repeat("9", 1<<20)+`}]}]}`), "m.json")
+	checkBounded(t, "name map number", err, "dump: name map m.json: json: cannot unmarshal number 999", "(1048576 bytes) into Go struct field")
+	var k Key
+	err = applyCaptures(&k, regexp.MustCompile(`(?P<step>.*)`), []string{long, long})
+	checkBounded(t, "capture", err, `capture step = "zzz`)
+
+	_, err = ParseSidecar([]byte(`{"version":1,"prefix":[{"request":"`+long+`","source":"`+long+`","tokens":1}]}`), "s.json")
+	checkBounded(t, "sidecar request", err, `dump: sidecar s.json: prefix: [0]: request "zzz`, "reuses its own prefix")
+	_, err = ParseSidecar([]byte(`{"version":1,"files":[{"file":"[`+long+`"}]}`), "s.json")
+	checkBounded(t, "sidecar regexp", err, "dump: sidecar s.json: files[0].file: error parsing regexp")
+	_, err = ParseSidecar([]byte(`{"version":1,"prefix":[{"`+long+`":1}]}`), "s.json")
+	checkBounded(t, "sidecar prefix field", err, `dump: sidecar s.json: prefix: json: unknown field "zzz`)
+
+	_, err = ModelArgsFromHF([]byte(`{"model_type":"` + long + `"}`))
+	checkBounded(t, "hf model_type", err, `dump: hf config: model_type "zzz`, "want deepseek_v4")
+
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "model.safetensors.index.json"), []byte(`{"weight_map":{"`+long+`":"`+long+`"}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err = OpenCheckpoint(dir)
+	checkBounded(t, "checkpoint shard", err, "model.safetensors.index.json: tensor \"zzz", "is not a .safetensors file name")
 }

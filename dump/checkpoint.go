@@ -47,14 +47,14 @@ func OpenCheckpoint(dir string) (*Checkpoint, error) {
 			WeightMap map[string]string `json:"weight_map"`
 		}
 		if err := json.Unmarshal(b, &v); err != nil {
-			return nil, fmt.Errorf("dump: %s: %w", idx, err)
+			return nil, fmt.Errorf("dump: %s: %w", idx, userfile.JSONError(err))
 		}
 		if len(v.WeightMap) == 0 {
 			return nil, fmt.Errorf("dump: %s: empty weight_map", idx)
 		}
 		for name, shard := range v.WeightMap {
 			if shard == "" || filepath.Base(shard) != shard || shard == ".." || !strings.HasSuffix(shard, ".safetensors") {
-				return nil, fmt.Errorf("dump: %s: tensor %q: shard %q is not a .safetensors file name in the checkpoint directory", idx, name, shard)
+				return nil, fmt.Errorf("dump: %s: tensor %s: shard %s is not a .safetensors file name in the checkpoint directory", idx, userfile.Quote(name), userfile.Quote(shard))
 			}
 			c.stored[name] = shard
 		}
@@ -71,7 +71,7 @@ func OpenCheckpoint(dir string) (*Checkpoint, error) {
 			}
 			for _, n := range s.Names() {
 				if prev, dup := c.stored[n]; dup {
-					return nil, fmt.Errorf("dump: %s: tensor %q is in %s and %s", dir, n, prev, filepath.Base(f))
+					return nil, fmt.Errorf("dump: %s: tensor %s is in %s and %s", dir, userfile.Quote(n), prev, filepath.Base(f))
 				}
 				c.stored[n] = filepath.Base(f)
 			}
@@ -86,7 +86,7 @@ func OpenCheckpoint(dir string) (*Checkpoint, error) {
 			continue // both spellings stored: each name finds itself
 		}
 		if prev, dup := c.alias[o]; dup {
-			return nil, fmt.Errorf("dump: %s: tensors %q and %q both map to the official name %q", dir, prev, n, o)
+			return nil, fmt.Errorf("dump: %s: tensors %s and %s both map to the official name %s", dir, userfile.Quote(prev), userfile.Quote(n), userfile.Quote(o))
 		}
 		c.alias[o] = n
 	}
@@ -177,7 +177,7 @@ func (c *Checkpoint) Has(name string) bool { _, ok := c.resolve(name); return ok
 func (c *Checkpoint) Entry(name string) (SafetensorsEntry, error) {
 	st, ok := c.resolve(name)
 	if !ok {
-		return SafetensorsEntry{}, fmt.Errorf("dump: checkpoint %s: no tensor %q", c.Dir, name)
+		return SafetensorsEntry{}, fmt.Errorf("dump: checkpoint %s: no tensor %s", c.Dir, userfile.Quote(name))
 	}
 	s, err := c.shard(c.stored[st])
 	if err != nil {
@@ -185,7 +185,7 @@ func (c *Checkpoint) Entry(name string) (SafetensorsEntry, error) {
 	}
 	e, ok := s.Entry(st)
 	if !ok {
-		return SafetensorsEntry{}, fmt.Errorf("dump: checkpoint %s: index puts %q in %s, which does not hold it", c.Dir, st, c.stored[st])
+		return SafetensorsEntry{}, fmt.Errorf("dump: checkpoint %s: index puts %s in %s, which does not hold it", c.Dir, userfile.Quote(st), userfile.Clip(c.stored[st]))
 	}
 	return e, nil
 }
@@ -197,14 +197,14 @@ var layerNameRe = regexp.MustCompile(`^layers\.(\d+)\.`)
 func (c *Checkpoint) Read(name string) (Record, error) {
 	st, ok := c.resolve(name)
 	if !ok {
-		return Record{}, fmt.Errorf("dump: checkpoint %s: no tensor %q", c.Dir, name)
+		return Record{}, fmt.Errorf("dump: checkpoint %s: no tensor %s", c.Dir, userfile.Quote(name))
 	}
 	s, err := c.shard(c.stored[st])
 	if err != nil {
 		return Record{}, err
 	}
 	if !s.Has(st) {
-		return Record{}, fmt.Errorf("dump: checkpoint %s: index puts %q in %s, which does not hold it", c.Dir, st, c.stored[st])
+		return Record{}, fmt.Errorf("dump: checkpoint %s: index puts %s in %s, which does not hold it", c.Dir, userfile.Quote(st), userfile.Clip(c.stored[st]))
 	}
 	r, err := s.Read(st)
 	if err != nil {
@@ -223,7 +223,7 @@ func (c *Checkpoint) Read(name string) (Record, error) {
 func (c *Checkpoint) ReadRange(name string, off int64, dst []byte) error {
 	st, ok := c.resolve(name)
 	if !ok {
-		return fmt.Errorf("dump: checkpoint %s: no tensor %q", c.Dir, name)
+		return fmt.Errorf("dump: checkpoint %s: no tensor %s", c.Dir, userfile.Quote(name))
 	}
 	s, err := c.shard(c.stored[st])
 	if err != nil {

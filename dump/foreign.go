@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"sparsemla/userfile"
 )
 
 // zipFormat tells a torch.save zip ("pt") from an .npz ("npz"); any other
@@ -62,17 +64,17 @@ func (d *Dump) applyStepStage() error {
 		}
 		v, err := r.Int64()
 		if err != nil {
-			return fmt.Errorf("dump: %s: record %d (%s): step stage %s: %w", e.File, e.Record, e.Name, m.StepStage, err)
+			return fmt.Errorf("dump: %s: record %d (%s): step stage %s: %w", e.File, e.Record, userfile.Clip(e.Name), userfile.Clip(m.StepStage), err)
 		}
 		if len(v) != 1 {
 			multi[e.Step] = len(v)
 			continue
 		}
 		if v[0] < 0 || v[0] > math.MaxInt32 {
-			return fmt.Errorf("dump: %s: record %d (%s): position %d", e.File, e.Record, e.Name, v[0])
+			return fmt.Errorf("dump: %s: record %d (%s): position %d", e.File, e.Record, userfile.Clip(e.Name), v[0])
 		}
 		if _, dup := pos[e.Step]; dup {
-			return fmt.Errorf("dump: %s: record %d (%s): second %s record for step counter %d", e.File, e.Record, e.Name, m.StepStage, e.Step)
+			return fmt.Errorf("dump: %s: record %d (%s): second %s record for step counter %d", e.File, e.Record, userfile.Clip(e.Name), userfile.Clip(m.StepStage), e.Step)
 		}
 		pos[e.Step] = int(v[0])
 	}
@@ -85,7 +87,7 @@ func (d *Dump) applyStepStage() error {
 				if n := multi[e.Step]; n > 0 {
 					why = fmt.Sprintf("%d positions (prefill)", n)
 				}
-				d.Unmapped = append(d.Unmapped, fmt.Sprintf("%s: %s (step counter %d: %s)", e.File, e.Name, e.Step, why))
+				d.Unmapped = append(d.Unmapped, fmt.Sprintf("%s: %s (step counter %d: %s)", e.File, userfile.Clip(e.Name), e.Step, why))
 				continue
 			}
 			e.Step = p
@@ -124,7 +126,7 @@ func (d *Dump) finishForeign(path, root string) error {
 		}
 		s, err := viewShape(e.Shape, e.view)
 		if err != nil {
-			return fmt.Errorf("dump: %s: record %d (%s): name map %s shape %v: %w", e.File, e.Record, e.Name, d.Map.Name, e.view, err)
+			return fmt.Errorf("dump: %s: record %d (%s): name map %s shape %s: %w", e.File, e.Record, userfile.Clip(e.Name), userfile.Clip(d.Map.Name), userfile.Dims(e.view), err)
 		}
 		e.Shape, e.view = s, nil
 	}
@@ -150,7 +152,7 @@ func (d *Dump) finishForeign(path, root string) error {
 					e.Kind = KindState
 					kept = append(kept, e)
 				} else {
-					d.Unmapped = append(d.Unmapped, fmt.Sprintf("%s: %s (step %d, the first of a window without a prefill state: only its cache states are used, as the start state)", e.File, e.Name, first))
+					d.Unmapped = append(d.Unmapped, fmt.Sprintf("%s: %s (step %d, the first of a window without a prefill state: only its cache states are used, as the start state)", e.File, userfile.Clip(e.Name), first))
 				}
 				continue
 			}
@@ -159,7 +161,7 @@ func (d *Dump) finishForeign(path, root string) error {
 		d.Entries = kept
 	}
 	if len(d.Entries) == 0 {
-		msg := fmt.Sprintf("dump: %s: no tensor mapped to a key by name map %s", path, d.Map.Name)
+		msg := fmt.Sprintf("dump: %s: no tensor mapped to a key by name map %s", path, userfile.Clip(d.Map.Name))
 		if len(d.Unmapped) > 0 {
 			ex := d.Unmapped
 			if len(ex) > 3 {
@@ -218,17 +220,17 @@ func viewShape(shape, view []int) ([]int, error) {
 		default:
 			known *= int64(v)
 			if known > n {
-				return nil, fmt.Errorf("needs more than the %d elements of %v", n, shape)
+				return nil, fmt.Errorf("needs more than the %d elements of %s", n, userfile.Dims(shape))
 			}
 		}
 	}
 	if free >= 0 {
 		if n%known != 0 {
-			return nil, fmt.Errorf("%d elements of %v do not divide into it", n, shape)
+			return nil, fmt.Errorf("%d elements of %s do not divide into it", n, userfile.Dims(shape))
 		}
 		out[free] = int(n / known)
 	} else if known != n {
-		return nil, fmt.Errorf("holds %d elements, the tensor %v has %d", known, shape, n)
+		return nil, fmt.Errorf("holds %d elements, the tensor %s has %d", known, userfile.Dims(shape), n)
 	}
 	return out, nil
 }

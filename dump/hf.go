@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+
+	"sparsemla/userfile"
 )
 
 // Hugging Face transformers' DeepSeek-V4 (DeepseekV4ForCausalLM) names.
@@ -140,10 +142,10 @@ func IsHFConfig(b []byte) bool {
 func ModelArgsFromHF(b []byte) ([]byte, error) {
 	var c hfConfig
 	if err := json.Unmarshal(b, &c); err != nil {
-		return nil, fmt.Errorf("dump: hf config: %w", err)
+		return nil, fmt.Errorf("dump: hf config: %w", userfile.JSONError(err))
 	}
 	if c.ModelType != "deepseek_v4" {
-		return nil, fmt.Errorf("dump: hf config: model_type %q, want deepseek_v4", c.ModelType)
+		return nil, fmt.Errorf("dump: hf config: model_type %s, want deepseek_v4", userfile.Quote(c.ModelType))
 	}
 	var missing []string
 	geti := func(name string, p *int) int {
@@ -221,11 +223,11 @@ func ModelArgsFromHF(b []byte) ([]byte, error) {
 		case "compressed_sparse_attention", "heavily_compressed_attention":
 			r, ok := c.CompressRates[t]
 			if !ok {
-				return nil, fmt.Errorf("dump: hf config: compress_rates has no %q", t)
+				return nil, fmt.Errorf("dump: hf config: compress_rates has no %s", userfile.Quote(t))
 			}
 			ratios[i] = r
 		default:
-			return nil, fmt.Errorf("dump: hf config: layer_types[%d] = %q", i, t)
+			return nil, fmt.Errorf("dump: hf config: layer_types[%d] = %s", i, userfile.Quote(t))
 		}
 	}
 	out["compress_ratios"] = ratios
@@ -247,7 +249,7 @@ func ModelArgsFromHF(b []byte) ([]byte, error) {
 	out["rope_theta"] = getf("rope_theta", firstF(main.RopeTheta, c.RopeTheta), 0, false)
 	out["compress_rope_theta"] = getf("compress_rope_theta", firstF(cmp.RopeTheta, c.CompressRopeTheta), 0, false)
 	if main.RopeType != "" && main.RopeType != "default" {
-		return nil, fmt.Errorf("dump: hf config: rope_parameters.main.rope_type %q (the official model scales only the compress rope)", main.RopeType)
+		return nil, fmt.Errorf("dump: hf config: rope_parameters.main.rope_type %s (the official model scales only the compress rope)", userfile.Quote(main.RopeType))
 	}
 	switch cmp.RopeType {
 	case "yarn":
@@ -265,7 +267,7 @@ func ModelArgsFromHF(b []byte) ([]byte, error) {
 		out["beta_fast"] = 32
 		out["beta_slow"] = 1
 	default:
-		return nil, fmt.Errorf("dump: hf config: rope_parameters.compress.rope_type %q", cmp.RopeType)
+		return nil, fmt.Errorf("dump: hf config: rope_parameters.compress.rope_type %s", userfile.Quote(cmp.RopeType))
 	}
 	if len(missing) > 0 {
 		return nil, fmt.Errorf("dump: hf config: missing %s", strings.Join(missing, ", "))

@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"embed"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"regexp"
+	"regexp/syntax"
 	"sort"
 	"strconv"
 
@@ -100,7 +102,7 @@ func ParseNameMap(data []byte, src string) (*NameMap, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&m); err != nil {
-		return nil, fmt.Errorf("dump: name map %s: %w", src, err)
+		return nil, fmt.Errorf("dump: name map %s: %w", src, userfile.JSONError(err))
 	}
 	if len(m.Files) == 0 {
 		return nil, fmt.Errorf("dump: name map %s: no file rules", src)
@@ -115,7 +117,7 @@ func ParseNameMap(data []byte, src string) (*NameMap, error) {
 		if fr.Kind != "" {
 			k, ok := ParseKind(fr.Kind)
 			if !ok {
-				return nil, fmt.Errorf("dump: name map %s: files[%d]: unknown kind %q", src, i, fr.Kind)
+				return nil, fmt.Errorf("dump: name map %s: files[%d]: unknown kind %s", src, i, userfile.Quote(fr.Kind))
 			}
 			fr.kind = k
 		}
@@ -126,13 +128,13 @@ func ParseNameMap(data []byte, src string) (*NameMap, error) {
 			}
 			if r.Kind != "" {
 				if r.kind, r.hasK = ParseKind(r.Kind); !r.hasK {
-					return nil, fmt.Errorf("dump: name map %s: files[%d].rules[%d]: unknown kind %q", src, i, j, r.Kind)
+					return nil, fmt.Errorf("dump: name map %s: files[%d].rules[%d]: unknown kind %s", src, i, j, userfile.Quote(r.Kind))
 				}
 			}
 			if r.DType != "" {
 				var ok bool
 				if r.dtype, ok = ParseDType(r.DType); !ok {
-					return nil, fmt.Errorf("dump: name map %s: files[%d].rules[%d]: unknown dtype %q", src, i, j, r.DType)
+					return nil, fmt.Errorf("dump: name map %s: files[%d].rules[%d]: unknown dtype %s", src, i, j, userfile.Quote(r.DType))
 				}
 			}
 			if !r.Skip && r.Stage == "" && r.re.SubexpIndex("stage") < 0 {
@@ -147,13 +149,13 @@ func ParseNameMap(data []byte, src string) (*NameMap, error) {
 func compileCaptures(expr string) (*regexp.Regexp, error) {
 	re, err := regexp.Compile(expr)
 	if err != nil {
-		return nil, err
+		return nil, regexpError(err)
 	}
 	for _, n := range re.SubexpNames() {
 		switch n {
 		case "", "request", "step", "layer", "stage":
 		default:
-			return nil, fmt.Errorf("unknown capture group %q (want request, step, layer or stage)", n)
+			return nil, fmt.Errorf("unknown capture group %s (want request, step, layer or stage)", userfile.Quote(n))
 		}
 	}
 	return re, nil
@@ -296,7 +298,7 @@ func applyCaptures(k *Key, re *regexp.Regexp, sm []string) error {
 		case "step", "layer":
 			v, err := strconv.Atoi(sm[i])
 			if err != nil || v < 0 {
-				return fmt.Errorf("capture %s = %q is not a non-negative integer", n, sm[i])
+				return fmt.Errorf("capture %s = %s is not a non-negative integer", n, userfile.Quote(sm[i]))
 			}
 			if n == "step" {
 				k.Step = v
@@ -332,3 +334,15 @@ func overrideDType(from DType, shape []int, to DType) ([]int, error) {
 }
 
 func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
+
+// regexpError bounds a regexp compile error: regexp/syntax echoes the
+// expression (a name map's or a sidecar's, up to megabytes) or the part
+// of it that is wrong; it is cut by userfile.Clip. A normal-sized one is
+// returned as is.
+func regexpError(err error) error {
+	var se *syntax.Error
+	if errors.As(err, &se) && len(se.Expr) > 64 {
+		return &syntax.Error{Code: se.Code, Expr: userfile.Clip(se.Expr)}
+	}
+	return err
+}

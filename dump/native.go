@@ -186,7 +186,7 @@ func (w *Writer) Write(r *Record) error {
 	}
 	id := entryID{r.Key, r.Kind}
 	if w.seen[id] {
-		return fmt.Errorf("dump: duplicate record %s (%s)", r.Key, r.Kind)
+		return fmt.Errorf("dump: duplicate record %s (%s)", clipKey(r.Key), r.Kind)
 	}
 	w.seen[id] = true
 	w.records++
@@ -379,10 +379,10 @@ func (s *frameScanner) next() (frameInfo, error) {
 		}
 		s.tensors++
 	default:
-		return frameInfo{}, s.errf("unknown frame type %q", m.T)
+		return frameInfo{}, s.errf("unknown frame type %s", userfile.Quote(m.T))
 	}
 	if s.index == 0 && m.T != frameHeader {
-		return frameInfo{}, s.errf("first frame is %q, want %q", m.T, frameHeader)
+		return frameInfo{}, s.errf("first frame is %s, want %q", userfile.Quote(m.T), frameHeader)
 	}
 	return fi, nil
 }
@@ -402,25 +402,25 @@ func (m *frameMeta) check() error {
 		return errors.New("tensor frame without a stage name")
 	}
 	if _, ok := ParseKind(m.Kind); !ok {
-		return fmt.Errorf("%s: unknown kind %q", m.Stage, m.Kind)
+		return fmt.Errorf("%s: unknown kind %s", userfile.Clip(m.Stage), userfile.Quote(m.Kind))
 	}
 	dt, ok := ParseDType(m.DType)
 	if !ok || dt.String() != m.DType {
-		return fmt.Errorf("%s: unknown dtype %q", m.Stage, m.DType)
+		return fmt.Errorf("%s: unknown dtype %s", userfile.Clip(m.Stage), userfile.Quote(m.DType))
 	}
 	cnt, err := NumElements(m.Shape)
 	if err != nil {
-		return fmt.Errorf("%s: %w", m.Stage, err)
+		return fmt.Errorf("%s: %w", userfile.Clip(m.Stage), err)
 	}
 	want, err := dt.ByteLen(cnt)
 	if err != nil {
-		return fmt.Errorf("%s: shape %v: %w", m.Stage, m.Shape, err)
+		return fmt.Errorf("%s: shape %s: %w", userfile.Clip(m.Stage), userfile.Dims(m.Shape), err)
 	}
 	if want != m.NBytes {
-		return fmt.Errorf("%s: shape %v %s needs %d bytes, frame says %d", m.Stage, m.Shape, m.DType, want, m.NBytes)
+		return fmt.Errorf("%s: shape %s %s needs %d bytes, frame says %d", userfile.Clip(m.Stage), userfile.Dims(m.Shape), m.DType, want, m.NBytes)
 	}
 	if m.Step < NoStep || m.Layer < Global {
-		return fmt.Errorf("%s: step %d / layer %d below -1", m.Stage, m.Step, m.Layer)
+		return fmt.Errorf("%s: step %d / layer %d below -1", userfile.Clip(m.Stage), m.Step, m.Layer)
 	}
 	return nil
 }

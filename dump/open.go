@@ -111,7 +111,7 @@ func OpenMapped(path string, m *NameMap) (*Dump, error) {
 		return nil, err
 	}
 	if len(prevFix) > 0 && d.Map != nil && d.Map.StepStage != "" {
-		return nil, fmt.Errorf("dump: %s: name map %s: state_after_prev files cannot be combined with step_stage", path, d.Map.Name)
+		return nil, fmt.Errorf("dump: %s: name map %s: state_after_prev files cannot be combined with step_stage", path, userfile.Clip(d.Map.Name))
 	}
 	if err := d.finishForeign(path, root); err != nil {
 		return nil, err
@@ -297,7 +297,7 @@ func (d *Dump) indexKeys() error {
 		id := entryID{e.Key, e.Kind}
 		if j, dup := d.byKey[id]; dup {
 			p := &d.Entries[j]
-			return fmt.Errorf("dump: %s: record %d (%s) at offset %d: duplicate of %s record %d (%s %s)", e.File, e.Record, e.Name, e.Offset, p.File, p.Record, id.Key, id.Kind)
+			return fmt.Errorf("dump: %s: record %d (%s) at offset %d: duplicate of %s record %d (%s %s)", e.File, e.Record, userfile.Clip(e.Name), e.Offset, p.File, p.Record, clipKey(id.Key), id.Kind)
 		}
 		d.byKey[id] = i
 	}

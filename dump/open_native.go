@@ -8,6 +8,8 @@ import (
 	"io"
 	"path/filepath"
 	"strings"
+
+	"sparsemla/userfile"
 )
 
 // OpenReaderAt opens a native dump file held in r, size bytes long (e.g. a
@@ -133,7 +135,7 @@ func (d *Dump) mapTensor(e Entry, rel string, prevFix *[]int) error {
 	}
 	mp, ok, err := fr.mapName(e.Name, fsm)
 	if err != nil {
-		return fmt.Errorf("dump: %s: record %d (%s): name map %s: %w", e.File, e.Record, e.Name, d.Map.Name, err)
+		return fmt.Errorf("dump: %s: record %d (%s): name map %s: %w", e.File, e.Record, userfile.Clip(e.Name), userfile.Clip(d.Map.Name), err)
 	}
 	if !ok {
 		d.Unmapped = append(d.Unmapped, rel+": "+e.Name)
@@ -146,11 +148,11 @@ func (d *Dump) mapTensor(e Entry, rel string, prevFix *[]int) error {
 	if mp.dtype != Invalid {
 		shape, err := overrideDType(e.DType, e.Shape, mp.dtype)
 		if err != nil {
-			return fmt.Errorf("dump: %s: record %d (%s): dtype override: %w", e.File, e.Record, e.Name, err)
+			return fmt.Errorf("dump: %s: record %d (%s): dtype override: %w", e.File, e.Record, userfile.Clip(e.Name), err)
 		}
 		e.Shape, e.DType = shape, mp.dtype
 		if err := (&Record{DType: e.DType, Shape: e.Shape, Data: make([]byte, 0)}).checkLen(e.NBytes); err != nil {
-			return fmt.Errorf("dump: %s: record %d (%s): dtype override: %w", e.File, e.Record, e.Name, err)
+			return fmt.Errorf("dump: %s: record %d (%s): dtype override: %w", e.File, e.Record, userfile.Clip(e.Name), err)
 		}
 	}
 	e.view = mp.view
@@ -255,7 +257,7 @@ func (r *Record) checkLen(n int64) error {
 		return err
 	}
 	if want != n {
-		return fmt.Errorf("shape %v %s needs %d bytes, have %d", r.Shape, r.DType, want, n)
+		return fmt.Errorf("shape %s %s needs %d bytes, have %d", userfile.Dims(r.Shape), r.DType, want, n)
 	}
 	return nil
 }
@@ -273,7 +275,7 @@ func (d *Dump) Lookup(k Key, kind Kind) (*Entry, bool) {
 func (d *Dump) Get(k Key, kind Kind) (Record, error) {
 	e, ok := d.Lookup(k, kind)
 	if !ok {
-		return Record{}, fmt.Errorf("dump: %s: no %s record %s", d.Path, kind, k)
+		return Record{}, fmt.Errorf("dump: %s: no %s record %s", d.Path, kind, clipKey(k))
 	}
 	return d.Read(e)
 }
@@ -292,7 +294,7 @@ func (d *Dump) ReadBuf(e *Entry, buf []byte) (Record, error) {
 	if e.pt != nil {
 		data, err := readPT(e.pt, d.srcs[e.src], buf)
 		if err != nil {
-			return Record{}, fmt.Errorf("dump: %s: record %d (%s): %w", e.File, e.Record, e.Name, err)
+			return Record{}, fmt.Errorf("dump: %s: record %d (%s): %w", e.File, e.Record, userfile.Clip(e.Name), err)
 		}
 		r.Data = data
 		return r, nil
@@ -300,7 +302,7 @@ func (d *Dump) ReadBuf(e *Entry, buf []byte) (Record, error) {
 	if e.npz != nil {
 		data, err := readNpzMember(e.npz, e.npyData, e.NBytes, buf)
 		if err != nil {
-			return Record{}, fmt.Errorf("dump: %s: record %d (%s): %w", e.File, e.Record, e.Name, err)
+			return Record{}, fmt.Errorf("dump: %s: record %d (%s): %w", e.File, e.Record, userfile.Clip(e.Name), err)
 		}
 		r.Data = data
 		return r, nil
@@ -311,7 +313,7 @@ func (d *Dump) ReadBuf(e *Entry, buf []byte) (Record, error) {
 		r.Data = make([]byte, e.NBytes)
 	}
 	if err := readAt(d.srcs[e.src], r.Data, e.Offset); err != nil {
-		return Record{}, fmt.Errorf("dump: %s: record %d (%s) at offset %d: reading %d bytes: %w", e.File, e.Record, e.Name, e.Offset, e.NBytes, err)
+		return Record{}, fmt.Errorf("dump: %s: record %d (%s) at offset %d: reading %d bytes: %w", e.File, e.Record, userfile.Clip(e.Name), e.Offset, e.NBytes, err)
 	}
 	return r, nil
 }

@@ -6,6 +6,7 @@ import (
 	"math"
 
 	"sparsemla/quant"
+	"sparsemla/userfile"
 )
 
 // Global is the layer number of records that belong to no layer (pos, tok,
@@ -132,10 +133,10 @@ func (r *Record) Check() error {
 	}
 	want, err := r.DType.ByteLen(n)
 	if err != nil {
-		return fmt.Errorf("shape %v %s: %w", r.Shape, r.DType, err)
+		return fmt.Errorf("shape %s %s: %w", userfile.Dims(r.Shape), r.DType, err)
 	}
 	if want != int64(len(r.Data)) {
-		return fmt.Errorf("shape %v %s needs %d bytes, record has %d", r.Shape, r.DType, want, len(r.Data))
+		return fmt.Errorf("shape %s %s needs %d bytes, record has %d", userfile.Dims(r.Shape), r.DType, want, len(r.Data))
 	}
 	return nil
 }
@@ -278,12 +279,20 @@ func decodeInt(dst []int64, d DType, b []byte) {
 
 func (r *Record) label() string {
 	if r.Name != "" && r.Stage == "" {
-		return r.Name
+		return userfile.Clip(r.Name)
 	}
 	if r.Name != "" && r.Name != r.Stage {
-		return r.Key.String() + " (" + r.Name + ")"
+		return clipKey(r.Key) + " (" + userfile.Clip(r.Name) + ")"
 	}
-	return r.Key.String()
+	return clipKey(r.Key)
+}
+
+// clipKey is k.String() for an error message: its request and stage (from
+// the input, up to a frame's megabyte of meta) cut by userfile.Clip, so a
+// normal key prints as k.String() does.
+func clipKey(k Key) string {
+	k.Request, k.Stage = userfile.Clip(k.Request), userfile.Clip(k.Stage)
+	return k.String()
 }
 
 // Stats are summary statistics of a record's values.

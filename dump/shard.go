@@ -7,6 +7,8 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+
+	"sparsemla/userfile"
 )
 
 // ShardInfo marks a record as tensor-parallel rank Rank's shard (of Size)
@@ -21,14 +23,14 @@ type ShardInfo struct {
 // WriteShard writes r as shard s of its key (a TP rank's part).
 func (w *Writer) WriteShard(r *Record, s ShardInfo) error {
 	if s.Size < 1 || s.Rank < 0 || s.Rank >= s.Size || s.Dim < 0 || s.Dim >= len(r.Shape) {
-		return fmt.Errorf("dump: record %s: bad shard %+v of shape %v", r.label(), s, r.Shape)
+		return fmt.Errorf("dump: record %s: bad shard %+v of shape %s", r.label(), s, userfile.Dims(r.Shape))
 	}
 	if err := r.Check(); err != nil {
 		return fmt.Errorf("dump: record %s: %w", r.label(), err)
 	}
 	id := entryID{r.Key, r.Kind}
 	if w.seen[id] {
-		return fmt.Errorf("dump: duplicate record %s (%s)", r.Key, r.Kind)
+		return fmt.Errorf("dump: duplicate record %s (%s)", clipKey(r.Key), r.Kind)
 	}
 	w.seen[id] = true
 	w.records++
@@ -126,7 +128,7 @@ func (d *Dump) dedupReplicated(idx []int) error {
 		e := &d.Entries[i]
 		r, ok := rank(i)
 		if !ok || !ok0 || seen[r] || e.Shard != nil {
-			return fmt.Errorf("dump: %s: record %d (%s) at offset %d: duplicate of %s record %d (%s %s)", e.File, e.Record, e.Name, e.Offset, e0.File, e0.Record, e.Key, e.Kind)
+			return fmt.Errorf("dump: %s: record %d (%s) at offset %d: duplicate of %s record %d (%s %s)", e.File, e.Record, userfile.Clip(e.Name), e.Offset, e0.File, e0.Record, clipKey(e.Key), e.Kind)
 		}
 		seen[r] = true
 		rec, err := d.Read(e)
@@ -134,7 +136,7 @@ func (d *Dump) dedupReplicated(idx []int) error {
 			return err
 		}
 		if rec.DType != base.DType || !slices.Equal(rec.Shape, base.Shape) || !bytes.Equal(rec.Data, base.Data) {
-			return fmt.Errorf("dump: %s %s: replicated record differs between TP rank %d (%s) and rank %d (%s)", e.Key, e.Kind, r0, e0.File, r, e.File)
+			return fmt.Errorf("dump: %s %s: replicated record differs between TP rank %d (%s) and rank %d (%s)", clipKey(e.Key), e.Kind, r0, e0.File, r, e.File)
 		}
 	}
 	return nil
@@ -147,28 +149,28 @@ func (d *Dump) mergeGroup(idx []int) (Entry, error) {
 	for _, i := range idx {
 		e := d.Entries[i]
 		if sh := e.Shard; sh != nil && (sh.Size < 1 || sh.Rank < 0 || sh.Rank >= sh.Size || sh.Dim < 0 || sh.Dim >= len(e.Shape)) {
-			return Entry{}, fmt.Errorf("dump: %s: record %d (%s %s): invalid shard %+v of shape %v", e.File, e.Record, e.Key, e.Kind, *sh, e.Shape)
+			return Entry{}, fmt.Errorf("dump: %s: record %d (%s %s): invalid shard %+v of shape %s", e.File, e.Record, clipKey(e.Key), e.Kind, *sh, userfile.Dims(e.Shape))
 		}
 	}
 	if s0.Size > len(idx) { // checked before allocating by the claimed size
-		return Entry{}, fmt.Errorf("dump: %s %s: %d of %d TP shards present (have %s record %d)", first.Key, first.Kind, len(idx), s0.Size, first.File, first.Record)
+		return Entry{}, fmt.Errorf("dump: %s %s: %d of %d TP shards present (have %s record %d)", clipKey(first.Key), first.Kind, len(idx), s0.Size, first.File, first.Record)
 	}
 	parts := make([]Entry, s0.Size)
 	have := make([]bool, s0.Size)
 	for _, i := range idx {
 		e := d.Entries[i]
 		if e.Shard == nil || e.Shard.Size != s0.Size || e.Shard.Dim != s0.Dim {
-			return Entry{}, fmt.Errorf("dump: %s: record %d (%s %s): shard %+v does not match %s record %d's %+v", e.File, e.Record, e.Key, e.Kind, e.Shard, first.File, first.Record, s0)
+			return Entry{}, fmt.Errorf("dump: %s: record %d (%s %s): shard %+v does not match %s record %d's %+v", e.File, e.Record, clipKey(e.Key), e.Kind, e.Shard, first.File, first.Record, s0)
 		}
 		if have[e.Shard.Rank] {
-			return Entry{}, fmt.Errorf("dump: %s: record %d (%s %s): second shard of rank %d", e.File, e.Record, e.Key, e.Kind, e.Shard.Rank)
+			return Entry{}, fmt.Errorf("dump: %s: record %d (%s %s): second shard of rank %d", e.File, e.Record, clipKey(e.Key), e.Kind, e.Shard.Rank)
 		}
 		if e.DType != first.DType || len(e.Shape) != len(first.Shape) || s0.Dim >= len(e.Shape) {
-			return Entry{}, fmt.Errorf("dump: %s: record %d (%s %s): shard dtype/shape %s %v vs %s %v", e.File, e.Record, e.Key, e.Kind, e.DType, e.Shape, first.DType, first.Shape)
+			return Entry{}, fmt.Errorf("dump: %s: record %d (%s %s): shard dtype/shape %s %s vs %s %s", e.File, e.Record, clipKey(e.Key), e.Kind, e.DType, userfile.Dims(e.Shape), first.DType, userfile.Dims(first.Shape))
 		}
 		for k := range e.Shape {
 			if k != s0.Dim && e.Shape[k] != first.Shape[k] {
-				return Entry{}, fmt.Errorf("dump: %s: record %d (%s %s): shard shape %v vs %v outside dim %d", e.File, e.Record, e.Key, e.Kind, e.Shape, first.Shape, s0.Dim)
+				return Entry{}, fmt.Errorf("dump: %s: record %d (%s %s): shard shape %s vs %s outside dim %d", e.File, e.Record, clipKey(e.Key), e.Kind, userfile.Dims(e.Shape), userfile.Dims(first.Shape), s0.Dim)
 			}
 		}
 		have[e.Shard.Rank] = true
@@ -176,7 +178,7 @@ func (d *Dump) mergeGroup(idx []int) (Entry, error) {
 	}
 	for r, ok := range have {
 		if !ok {
-			return Entry{}, fmt.Errorf("dump: %s %s: shard of TP rank %d of %d is missing (have %s record %d)", first.Key, first.Kind, r, s0.Size, first.File, first.Record)
+			return Entry{}, fmt.Errorf("dump: %s %s: shard of TP rank %d of %d is missing (have %s record %d)", clipKey(first.Key), first.Kind, r, s0.Size, first.File, first.Record)
 		}
 	}
 	m := parts[0]
@@ -185,7 +187,7 @@ func (d *Dump) mergeGroup(idx []int) (Entry, error) {
 	m.NBytes = 0
 	for _, p := range parts {
 		if p.Shape[s0.Dim] > math.MaxInt-m.Shape[s0.Dim] || p.NBytes > math.MaxInt64-m.NBytes {
-			return Entry{}, fmt.Errorf("dump: %s: record %d (%s %s): shard shape %v: the %d TP shards' dimension %d overflows", p.File, p.Record, p.Key, p.Kind, p.Shape, s0.Size, s0.Dim)
+			return Entry{}, fmt.Errorf("dump: %s: record %d (%s %s): shard shape %s: the %d TP shards' dimension %d overflows", p.File, p.Record, clipKey(p.Key), p.Kind, userfile.Dims(p.Shape), s0.Size, s0.Dim)
 		}
 		m.Shape[s0.Dim] += p.Shape[s0.Dim]
 		m.NBytes += p.NBytes
@@ -193,7 +195,7 @@ func (d *Dump) mergeGroup(idx []int) (Entry, error) {
 	// Each shard's shape holds its bytes; the merged shape must hold their
 	// sum (the shards agree outside dim, so it does unless it overflows).
 	if err := (&Record{DType: m.DType, Shape: m.Shape}).checkLen(m.NBytes); err != nil {
-		return Entry{}, fmt.Errorf("dump: %s %s: merged shape of %d TP shards (have %s record %d): %w", first.Key, first.Kind, s0.Size, first.File, first.Record, err)
+		return Entry{}, fmt.Errorf("dump: %s %s: merged shape of %d TP shards (have %s record %d): %w", clipKey(first.Key), first.Kind, s0.Size, first.File, first.Record, err)
 	}
 	m.parts = parts
 	m.Offset = -1
@@ -218,7 +220,7 @@ func (d *Dump) readMerged(e *Entry, buf []byte) (Record, error) {
 	outer := 1 // rows to interleave: the product of the leading dimensions
 	for _, s := range e.Shape[:dim] {
 		if s < 0 || s > 0 && outer > math.MaxInt/s {
-			return Record{}, fmt.Errorf("dump: %s %s: merged shape %v: leading dimensions overflow", e.Key, e.Kind, e.Shape)
+			return Record{}, fmt.Errorf("dump: %s %s: merged shape %s: leading dimensions overflow", clipKey(e.Key), e.Kind, userfile.Dims(e.Shape))
 		}
 		outer *= s
 	}

@@ -72,7 +72,7 @@ func ParseSidecar(data []byte, src string) (*Sidecar, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&raw); err != nil {
-		return nil, fmt.Errorf("dump: sidecar %s: %w", src, err)
+		return nil, fmt.Errorf("dump: sidecar %s: %w", src, userfile.JSONError(err))
 	}
 	if raw.Version == nil || *raw.Version != 1 {
 		return nil, fmt.Errorf("dump: sidecar %s: version must be 1", src)
@@ -81,7 +81,7 @@ func ParseSidecar(data []byte, src string) (*Sidecar, error) {
 	for i := range sc.Files {
 		re, err := regexp.Compile(sc.Files[i].File)
 		if err != nil {
-			return nil, fmt.Errorf("dump: sidecar %s: files[%d].file: %w", src, i, err)
+			return nil, fmt.Errorf("dump: sidecar %s: files[%d].file: %w", src, i, regexpError(err))
 		}
 		sc.Files[i].re = re
 	}
@@ -100,7 +100,7 @@ func parsePrefixJSON(b []byte) ([]PrefixHit, error) {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&raw); err != nil {
-		return nil, err
+		return nil, userfile.JSONError(err)
 	}
 	out := make([]PrefixHit, len(raw))
 	for i, p := range raw {
@@ -111,7 +111,7 @@ func parsePrefixJSON(b []byte) ([]PrefixHit, error) {
 			return nil, fmt.Errorf("[%d]: tokens %d must be positive", i, *p.Tokens)
 		}
 		if *p.Request == *p.Source {
-			return nil, fmt.Errorf("[%d]: request %q reuses its own prefix", i, *p.Request)
+			return nil, fmt.Errorf("[%d]: request %s reuses its own prefix", i, userfile.Quote(*p.Request))
 		}
 		out[i] = PrefixHit{Request: *p.Request, Source: *p.Source, Tokens: *p.Tokens}
 	}
@@ -176,8 +176,8 @@ func (d *Dump) addPrefixHit(h PrefixHit) error {
 	if i, ok := d.meta.prefixAt[h.Request]; ok {
 		p := d.Prefix[i]
 		if p.Source != h.Source || p.Tokens != h.Tokens {
-			return fmt.Errorf("dump: prefix hit of request %q: %s says source %q tokens %d, %s says source %q tokens %d",
-				h.Request, p.File, p.Source, p.Tokens, h.File, h.Source, h.Tokens)
+			return fmt.Errorf("dump: prefix hit of request %s: %s says source %s tokens %d, %s says source %s tokens %d",
+				userfile.Quote(h.Request), p.File, userfile.Quote(p.Source), p.Tokens, h.File, userfile.Quote(h.Source), h.Tokens)
 		}
 		return nil
 	}
