@@ -116,7 +116,7 @@ func ParseConfig(b []byte) (*Config, error) {
 	dec := json.NewDecoder(strings.NewReader(string(b)))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&c); err != nil {
-		return nil, fmt.Errorf("engine: config: %w", err)
+		return nil, fmt.Errorf("engine: config: %w", userfile.JSONError(err))
 	}
 	c.V41Args.dropEmptyLists()
 	if err := c.Validate(); err != nil {

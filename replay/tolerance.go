@@ -278,7 +278,7 @@ func (t *Tolerance) LoadToleranceFile(path string) error {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&f); err != nil {
-		return fmt.Errorf("tolerance file %s: %w", path, err)
+		return fmt.Errorf("tolerance file %s: %w", path, userfile.JSONError(err))
 	}
 	names := make([]string, 0, len(f.Stages))
 	for n := range f.Stages {
