@@ -59,6 +59,25 @@
 // trace (each BlockStored is a request whose recorded hit is its parent
 // chain).
 //
+// Block hashes come in two schemes (EventsOptions.HashScheme). Chained: a
+// block's hash names the whole prefix up to it, as vLLM's hash(parent_hash,
+// tokens, extra_keys) and SGLang's since sgl-project/sglang PR #13488
+// (November 2025; SHA-256 over the parent page's digest and the page's
+// tokens, first 8 bytes as an int64: radix_cache.py compute_node_hash_values
+// at commit 006b0e3d317f1cd4a7300e919a4eaa878b1947e7); one hash stored with
+// two contents is then an overwritten page. Per-page: SGLang before PR
+// #13488 hashed one page's tokens alone, Python's hash(tuple(page_tokens)),
+// and gave as parent the same hash of the page before (hash(()) under the
+// root, or in some versions none for a radix node's first page;
+// radix_cache.py _record_store_event at commit
+// 95769b280eaaf946a45dd3b50f7e864df09ac893), so a page repeated in a prompt
+// has one hash at each of its places. Such a stream is read as per-page when
+// every stored hash is that hash of its tokens (no chained hash is); a block
+// is then placed under the one cached page its parent hash names (not
+// judged when none or several do), a removal of a hash several cached pages
+// have evicts none of them, and a node split (its pages removed and stored
+// again at the same place) evicts nothing.
+//
 // Synthetic runs whose decisions a correct engine made, and the decision
 // faults above injected into them, are package fault's (SynthPrefix,
 // PrefixRun.Inject); the HTML view is htmlreport.WritePrefix; the command is

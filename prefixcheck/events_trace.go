@@ -19,9 +19,24 @@ type EventsOptions struct {
 	// own cache). Nil: the stream must hold one rank only (batches without a
 	// rank count as rank 0).
 	DPRank *int64
+	// HashScheme says what a block hash names: HashChained (the whole
+	// prefix up to and including the block, as vLLM and SGLang since PR
+	// #13488 hash), HashPerPage (the block's own tokens alone, as SGLang
+	// before PR #13488 hashed) or HashAuto ("" too): per-page when every
+	// stored block's hash is Python's hash of its token tuple (the per-page
+	// hash recomputed; no chained hash is that), else chained.
+	HashScheme string
 }
 
-// evBlock is a stored block. Its parent is the block its parent hash named
+// Block hash schemes (EventsOptions.HashScheme).
+const (
+	HashAuto    = "auto"
+	HashChained = "chained"
+	HashPerPage = "per-page"
+)
+
+// evBlock is a stored block (with per-page hashes: a page at one place of
+// the tree). Its parent is the block its parent hash named
 // when it was stored, and never changes: a later BlockStored of that hash
 // under another parent replaces the hash's block for later events but leaves
 // the chains already built on the old one as they were. A parent is thus
@@ -30,6 +45,7 @@ type EventsOptions struct {
 // a page repeated in a prompt has one hash at every place it occurs).
 type evBlock struct {
 	hash       BlockHash
+	id         string    // the page id requests and evictions name it by: the hash when hashes are chained, else the hash and a serial number
 	parent     *evBlock  // nil: a root, or a parent never stored (unknown)
 	parentHash BlockHash // the parent's hash ("" none)
 	tokens     []int32   // this block's tokens
@@ -106,23 +122,45 @@ func eventsTrace(batches []EventBatch, input string, opt EventsOptions, floor in
 		t:      &Trace{Input: input, Format: "kv-events", HitsRecorded: true, EvictionsRecorded: true, ContentPageIDs: true},
 		input:  input,
 		blocks: map[BlockHash]*evBlock{},
+		live:   map[BlockHash][]*evBlock{},
 		floor:  floor,
 	}
-	for bi := range batches {
-		if opt.DPRank != nil && rankOf(&batches[bi]) != *opt.DPRank {
-			continue
+	// skip says why an event is not followed (0: it is).
+	skip := func(bi int, ev *Event) int {
+		switch {
+		case opt.DPRank != nil && rankOf(&batches[bi]) != *opt.DPRank:
+			return skipRank
+		case ev.Medium != "" && ev.Medium != medium:
+			return skipMedium
+		case ev.GroupIdx != nil && ev.Type != "AllBlocksCleared" && group != nil && *ev.GroupIdx != *group:
+			return skipGroup
+		case ev.Type == "BlockStored" && len(ev.TokenIDs) == 0:
+			return skipInventory
 		}
+		return 0
+	}
+	switch opt.HashScheme {
+	case "", HashAuto:
+		r.perPage = perPageHashes(batches, skip)
+	case HashChained:
+	case HashPerPage:
+		r.perPage = true
+	default:
+		return nil, fmt.Errorf("prefixcheck: hash scheme %q: want %s, %s or %s", opt.HashScheme, HashAuto, HashChained, HashPerPage)
+	}
+	for bi := range batches {
 		for ei := range batches[bi].Events {
 			ev := &batches[bi].Events[ei]
-			if ev.Medium != "" && ev.Medium != medium {
+			switch skip(bi, ev) {
+			case skipRank:
+				continue
+			case skipMedium:
 				r.skippedMedium++
 				continue
-			}
-			if ev.GroupIdx != nil && ev.Type != "AllBlocksCleared" && group != nil && *ev.GroupIdx != *group {
+			case skipGroup:
 				r.skippedGroup++
 				continue
-			}
-			if ev.Type == "BlockStored" && len(ev.TokenIDs) == 0 {
+			case skipInventory:
 				r.inventory++
 				continue
 			}
@@ -145,6 +183,42 @@ func eventsTrace(batches []EventBatch, input string, opt EventsOptions, floor in
 		return nil, fmt.Errorf("prefixcheck: %s: no BlockStored events (of medium %s)", input, medium)
 	}
 	return r.t, nil
+}
+
+// Why EventsTrace does not follow an event.
+const (
+	skipRank = iota + 1
+	skipMedium
+	skipGroup
+	skipInventory
+)
+
+// perPageHashes reports whether the followed events' block hashes are
+// SGLang's per-page hashes: every stored block's hash (at least one) is
+// Python's hash of its own token tuple. A chained hash depends on the parent
+// too and is never that, so a vLLM stream (or SGLang's since PR #13488) is
+// never read as per-page.
+func perPageHashes(batches []EventBatch, skip func(int, *Event) int) bool {
+	n := 0
+	for bi := range batches {
+		for ei := range batches[bi].Events {
+			ev := &batches[bi].Events[ei]
+			if ev.Type != "BlockStored" || skip(bi, ev) != 0 {
+				continue
+			}
+			B := ev.BlockSize
+			if B <= 0 || len(ev.TokenIDs) != len(ev.BlockHashes)*B {
+				return false
+			}
+			for i, h := range ev.BlockHashes {
+				if h != pyPageHash(ev.TokenIDs[i*B:(i+1)*B]) {
+					return false
+				}
+				n++
+			}
+		}
+	}
+	return n > 0
 }
 
 // rankOf is a batch's data-parallel rank (0 when it names none).
@@ -179,6 +253,27 @@ type eventsReader struct {
 	floor     int64 // the prefix budget's floor (prefixBytesFloor)
 
 	skippedMedium, skippedGroup, unknownRemoved, dups, inventory int
+
+	// Per-page hashes (SGLang before PR #13488): a hash names every page of
+	// that content, so the blocks are kept by place, not by hash.
+	perPage bool
+	live    map[BlockHash][]*evBlock // the cached blocks of each hash
+	pend    []pendingRemoval         // removed blocks whose eviction no request has taken yet
+	serial  int                      // blocks created (their ids' numbers)
+	// ambiguous: a removal named a hash several cached pages have, so which
+	// the engine evicted is not known (until the next AllBlocksCleared).
+	ambiguous                                             bool
+	noParent, ambiguousParent, ambiguousRemoved, restored int
+}
+
+// pendingRemoval is a block removed with per-page hashes, and its eviction
+// (ok: its place is known), held until a request takes it: SGLang before PR
+// #13488 announced the split of a radix node as the removal of its pages and
+// their store again at the same place, which is no eviction.
+type pendingRemoval struct {
+	b  *evBlock
+	e  Eviction
+	ok bool
 }
 
 // where names event ei of batch bi in errors.
@@ -212,7 +307,7 @@ func (r *eventsReader) chain(b *evBlock, at int64, more int) (toks []int32, extr
 			return nil, nil, nil, false, fmt.Errorf("the parent chain of block %s is longer than its %d blocks (a cycle of parents)", b.hash, b.depth)
 		}
 		copy(toks[i*P:], x.tokens)
-		extra[i], ids[i] = x.extra, string(x.hash)
+		extra[i], ids[i] = x.extra, x.id
 		i--
 	}
 	if i >= 0 {
@@ -227,12 +322,22 @@ func (r *eventsReader) cleared() {
 	for _, b := range r.blocks {
 		b.live = 0
 	}
+	for _, bs := range r.live {
+		for _, b := range bs {
+			b.live = 0
+		}
+	}
+	clear(r.live)
 	r.evictions, r.clear = nil, true
+	r.pend, r.ambiguous = nil, false
 }
 
 // removed follows BlockRemoved (event ei of batch bi): a block whose last
 // cached copy goes is an eviction before the next request.
 func (r *eventsReader) removed(ev *Event, bi, ei int) error {
+	if r.perPage {
+		return r.removedPage(ev, bi, ei)
+	}
 	for _, h := range ev.BlockHashes {
 		b := r.blocks[h]
 		if b == nil || b.live == 0 {
@@ -265,32 +370,44 @@ func (r *eventsReader) stored(ev *Event, bi, ei int) error {
 	}
 	id := fmt.Sprintf("b%d.e%d", bi, ei)
 	ns := namespaceOf(ev)
-	q := Request{ID: id, Namespace: ns, Evictions: r.evictions, Clear: r.clear}
-	r.evictions, r.clear = nil, false
+	q := Request{ID: id, Namespace: ns}
 	known := true
 	var parent *evBlock
 	var toks []int32
 	var extra, ids []string
-	if ev.Parent != "" {
+	root := ev.Parent == ""
+	if r.perPage {
+		var why string
+		root, parent, why = r.pageParent(ev)
+		if why != "" {
+			known = false
+			q.Unknown = why
+		}
+	} else if !root {
 		if parent = r.blocks[ev.Parent]; parent == nil {
 			known = false
-		} else {
-			var err error
-			toks, extra, ids, known, err = r.chain(parent, ev.Offset, len(ev.BlockHashes))
-			if err != nil {
-				return fmt.Errorf("prefixcheck: %s: %s: %w", r.input, where(bi, ei, ev), err)
-			}
+			q.Unknown = fmt.Sprintf("parent block %s was never stored in this stream (it starts mid-run?)", ev.Parent)
 		}
-		if !known {
+	}
+	if parent != nil {
+		var err error
+		toks, extra, ids, known, err = r.chain(parent, ev.Offset, len(ev.BlockHashes))
+		if err != nil {
+			return fmt.Errorf("prefixcheck: %s: %s: %w", r.input, where(bi, ei, ev), err)
+		}
+		if !known && r.perPage {
+			q.Unknown = fmt.Sprintf("the place of parent block %s is not known", ev.Parent)
+		} else if !known {
 			q.Unknown = fmt.Sprintf("parent block %s was never stored in this stream (it starts mid-run?)", ev.Parent)
 		} else {
 			q.Hit = &Hit{Tokens: parent.depth * ev.BlockSize, Source: parent.stored}
 		}
-	} else {
+	} else if root {
 		q.Hit = &Hit{}
 	}
 	B := ev.BlockSize
 	dupAll := len(ev.BlockHashes) > 0
+	revivedAll := r.perPage && len(ev.BlockHashes) > 0
 	prev := parent // the block before the next one
 	for i, h := range ev.BlockHashes {
 		x := ""
@@ -302,32 +419,158 @@ func (r *eventsReader) stored(ev *Event, bi, ei int) error {
 		if i > 0 {
 			parentHash = ev.BlockHashes[i-1]
 		}
-		if b := r.blocks[h]; b != nil && b.live > 0 && b.parent == prev && b.parentHash == parentHash && b.extra == x && b.ns == ns && equal32(b.tokens, own) {
+		same := func(b *evBlock) bool {
+			return b.parent == prev && b.parentHash == parentHash && b.extra == x && b.ns == ns && equal32(b.tokens, own)
+		}
+		if r.perPage {
+			if b := r.revive(h, same); b != nil {
+				dupAll = false
+				prev = b
+			} else if b := r.livePage(h, same); b != nil {
+				revivedAll = false
+				b.live++
+				prev = b
+			} else {
+				dupAll, revivedAll = false, false
+				prev = r.newBlock(h, prev, parentHash, own, x, ns, id, !known)
+				r.live[h] = append(r.live[h], prev)
+			}
+		} else if b := r.blocks[h]; b != nil && b.live > 0 && same(b) {
 			b.live++
 			prev = b
 		} else {
 			dupAll = false
-			depth := 1
-			if prev != nil {
-				depth = prev.depth + 1
-			}
-			prev = &evBlock{hash: h, parent: prev, parentHash: parentHash, tokens: own, extra: x, ns: ns, depth: depth, live: 1, stored: id, unknown: !known}
+			prev = r.newBlock(h, prev, parentHash, own, x, ns, id, !known)
 			r.blocks[h] = prev
 		}
 		if known {
 			toks = append(toks, own...)
 			extra = append(extra, x)
-			ids = append(ids, string(h))
+			ids = append(ids, prev.id)
 		}
 	}
+	if revivedAll {
+		// The pages a split radix node announced again: no request, and the
+		// removals before it are held for the next one.
+		r.restored++
+		return nil
+	}
+	q.Clear = r.clear
+	if r.perPage {
+		for _, p := range r.pend {
+			if p.ok {
+				q.Evictions = append(q.Evictions, p.e)
+			}
+		}
+		r.pend = nil
+	} else {
+		q.Evictions = r.evictions
+	}
+	r.evictions, r.clear = nil, false
 	if dupAll {
 		r.dups++
 		q.MissExplained = "every block of this event was already cached with the same hash: vLLM does not deduplicate blocks two requests computed in the same step, and some builds also re-announce reused blocks"
+	} else if r.ambiguous {
+		q.MissExplained = "an earlier removal named a per-page hash several cached pages have, so which of them the engine evicted is not known"
 	}
 	if known {
 		q.Tokens, q.Extra, q.PageIDs = toks, extra, ids
 	}
 	t.Requests = append(t.Requests, q)
+	return nil
+}
+
+// newBlock makes a stored block on prev.
+func (r *eventsReader) newBlock(h BlockHash, prev *evBlock, parentHash BlockHash, own []int32, x, ns, stored string, unknown bool) *evBlock {
+	depth := 1
+	if prev != nil {
+		depth = prev.depth + 1
+	}
+	id := string(h)
+	if r.perPage {
+		r.serial++
+		id = fmt.Sprintf("%s#%d", h, r.serial)
+	}
+	return &evBlock{hash: h, id: id, parent: prev, parentHash: parentHash, tokens: own, extra: x, ns: ns, depth: depth, live: 1, stored: stored, unknown: unknown}
+}
+
+// pageParent places the first block of a BlockStored event with per-page
+// hashes: under the root (the parent hash is hash(()), the root's empty
+// key), or under the one cached page its parent hash names; why says why
+// the place is not known (no parent hash, a hash no cached page or several
+// have).
+func (r *eventsReader) pageParent(ev *Event) (root bool, parent *evBlock, why string) {
+	switch cands := r.live[ev.Parent]; {
+	case ev.Parent == "":
+		r.noParent++
+		return false, nil, "no parent hash: with per-page hashes SGLang gave the first page of a radix node under the root hash(()), and some versions before PR #13488 no parent at all, so its place in the tree is not known"
+	case ev.Parent == pyRootHash:
+		return true, nil, ""
+	case len(cands) == 1:
+		return false, cands[0], ""
+	case len(cands) == 0:
+		return false, nil, fmt.Sprintf("parent block %s is not cached in this stream (it starts mid-run?)", ev.Parent)
+	default:
+		r.ambiguousParent++
+		return false, nil, fmt.Sprintf("parent hash %s is a per-page hash %d cached pages have (one page's tokens alone, SGLang before PR #13488), so the place of this block is not known", ev.Parent, len(cands))
+	}
+}
+
+// livePage is the cached block of hash h that same accepts (nil: none).
+func (r *eventsReader) livePage(h BlockHash, same func(*evBlock) bool) *evBlock {
+	for _, b := range r.live[h] {
+		if same(b) {
+			return b
+		}
+	}
+	return nil
+}
+
+// revive stores again a block whose removal no request has taken yet, at the
+// same place (same accepts it): its removal is withdrawn.
+func (r *eventsReader) revive(h BlockHash, same func(*evBlock) bool) *evBlock {
+	for i, p := range r.pend {
+		if p.b.hash == h && same(p.b) {
+			r.pend = append(r.pend[:i], r.pend[i+1:]...)
+			p.b.live = 1
+			r.live[h] = append(r.live[h], p.b)
+			return p.b
+		}
+	}
+	return nil
+}
+
+// removedPage follows BlockRemoved with per-page hashes: a hash one cached
+// page has removes it (an eviction, unless the page is stored again at the
+// same place before the next request); a hash several cached pages have
+// removes none of them (which one went is not known).
+func (r *eventsReader) removedPage(ev *Event, bi, ei int) error {
+	for _, h := range ev.BlockHashes {
+		cands := r.live[h]
+		switch {
+		case len(cands) == 0:
+			r.unknownRemoved++
+			continue
+		case len(cands) > 1:
+			r.ambiguousRemoved++
+			r.ambiguous = true
+			continue
+		}
+		b := cands[0]
+		if b.live--; b.live > 0 {
+			continue
+		}
+		delete(r.live, h)
+		toks, extra, ids, ok, err := r.chain(b, ev.Offset, 0)
+		if err != nil {
+			return fmt.Errorf("prefixcheck: %s: %s: %w", r.input, where(bi, ei, ev), err)
+		}
+		p := pendingRemoval{b: b, ok: ok}
+		if ok {
+			p.e = Eviction{Namespace: b.ns, Prefix: toks, Extra: extra, PageID: ids[len(ids)-1]}
+		}
+		r.pend = append(r.pend, p)
+	}
 	return nil
 }
 
@@ -348,6 +591,18 @@ func (r *eventsReader) notes(medium string, group *int64) {
 	}
 	if r.dups > 0 {
 		t.Notes = append(t.Notes, plural(r.dups, "BlockStored event")+" only re-stored cached blocks")
+	}
+	if r.perPage {
+		t.Notes = append(t.Notes, "block hashes are per-page (one page's tokens alone: Python's hash(tuple(page)), as SGLang before PR #13488): a block is placed under the one cached page its parent hash names, and page ids are the hash and a serial number")
+		if n := r.noParent + r.ambiguousParent; n > 0 {
+			t.Notes = append(t.Notes, plural(n, "BlockStored event")+" not placed in the tree (no parent hash, or one several cached pages have): not checked")
+		}
+		if r.ambiguousRemoved > 0 {
+			t.Notes = append(t.Notes, plural(r.ambiguousRemoved, "removal")+" of a hash several cached pages have: which page went is not known, missed hits after it are warnings")
+		}
+		if r.restored > 0 {
+			t.Notes = append(t.Notes, plural(r.restored, "BlockStored event")+" stored again pages just removed at the same place (a radix node split, announced so before PR #13488): no eviction")
+		}
 	}
 }
 
