@@ -24,7 +24,7 @@ func init() {
 	})
 }
 
-const prefixUsage = "prefix INPUT [--page N] [--config NAME|FILE] [--window N] [--ratios R,R,...] [--capacity TOKENS] [--resume-at-end-only] [--retain N] [--brief] [--json] [--all] [--html OUT] [--events] [--medium NAME] [--group N] [--dp-rank N] [--map FILE|NAME]"
+const prefixUsage = "prefix INPUT [--page N] [--config NAME|FILE] [--window N] [--ratios R,R,...] [--capacity TOKENS] [--resume-at-end-only] [--retain N] [--brief] [--json] [--all] [--html OUT] [--events] [--medium NAME] [--group N] [--dp-rank N] [--hash-scheme auto|chained|per-page] [--map FILE|NAME]"
 
 const prefixDoc = `Runs a radix prefix cache with the engine's page size, sliding window and
 compress ratios over the run's requests in arrival order and sets, for every
@@ -52,7 +52,11 @@ tiny, flash, pro, or a ModelArgs JSON file), else a dump's header (model args
 window_size, compress_ratios); an event stream says neither. --medium keeps events of one medium (default GPU), --group
 those of one KV-cache group (default: the first full- or MLA-attention group,
 else the first seen), --dp-rank those of one data-parallel rank (each rank has
-its own cache; required when the stream mixes ranks). --retain N keeps the
+its own cache; required when the stream mixes ranks). --hash-scheme says what
+a block hash names: chained (the whole prefix: vLLM, SGLang since its PR
+#13488), per-page (one page's tokens alone, Python's hash(tuple(page)):
+SGLang before), or auto (default: per-page only when every stored hash is
+that hash of its tokens). --retain N keeps the
 token streams of the last N requests only (older sources are compared page by
 page). --brief lists only the requests that are not plain agreements (JSON);
 the text lists at most 20 requests of each status unless --all. --html OUT
@@ -80,6 +84,7 @@ func runPrefix(args []string, stdout, stderr io.Writer) int {
 	medium := fs.String("medium", "", "event medium to keep (default GPU)")
 	group := fs.Int64("group", -1, "KV-cache group to keep (default: the first full-attention group, else the first seen)")
 	dpRank := fs.Int64("dp-rank", -1, "data-parallel rank to keep (required when the stream mixes ranks)")
+	hashScheme := fs.String("hash-scheme", prefixcheck.HashAuto, "what a block hash names: auto, chained (the whole prefix, vLLM) or per-page (one page's tokens, SGLang before PR #13488)")
 	mapFlag := fs.String("map", "", "name map for a foreign dump (file or built-in name)")
 	pos, code, ok := rpArgs(fs, args, 1, nil)
 	if !ok {
@@ -99,7 +104,7 @@ func runPrefix(args []string, stdout, stderr io.Writer) int {
 		if err != nil {
 			return fail(err)
 		}
-		opt := prefixcheck.EventsOptions{Medium: *medium}
+		opt := prefixcheck.EventsOptions{Medium: *medium, HashScheme: *hashScheme}
 		if *group >= 0 {
 			opt.Group = group
 		}
