@@ -1,6 +1,7 @@
 package prefixcheck
 
 import (
+	"encoding/binary"
 	"fmt"
 	"strconv"
 )
@@ -123,6 +124,8 @@ func eventsTrace(batches []EventBatch, input string, opt EventsOptions, floor in
 		input:  input,
 		blocks: map[BlockHash]*evBlock{},
 		live:   map[BlockHash][]*evBlock{},
+		at:     map[place]*evBlock{},
+		pendAt: map[place]int{},
 		floor:  floor,
 	}
 	// skip says why an event is not followed (0: it is).
@@ -258,7 +261,9 @@ type eventsReader struct {
 	// that content, so the blocks are kept by place, not by hash.
 	perPage bool
 	live    map[BlockHash][]*evBlock // the cached blocks of each hash
-	pend    []pendingRemoval         // removed blocks whose eviction no request has taken yet
+	at      map[place]*evBlock       // the cached blocks by place
+	pend    []pendingRemoval         // removed blocks whose eviction no request has taken yet (b nil: stored again)
+	pendAt  map[place]int            // the index in pend of a removed block, by place
 	serial  int                      // blocks created (their ids' numbers)
 	// ambiguous: a removal named a hash several cached pages have, so which
 	// the engine evicted is not known (until the next AllBlocksCleared).
@@ -274,6 +279,29 @@ type pendingRemoval struct {
 	b  *evBlock
 	e  Eviction
 	ok bool
+}
+
+// place is where a block with per-page hashes sits in the tree: its hash,
+// the block before it (and that block's hash as the event gave it), its
+// extra key, namespace and tokens (little-endian int32s). Two cached blocks
+// never share a place, so finding one is a map lookup, whatever the number
+// of pages with the same hash or of removals pending.
+type place struct {
+	hash, parentHash BlockHash
+	parent           *evBlock
+	extra, ns, toks  string
+}
+
+func placeOf(h BlockHash, parent *evBlock, parentHash BlockHash, extra, ns string, toks []int32) place {
+	b := make([]byte, 0, 4*len(toks))
+	for _, t := range toks {
+		b = binary.LittleEndian.AppendUint32(b, uint32(t))
+	}
+	return place{hash: h, parentHash: parentHash, parent: parent, extra: extra, ns: ns, toks: string(b)}
+}
+
+func (b *evBlock) place() place {
+	return placeOf(b.hash, b.parent, b.parentHash, b.extra, b.ns, b.tokens)
 }
 
 // where names event ei of batch bi in errors.
@@ -328,6 +356,8 @@ func (r *eventsReader) cleared() {
 		}
 	}
 	clear(r.live)
+	clear(r.at)
+	clear(r.pendAt)
 	r.evictions, r.clear = nil, true
 	r.pend, r.ambiguous = nil, false
 }
@@ -419,14 +449,12 @@ func (r *eventsReader) stored(ev *Event, bi, ei int) error {
 		if i > 0 {
 			parentHash = ev.BlockHashes[i-1]
 		}
-		same := func(b *evBlock) bool {
-			return b.parent == prev && b.parentHash == parentHash && b.extra == x && b.ns == ns && equal32(b.tokens, own)
-		}
 		if r.perPage {
-			if b := r.revive(h, same); b != nil {
+			at := placeOf(h, prev, parentHash, x, ns, own)
+			if b := r.revive(at); b != nil {
 				dupAll = false
 				prev = b
-			} else if b := r.livePage(h, same); b != nil {
+			} else if b := r.at[at]; b != nil {
 				revivedAll = false
 				b.live++
 				prev = b
@@ -434,8 +462,9 @@ func (r *eventsReader) stored(ev *Event, bi, ei int) error {
 				dupAll, revivedAll = false, false
 				prev = r.newBlock(h, prev, parentHash, own, x, ns, id, !known)
 				r.live[h] = append(r.live[h], prev)
+				r.at[at] = prev
 			}
-		} else if b := r.blocks[h]; b != nil && b.live > 0 && same(b) {
+		} else if b := r.blocks[h]; b != nil && b.live > 0 && b.parent == prev && b.parentHash == parentHash && b.extra == x && b.ns == ns && equal32(b.tokens, own) {
 			b.live++
 			prev = b
 		} else {
@@ -463,6 +492,7 @@ func (r *eventsReader) stored(ev *Event, bi, ei int) error {
 			}
 		}
 		r.pend = nil
+		clear(r.pendAt)
 	} else {
 		q.Evictions = r.evictions
 	}
@@ -516,28 +546,20 @@ func (r *eventsReader) pageParent(ev *Event) (root bool, parent *evBlock, why st
 	}
 }
 
-// livePage is the cached block of hash h that same accepts (nil: none).
-func (r *eventsReader) livePage(h BlockHash, same func(*evBlock) bool) *evBlock {
-	for _, b := range r.live[h] {
-		if same(b) {
-			return b
-		}
+// revive stores again the block removed at place at whose removal no
+// request has taken yet (nil: none): its removal is withdrawn.
+func (r *eventsReader) revive(at place) *evBlock {
+	i, ok := r.pendAt[at]
+	if !ok {
+		return nil
 	}
-	return nil
-}
-
-// revive stores again a block whose removal no request has taken yet, at the
-// same place (same accepts it): its removal is withdrawn.
-func (r *eventsReader) revive(h BlockHash, same func(*evBlock) bool) *evBlock {
-	for i, p := range r.pend {
-		if p.b.hash == h && same(p.b) {
-			r.pend = append(r.pend[:i], r.pend[i+1:]...)
-			p.b.live = 1
-			r.live[h] = append(r.live[h], p.b)
-			return p.b
-		}
-	}
-	return nil
+	delete(r.pendAt, at)
+	b := r.pend[i].b
+	r.pend[i] = pendingRemoval{}
+	b.live = 1
+	r.live[b.hash] = append(r.live[b.hash], b)
+	r.at[at] = b
+	return b
 }
 
 // removedPage follows BlockRemoved with per-page hashes: a hash one cached
@@ -561,6 +583,8 @@ func (r *eventsReader) removedPage(ev *Event, bi, ei int) error {
 			continue
 		}
 		delete(r.live, h)
+		at := b.place()
+		delete(r.at, at)
 		toks, extra, ids, ok, err := r.chain(b, ev.Offset, 0)
 		if err != nil {
 			return fmt.Errorf("prefixcheck: %s: %s: %w", r.input, where(bi, ei, ev), err)
@@ -569,6 +593,7 @@ func (r *eventsReader) removedPage(ev *Event, bi, ei int) error {
 		if ok {
 			p.e = Eviction{Namespace: b.ns, Prefix: toks, Extra: extra, PageID: ids[len(ids)-1]}
 		}
+		r.pendAt[at] = len(r.pend)
 		r.pend = append(r.pend, p)
 	}
 	return nil
