@@ -97,12 +97,21 @@ func (c *Config) SetSchedule(window int, ratios []int) {
 	c.Schedule = kvcache.Schedule{Window: window, Ratios: ratios}
 }
 
+// maxLayers bounds the layers of a schedule (Config.validate).
+const maxLayers = 1024
+
 func (c Config) validate() error {
 	if c.PageSize <= 0 {
 		return fmt.Errorf("prefixcheck: page size %d: must be positive", c.PageSize)
 	}
 	if c.Schedule.Window < 0 {
 		return fmt.Errorf("prefixcheck: window %d: must not be negative", c.Schedule.Window)
+	}
+	// The schedule comes from a dump's header or a config: the run computes
+	// a resume's needs over every layer at every page of every request, so
+	// a header of a million layers would make that quadratic in the input.
+	if n := max(len(c.Schedule.Ratios), len(c.Schedule.IndexRatios)); n > maxLayers {
+		return fmt.Errorf("prefixcheck: a schedule of %d layers: at most %d (DeepSeek-V4 has 43 or 61)", n, maxLayers)
 	}
 	for l, r := range c.Schedule.Ratios {
 		if r < 0 {
