@@ -4,6 +4,7 @@ import (
 	"archive/zip"
 	"bytes"
 	"encoding/binary"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -150,6 +151,7 @@ func TestTorchSaveErrorsBounded(t *testing.T) {
 // and shape are echoed bounded, with the file, the record and the offset.
 func TestNativeErrorsBounded(t *testing.T) {
 	long := strings.Repeat("s", 500000)
+	stage := strings.Repeat("s", MaxKeyString) // the longest a stage may be
 	hdr := frame(t, map[string]any{"t": "header", "header": map[string]any{}}, nil)
 	tensor := func(m map[string]any, data []byte) []byte {
 		base := map[string]any{"t": "tensor", "stage": "q", "kind": "stage", "dtype": "bf16", "shape": []int{2}, "nbytes": 4, "step": 3, "layer": 0}
@@ -169,12 +171,15 @@ func TestNativeErrorsBounded(t *testing.T) {
 		file []byte
 		want []string
 	}{
-		{"long stage, bad dtype", bytes.Join([][]byte{fileHeader(1), hdr, tensor(map[string]any{"stage": long, "dtype": "q3"}, data)}, nil), []string{at + "sss", `(500000 bytes): unknown dtype "q3"`}},
+		{"long stage, bad dtype", bytes.Join([][]byte{fileHeader(1), hdr, tensor(map[string]any{"stage": stage, "dtype": "q3"}, data)}, nil), []string{at + "sss", `(1024 bytes): unknown dtype "q3"`}},
+		{"stage over the bound", bytes.Join([][]byte{fileHeader(1), hdr, tensor(map[string]any{"stage": long}, data)}, nil), []string{at + `stage name "sss`, `(500000 bytes) is over 1024 bytes`}},
+		{"request over the bound", bytes.Join([][]byte{fileHeader(1), hdr, tensor(map[string]any{"request": stage + "r"}, data)}, nil), []string{at + `request name "sss`, `(1025 bytes) is over 1024 bytes`}},
+		{"prefix source over the bound", bytes.Join([][]byte{fileHeader(1), hdr, frame(t, map[string]any{"t": "prefix", "prefix": map[string]any{"request": "r1", "source": long, "tokens": 4}}, nil)}, nil), []string{at + `prefix frame: source name "sss`, `(500000 bytes) is over 1024 bytes`}},
 		{"long dtype", bytes.Join([][]byte{fileHeader(1), hdr, tensor(map[string]any{"dtype": long}, data)}, nil), []string{at + `q: unknown dtype "sss`}},
 		{"long kind", bytes.Join([][]byte{fileHeader(1), hdr, tensor(map[string]any{"kind": long}, data)}, nil), []string{at + `q: unknown kind "sss`}},
 		{"long frame type", bytes.Join([][]byte{fileHeader(1), hdr, frame(t, map[string]any{"t": long}, nil)}, nil), []string{at + `unknown frame type "sss`}},
 		{"many dims", bytes.Join([][]byte{fileHeader(1), hdr, tensor(map[string]any{"shape": ones}, data)}, nil), []string{at + "q: shape [1 1 1 1 1 1 1 1 …] (200000 dims) bf16 needs 2 bytes, frame says 4"}},
-		{"long stage, duplicate", bytes.Join([][]byte{fileHeader(1), hdr, tensor(map[string]any{"stage": long}, data), tensor(map[string]any{"stage": long}, data)}, nil), []string{"dump: bad.smd: ", "duplicate", "(500000 bytes)"}},
+		{"long stage, duplicate", bytes.Join([][]byte{fileHeader(1), hdr, tensor(map[string]any{"stage": stage}, data), tensor(map[string]any{"stage": stage}, data)}, nil), []string{"dump: bad.smd: ", "duplicate", "(1024 bytes)"}},
 	} {
 		_, err := OpenReaderAt("bad.smd", bytes.NewReader(c.file), int64(len(c.file)))
 		checkBounded(t, c.name, err, c.want...)
@@ -218,4 +223,21 @@ func TestConfigErrorsBounded(t *testing.T) {
 	}
 	_, err = OpenCheckpoint(dir)
 	checkBounded(t, "checkpoint shard", err, "model.safetensors.index.json: tensor \"zzz", "is not a .safetensors file name")
+}
+
+// Every format's keys pass indexKeys, which refuses a request or stage name
+// over MaxKeyString (a foreign dump's stage comes from a name map's capture
+// of a tensor name); the writer refuses to write one.
+func TestKeyStringsBounded(t *testing.T) {
+	long := strings.Repeat("n", MaxKeyString+1)
+	d := &Dump{Entries: []Entry{{Key: Key{Request: "r0", Step: 3, Stage: long}, File: "a.safetensors", Record: 2, Offset: 80, Name: "model.layers.0." + long}},
+		byKey: map[entryID]int{}}
+	checkBounded(t, "foreign stage", d.indexKeys(), `dump: a.safetensors: record 2 (model.layers.0.nnn`, `at offset 80: stage name "nnn`, "(1025 bytes) is over 1024 bytes")
+	w, err := NewWriter(io.Discard, Header{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = w.Write(&Record{Key: Key{Request: long, Step: 3, Stage: "q"}, DType: BF16, Shape: []int{1}, Data: []byte{0, 0}})
+	checkBounded(t, "writer", err, `request name "nnn`, "(1025 bytes) is over 1024 bytes")
+	checkBounded(t, "writer prefix", w.WritePrefix(PrefixHit{Request: "r1", Source: long, Tokens: 4}), `dump: prefix hit: source name "nnn`)
 }

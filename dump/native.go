@@ -65,6 +65,14 @@ type PrefixHit struct {
 	Offset int64  `msgpack:"-" json:"-"`
 }
 
+// checkStrings refuses a request or source name longer than MaxKeyString.
+func (p *PrefixHit) checkStrings() error {
+	if err := checkName("request", p.Request); err != nil {
+		return err
+	}
+	return checkName("source", p.Source)
+}
+
 // frameMeta is the msgpack map at the start of every frame.
 type frameMeta struct {
 	T string `msgpack:"t"`
@@ -203,6 +211,9 @@ func (w *Writer) Write(r *Record) error {
 
 // WritePrefix records a prefix-cache hit.
 func (w *Writer) WritePrefix(p PrefixHit) error {
+	if err := p.checkStrings(); err != nil {
+		return fmt.Errorf("dump: prefix hit: %w", err)
+	}
 	if p.Tokens < 0 {
 		return fmt.Errorf("dump: prefix hit %q <- %q: negative token count %d", p.Request, p.Source, p.Tokens)
 	}
@@ -363,6 +374,9 @@ func (s *frameScanner) next() (frameInfo, error) {
 		if m.Prefix == nil || m.NBytes != 0 || m.Prefix.Tokens < 0 {
 			return frameInfo{}, s.errf("bad prefix frame")
 		}
+		if err := m.Prefix.checkStrings(); err != nil {
+			return frameInfo{}, s.errf("prefix frame: %v", err)
+		}
 	case frameEnd:
 		if m.NBytes != 0 || m.Records != s.tensors {
 			return frameInfo{}, s.errf("end frame says %d tensor records, the file has %d", m.Records, s.tensors)
@@ -400,6 +414,9 @@ func (s *frameScanner) advance(fi frameInfo) {
 func (m *frameMeta) check() error {
 	if m.Stage == "" {
 		return errors.New("tensor frame without a stage name")
+	}
+	if err := (Key{Request: m.Request, Stage: m.Stage}).checkStrings(); err != nil {
+		return err
 	}
 	if _, ok := ParseKind(m.Kind); !ok {
 		return fmt.Errorf("%s: unknown kind %s", userfile.Clip(m.Stage), userfile.Quote(m.Kind))

@@ -294,6 +294,9 @@ func (d *Dump) fixPrevSteps(path string, prevFix []int) error {
 func (d *Dump) indexKeys() error {
 	for i := range d.Entries {
 		e := &d.Entries[i]
+		if err := e.Key.checkStrings(); err != nil {
+			return fmt.Errorf("dump: %s: record %d (%s) at offset %d: %w", e.File, e.Record, userfile.Clip(e.Name), e.Offset, err)
+		}
 		id := entryID{e.Key, e.Kind}
 		if j, dup := d.byKey[id]; dup {
 			p := &d.Entries[j]

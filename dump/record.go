@@ -16,6 +16,28 @@ const Global = -1
 // NoStep marks a record that belongs to no decode step (weights, tables).
 const NoStep = -1
 
+// MaxKeyString bounds, in bytes, a key's request and stage names and a
+// prefix hit's request and source. Real ones are a few dozen bytes; the
+// bound keeps every message that names a key short, whatever a file holds.
+const MaxKeyString = 1024
+
+// checkName refuses a name (what: "request", "stage", "source") longer than
+// MaxKeyString.
+func checkName(what, s string) error {
+	if len(s) > MaxKeyString {
+		return fmt.Errorf("%s name %s is over %d bytes", what, userfile.Quote(s), MaxKeyString)
+	}
+	return nil
+}
+
+// checkStrings refuses a request or stage name longer than MaxKeyString.
+func (k Key) checkStrings() error {
+	if err := checkName("request", k.Request); err != nil {
+		return err
+	}
+	return checkName("stage", k.Stage)
+}
+
 // Key names one tensor of a replay: request, decode step (the absolute
 // position p of the token decoded), layer ([Global] = -1 for none) and the
 // canonical stage name (see [Stages]).
@@ -124,6 +146,9 @@ func (r *Record) Len() int {
 
 // Check verifies that the dtype is valid and the shape agrees with len(Data).
 func (r *Record) Check() error {
+	if err := r.Key.checkStrings(); err != nil {
+		return err
+	}
 	if !r.DType.Valid() {
 		return fmt.Errorf("invalid dtype %d", uint8(r.DType))
 	}

@@ -173,6 +173,9 @@ func (d *Dump) noteFileMeta(path string, md map[string]string) error {
 // only here (assignRequests sorts it once all hits are in), so prefixAt
 // stays its index.
 func (d *Dump) addPrefixHit(h PrefixHit) error {
+	if err := h.checkStrings(); err != nil {
+		return fmt.Errorf("dump: %s: prefix hit: %w", h.File, err)
+	}
 	if i, ok := d.meta.prefixAt[h.Request]; ok {
 		p := d.Prefix[i]
 		if p.Source != h.Source || p.Tokens != h.Tokens {
