@@ -221,3 +221,27 @@ func TestAttributeV32(t *testing.T) {
 		}
 	}
 }
+
+// A cache-write hypothesis at no decode position (a record of step -1)
+// says what it needs instead of panicking in the window write (safeRun
+// would turn the panic into the skip "kvcache: window write shape
+// mismatch", which names nothing the user can check).
+func TestCacheWriteNeedsPosition(t *testing.T) {
+	sc := synthSteps(t)[0]
+	ctx := *sc.ctx
+	ctx.Pos = -1
+	sc.ctx = &ctx
+	for _, def := range engine.Stages(ctx.Cfg, ctx.Layer, 7) {
+		if def.Name != "kv_cache" {
+			continue
+		}
+		for _, h := range cacheWriteHypotheses() {
+			_, err := h.run(sc.call(def))
+			if err == nil || !strings.Contains(err.Error(), "needs a decode position ≥ 0 and a window (position -1") {
+				t.Errorf("%s: %v", h.Name, err)
+			}
+		}
+		return
+	}
+	t.Fatal("no kv_cache stage")
+}

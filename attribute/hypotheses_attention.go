@@ -195,6 +195,9 @@ func cacheWriteHypotheses() []Hypothesis {
 func cacheWith(c *Call, write func(prev []float32, d, W int, kv []float32, p int64) []float32, zeroRow bool) (engine.Tensor, error) {
 	cfg := c.Ctx.Cfg
 	D, W := cfg.HeadDim, cfg.WindowSize
+	if c.Ctx.Pos < 0 || W <= 0 || D <= 0 {
+		return engine.Tensor{}, fmt.Errorf("needs a decode position ≥ 0 and a window (position %d, window %d, head dim %d)", c.Ctx.Pos, W, D)
+	}
 	pt, ok := c.get(engine.PrevPrefix + "kv_cache")
 	if !ok || !pt.Kind.IsFloat() || len(pt.Shape) != 2 || pt.Shape[1] != D || pt.Shape[0] < W {
 		return engine.Tensor{}, fmt.Errorf("needs prev:kv_cache [rows ≥ %d, %d]", W, D)
