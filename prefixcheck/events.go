@@ -22,11 +22,29 @@ import (
 //	event      = ["BlockStored", block_hashes, parent_block_hash, token_ids,
 //	              block_size, lora_id, medium?, lora_name?, extra_keys?,
 //	              group_idx?, kv_cache_spec_kind?, kv_cache_spec_sliding_window?]
+//	           | ["BlockStored", block_hashes, parent_block_hash, token_ids,
+//	              block_size, lora_id, medium, metadata]
 //	           | ["BlockRemoved", block_hashes, medium?, group_idx?]
 //	           | ["AllBlocksCleared"]
 //	           | the same as maps tagged by "type" (vLLM since its events
-//	             dropped array_like), e.g. {"type": "BlockRemoved",
-//	             "block_hashes": [...], "medium": "GPU"}
+//	             dropped array_like, SGLang since PR #37482), e.g.
+//	             {"type": "BlockRemoved", "block_hashes": [...], "medium": "GPU"};
+//	             a BlockStored map may also carry "cache_salt", "session_id"
+//	             (strings or nil) and "metadata"
+//	metadata   = {"cache_salt"?: str, "session_id"?: str}   (BlockStoredMetadata)
+//
+// The second BlockStored form is SGLang's BlockStoredWithMetadata
+// (sgl-project/sglang PR #30827, SGLang 0.5.18): the legacy array of an
+// unsalted event plus, at position 7 (the tag at 0) where vLLM's array has
+// lora_name, the BlockStoredMetadata map, written only for a salted node (PR
+// #37482's description adds session_id to it). PR #37482 as merged (issue
+// #38561) made SGLang's events tagged maps with cache_salt and session_id
+// fields; PR #37271 (closed) had the map under "metadata": all three are
+// read. cache_salt is a namespace (SGLang keys its radix tree by
+// (extra_key, cache_salt) and seeds a salted chain's event hashes with
+// SHA-256("sglang-cache-salt-v1\0" + salt)); session_id only attributes a
+// store to a session ("event metadata does not participate in block hashing
+// or cache identity", PR #37482) and is read but changes nothing.
 //
 // Block hashes are ints (64-bit, signed or not) or bytes (vLLM's sha256 block
 // hashes unless VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES). Trailing array fields
@@ -55,6 +73,8 @@ type Event struct {
 	BlockSize   int
 	LoraID      *int64
 	LoraName    string
+	CacheSalt   *string  // BlockStored: SGLang's cache_salt (nil: none; "" is a salt); part of the namespace
+	SessionID   string   // BlockStored: SGLang's or vLLM's session_id ("" none); no part of the namespace
 	Medium      string   // "" when absent or null
 	ExtraKeys   []string // BlockStored: per block, the raw msgpack of its extra keys ("" for null); nil when absent
 	GroupIdx    *int64
@@ -417,6 +437,15 @@ func (e *evReader) field(ev *Event, name string) (err error) {
 		ev.LoraName, err = e.str(what)
 	case "kv_cache_spec_kind":
 		ev.SpecKind, err = e.str(what)
+	case "cache_salt":
+		return e.salt(ev, what)
+	case "session_id":
+		ev.SessionID, err = e.str(what)
+	case "metadata":
+		if ev.Type != "BlockStored" {
+			return e.skip(what, 0)
+		}
+		return e.metadata(ev, what)
 	case "extra_keys":
 		n, err := e.arrayLen(what)
 		if err != nil || n < 0 {
@@ -435,6 +464,67 @@ func (e *evReader) field(ev *Event, name string) (err error) {
 	}
 	return err
 }
+
+// salt reads a cache_salt (nil: none). A salt given twice (a map event's
+// field and its metadata) must be the same.
+func (e *evReader) salt(ev *Event, what string) error {
+	if null, err := e.isNil(); null || err != nil {
+		return err
+	}
+	at := e.off()
+	s, err := e.str(what)
+	if err != nil {
+		return err
+	}
+	if ev.CacheSalt != nil && *ev.CacheSalt != s {
+		return e.errf(at, "%s: %s, but cache_salt %s given before", what, quoteShort(s), quoteShort(*ev.CacheSalt))
+	}
+	ev.CacheSalt = &s
+	return nil
+}
+
+// metadata reads SGLang's BlockStoredMetadata map: cache_salt and session_id
+// (strings or nil); other keys are skipped.
+func (e *evReader) metadata(ev *Event, what string) error {
+	n, err := e.mapLen(what)
+	if err != nil {
+		return err
+	}
+	seen := map[string]bool{}
+	for i := 0; i < n; i++ {
+		at := e.off()
+		k, err := e.str(what + " key")
+		if err != nil {
+			return err
+		}
+		if seen[k] {
+			return e.errf(at, "%s: key %s twice", what, quoteShort(k))
+		}
+		seen[k] = true
+		switch k {
+		case "cache_salt":
+			err = e.salt(ev, what+".cache_salt")
+		case "session_id":
+			ev.SessionID, err = e.str(what + ".session_id")
+		default:
+			err = e.skip(what+"."+shortStr(k), 0)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// shortStr is s cut to 64 bytes for a message; quoteShort quotes it.
+func shortStr(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "..."
+	}
+	return s
+}
+
+func quoteShort(s string) string { return strconv.Quote(shortStr(s)) }
 
 var eventFields = map[string][]string{"BlockStored": storedFields, "BlockRemoved": removedFields, "AllBlocksCleared": nil}
 
@@ -499,8 +589,18 @@ func (e *evReader) event() (Event, error) {
 		}
 		for i := 1; i < n; i++ {
 			if i-1 < len(fields) {
-				seen[fields[i-1]] = true
-				if err := e.field(&ev, fields[i-1]); err != nil {
+				f := fields[i-1]
+				seen[f] = true
+				// SGLang's BlockStoredWithMetadata: its metadata map where
+				// vLLM has lora_name.
+				if f == "lora_name" && ev.Type == "BlockStored" {
+					if c, err := e.peek(); err != nil {
+						return ev, err
+					} else if msgpcode.IsFixedMap(c) || c == msgpcode.Map16 || c == msgpcode.Map32 {
+						f = "metadata"
+					}
+				}
+				if err := e.field(&ev, f); err != nil {
 					return ev, err
 				}
 			} else if err := e.skip(ev.Type+" extra field", 0); err != nil {

@@ -80,14 +80,30 @@ const (
 	prefixBytesPerStreamByte = 128
 )
 
+// namespaceOf is the namespace of a BlockStored event: its LoRA adapter
+// ("lora:<name>", else "lora-id:<id>") and SGLang's cache salt
+// (`salt:"<quoted salt>"` before the adapter's, a space between): requests of
+// two salts, or of a salt and none, never share a prefix, as in SGLang, whose
+// radix tree keys a node by (extra_key, cache_salt). The quoted salt ends at
+// its closing quote and an unsalted namespace never starts with "salt:", so
+// no adapter name or salt can make another pair's namespace. session_id is no
+// part of it.
 func namespaceOf(ev *Event) string {
+	lora := ""
 	switch {
 	case ev.LoraName != "":
-		return "lora:" + ev.LoraName
+		lora = "lora:" + ev.LoraName
 	case ev.LoraID != nil:
-		return "lora-id:" + strconv.FormatInt(*ev.LoraID, 10)
+		lora = "lora-id:" + strconv.FormatInt(*ev.LoraID, 10)
 	}
-	return ""
+	if ev.CacheSalt == nil {
+		return lora
+	}
+	ns := "salt:" + strconv.Quote(*ev.CacheSalt)
+	if lora != "" {
+		ns += " " + lora
+	}
+	return ns
 }
 
 // EventsTrace turns decoded KV-cache events into a trace: every BlockStored
