@@ -17,7 +17,10 @@ const (
 	EncodingMap = "map"
 	// EncodingArray is SGLang's (and older vLLM's) array_like form:
 	// [ts, events] batches, [tag, fields...] events with the five
-	// BlockStored fields and one BlockRemoved field of those versions.
+	// BlockStored fields and one BlockRemoved field of those versions; a
+	// BlockStored with a cache salt or session id is SGLang's
+	// BlockStoredWithMetadata (PR #30827): medium and the metadata map after
+	// them.
 	EncodingArray = "array"
 )
 
@@ -111,6 +114,12 @@ func (w *evWriter) mapEvent(ev *Event) {
 		if ev.SpecKind != "" {
 			n++
 		}
+		if ev.CacheSalt != nil {
+			n++
+		}
+		if ev.SessionID != "" {
+			n++
+		}
 		w.mapLen(n)
 		w.str("type")
 		w.str(ev.Type)
@@ -144,6 +153,14 @@ func (w *evWriter) mapEvent(ev *Event) {
 			w.str("kv_cache_spec_kind")
 			w.str(ev.SpecKind)
 		}
+		if ev.CacheSalt != nil {
+			w.str("cache_salt")
+			w.str(*ev.CacheSalt)
+		}
+		if ev.SessionID != "" {
+			w.str("session_id")
+			w.str(ev.SessionID)
+		}
 	case "BlockRemoved":
 		n := 3
 		if ev.GroupIdx != nil {
@@ -172,7 +189,12 @@ func (w *evWriter) mapEvent(ev *Event) {
 func (w *evWriter) arrayEvent(ev *Event) {
 	switch ev.Type {
 	case "BlockStored":
-		w.arr(6)
+		meta := ev.CacheSalt != nil || ev.SessionID != ""
+		if meta {
+			w.arr(8)
+		} else {
+			w.arr(6)
+		}
 		w.str(ev.Type)
 		w.hashes(ev.BlockHashes)
 		if ev.Parent == "" {
@@ -183,8 +205,27 @@ func (w *evWriter) arrayEvent(ev *Event) {
 		w.tokens(ev.TokenIDs)
 		w.int(int64(ev.BlockSize))
 		w.optInt(ev.LoraID)
-		if ev.LoraName != "" || ev.ExtraKeys != nil || ev.Medium != "" || ev.GroupIdx != nil || ev.SpecKind != "" {
-			w.do(fmt.Errorf("prefixcheck: the array encoding has no lora_name, medium, extra_keys, group_idx or kv_cache_spec_kind"))
+		if meta {
+			w.optStr(ev.Medium)
+			n := 0
+			if ev.CacheSalt != nil {
+				n++
+			}
+			if ev.SessionID != "" {
+				n++
+			}
+			w.mapLen(n)
+			if ev.CacheSalt != nil {
+				w.str("cache_salt")
+				w.str(*ev.CacheSalt)
+			}
+			if ev.SessionID != "" {
+				w.str("session_id")
+				w.str(ev.SessionID)
+			}
+		}
+		if ev.LoraName != "" || ev.ExtraKeys != nil || (ev.Medium != "" && !meta) || ev.GroupIdx != nil || ev.SpecKind != "" {
+			w.do(fmt.Errorf("prefixcheck: the array encoding has no lora_name, extra_keys, group_idx or kv_cache_spec_kind, and a medium only with a cache salt or session id"))
 		}
 	case "BlockRemoved":
 		w.arr(2)
