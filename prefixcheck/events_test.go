@@ -336,6 +336,26 @@ func FuzzEvents(f *testing.F) {
 	x := newEvEnc() // a hash stored on itself, then built on
 	x.sglangBatch(1, stored{hashes: []int64{1, 1}, tokens: []int64{5, 6}, bs: 1}, stored{hashes: []int64{2}, parent: p64(1), tokens: []int64{7}, bs: 1})
 	f.Add(x.buf.Bytes())
+	// SGLang's salted stores: BlockStoredWithMetadata arrays (PR #30827),
+	// tagged maps with cache_salt and session_id (PR #37482), the map under
+	// "metadata" (PR #37271), and a metadata map with a bad salt.
+	for _, shape := range []string{"array", "map", "nested"} {
+		f.Add(saltStream(shape, pstr("tenant-a"), pstr("tenant-b")))
+	}
+	f.Add(saltStream("array", nil, pstr("")))
+	f.Add(mapBatchWith(func(x *evEnc) {
+		x.must(x.e.EncodeArrayLen(8))
+		x.must(x.e.EncodeString("BlockStored"))
+		x.ints([]int64{1})
+		x.must(x.e.EncodeNil())
+		x.ints([]int64{1, 2})
+		x.must(x.e.EncodeInt(2))
+		x.must(x.e.EncodeNil())
+		x.must(x.e.EncodeString("GPU"))
+		x.must(x.e.EncodeMapLen(2))
+		x.must(x.e.EncodeString("cache_salt"))
+		x.must(x.e.EncodeInt(5))
+	}))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		b, err := DecodeEvents(data, "fuzz")
 		if err != nil {
