@@ -78,6 +78,23 @@
 // have evicts none of them, and a node split (its pages removed and stored
 // again at the same place) evicts nothing.
 //
+// A request's namespace is its LoRA adapter and SGLang's cache salt
+// (`salt:"<salt>"`, then the adapter's): SGLang keys its radix tree by
+// (extra_key, cache_salt), so two salts never share a prefix, and seeds a
+// salted chain's event hashes with SHA-256("sglang-cache-salt-v1\0" + salt)
+// (sgl-project/sglang PR #30827; mem_cache/utils.py
+// compute_node_event_hash_values). The salt comes as SGLang 0.5.18's
+// BlockStoredWithMetadata (PR #30827: the 7-element BlockStored array, then a
+// {"cache_salt", "session_id"} map at position 7, where vLLM's array has
+// lora_name), as the cache_salt field of a tagged-map event (PR #37482,
+// issue #38561; mem_cache/events.py at commit
+// 06f643f402f0d7e1c4fd480f6854b742fa642951) or under its "metadata" key (PR
+// #37271); all are read. session_id only attributes a store to a session
+// ("event metadata does not participate in block hashing or cache
+// identity", PR #37482): it is read and changes nothing. vLLM gives its
+// cache_salt in the first block's extra_keys, which are part of the page's
+// identity already.
+//
 // Synthetic runs whose decisions a correct engine made, and the decision
 // faults above injected into them, are package fault's (SynthPrefix,
 // PrefixRun.Inject); the HTML view is htmlreport.WritePrefix; the command is
