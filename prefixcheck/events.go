@@ -11,6 +11,8 @@ import (
 
 	"github.com/vmihailenco/msgpack/v5"
 	"github.com/vmihailenco/msgpack/v5/msgpcode"
+
+	"sparsemla/userfile"
 )
 
 // KV-cache event streams, as vLLM (vllm/distributed/kv_events.py) and SGLang
@@ -477,7 +479,7 @@ func (e *evReader) salt(ev *Event, what string) error {
 		return err
 	}
 	if ev.CacheSalt != nil && *ev.CacheSalt != s {
-		return e.errf(at, "%s: %s, but cache_salt %s given before", what, quoteShort(s), quoteShort(*ev.CacheSalt))
+		return e.errf(at, "%s: %s, but cache_salt %s given before", what, userfile.Quote(s), userfile.Quote(*ev.CacheSalt))
 	}
 	ev.CacheSalt = &s
 	return nil
@@ -498,7 +500,7 @@ func (e *evReader) metadata(ev *Event, what string) error {
 			return err
 		}
 		if seen[k] {
-			return e.errf(at, "%s: key %s twice", what, quoteShort(k))
+			return e.errf(at, "%s: key %s twice", what, userfile.Quote(k))
 		}
 		seen[k] = true
 		switch k {
@@ -507,7 +509,7 @@ func (e *evReader) metadata(ev *Event, what string) error {
 		case "session_id":
 			ev.SessionID, err = e.str(what + ".session_id")
 		default:
-			err = e.skip(what+"."+shortStr(k), 0)
+			err = e.skip(what+"."+userfile.Clip(k), 0)
 		}
 		if err != nil {
 			return err
@@ -515,16 +517,6 @@ func (e *evReader) metadata(ev *Event, what string) error {
 	}
 	return nil
 }
-
-// shortStr is s cut to 64 bytes for a message; quoteShort quotes it.
-func shortStr(s string) string {
-	if len(s) > 64 {
-		return s[:64] + "..."
-	}
-	return s
-}
-
-func quoteShort(s string) string { return strconv.Quote(shortStr(s)) }
 
 var eventFields = map[string][]string{"BlockStored": storedFields, "BlockRemoved": removedFields, "AllBlocksCleared": nil}
 
