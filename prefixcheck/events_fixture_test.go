@@ -253,6 +253,41 @@ func sglangFixture() ([]byte, []want) {
 	}
 }
 
+// sglangPerPageFixture: SGLang before PR #13488 (per-page hashes, Python's
+// hash of one page's tokens; one BlockStored per page, its parent the hash
+// of the page before, hash(()) under the root), page size 1. The prompt
+// 5 7 5 9 holds page "5" at two places: the third store is no overwritten
+// page, and the fourth, whose parent hash two cached pages have, cannot be
+// placed (unchecked). Then 7 alone from the root.
+func sglangPerPageFixture() ([]byte, []want) {
+	h5, h7, h9, root := ppHash(5), ppHash(7), ppHash(9), ppHash()
+	x := newEvEnc()
+	x.sglangBatch(1, stored{hashes: []int64{h5}, parent: p64(root), tokens: []int64{5}, bs: 1},
+		stored{hashes: []int64{h7}, parent: p64(h5), tokens: []int64{7}, bs: 1},
+		stored{hashes: []int64{h5}, parent: p64(h7), tokens: []int64{5}, bs: 1},
+		stored{hashes: []int64{h9}, parent: p64(h5), tokens: []int64{9}, bs: 1})
+	x.sglangBatch(2, stored{hashes: []int64{h7}, parent: p64(root), tokens: []int64{7}, bs: 1})
+	return x.buf.Bytes(), []want{
+		{"b0.e0", StatusAgree, "", "", ""},
+		{"b0.e1", StatusAgree, "", "", ""},
+		{"b0.e2", StatusAgree, "", "", ""},
+		{"b0.e3", StatusUnchecked, "", "", "2 cached pages have"},
+		{"b1.e0", StatusAgree, "", "", ""},
+	}
+}
+
+// sglangSaltedFixture: SGLang 0.5.18 (PR #30827), a salted node's pages as
+// BlockStoredWithMetadata arrays: request A stores a 2-page prompt under
+// salt "tenant-a", B the same prompt under "tenant-b" from the root (no hit:
+// salts never share), C builds on A's chain.
+func sglangSaltedFixture() ([]byte, []want) {
+	return saltStream("array", pstr("tenant-a"), pstr("tenant-b")), []want{
+		{"b0.e0", StatusAgree, "", "", ""},
+		{"b1.e0", StatusAgree, KindMissedHit, CauseNamespace, `request "b0.e0" of namespace "salt:\"tenant-a\""`},
+		{"b2.e0", StatusAgree, "", "", ""},
+	}
+}
+
 func checkWants(t *testing.T, rep *Report, wants []want) {
 	t.Helper()
 	byID := map[string]Result{}
@@ -274,12 +309,15 @@ func checkWants(t *testing.T, rep *Report, wants []want) {
 // Fixture -update rewrites them), and each gives its per-request verdicts.
 func TestEventFixtures(t *testing.T) {
 	for _, f := range []struct {
-		file string
-		make func() ([]byte, []want)
-		cfg  Config
+		file    string
+		make    func() ([]byte, []want)
+		cfg     Config
+		verdict string
 	}{
-		{"vllm-kv-events.msgpack", vllmFixture, Config{PageSize: 4, Schedule: testCfg.Schedule}},
-		{"sglang-kv-events.msgpack", sglangFixture, Config{PageSize: 2, Schedule: testCfg.Schedule}},
+		{"vllm-kv-events.msgpack", vllmFixture, Config{PageSize: 4, Schedule: testCfg.Schedule}, "diverged"},
+		{"sglang-kv-events.msgpack", sglangFixture, Config{PageSize: 2, Schedule: testCfg.Schedule}, "diverged"},
+		{"sglang-perpage-kv-events.msgpack", sglangPerPageFixture, Config{PageSize: 1, Schedule: testCfg.Schedule}, "agree"},
+		{"sglang-salted-kv-events.msgpack", sglangSaltedFixture, Config{PageSize: 2, Schedule: testCfg.Schedule}, "agree"},
 	} {
 		t.Run(f.file, func(t *testing.T) {
 			data, wants := f.make()
@@ -309,8 +347,8 @@ func TestEventFixtures(t *testing.T) {
 				t.Fatal(err)
 			}
 			checkWants(t, rep, wants)
-			if !rep.Diverged() || rep.ExitCode() != 1 {
-				t.Errorf("verdict %s", rep.Verdict)
+			if rep.Verdict != f.verdict || rep.Diverged() != (f.verdict == "diverged") {
+				t.Errorf("verdict %s, want %s", rep.Verdict, f.verdict)
 			}
 			if testing.Verbose() {
 				var b bytes.Buffer

@@ -324,7 +324,7 @@ func TestEventsPrefixBudget(t *testing.T) {
 }
 
 func FuzzEvents(f *testing.F) {
-	for _, name := range []string{"vllm-kv-events.msgpack", "sglang-kv-events.msgpack"} {
+	for _, name := range []string{"vllm-kv-events.msgpack", "sglang-kv-events.msgpack", "sglang-perpage-kv-events.msgpack", "sglang-salted-kv-events.msgpack"} {
 		data, err := os.ReadFile(filepath.Join(fixtureDir, name))
 		if err != nil {
 			f.Fatal(err)

@@ -290,6 +290,9 @@ func goldenCases() []goldenCase {
 	// hits recorded), synthetic runs with a decision fault.
 	add("prefix/vllm-fixture", nil, "prefix", goldenTestdata("prefixcheck/vllm-kv-events.msgpack"), "--window", "4", "--ratios", "0,4,128")
 	add("prefix/sglang-json", nil, "prefix", "--json", goldenTestdata("prefixcheck/sglang-kv-events.msgpack"))
+	add("prefix/sglang-perpage", nil, "prefix", goldenTestdata("prefixcheck/sglang-perpage-kv-events.msgpack"), "--page", "1", "--window", "4", "--ratios", "0,4,128")
+	add("prefix/sglang-salted", nil, "prefix", goldenTestdata("prefixcheck/sglang-salted-kv-events.msgpack"), "--window", "4", "--ratios", "0,4,128")
+	add("prefix/sglang-perpage-as-chained", nil, "prefix", goldenTestdata("prefixcheck/sglang-perpage-kv-events.msgpack"), "--hash-scheme", "chained", "--window", "4", "--ratios", "0,4,128")
 	add("prefix/official-tiny", nil, "prefix", goldenTestdata("official-v4-tiny"), "--page", "64")
 	add("prefix/safetensors-hits", nil, "prefix", goldenTestdata("prefixcheck/safetensors-hits"), "--page", "4")
 	add("synth/prefix-eviction", []string{"prefix-eviction.msgpack"}, "synth", "--prefix", "eviction", "--out", "$TMP/prefix-eviction.msgpack", "--fault", "evicted-page@20")
