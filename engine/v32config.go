@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"sparsemla/attention"
+	"sparsemla/userfile"
 )
 
 // V3.2 (DeepSeek-V3.2-Exp, "DSA") configuration. The official ModelArgs
@@ -80,7 +81,7 @@ func parseV32Config(b []byte) (*Config, error) {
 	}
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(b, &m); err != nil {
-		return nil, fmt.Errorf("engine: config: %w", err)
+		return nil, fmt.Errorf("engine: config: %w", userfile.JSONError(err))
 	}
 	var unknown []string
 	for k := range m {
@@ -90,11 +91,19 @@ func parseV32Config(b []byte) (*Config, error) {
 	}
 	if len(unknown) > 0 {
 		sort.Strings(unknown)
-		return nil, fmt.Errorf("engine: config: V3.2 config (kv_lora_rank, no compress_ratios) has keys the V3.2 ModelArgs does not: %s", strings.Join(unknown, ", "))
+		names := unknown[:min(len(unknown), 8)]
+		for i, k := range names {
+			names[i] = userfile.Clip(k)
+		}
+		list := strings.Join(names, ", ")
+		if len(unknown) > len(names) {
+			list += fmt.Sprintf(", … (%d keys)", len(unknown))
+		}
+		return nil, fmt.Errorf("engine: config: V3.2 config (kv_lora_rank, no compress_ratios) has keys the V3.2 ModelArgs does not: %s", list)
 	}
 	c := v32Defaults()
 	if err := json.Unmarshal(b, &c); err != nil {
-		return nil, fmt.Errorf("engine: config: %w", err)
+		return nil, fmt.Errorf("engine: config: %w", userfile.JSONError(err))
 	}
 	if err := c.Validate(); err != nil {
 		return nil, err
@@ -252,7 +261,7 @@ func (c Config) MarshalJSON() ([]byte, error) {
 	}
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(b, &m); err != nil {
-		return nil, err
+		return nil, userfile.JSONError(err)
 	}
 	for k := range m {
 		if !v32Keys[k] {

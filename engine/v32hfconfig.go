@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+
+	"sparsemla/userfile"
 )
 
 // A Hugging Face transformers DeepSeek-V3.2 config.json (model_type
@@ -74,11 +76,11 @@ func v32ModelArgsFromHF(b []byte) ([]byte, error) {
 		Quant       *json.RawMessage `json:"quantization_config"`
 	}
 	if err := json.Unmarshal(b, &c); err != nil {
-		return nil, fmt.Errorf("engine: hf config: %w", err)
+		return nil, fmt.Errorf("engine: hf config: %w", userfile.JSONError(err))
 	}
 	var raw map[string]json.RawMessage
 	if err := json.Unmarshal(b, &raw); err != nil {
-		return nil, fmt.Errorf("engine: hf config: %w", err)
+		return nil, fmt.Errorf("engine: hf config: %w", userfile.JSONError(err))
 	}
 	out := map[string]any{"max_batch_size": 1}
 	var missing []string
@@ -98,7 +100,7 @@ func v32ModelArgsFromHF(b []byte) ([]byte, error) {
 		}
 		var n int
 		if err := json.Unmarshal(v, &n); err != nil {
-			return nil, fmt.Errorf("engine: hf config: %s: %w", k.hf, err)
+			return nil, fmt.Errorf("engine: hf config: %s: %w", k.hf, userfile.JSONError(err))
 		}
 		out[k.ma] = n
 	}
@@ -178,7 +180,7 @@ func v32ModelArgsFromHF(b []byte) ([]byte, error) {
 			ScaleFmt string `json:"scale_fmt"`
 		}
 		if err := json.Unmarshal(*c.Quant, &q); err != nil {
-			return nil, fmt.Errorf("engine: hf config (deepseek_v32): quantization_config: %w", err)
+			return nil, fmt.Errorf("engine: hf config (deepseek_v32): quantization_config: %w", userfile.JSONError(err))
 		}
 		if q.Fmt != "" && q.Fmt != "e4m3" || len(q.Block) != 0 && (len(q.Block) != 2 || q.Block[0] != 128 || q.Block[1] != 128) {
 			return nil, fmt.Errorf("engine: hf config (deepseek_v32): quantization_config fmt %q, weight_block_size %v; the reference implements E4M3 weights in 128×128 blocks", q.Fmt, q.Block)

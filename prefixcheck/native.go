@@ -7,6 +7,7 @@ import (
 
 	"sparsemla/dump"
 	"sparsemla/kvcache"
+	"sparsemla/userfile"
 )
 
 // FromDump builds a trace from a multi-request dump (any format dump.Open
@@ -152,7 +153,7 @@ func ConfigFromDump(d *dump.Dump) (Config, error) {
 			Window *int `json:"window_size"`
 		}
 		if err := json.Unmarshal([]byte(d.Header.ModelArgs), &args); err != nil {
-			return c, fmt.Errorf("prefixcheck: %s: model args: %w", d.Path, err)
+			return c, fmt.Errorf("prefixcheck: %s: model args: %w", d.Path, userfile.JSONError(err))
 		}
 		if args.Window != nil {
 			c.Schedule.Window = *args.Window

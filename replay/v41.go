@@ -83,7 +83,7 @@ func LoadV41DirWith(dir, weights string) (*V41Dump, error) {
 		return nil, err
 	}
 	if err := json.Unmarshal(mb, &meta); err != nil {
-		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, "meta.json"), err)
+		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, "meta.json"), userfile.JSONError(err))
 	}
 	for k, v := range meta.IndexKAt {
 		var p int64
