@@ -136,13 +136,15 @@ func eventsTrace(batches []EventBatch, input string, opt EventsOptions, floor in
 		group = pickGroup(batches)
 	}
 	r := &eventsReader{
-		t:      &Trace{Input: input, Format: "kv-events", HitsRecorded: true, EvictionsRecorded: true, ContentPageIDs: true},
-		input:  input,
-		blocks: map[BlockHash]*evBlock{},
-		live:   map[BlockHash][]*evBlock{},
-		at:     map[place]*evBlock{},
-		pendAt: map[place]int{},
-		floor:  floor,
+		t:       &Trace{Input: input, Format: "kv-events", HitsRecorded: true, EvictionsRecorded: true, ContentPageIDs: true},
+		input:   input,
+		blocks:  map[BlockHash]*evBlock{},
+		live:    map[BlockHash][]*evBlock{},
+		at:      map[place]*evBlock{},
+		pendAt:  map[place]int{},
+		pendBy:  map[place]int{},
+		pendAmb: map[BlockHash]int{},
+		floor:   floor,
 	}
 	// skip says why an event is not followed (0: it is).
 	skip := func(bi int, ev *Event) int {
@@ -280,9 +282,16 @@ type eventsReader struct {
 	at      map[place]*evBlock       // the cached blocks by place
 	pend    []pendingRemoval         // removed blocks whose eviction no request has taken yet (b nil: stored again)
 	pendAt  map[place]int            // the index in pend of a removed block, by place
-	serial  int                      // blocks created (their ids' numbers)
-	// ambiguous: a removal named a hash several cached pages have, so which
-	// the engine evicted is not known (until the next AllBlocksCleared).
+	// pendBy is the index in pend of a removed block by its place without
+	// its parent block (-1: several), to find where a page goes whose
+	// parent hash several cached pages have; pendAmb counts the removals of
+	// each hash several cached pages have, since the last request.
+	pendBy  map[place]int
+	pendAmb map[BlockHash]int
+	serial  int // blocks created (their ids' numbers)
+	// ambiguous: a removal named a hash several cached pages have and none
+	// was stored again at its place before the next request, so which the
+	// engine evicted is not known (until the next AllBlocksCleared).
 	ambiguous                                             bool
 	noParent, ambiguousParent, ambiguousRemoved, restored int
 }
@@ -374,6 +383,8 @@ func (r *eventsReader) cleared() {
 	clear(r.live)
 	clear(r.at)
 	clear(r.pendAt)
+	clear(r.pendBy)
+	clear(r.pendAmb)
 	r.evictions, r.clear = nil, true
 	r.pend, r.ambiguous = nil, false
 }
@@ -470,7 +481,15 @@ func (r *eventsReader) stored(ev *Event, bi, ei int) error {
 			if b := r.revive(at); b != nil {
 				dupAll = false
 				prev = b
-			} else if b := r.at[at]; b != nil {
+			} else if b := r.at[at]; b != nil && r.pendAmb[h] > 0 {
+				// A page a removal of a hash several cached pages have
+				// named, stored again at its place: that removal took it,
+				// and it is back.
+				r.pendAmb[h]--
+				r.ambiguousRemoved--
+				dupAll = false
+				prev = b
+			} else if b != nil {
 				revivedAll = false
 				b.live++
 				prev = b
@@ -509,6 +528,13 @@ func (r *eventsReader) stored(ev *Event, bi, ei int) error {
 		}
 		r.pend = nil
 		clear(r.pendAt)
+		clear(r.pendBy)
+		for _, n := range r.pendAmb {
+			if n > 0 {
+				r.ambiguous = true
+			}
+		}
+		clear(r.pendAmb)
 	} else {
 		q.Evictions = r.evictions
 	}
@@ -557,9 +583,35 @@ func (r *eventsReader) pageParent(ev *Event) (root bool, parent *evBlock, why st
 	case len(cands) == 0:
 		return false, nil, fmt.Sprintf("parent block %s is not cached in this stream (it starts mid-run?)", ev.Parent)
 	default:
+		if p := r.pendingUnder(ev); p != nil {
+			return false, p, ""
+		}
 		r.ambiguousParent++
 		return false, nil, fmt.Sprintf("parent hash %s is a per-page hash %d cached pages have (one page's tokens alone, SGLang before PR #13488), so the place of this block is not known", ev.Parent, len(cands))
 	}
+}
+
+// pendingUnder is the parent of the first block of a BlockStored event whose
+// parent hash several cached pages have, when that block is stored again
+// where the one removed block of its hash, parent hash and content no request
+// has taken yet was, under a page still cached (nil: none, or several): a
+// radix node split under a page whose tokens recur in the tree.
+func (r *eventsReader) pendingUnder(ev *Event) *evBlock {
+	if len(ev.BlockHashes) == 0 {
+		return nil
+	}
+	x := ""
+	if ev.ExtraKeys != nil {
+		x = ev.ExtraKeys[0]
+	}
+	i, ok := r.pendBy[placeOf(ev.BlockHashes[0], nil, ev.Parent, x, namespaceOf(ev), ev.TokenIDs[:ev.BlockSize])]
+	if !ok || i < 0 {
+		return nil
+	}
+	if b := r.pend[i].b; b != nil && b.parent != nil && b.parent.live > 0 {
+		return b.parent
+	}
+	return nil
 }
 
 // revive stores again the block removed at place at whose removal no
@@ -570,6 +622,11 @@ func (r *eventsReader) revive(at place) *evBlock {
 		return nil
 	}
 	delete(r.pendAt, at)
+	loose := at
+	loose.parent = nil
+	if r.pendBy[loose] == i {
+		delete(r.pendBy, loose)
+	}
 	b := r.pend[i].b
 	r.pend[i] = pendingRemoval{}
 	b.live = 1
@@ -591,7 +648,7 @@ func (r *eventsReader) removedPage(ev *Event, bi, ei int) error {
 			continue
 		case len(cands) > 1:
 			r.ambiguousRemoved++
-			r.ambiguous = true
+			r.pendAmb[h]++
 			continue
 		}
 		b := cands[0]
@@ -610,6 +667,13 @@ func (r *eventsReader) removedPage(ev *Event, bi, ei int) error {
 			p.e = Eviction{Namespace: b.ns, Prefix: toks, Extra: extra, PageID: ids[len(ids)-1]}
 		}
 		r.pendAt[at] = len(r.pend)
+		loose := at
+		loose.parent = nil
+		if _, several := r.pendBy[loose]; several {
+			r.pendBy[loose] = -1
+		} else {
+			r.pendBy[loose] = len(r.pend)
+		}
 		r.pend = append(r.pend, p)
 	}
 	return nil
