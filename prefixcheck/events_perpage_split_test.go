@@ -5,7 +5,7 @@ import "testing"
 // A radix node split (its pages removed and stored again at the same place)
 // whose first page's parent hash several cached pages have: the split is no
 // eviction, so a later hit through the node's pages is not an evicted page.
-func TestReviewSplitUnderAmbiguousParent(t *testing.T) {
+func TestEventsSGLangSplitUnderAmbiguousParent(t *testing.T) {
 	h := func(v int64) int64 { return ppHash(v) }
 	root := ppHash()
 	tr, rep := runSGLang(t, EventsOptions{}, 1,
@@ -43,7 +43,7 @@ func TestReviewSplitUnderAmbiguousParent(t *testing.T) {
 // removal evicts none, and its store again at its place is that page, not a
 // second copy; the node's other pages are stored again too, so nothing was
 // evicted.
-func TestReviewSplitOfAmbiguousPage(t *testing.T) {
+func TestEventsSGLangSplitOfAmbiguousPage(t *testing.T) {
 	h := func(v int64) int64 { return ppHash(v) }
 	root := ppHash()
 	tr, rep := runSGLang(t, EventsOptions{}, 1,
