@@ -499,7 +499,7 @@ func (r *eventsReader) stored(ev *Event, bi, ei int) error {
 				r.live[h] = append(r.live[h], prev)
 				r.at[at] = prev
 			}
-		} else if b := r.blocks[h]; b != nil && b.live > 0 && b.parent == prev && b.parentHash == parentHash && b.extra == x && b.ns == ns && equal32(b.tokens, own) {
+		} else if b := r.blocks[h]; b != nil && b.live > 0 && sameCopy(b, prev, parentHash, x, ns, own) {
 			b.live++
 			prev = b
 		} else {
@@ -550,6 +550,22 @@ func (r *eventsReader) stored(ev *Event, bi, ei int) error {
 	}
 	t.Requests = append(t.Requests, q)
 	return nil
+}
+
+// sameCopy reports whether a block stored with chained hashes on prev is
+// another copy of the cached block b (vLLM does not deduplicate): the same
+// parent hash, extra key, namespace and tokens, so the same content address,
+// on the same parent block or on another copy of it. A parent evicted and
+// stored again is a new block; a child still cached from before (vLLM may
+// evict a parent and keep its child) stored again on it is a second copy of
+// that child, and a removal of one copy then leaves the other cached. (A
+// parent known now but not when b was stored, or the reverse, makes a new
+// block: b's chain is not changed.)
+func sameCopy(b, prev *evBlock, parentHash BlockHash, x, ns string, own []int32) bool {
+	if b.parentHash != parentHash || b.extra != x || b.ns != ns || !equal32(b.tokens, own) {
+		return false
+	}
+	return b.parent == prev || b.parent != nil && prev != nil && !b.parent.unknown && !prev.unknown
 }
 
 // newBlock makes a stored block on prev.
