@@ -541,7 +541,7 @@ func (e *evReader) event() (Event, error) {
 				return ev, err
 			}
 			if seen[k] {
-				return ev, e.errf(at, "event: key %q twice", k)
+				return ev, e.errf(at, "event: key %s twice", userfile.Quote(k))
 			}
 			seen[k] = true
 			if k == "type" {
@@ -549,12 +549,12 @@ func (e *evReader) event() (Event, error) {
 					return ev, err
 				}
 				if _, ok := eventFields[ev.Type]; !ok {
-					return ev, e.errf(at, "unknown event type %q (want BlockStored, BlockRemoved, AllBlocksCleared)", ev.Type)
+					return ev, e.errf(at, "unknown event type %s (want BlockStored, BlockRemoved, AllBlocksCleared)", userfile.Quote(ev.Type))
 				}
 				continue
 			}
 			if ev.Type == "" {
-				return ev, e.errf(at, "event: field %q before the \"type\" tag", k)
+				return ev, e.errf(at, "event: field %s before the \"type\" tag", userfile.Quote(k))
 			}
 			if err := e.field(&ev, k); err != nil {
 				return ev, err
@@ -577,7 +577,7 @@ func (e *evReader) event() (Event, error) {
 		}
 		fields, ok := eventFields[ev.Type]
 		if !ok {
-			return ev, e.errf(at, "unknown event type %q (want BlockStored, BlockRemoved, AllBlocksCleared)", ev.Type)
+			return ev, e.errf(at, "unknown event type %s (want BlockStored, BlockRemoved, AllBlocksCleared)", userfile.Quote(ev.Type))
 		}
 		for i := 1; i < n; i++ {
 			if i-1 < len(fields) {
@@ -679,7 +679,7 @@ func (e *evReader) batch() (EventBatch, error) {
 				return b, err
 			}
 			if seen[k] {
-				return b, e.errf(at, "batch: key %q twice", k)
+				return b, e.errf(at, "batch: key %s twice", userfile.Quote(k))
 			}
 			seen[k] = true
 			if err := e.batchField(&b, k); err != nil {
