@@ -26,7 +26,10 @@ import (
 //	              group_idx?, kv_cache_spec_kind?, kv_cache_spec_sliding_window?]
 //	           | ["BlockStored", block_hashes, parent_block_hash, token_ids,
 //	              block_size, lora_id, medium, metadata]
+//	           | ["BlockStored", block_hashes, parent_block_hash, token_ids,
+//	              block_size, nil, medium, component_type, metadata?]
 //	           | ["BlockRemoved", block_hashes, medium?, group_idx?]
+//	           | ["BlockRemoved", block_hashes, medium, component_type]
 //	           | ["AllBlocksCleared"]
 //	           | the same as maps tagged by "type" (vLLM since its events
 //	             dropped array_like, SGLang since PR #37482), e.g.
@@ -47,6 +50,16 @@ import (
 // SHA-256("sglang-cache-salt-v1\0" + salt)); session_id only attributes a
 // store to a session ("event metadata does not participate in block hashing
 // or cache identity", PR #37482) and is read but changes nothing.
+//
+// The third BlockStored form and the second BlockRemoved are SGLang's
+// per-component events (BlockStoredWithComponentType(AndMetadata),
+// BlockRemovedWithComponentType: mem_cache/events.py KVCacheEventRecorder,
+// --enable-kv-events-component-types): the keyword-only component_type
+// after medium; a map event's "component_type" key; also taken under the
+// class names as tags. Position 7 is the component only in that shape (nil
+// lora_id, then nothing or the metadata map): vLLM sets lora_name with its
+// lora_id and writes extra_keys (an array) after it. An array at position 7
+// is PR #32514's component_types (open; read and dropped).
 //
 // Block hashes are ints (64-bit, signed or not) or bytes (vLLM's sha256 block
 // hashes unless VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES). Trailing array fields
@@ -81,6 +94,7 @@ type Event struct {
 	ExtraKeys   []string // BlockStored: per block, the raw msgpack of its extra keys ("" for null); nil when absent
 	GroupIdx    *int64
 	SpecKind    string // kv_cache_spec_kind: "full_attention", "mla_attention", "sliding_window", ... ("" absent)
+	Component   string // SGLang's component_type: "full", "swa", "mamba", "c128", "draft", ... ("" absent); a cache of its own
 	Offset      int64  // byte offset of the event in the stream
 }
 
@@ -439,6 +453,10 @@ func (e *evReader) field(ev *Event, name string) (err error) {
 		ev.LoraName, err = e.str(what)
 	case "kv_cache_spec_kind":
 		ev.SpecKind, err = e.str(what)
+	case "component_type":
+		ev.Component, err = e.str(what)
+	case "component_types":
+		return e.componentTypes(what)
 	case "cache_salt":
 		return e.salt(ev, what)
 	case "session_id":
@@ -518,6 +536,41 @@ func (e *evReader) metadata(ev *Event, what string) error {
 	return nil
 }
 
+// componentTypes reads the component_types list of sgl-project/sglang PR
+// #32514 (open): the components one BlockStored's blocks hold at its medium
+// ("full", "swa", "mamba"; nil: not reported). The event is one per block
+// whatever its components, and a removal is the whole block's, so the list
+// selects nothing: it is checked (strings, bounded) and dropped.
+func (e *evReader) componentTypes(what string) error {
+	n, err := e.arrayLen(what)
+	if err != nil || n < 0 {
+		return err
+	}
+	for i := 0; i < n; i++ {
+		if _, err := e.str(fmt.Sprintf("%s[%d]", what, i)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// componentTags are SGLang's component event classes under their own
+// names, should they be tagged so (msgspec's tag=True default) rather than
+// as their base classes: same fields, component_type after medium.
+var componentTags = map[string]string{
+	"BlockStoredWithComponentType":            "BlockStored",
+	"BlockStoredWithComponentTypeAndMetadata": "BlockStored",
+	"BlockRemovedWithComponentType":           "BlockRemoved",
+}
+
+// isMapCode says whether c starts a msgpack map.
+func isMapCode(c byte) bool {
+	return msgpcode.IsFixedMap(c) || c == msgpcode.Map16 || c == msgpcode.Map32
+}
+
+// isStrCode says whether c starts a msgpack string.
+func isStrCode(c byte) bool { return msgpcode.IsString(c) }
+
 var eventFields = map[string][]string{"BlockStored": storedFields, "BlockRemoved": removedFields, "AllBlocksCleared": nil}
 
 func (e *evReader) event() (Event, error) {
@@ -548,6 +601,9 @@ func (e *evReader) event() (Event, error) {
 				if ev.Type, err = e.str("event type"); err != nil {
 					return ev, err
 				}
+				if base, ok := componentTags[ev.Type]; ok {
+					ev.Type = base
+				}
 				if _, ok := eventFields[ev.Type]; !ok {
 					return ev, e.errf(at, "unknown event type %s (want BlockStored, BlockRemoved, AllBlocksCleared)", userfile.Quote(ev.Type))
 				}
@@ -575,27 +631,69 @@ func (e *evReader) event() (Event, error) {
 		if ev.Type, err = e.str("event tag"); err != nil {
 			return ev, err
 		}
+		base, compTag := componentTags[ev.Type]
+		if compTag {
+			ev.Type = base
+		}
 		fields, ok := eventFields[ev.Type]
 		if !ok {
 			return ev, e.errf(at, "unknown event type %s (want BlockStored, BlockRemoved, AllBlocksCleared)", userfile.Quote(ev.Type))
 		}
+		component := false // a BlockStored with SGLang's component_type at position 7
 		for i := 1; i < n; i++ {
-			if i-1 < len(fields) {
-				f := fields[i-1]
-				seen[f] = true
-				// SGLang's BlockStoredWithMetadata: its metadata map where
-				// vLLM has lora_name.
-				if f == "lora_name" && ev.Type == "BlockStored" {
-					if c, err := e.peek(); err != nil {
-						return ev, err
-					} else if msgpcode.IsFixedMap(c) || c == msgpcode.Map16 || c == msgpcode.Map32 {
-						f = "metadata"
-					}
-				}
-				if err := e.field(&ev, f); err != nil {
+			if i-1 >= len(fields) {
+				if err := e.skip(ev.Type+" extra field", 0); err != nil {
 					return ev, err
 				}
-			} else if err := e.skip(ev.Type+" extra field", 0); err != nil {
+				continue
+			}
+			f := fields[i-1]
+			seen[f] = true
+			c, err := e.peek()
+			if err != nil {
+				return ev, err
+			}
+			switch {
+			case f == "lora_name" && ev.Type == "BlockStored" && isMapCode(c):
+				// SGLang's BlockStoredWithMetadata: its metadata map
+				// where vLLM has lora_name.
+				f = "metadata"
+			case f == "lora_name" && ev.Type == "BlockStored" && isStrCode(c):
+				// vLLM's lora_name, or SGLang's component_type
+				// (BlockStoredWithComponentType: medium, then the
+				// keyword-only component_type). vLLM sets lora_name and
+				// lora_id from one LoRA request and writes extra_keys
+				// (an array or nil) after it; SGLang's component events
+				// have no lora_id and end there or with the metadata
+				// map (BlockStoredWithComponentTypeAndMetadata).
+				s, err := e.str(ev.Type + ".lora_name or component_type")
+				if err != nil {
+					return ev, err
+				}
+				next := byte(0)
+				if n == 9 {
+					if next, err = e.peek(); err != nil {
+						return ev, err
+					}
+				}
+				if compTag || ev.LoraID == nil && (n == 8 || n == 9 && isMapCode(next)) {
+					ev.Component, component = s, true
+				} else {
+					ev.LoraName = s
+				}
+				continue
+			case f == "lora_name" && ev.Type == "BlockStored" && (msgpcode.IsFixedArray(c) || c == msgpcode.Array16 || c == msgpcode.Array32):
+				// PR #32514's component_types list, where vLLM has
+				// lora_name (a string or nil).
+				f = "component_types"
+			case f == "extra_keys" && component && isMapCode(c):
+				f = "metadata"
+			case f == "group_idx" && ev.Type == "BlockRemoved" && isStrCode(c):
+				// SGLang's BlockRemovedWithComponentType: component_type
+				// after medium, where vLLM has group_idx (an int).
+				f = "component_type"
+			}
+			if err := e.field(&ev, f); err != nil {
 				return ev, err
 			}
 		}

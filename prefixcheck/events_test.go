@@ -356,6 +356,13 @@ func FuzzEvents(f *testing.F) {
 		x.must(x.e.EncodeString("cache_salt"))
 		x.must(x.e.EncodeInt(5))
 	}))
+	// SGLang's per-component events (BlockStoredWithComponentType and its
+	// salted and removal forms), arrays and maps, with a mamba checkpoint.
+	for _, shape := range []string{"array", "map"} {
+		f.Add(componentStream(shape, nil))
+		f.Add(componentStream(shape, pstr("tenant-a")))
+		f.Add(mambaStream(shape))
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		b, err := DecodeEvents(data, "fuzz")
 		if err != nil {

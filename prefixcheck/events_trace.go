@@ -3,7 +3,11 @@ package prefixcheck
 import (
 	"encoding/binary"
 	"fmt"
+	"sort"
 	"strconv"
+	"strings"
+
+	"sparsemla/userfile"
 )
 
 // EventsOptions selects the events of one cache tier and KV-cache group.
@@ -16,6 +20,13 @@ type EventsOptions struct {
 	// groups). Nil: the first group whose kv_cache_spec_kind is
 	// full_attention or mla_attention, else the first group seen.
 	Group *int64
+	// Component keeps the events of this SGLang KV-cache component (its
+	// component_type: "full", "swa", "mamba", "c128", ...; hybrid models
+	// such as DeepSeek V3.2/V4 publish one event per component for the same
+	// pages, each component a cache of its own). "": "full" when an event
+	// names it, else the first component seen. Events without a component
+	// (AllBlocksCleared, other engines) are always kept.
+	Component string
 	// DPRank keeps the batches of this data-parallel rank (each rank has its
 	// own cache). Nil: the stream must hold one rank only (batches without a
 	// rank count as rank 0).
@@ -135,6 +146,10 @@ func eventsTrace(batches []EventBatch, input string, opt EventsOptions, floor in
 	if group == nil {
 		group = pickGroup(batches)
 	}
+	component := opt.Component
+	if component == "" {
+		component = pickComponent(batches)
+	}
 	r := &eventsReader{
 		t:       &Trace{Input: input, Format: "kv-events", HitsRecorded: true, EvictionsRecorded: true, ContentPageIDs: true},
 		input:   input,
@@ -145,6 +160,8 @@ func eventsTrace(batches []EventBatch, input string, opt EventsOptions, floor in
 		pendBy:  map[place]int{},
 		pendAmb: map[BlockHash]int{},
 		floor:   floor,
+
+		skippedComponent: map[string]int{},
 	}
 	// skip says why an event is not followed (0: it is).
 	skip := func(bi int, ev *Event) int {
@@ -155,6 +172,8 @@ func eventsTrace(batches []EventBatch, input string, opt EventsOptions, floor in
 			return skipMedium
 		case ev.GroupIdx != nil && ev.Type != "AllBlocksCleared" && group != nil && *ev.GroupIdx != *group:
 			return skipGroup
+		case ev.Component != "" && ev.Component != component:
+			return skipComponent
 		case ev.Type == "BlockStored" && len(ev.TokenIDs) == 0:
 			return skipInventory
 		}
@@ -181,6 +200,9 @@ func eventsTrace(batches []EventBatch, input string, opt EventsOptions, floor in
 			case skipGroup:
 				r.skippedGroup++
 				continue
+			case skipComponent:
+				r.skippedComponent[ev.Component]++
+				continue
 			case skipInventory:
 				r.inventory++
 				continue
@@ -199,8 +221,11 @@ func eventsTrace(batches []EventBatch, input string, opt EventsOptions, floor in
 			}
 		}
 	}
-	r.notes(medium, group)
+	r.notes(medium, group, component)
 	if len(r.t.Requests) == 0 {
+		if component != "" {
+			return nil, fmt.Errorf("prefixcheck: %s: no BlockStored events (of medium %s, component %s)", input, medium, userfile.Quote(component))
+		}
 		return nil, fmt.Errorf("prefixcheck: %s: no BlockStored events (of medium %s)", input, medium)
 	}
 	return r.t, nil
@@ -211,6 +236,7 @@ const (
 	skipRank = iota + 1
 	skipMedium
 	skipGroup
+	skipComponent
 	skipInventory
 )
 
@@ -274,6 +300,7 @@ type eventsReader struct {
 	floor     int64 // the prefix budget's floor (prefixBytesFloor)
 
 	skippedMedium, skippedGroup, unknownRemoved, dups, inventory int
+	skippedComponent                                             map[string]int // events skipped, by component
 
 	// Per-page hashes (SGLang before PR #13488): a hash names every page of
 	// that content, so the blocks are kept by place, not by hash.
@@ -696,13 +723,33 @@ func (r *eventsReader) removedPage(ev *Event, bi, ei int) error {
 }
 
 // notes records in the trace what EventsTrace skipped.
-func (r *eventsReader) notes(medium string, group *int64) {
+func (r *eventsReader) notes(medium string, group *int64, component string) {
 	t := r.t
 	if r.skippedMedium > 0 {
 		t.Notes = append(t.Notes, fmt.Sprintf("%s of other media than %s skipped", plural(r.skippedMedium, "event"), medium))
 	}
 	if r.skippedGroup > 0 {
 		t.Notes = append(t.Notes, fmt.Sprintf("%s of other KV-cache groups than %d skipped", plural(r.skippedGroup, "event"), *group))
+	}
+	if len(r.skippedComponent) > 0 {
+		names := make([]string, 0, len(r.skippedComponent))
+		for c := range r.skippedComponent {
+			names = append(names, c)
+		}
+		sort.Strings(names)
+		n, parts := 0, []string{}
+		for i, c := range names {
+			n += r.skippedComponent[c]
+			if i == maxNotedComponents {
+				parts = append(parts, fmt.Sprintf("%d more", len(names)-i))
+				break
+			}
+			parts = append(parts, fmt.Sprintf("%d %s", r.skippedComponent[c], userfile.Quote(c)))
+		}
+		for _, c := range names[min(len(names), maxNotedComponents):] {
+			n += r.skippedComponent[c]
+		}
+		t.Notes = append(t.Notes, fmt.Sprintf("%s of other KV-cache components than %s skipped (%s): each SGLang component is a cache of its own", plural(n, "event"), userfile.Quote(component), strings.Join(parts, ", ")))
 	}
 	if r.unknownRemoved > 0 {
 		t.Notes = append(t.Notes, plural(r.unknownRemoved, "removal")+" of blocks not cached in this stream (it starts mid-run?)")
@@ -744,6 +791,31 @@ func plural(n int, what string) string {
 		return "1 " + what
 	}
 	return fmt.Sprintf("%d %ss", n, what)
+}
+
+// maxNotedComponents is how many skipped components the trace's note names.
+const maxNotedComponents = 8
+
+// pickComponent chooses the SGLang KV-cache component to check when none is
+// asked for: "full" (full attention, the base component every hybrid model
+// has) when an event names it, else the first component seen ("" when no
+// event names one).
+func pickComponent(batches []EventBatch) string {
+	first := ""
+	for _, b := range batches {
+		for _, ev := range b.Events {
+			if ev.Type != "BlockStored" || ev.Component == "" {
+				continue
+			}
+			if ev.Component == "full" {
+				return "full"
+			}
+			if first == "" {
+				first = ev.Component
+			}
+		}
+	}
+	return first
 }
 
 // pickGroup chooses the KV-cache group to check when none is asked for: the

@@ -120,6 +120,9 @@ func (w *evWriter) mapEvent(ev *Event) {
 		if ev.SessionID != "" {
 			n++
 		}
+		if ev.Component != "" {
+			n++
+		}
 		w.mapLen(n)
 		w.str("type")
 		w.str(ev.Type)
@@ -161,9 +164,16 @@ func (w *evWriter) mapEvent(ev *Event) {
 			w.str("session_id")
 			w.str(ev.SessionID)
 		}
+		if ev.Component != "" {
+			w.str("component_type")
+			w.str(ev.Component)
+		}
 	case "BlockRemoved":
 		n := 3
 		if ev.GroupIdx != nil {
+			n++
+		}
+		if ev.Component != "" {
 			n++
 		}
 		w.mapLen(n)
@@ -176,6 +186,10 @@ func (w *evWriter) mapEvent(ev *Event) {
 		if ev.GroupIdx != nil {
 			w.str("group_idx")
 			w.int(*ev.GroupIdx)
+		}
+		if ev.Component != "" {
+			w.str("component_type")
+			w.str(ev.Component)
 		}
 	case "AllBlocksCleared":
 		w.mapLen(1)
@@ -190,9 +204,15 @@ func (w *evWriter) arrayEvent(ev *Event) {
 	switch ev.Type {
 	case "BlockStored":
 		meta := ev.CacheSalt != nil || ev.SessionID != ""
-		if meta {
+		comp := ev.Component != ""
+		switch {
+		case comp && meta:
+			w.arr(9)
+		case comp:
 			w.arr(8)
-		} else {
+		case meta:
+			w.arr(8)
+		default:
 			w.arr(6)
 		}
 		w.str(ev.Type)
@@ -205,8 +225,14 @@ func (w *evWriter) arrayEvent(ev *Event) {
 		w.tokens(ev.TokenIDs)
 		w.int(int64(ev.BlockSize))
 		w.optInt(ev.LoraID)
-		if meta {
+		if comp || meta {
 			w.optStr(ev.Medium)
+		}
+		if comp {
+			// SGLang's BlockStoredWithComponentType(AndMetadata).
+			w.str(ev.Component)
+		}
+		if meta {
 			n := 0
 			if ev.CacheSalt != nil {
 				n++
@@ -224,10 +250,19 @@ func (w *evWriter) arrayEvent(ev *Event) {
 				w.str(ev.SessionID)
 			}
 		}
-		if ev.LoraName != "" || ev.ExtraKeys != nil || (ev.Medium != "" && !meta) || ev.GroupIdx != nil || ev.SpecKind != "" {
-			w.do(fmt.Errorf("prefixcheck: the array encoding has no lora_name, extra_keys, group_idx or kv_cache_spec_kind, and a medium only with a cache salt or session id"))
+		if ev.LoraName != "" || ev.ExtraKeys != nil || (ev.Medium != "" && !meta && !comp) || ev.GroupIdx != nil || ev.SpecKind != "" || (comp && ev.LoraID != nil) {
+			w.do(fmt.Errorf("prefixcheck: the array encoding has no lora_name, extra_keys, group_idx or kv_cache_spec_kind, a medium only with a cache salt, session id or component, and no lora_id with a component"))
 		}
 	case "BlockRemoved":
+		if ev.Component != "" {
+			// SGLang's BlockRemovedWithComponentType.
+			w.arr(4)
+			w.str(ev.Type)
+			w.hashes(ev.BlockHashes)
+			w.optStr(ev.Medium)
+			w.str(ev.Component)
+			break
+		}
 		w.arr(2)
 		w.str(ev.Type)
 		w.hashes(ev.BlockHashes)
