@@ -24,7 +24,7 @@ func init() {
 	})
 }
 
-const prefixUsage = "prefix INPUT [--page N] [--config NAME|FILE] [--window N] [--ratios R,R,...] [--capacity TOKENS] [--resume-at-end-only] [--retain N] [--brief] [--json] [--all] [--html OUT] [--events] [--medium NAME] [--group N] [--dp-rank N] [--hash-scheme auto|chained|per-page] [--map FILE|NAME]"
+const prefixUsage = "prefix INPUT [--page N] [--config NAME|FILE] [--window N] [--ratios R,R,...] [--capacity TOKENS] [--resume-at-end-only] [--retain N] [--brief] [--json] [--all] [--html OUT] [--events] [--medium NAME] [--group N] [--component NAME] [--dp-rank N] [--hash-scheme auto|chained|per-page] [--map FILE|NAME]"
 
 const prefixDoc = `Runs a radix prefix cache with the engine's page size, sliding window and
 compress ratios over the run's requests in arrival order and sets, for every
@@ -51,7 +51,9 @@ the window and ratios come from --window and --ratios, else --config (a preset:
 tiny, flash, pro, or a ModelArgs JSON file), else a dump's header (model args
 window_size, compress_ratios); an event stream says neither. --medium keeps events of one medium (default GPU), --group
 those of one KV-cache group (default: the first full- or MLA-attention group,
-else the first seen), --dp-rank those of one data-parallel rank (each rank has
+else the first seen), --component those of one SGLang KV-cache component
+(its component_type: full, swa, mamba, c128, ...; default full, else the first
+seen; each component is a cache of its own), --dp-rank those of one data-parallel rank (each rank has
 its own cache; required when the stream mixes ranks). --hash-scheme says what
 a block hash names: chained (the whole prefix: vLLM, SGLang since its PR
 #13488), per-page (one page's tokens alone, Python's hash(tuple(page)):
@@ -83,6 +85,7 @@ func runPrefix(args []string, stdout, stderr io.Writer) int {
 	events := fs.Bool("events", false, "read INPUT as a KV-cache event stream")
 	medium := fs.String("medium", "", "event medium to keep (default GPU)")
 	group := fs.Int64("group", -1, "KV-cache group to keep (default: the first full-attention group, else the first seen)")
+	component := fs.String("component", "", "SGLang KV-cache component to keep (default: full, else the first seen)")
 	dpRank := fs.Int64("dp-rank", -1, "data-parallel rank to keep (required when the stream mixes ranks)")
 	hashScheme := fs.String("hash-scheme", prefixcheck.HashAuto, "what a block hash names: auto, chained (the whole prefix, vLLM) or per-page (one page's tokens, SGLang before PR #13488)")
 	mapFlag := fs.String("map", "", "name map for a foreign dump (file or built-in name)")
@@ -104,7 +107,7 @@ func runPrefix(args []string, stdout, stderr io.Writer) int {
 		if err != nil {
 			return fail(err)
 		}
-		opt := prefixcheck.EventsOptions{Medium: *medium, HashScheme: *hashScheme}
+		opt := prefixcheck.EventsOptions{Medium: *medium, Component: *component, HashScheme: *hashScheme}
 		if *group >= 0 {
 			opt.Group = group
 		}
