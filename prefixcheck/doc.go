@@ -95,6 +95,24 @@
 // cache_salt in the first block's extra_keys, which are part of the page's
 // identity already.
 //
+// SGLang's per-component events (--enable-kv-events-component-types;
+// python/sglang/srt/mem_cache/events.py, KVCacheEventRecorder) publish each
+// component of a hybrid model's node — "full", "swa", "mamba", "c128",
+// "draft" (mem_cache/unified_cache/component_type.py) — as an event of its
+// own with the same page hashes (a mamba checkpoint: its node's last page
+// alone, without a parent): BlockStoredWithComponentType, medium then
+// component_type (an array's position 7, where vLLM has lora_name; then the
+// metadata map when salted), and BlockRemovedWithComponentType (position 3,
+// where vLLM has group_idx), or a "component_type" key in map events. Each
+// component is a cache of its own, like a KV-cache group: the check keeps
+// one (EventsOptions.Component, --component; default "full", else the first
+// seen) and notes how many events of the others it skipped. A string at
+// position 7 is a component only in SGLang's shape (no lora_id; nothing
+// after it but the metadata map, or a component tag): vLLM writes
+// lora_name with its lora_id, and extra_keys (an array) after it. A
+// component names no namespace. PR #32514's (open) component_types list, one
+// event per block whatever its components, is read and dropped.
+//
 // Synthetic runs whose decisions a correct engine made, and the decision
 // faults above injected into them, are package fault's (SynthPrefix,
 // PrefixRun.Inject); the HTML view is htmlreport.WritePrefix; the command is
