@@ -101,100 +101,75 @@ func (w *evWriter) extra(keys []string) {
 	}
 }
 
+// entry is one key of a map the writer writes: written when set, its value
+// by put.
+type entry struct {
+	key string
+	set bool
+	put func()
+}
+
+// entries writes a map of the set entries, in order: the length is counted
+// from the same list the keys are written from.
+func (w *evWriter) entries(es ...entry) {
+	n := 0
+	for _, e := range es {
+		if e.set {
+			n++
+		}
+	}
+	w.mapLen(n)
+	for _, e := range es {
+		if e.set {
+			w.str(e.key)
+			e.put()
+		}
+	}
+}
+
+// parent writes a parent block hash (nil: none).
+func (w *evWriter) parent(h BlockHash) {
+	if h == "" {
+		w.nil_()
+	} else {
+		w.hash(h)
+	}
+}
+
+// metadata writes SGLang's BlockStoredMetadata map of ev.
+func (w *evWriter) metadata(ev *Event) {
+	w.entries(
+		entry{"cache_salt", ev.CacheSalt != nil, func() { w.str(*ev.CacheSalt) }},
+		entry{"session_id", ev.SessionID != "", func() { w.str(ev.SessionID) }})
+}
+
 func (w *evWriter) mapEvent(ev *Event) {
+	tag := entry{"type", true, func() { w.str(ev.Type) }}
+	component := entry{"component_type", ev.Component != "", func() { w.str(ev.Component) }}
 	switch ev.Type {
 	case "BlockStored":
-		n := 8
-		if ev.ExtraKeys != nil {
-			n++
-		}
-		if ev.GroupIdx != nil {
-			n++
-		}
-		if ev.SpecKind != "" {
-			n++
-		}
-		if ev.CacheSalt != nil {
-			n++
-		}
-		if ev.SessionID != "" {
-			n++
-		}
-		if ev.Component != "" {
-			n++
-		}
-		w.mapLen(n)
-		w.str("type")
-		w.str(ev.Type)
-		w.str("block_hashes")
-		w.hashes(ev.BlockHashes)
-		w.str("parent_block_hash")
-		if ev.Parent == "" {
-			w.nil_()
-		} else {
-			w.hash(ev.Parent)
-		}
-		w.str("token_ids")
-		w.tokens(ev.TokenIDs)
-		w.str("block_size")
-		w.int(int64(ev.BlockSize))
-		w.str("lora_id")
-		w.optInt(ev.LoraID)
-		w.str("medium")
-		w.optStr(ev.Medium)
-		w.str("lora_name")
-		w.optStr(ev.LoraName)
-		if ev.ExtraKeys != nil {
-			w.str("extra_keys")
-			w.extra(ev.ExtraKeys)
-		}
-		if ev.GroupIdx != nil {
-			w.str("group_idx")
-			w.int(*ev.GroupIdx)
-		}
-		if ev.SpecKind != "" {
-			w.str("kv_cache_spec_kind")
-			w.str(ev.SpecKind)
-		}
-		if ev.CacheSalt != nil {
-			w.str("cache_salt")
-			w.str(*ev.CacheSalt)
-		}
-		if ev.SessionID != "" {
-			w.str("session_id")
-			w.str(ev.SessionID)
-		}
-		if ev.Component != "" {
-			w.str("component_type")
-			w.str(ev.Component)
-		}
+		w.entries(tag,
+			entry{"block_hashes", true, func() { w.hashes(ev.BlockHashes) }},
+			entry{"parent_block_hash", true, func() { w.parent(ev.Parent) }},
+			entry{"token_ids", true, func() { w.tokens(ev.TokenIDs) }},
+			entry{"block_size", true, func() { w.int(int64(ev.BlockSize)) }},
+			entry{"lora_id", true, func() { w.optInt(ev.LoraID) }},
+			entry{"medium", true, func() { w.optStr(ev.Medium) }},
+			entry{"lora_name", true, func() { w.optStr(ev.LoraName) }},
+			entry{"extra_keys", ev.ExtraKeys != nil, func() { w.extra(ev.ExtraKeys) }},
+			entry{"group_idx", ev.GroupIdx != nil, func() { w.int(*ev.GroupIdx) }},
+			entry{"kv_cache_spec_kind", ev.SpecKind != "", func() { w.str(ev.SpecKind) }},
+			entry{"cache_salt", ev.CacheSalt != nil, func() { w.str(*ev.CacheSalt) }},
+			entry{"session_id", ev.SessionID != "", func() { w.str(ev.SessionID) }},
+			component)
 	case "BlockRemoved":
-		n := 3
-		if ev.GroupIdx != nil {
-			n++
-		}
-		if ev.Component != "" {
-			n++
-		}
-		w.mapLen(n)
-		w.str("type")
-		w.str(ev.Type)
-		w.str("block_hashes")
-		w.hashes(ev.BlockHashes)
-		w.str("medium")
-		w.optStr(ev.Medium)
-		if ev.GroupIdx != nil {
-			w.str("group_idx")
-			w.int(*ev.GroupIdx)
-		}
-		if ev.Component != "" {
-			w.str("component_type")
-			w.str(ev.Component)
-		}
+		w.entries(tag,
+			entry{"block_hashes", true, func() { w.hashes(ev.BlockHashes) }},
+			entry{"medium", true, func() { w.optStr(ev.Medium) }},
+			entry{"group_idx", ev.GroupIdx != nil, func() { w.int(*ev.GroupIdx) }},
+			component)
 	case "AllBlocksCleared":
-		w.mapLen(1)
-		w.str("type")
-		w.str(ev.Type)
+		w.entries(tag)
 	default:
 		w.do(fmt.Errorf("prefixcheck: cannot encode event type %q", ev.Type))
 	}
@@ -205,23 +180,20 @@ func (w *evWriter) arrayEvent(ev *Event) {
 	case "BlockStored":
 		meta := ev.CacheSalt != nil || ev.SessionID != ""
 		comp := ev.Component != ""
-		switch {
-		case comp && meta:
-			w.arr(9)
-		case comp:
-			w.arr(8)
-		case meta:
-			w.arr(8)
-		default:
-			w.arr(6)
+		n := 6 // tag, hashes, parent, tokens, block size, lora_id
+		if comp || meta {
+			n++ // medium
 		}
+		if comp {
+			n++
+		}
+		if meta {
+			n++
+		}
+		w.arr(n)
 		w.str(ev.Type)
 		w.hashes(ev.BlockHashes)
-		if ev.Parent == "" {
-			w.nil_()
-		} else {
-			w.hash(ev.Parent)
-		}
+		w.parent(ev.Parent)
 		w.tokens(ev.TokenIDs)
 		w.int(int64(ev.BlockSize))
 		w.optInt(ev.LoraID)
@@ -233,22 +205,7 @@ func (w *evWriter) arrayEvent(ev *Event) {
 			w.str(ev.Component)
 		}
 		if meta {
-			n := 0
-			if ev.CacheSalt != nil {
-				n++
-			}
-			if ev.SessionID != "" {
-				n++
-			}
-			w.mapLen(n)
-			if ev.CacheSalt != nil {
-				w.str("cache_salt")
-				w.str(*ev.CacheSalt)
-			}
-			if ev.SessionID != "" {
-				w.str("session_id")
-				w.str(ev.SessionID)
-			}
+			w.metadata(ev)
 		}
 		if ev.LoraName != "" || ev.ExtraKeys != nil || (ev.Medium != "" && !meta && !comp) || ev.GroupIdx != nil || ev.SpecKind != "" || (comp && ev.LoraID != nil) {
 			w.do(fmt.Errorf("prefixcheck: the array encoding has no lora_name, extra_keys, group_idx or kv_cache_spec_kind, a medium only with a cache salt, session id or component, and no lora_id with a component"))
