@@ -26,6 +26,13 @@
 	VPXOR Y3, Y3, Y3 \
 	SHRQ $8, CX
 
+// NEXT ends an iteration: 256 bytes read, loop while any are left.
+#define NEXT \
+	BODY \
+	ADDQ $256, SI \
+	DECQ CX \
+	JNZ loop
+
 #define EPI \
 	VPXOR Y1, Y0, Y0 \
 	VPXOR Y3, Y2, Y2 \
@@ -40,10 +47,7 @@
 TEXT ·readNone(SB), NOSPLIT, $0-40
 	PRO
 loop:
-	BODY
-	ADDQ $256, SI
-	DECQ CX
-	JNZ loop
+	NEXT
 	EPI
 
 #define PF4(op, reg) \
@@ -56,40 +60,28 @@ TEXT ·readT0(SB), NOSPLIT, $0-40
 	PRO
 loop:
 	PF4(PREFETCHT0, R8)
-	BODY
-	ADDQ $256, SI
-	DECQ CX
-	JNZ loop
+	NEXT
 	EPI
 
 TEXT ·readT1(SB), NOSPLIT, $0-40
 	PRO
 loop:
 	PF4(PREFETCHT1, R8)
-	BODY
-	ADDQ $256, SI
-	DECQ CX
-	JNZ loop
+	NEXT
 	EPI
 
 TEXT ·readT2(SB), NOSPLIT, $0-40
 	PRO
 loop:
 	PF4(PREFETCHT2, R8)
-	BODY
-	ADDQ $256, SI
-	DECQ CX
-	JNZ loop
+	NEXT
 	EPI
 
 TEXT ·readNTA(SB), NOSPLIT, $0-40
 	PRO
 loop:
 	PF4(PREFETCHNTA, R8)
-	BODY
-	ADDQ $256, SI
-	DECQ CX
-	JNZ loop
+	NEXT
 	EPI
 
 // near T0 at dist and far T2 at far
@@ -98,10 +90,7 @@ TEXT ·readT0T2(SB), NOSPLIT, $0-40
 loop:
 	PF4(PREFETCHT0, R8)
 	PF4(PREFETCHT2, R9)
-	BODY
-	ADDQ $256, SI
-	DECQ CX
-	JNZ loop
+	NEXT
 	EPI
 
 // near T0 at dist and far T1 at far
@@ -110,8 +99,5 @@ TEXT ·readT0T1(SB), NOSPLIT, $0-40
 loop:
 	PF4(PREFETCHT0, R8)
 	PF4(PREFETCHT1, R9)
-	BODY
-	ADDQ $256, SI
-	DECQ CX
-	JNZ loop
+	NEXT
 	EPI
