@@ -77,31 +77,11 @@ func (x *evEnc) sglangComponentMapEvent(ev sgComp) {
 		x.must(x.e.EncodeString(ev.comp))
 		return
 	}
-	n := 8
+	more := []kv{{"component_type", func() { x.must(x.e.EncodeString(ev.comp)) }}}
 	if ev.salt != nil {
-		n++
+		more = append(more, kv{"cache_salt", func() { x.must(x.e.EncodeString(*ev.salt)) }})
 	}
-	x.must(x.e.EncodeMapLen(n))
-	for _, kv := range []struct {
-		k string
-		v func()
-	}{
-		{"type", func() { x.must(x.e.EncodeString("BlockStored")) }},
-		{"block_hashes", func() { x.ints(ev.hashes) }},
-		{"parent_block_hash", func() { x.optInt(ev.parent) }},
-		{"token_ids", func() { x.ints(ev.tokens) }},
-		{"block_size", func() { x.must(x.e.EncodeInt(int64(ev.bs))) }},
-		{"lora_id", func() { x.must(x.e.EncodeNil()) }},
-		{"medium", func() { x.must(x.e.EncodeString(ev.medium)) }},
-		{"component_type", func() { x.must(x.e.EncodeString(ev.comp)) }},
-	} {
-		x.must(x.e.EncodeString(kv.k))
-		kv.v()
-	}
-	if ev.salt != nil {
-		x.must(x.e.EncodeString("cache_salt"))
-		x.must(x.e.EncodeString(*ev.salt))
-	}
+	x.sglangStoredMap(ev.stored, more...)
 }
 
 func (x *evEnc) sglangComponentBatch(shape string, ts float64, evs ...sgComp) {

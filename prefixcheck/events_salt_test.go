@@ -72,27 +72,18 @@ func (x *evEnc) metadataMap(salt, session *string) {
 	}
 }
 
-// sglangMapEvent writes ev as a tagged map: PR #37482's (cache_salt and
-// session_id fields, omitted when None) or, nested, PR #37271's ("metadata").
-func (x *evEnc) sglangMapEvent(ev sgStored, nested bool) {
-	n := 7
-	extra := 0
-	if ev.salt != nil {
-		extra++
-	}
-	if ev.session != nil {
-		extra++
-	}
-	if nested && extra > 0 {
-		n++
-	} else {
-		n += extra
-	}
-	x.must(x.e.EncodeMapLen(n))
-	for _, kv := range []struct {
-		k string
-		v func()
-	}{
+// kv is one key of a map a test encoder writes, and its value.
+type kv struct {
+	k string
+	v func()
+}
+
+// sglangStoredMap writes an SGLang BlockStored as a tagged map (msgspec
+// without array_like: declaration order, None defaults omitted): the seven
+// fields every one has, then more.
+func (x *evEnc) sglangStoredMap(ev stored, more ...kv) {
+	x.must(x.e.EncodeMapLen(7 + len(more)))
+	for _, f := range append([]kv{
 		{"type", func() { x.must(x.e.EncodeString("BlockStored")) }},
 		{"block_hashes", func() { x.ints(ev.hashes) }},
 		{"parent_block_hash", func() { x.optInt(ev.parent) }},
@@ -100,25 +91,26 @@ func (x *evEnc) sglangMapEvent(ev sgStored, nested bool) {
 		{"block_size", func() { x.must(x.e.EncodeInt(int64(ev.bs))) }},
 		{"lora_id", func() { x.optInt(ev.loraID) }},
 		{"medium", func() { x.must(x.e.EncodeString(ev.medium)) }},
-	} {
-		x.must(x.e.EncodeString(kv.k))
-		kv.v()
+	}, more...) {
+		x.must(x.e.EncodeString(f.k))
+		f.v()
 	}
-	switch {
-	case extra == 0:
-	case nested:
-		x.must(x.e.EncodeString("metadata"))
-		x.metadataMap(ev.salt, ev.session)
-	default:
-		if ev.salt != nil {
-			x.must(x.e.EncodeString("cache_salt"))
-			x.must(x.e.EncodeString(*ev.salt))
-		}
-		if ev.session != nil {
-			x.must(x.e.EncodeString("session_id"))
-			x.must(x.e.EncodeString(*ev.session))
-		}
+}
+
+// sglangMapEvent writes ev as a tagged map: PR #37482's (cache_salt and
+// session_id fields, omitted when None) or, nested, PR #37271's ("metadata").
+func (x *evEnc) sglangMapEvent(ev sgStored, nested bool) {
+	var more []kv
+	if ev.salt != nil {
+		more = append(more, kv{"cache_salt", func() { x.must(x.e.EncodeString(*ev.salt)) }})
 	}
+	if ev.session != nil {
+		more = append(more, kv{"session_id", func() { x.must(x.e.EncodeString(*ev.session)) }})
+	}
+	if nested && len(more) > 0 {
+		more = []kv{{"metadata", func() { x.metadataMap(ev.salt, ev.session) }}}
+	}
+	x.sglangStoredMap(ev.stored, more...)
 }
 
 // sglangSaltBatch writes one SGLang batch [ts, events, attn_dp_rank] of
