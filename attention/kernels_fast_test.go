@@ -501,6 +501,7 @@ func TestEncodeFP8Blocks(t *testing.T) {
 }
 
 func TestSparseAttnFastEqualsReference(t *testing.T) {
+	defer PoisonBufPools(PoisonBufPools(true)) // a pooled value read before it is written: NaN
 	eachPath(t, func(t *testing.T) {
 		for _, c := range []struct{ heads, rows, L int }{{64, 700, 640}, {4, 300, 150}, {70, 200, 64}, {8, 50, 13}, {13, 90, 77}} {
 			q, kv, idx, sink := attnCase(uint64(c.heads*c.L), c.heads, c.rows, c.L)
@@ -537,6 +538,7 @@ func scoreRef(iq, icache, w []float32, heads, hd int) []float32 {
 }
 
 func TestIndexScoresFastEqualsReference(t *testing.T) {
+	defer PoisonBufPools(PoisonBufPools(true)) // a pooled value read before it is written: NaN
 	rng := rand.New(rand.NewPCG(10, 11))
 	const hd = 128
 	mk := func(heads, tc int) (iq, ic, w []float32) {

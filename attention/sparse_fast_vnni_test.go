@@ -321,6 +321,7 @@ func TestVNNISpreadBound(t *testing.T) {
 // kept across calls, grown, replaced by another cache of the same length
 // (stale records), shortened; with keys of every kind mixed in.
 func TestIndexScoresKeysEqualsReference(t *testing.T) {
+	defer PoisonBufPools(PoisonBufPools(true)) // a pooled value read before it is written: NaN
 	rng := rand.New(rand.NewPCG(26, 27))
 	const hd = 128
 	rows, _ := vnniRows(rng)

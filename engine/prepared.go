@@ -151,9 +151,12 @@ func (p *PreparedLayer) Step(cfg *Config, rope *RopeTable, st *LayerState, x []f
 	// loop over both weights (4 + 2 MiB: two small GEMVs that alone do not
 	// keep 16 cores streaming)
 	t := phaseStart()
-	qa, kv := make([]float32, cfg.QLoraRank), make([]float32, D)
+	nq := cfg.QLoraRank
+	lb := headBufs.Get(2*nq + D)
+	defer headBufs.Put(lb)
+	// every value written: qa and kv by the GEMVs, cq by the norm
+	qa, cq, kv := (*lb)[:nq:nq], (*lb)[nq:2*nq:2*nq], (*lb)[2*nq:]
 	attention.LinearShared([]*attention.FP8Panels{p.WqA, p.Wkv}, [][]float32{qa, kv}, x)
-	cq := make([]float32, len(qa))
 	attention.RMSNorm(cq, qa, p.QNorm, eps)
 	t = phaseEnd("wq_a+wkv", t)
 
@@ -199,7 +202,10 @@ func (p *PreparedLayer) Step(cfg *Config, rope *RopeTable, st *LayerState, x []f
 		g.Go(func() error {
 			t := phaseStart()
 			c := p.Compressor
-			a, b := make([]float32, c.Width()), make([]float32, c.Width())
+			ab := headBufs.Get(2 * c.Width())
+			defer headBufs.Put(ab)
+			w := c.Width()
+			a, b := (*ab)[:w:w], (*ab)[w:] // every value written by Dot
 			p.CmpWkv.Dot(a, x)
 			p.CmpWgate.Dot(b, x)
 			if s := c.StepFrom(st.Cmp, a, b, pos, rope); s.Emitted {
@@ -230,7 +236,9 @@ func (p *PreparedLayer) Step(cfg *Config, rope *RopeTable, st *LayerState, x []f
 	attention.SparseAttnFast(o, q, st.KV, D, idx, p.AttnSink, cfg.SoftmaxScale())
 	rope.RopeLast(o, D, pos, true)
 	t = phaseEnd("attn", t)
-	u := make([]float32, cfg.OGroups*cfg.OLoraRank)
+	ub := headBufs.Get(cfg.OGroups * cfg.OLoraRank)
+	defer headBufs.Put(ub)
+	u := *ub // every value written by wo_a
 	p.WoA.WoA(u, o)
 	t = phaseEnd("wo_a", t)
 	y := make([]float32, cfg.Dim)
@@ -270,7 +278,10 @@ func (p *PreparedLayer) indexerStep(cfg *Config, rope *RopeTable, st *LayerState
 	t = phaseEnd("indexer.query", t)
 
 	c := ix.Compressor
-	a, b := make([]float32, c.Width()), make([]float32, c.Width())
+	ab := headBufs.Get(2 * c.Width())
+	defer headBufs.Put(ab)
+	w := c.Width()
+	a, b := (*ab)[:w:w], (*ab)[w:] // every value written by Dot
 	p.ICmpWkv.Dot(a, x)
 	p.ICmpWgate.Dot(b, x)
 	s := c.StepFrom(st.ICmp, a, b, pos, rope)
@@ -282,7 +293,10 @@ func (p *PreparedLayer) indexerStep(cfg *Config, rope *RopeTable, st *LayerState
 	}
 	t = phaseEnd("indexer.compressor", t)
 
-	raw, iw := make([]float32, ix.NHeads), make([]float32, ix.NHeads)
+	wb := headBufs.Get(2 * ix.NHeads)
+	defer headBufs.Put(wb)
+	// every value written: raw by weights_proj, iw by Weights
+	raw, iw := (*wb)[:ix.NHeads:ix.NHeads], (*wb)[ix.NHeads:]
 	p.IWeightsProj.Linear(raw, x)
 	ix.Weights(iw, raw)
 	t = phaseEnd("indexer.weights", t)
@@ -341,7 +355,9 @@ func topKFast(scores []float32, k int) []int64 {
 	for i, s := range scores {
 		cand[i] = scoreKey(s, i)
 	}
-	sel := make([]uint64, 0, k)
+	sb := candBufs.Get(k)
+	defer candBufs.Put(sb)
+	sel := (*sb)[:0]      // the selected keys, appended (buf below: written before read)
 	if len(cand) <= 256 { // a sort is cheaper than the passes
 		slices.Sort(cand)
 		for i := len(cand) - 1; i >= len(cand)-k; i-- {

@@ -60,7 +60,10 @@ func bitsEqual(a, b []float32) int {
 // SWA, a CSA and an HCA layer with PreparedLayer.Step and with RunStep (the
 // reference) from the same synthetic state, across emitting steps of both
 // compressors, and requires y and every state tensor to agree bit for bit.
+// The pooled scratch buffers are poisoned (attention.PoisonBufPools): a
+// value read before the step writes it is a NaN, not a stale value.
 func TestPreparedStepEqualsRunStep(t *testing.T) {
+	defer attention.PoisonBufPools(attention.PoisonBufPools(true))
 	cfg := smallFlash(t)
 	type layerCase struct {
 		layer int
