@@ -61,8 +61,11 @@ import (
 // Block hashes are ints (64-bit, signed or not) or bytes (vLLM's sha256 block
 // hashes unless VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES). Trailing array fields
 // may be absent (msgspec omit_defaults; older versions have fewer fields);
-// unknown map keys are skipped. A file of events is such payloads one after
-// another (what a subscriber writing each payload to a file produces).
+// unknown map keys are skipped (vLLM's locality and ownership, for one). Token
+// ids are ints; SGLang under EAGLE publishes token pairs (its bigram radix
+// keys), which are refused with an error saying so. A file of events is such
+// payloads one after another (what a subscriber writing each payload to a
+// file produces).
 
 // Limits on an event stream (every claimed length is also checked against the
 // bytes left before anything is allocated).
@@ -132,6 +135,16 @@ func (e *evReader) field(ev *Event, name string) (err error) {
 		ev.TokenIDs = make([]int32, 0, n)
 		for i := 0; i < n; i++ {
 			at := e.off()
+			if c, err := e.peek(); err != nil {
+				return err
+			} else if isArrayCode(c) {
+				// SGLang under EAGLE keys its radix tree by bigrams and
+				// publishes them: a page of (token j, token j+1) pairs,
+				// one token more than the page. The reference cache
+				// keys pages by their tokens alone, so no reading of
+				// the pairs matches pages as the engine does.
+				return e.errf(at, "%s[%d]: a token pair, as SGLang publishes the bigram keys of EAGLE speculative decoding: not supported (a page of pairs holds the next page's first token too)", what, i)
+			}
 			v, err := e.integer(what)
 			if err != nil {
 				return err
@@ -304,7 +317,7 @@ func (e *evReader) event() (Event, error) {
 					ev.LoraName = s
 				}
 				continue
-			case f == "lora_name" && ev.Type == "BlockStored" && (msgpcode.IsFixedArray(c) || c == msgpcode.Array16 || c == msgpcode.Array32):
+			case f == "lora_name" && ev.Type == "BlockStored" && isArrayCode(c):
 				// PR #32514's component_types list, where vLLM has
 				// lora_name (a string or nil).
 				f = "component_types"

@@ -95,5 +95,10 @@ func isMapCode(c byte) bool {
 	return msgpcode.IsFixedMap(c) || c == msgpcode.Map16 || c == msgpcode.Map32
 }
 
+// isArrayCode says whether c starts a msgpack array.
+func isArrayCode(c byte) bool {
+	return msgpcode.IsFixedArray(c) || c == msgpcode.Array16 || c == msgpcode.Array32
+}
+
 // isStrCode says whether c starts a msgpack string.
 func isStrCode(c byte) bool { return msgpcode.IsString(c) }

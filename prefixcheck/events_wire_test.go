@@ -395,3 +395,27 @@ func TestVLLMCurrentEvents(t *testing.T) {
 		t.Errorf("notes %q", notes)
 	}
 }
+
+// Under EAGLE, SGLang keys its radix tree by bigrams and its events keep
+// them: each token of token_ids is the pair (token j, token j+1), a tuple
+// msgspec writes as an array (mem_cache/events.py at
+// 06f643f402f0d7e1c4fd480f6854b742fa642951, record_store: "bigram pages
+// expose tuples"; block_size counts pairs). A page of pairs holds one token
+// more than the page (the next one), so reading each pair's first token
+// would match pages the engine cannot: the decoder refuses the stream and
+// says why, in both encodings.
+func TestSGLangBigramTokens(t *testing.T) {
+	pairs := []any{[]any{10, 20}, []any{20, 30}}
+	m := wmap{{"type", "BlockStored"}, {"block_hashes", []int64{5}}, {"parent_block_hash", nil},
+		{"token_ids", pairs}, {"block_size", 2}, {"lora_id", nil}, {"medium", "GPU"}}
+	var w wire
+	w.batch(1, 0, m)
+	var a wire
+	a.val([]any{1.0, []any{[]any{"BlockStored", []int64{5}, nil, pairs, 2, nil, "GPU"}}, 0})
+	for name, data := range map[string][]byte{"map": w.b, "array": a.b} {
+		_, err := DecodeEvents(data, "eagle.msgpack")
+		if err == nil || !strings.Contains(err.Error(), "BlockStored.token_ids[0]: a token pair") || !strings.Contains(err.Error(), "EAGLE") {
+			t.Errorf("%s: error %v", name, err)
+		}
+	}
+}
