@@ -95,23 +95,56 @@
 // cache_salt in the first block's extra_keys, which are part of the page's
 // identity already.
 //
-// SGLang's per-component events (--enable-kv-events-component-types;
-// python/sglang/srt/mem_cache/events.py, KVCacheEventRecorder) publish each
-// component of a hybrid model's node — "full", "swa", "mamba", "c128",
-// "draft" (mem_cache/unified_cache/component_type.py) — as an event of its
-// own with the same page hashes (a mamba checkpoint: its node's last page
-// alone, without a parent): BlockStoredWithComponentType, medium then
-// component_type (an array's position 7, where vLLM has lora_name; then the
-// metadata map when salted), and BlockRemovedWithComponentType (position 3,
-// where vLLM has group_idx), or a "component_type" key in map events. Each
-// component is a cache of its own, like a KV-cache group: the check keeps
-// one (EventsOptions.Component, --component; default "full", else the first
-// seen) and notes how many events of the others it skipped. A string at
-// position 7 is a component only in SGLang's shape (no lora_id; nothing
-// after it but the metadata map, or a component tag): vLLM writes
-// lora_name with its lora_id, and extra_keys (an array) after it. A
-// component names no namespace. PR #32514's (open) component_types list, one
-// event per block whatever its components, is read and dropped.
+// What SGLang main sends since PR #37482 (merged; issue #38561): the batch
+// stays the array [ts, events, attn_dp_rank] (EventBatch, array_like,
+// python/sglang/srt/utils/event_publisher.py at commit
+// 1b5a3291927650f6f3a4ed8945ebfaa188335131), each event a tagged map
+// (KVCacheEvent tag=True without array_like; None defaults omitted):
+// BlockStored {"type", "block_hashes", "parent_block_hash", "token_ids",
+// "block_size", "lora_id" (nil), "medium"}, plus "cache_salt" and
+// "session_id" when set
+// (test/registered/unit/disaggregation/test_kv_events.py at commit
+// 0d7e47bef1b1ec4360cbb0dc8407ae3af041d5b7, TestBlockStoredWireFormat;
+// mem_cache/rust_tree_core/adapter.py at commit
+// 0027895037f9a96c0e152a4813d739638b75c694, _kv_event_from_tagged),
+// BlockRemoved {"type", "block_hashes", "medium"}, AllBlocksCleared {"type"};
+// hashes are signed int64s, medium "GPU", "CPU_PINNED", "DISK" or "EXTERNAL".
+// mem_cache/events.py at commit 06f643f402f0d7e1c4fd480f6854b742fa642951 also
+// sets "lora_name", its hashes seeded by the adapter's name (the phase 3 of
+// issue #39991, open: whether that commit is on main was not established):
+// read as the namespace "lora:<name>". Under EAGLE each token is a (token,
+// next token) pair (the radix tree's bigram keys): such streams are refused
+// with an error that says so. All of this decodes as meant
+// (events_wire_test.go writes it byte by byte). vLLM's maps add locality (PR
+// #48281) and ownership (PR #52067), skipped, and session_id (PR #51381),
+// read; a new event type (vLLM PR #50732's BlockInactive, open) would be an
+// error.
+//
+// SGLang's per-component events (--enable-kv-events-component-types) are not
+// on SGLang main: sgl-project/sglang PR #32514 (open) proposed them, first as
+// a component_types list at an array BlockStored's position 7 (one event per
+// block whatever its components, the shape a third-party indexer bridge
+// decodes: read and dropped), then, in a revision of its branch
+// (python/sglang/srt/mem_cache/events.py, KVCacheEventRecorder, still
+// importing the array-era BlockStoredWithMetadata; commit not established),
+// as an event per component of a hybrid model's node — "full", "swa",
+// "mamba", "c128", "draft" (mem_cache/unified_cache/component_type.py) — with
+// the same page hashes (a mamba checkpoint: its node's last page alone,
+// without a parent): BlockStoredWithComponentType, medium then component_type
+// (an array's position 7, where vLLM has lora_name; then the metadata map
+// when salted), and BlockRemovedWithComponentType (position 3, where vLLM has
+// group_idx), or a "component_type" key in map events. Their class
+// definitions were not found: the positions are inferred from the recorder's
+// keyword construction and msgspec's field order (a subclass's fields,
+// keyword-only or not, follow its base's, as BlockStoredWithMetadata's
+// metadata follows medium). Each component is a cache of its own, like a
+// KV-cache group: the check keeps one (EventsOptions.Component, --component;
+// default "full", else the first seen) and notes how many events of the
+// others it skipped. A string at position 7 is a component only in SGLang's
+// shape (no lora_id; nothing after it but the metadata map, or a component
+// tag): vLLM writes lora_name with its lora_id, and extra_keys (an array)
+// after it. A component names no namespace. The map-era recorders (events.py
+// at commit 06f643f, adapter.py above) emit no component.
 //
 // Synthetic runs whose decisions a correct engine made, and the decision
 // faults above injected into them, are package fault's (SynthPrefix,

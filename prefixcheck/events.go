@@ -51,7 +51,8 @@ import (
 // The third BlockStored form and the second BlockRemoved are SGLang's
 // per-component events (BlockStoredWithComponentType(AndMetadata),
 // BlockRemovedWithComponentType: mem_cache/events.py KVCacheEventRecorder,
-// --enable-kv-events-component-types): the keyword-only component_type
+// --enable-kv-events-component-types, on the branch of sgl-project/sglang PR
+// #32514, not on main; see doc.go): the keyword-only component_type
 // after medium; a map event's "component_type" key; also taken under the
 // class names as tags. Position 7 is the component only in that shape (nil
 // lora_id, then nothing or the metadata map): vLLM sets lora_name with its
