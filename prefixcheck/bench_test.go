@@ -163,3 +163,68 @@ func benchGroundTruth(b *testing.B, n int) {
 		}
 	}
 }
+
+// BenchmarkRunEventChain runs the correct cache (V4-Flash schedule) over the
+// trace of a KV-event chain of 2,800 one-token blocks (chainStream: page 1,
+// every request one token longer than the one before, so request i matches
+// the i tokens of the one before and adds one). The trace is built once;
+// only Run is timed.
+func BenchmarkRunEventChain(b *testing.B) {
+	batches, err := DecodeEvents(chainStream(2800, false), "chain")
+	if err != nil {
+		b.Fatal(err)
+	}
+	tr, err := EventsTrace(batches, "chain", EventsOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, atEnd := range []bool{false, true} {
+		b.Run("atEnd="+strconv.FormatBool(atEnd), func(b *testing.B) {
+			cfg := Config{PageSize: tr.PageSize, Schedule: v4FlashSchedule(), ResumeAtEndOnly: atEnd, Brief: true}
+			for b.Loop() {
+				rep, err := Run(tr, cfg)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if rep.Summary.Requests != 2800 {
+					b.Fatalf("%d requests", rep.Summary.Requests)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkRunMultiTurn runs the correct cache (page 16, V4-Flash schedule)
+// over 16 interleaved conversations of 64 turns: each turn resends the
+// conversation so far and adds 200 to 1,000 tokens (up to ~38k tokens, ~2,400
+// pages, all but the last turn's matched).
+func BenchmarkRunMultiTurn(b *testing.B) {
+	const page, convs, turns = 16, 16, 64
+	rng := rand.New(rand.NewPCG(5, 7))
+	var reqs []Request
+	hist := make([][]int32, convs)
+	for t := 0; t < turns; t++ {
+		for c := 0; c < convs; c++ {
+			prev := len(hist[c])
+			for range 200 + rng.IntN(800) {
+				hist[c] = append(hist[c], int32(rng.IntN(1<<17)))
+			}
+			q := Request{ID: "c" + strconv.Itoa(c) + "t" + strconv.Itoa(t), Tokens: hist[c][:len(hist[c]):len(hist[c])]}
+			if t > 0 {
+				q.Hit = &Hit{Tokens: prev / page * page, Source: "c" + strconv.Itoa(c) + "t" + strconv.Itoa(t-1)}
+			}
+			reqs = append(reqs, q)
+		}
+	}
+	tr := &Trace{Input: "multiturn", PageSize: page, HitsRecorded: true, Requests: reqs}
+	cfg := Config{PageSize: page, Schedule: v4FlashSchedule(), Brief: true}
+	for b.Loop() {
+		rep, err := Run(tr, cfg)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if rep.Summary.Diverged != 0 {
+			b.Fatalf("%d diverged", rep.Summary.Diverged)
+		}
+	}
+}
