@@ -8,8 +8,9 @@ import (
 
 // FuzzRunTrace builds a small trace from the input (tokens over a tiny
 // alphabet, hits, sources, namespaces, extra keys, page ids, evictions,
-// clears, all three trace flags) and runs the check: it must not panic and
-// its counts must add up.
+// clears, all three trace flags) and runs the check: it must not panic, its
+// counts must add up, and its report must be the one made inserting every
+// snapshot again (Runner.reinsertSnaps).
 func FuzzRunTrace(f *testing.F) {
 	f.Add([]byte{0})
 	f.Add([]byte("a prefix-cache trace with hits, evictions and namespaces"))
@@ -62,9 +63,33 @@ func FuzzRunTrace(f *testing.F) {
 			}
 			tr.Requests = append(tr.Requests, q)
 		}
-		rep, err := Run(&tr, Config{PageSize: page, Schedule: testCfg.Schedule, Capacity: next(3) * 8, ResumeAtEndOnly: next(2) == 0, Retain: next(3)})
+		cfg := Config{PageSize: page, Schedule: testCfg.Schedule, Capacity: next(3) * 8, ResumeAtEndOnly: next(2) == 0, Retain: next(3)}
+		rep, err := Run(&tr, cfg)
 		if err != nil {
 			return
+		}
+		// The same report when every snapshot is inserted again (Add leaves
+		// out those the cache holds).
+		r, err := NewRunner(cfg, tr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.reinsertSnaps = true
+		r.rep.Notes = append(r.rep.Notes, tr.Notes...)
+		for i := range tr.Requests {
+			if _, err := r.Add(&tr.Requests[i]); err != nil {
+				t.Fatalf("inserting every snapshot: %v", err)
+			}
+		}
+		var j0, j1 bytes.Buffer
+		if err := rep.WriteJSON(&j0); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Report().WriteJSON(&j1); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(j0.Bytes(), j1.Bytes()) {
+			t.Fatalf("report:\n%s\ninserting every snapshot:\n%s", j0.Bytes(), j1.Bytes())
 		}
 		s := rep.Summary
 		if s.Agree+s.Warn+s.Diverged+s.Unchecked != s.Requests || s.Requests != len(tr.Requests) || rep.Diverged() != (s.Diverged > 0) {

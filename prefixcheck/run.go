@@ -86,6 +86,10 @@ type Runner struct {
 	rep    *Report
 	oldest int     // first request whose tokens are still retained
 	vals   []int64 // Insert's value buffer
+	// reinsertSnaps inserts a snapshot at every page end of every request,
+	// those the cache holds already included (the behaviour before
+	// snapsFrom; tests compare the two).
+	reinsertSnaps bool
 }
 
 // NewRunner starts a ground-truth run; flags carries the trace's HitsRecorded,
@@ -327,9 +331,10 @@ func (r *Runner) Add(q *Request) (*Result, error) {
 	for i := range vals {
 		vals[i] = val(idx, i)
 	}
+	// The snapshots the cache holds already are left out (snapsFrom).
 	var snaps []kvcache.Snapshot
-	for at := P; at <= aligned; at += P {
-		if !r.cfg.ResumeAtEndOnly || at == aligned {
+	for at := r.snapsFrom(m); at <= aligned; at += P {
+		if (!r.cfg.ResumeAtEndOnly || at == aligned) && (at != m.Len || r.reinsertSnaps) {
 			snaps = append(snaps, kvcache.Snapshot{At: at, StateFrom: r.cfg.Schedule.StateFrom(at)})
 		}
 	}
@@ -361,6 +366,45 @@ func (r *Runner) Add(q *Request) (*Result, error) {
 	}
 	r.rep.add(res)
 	return res, nil
+}
+
+// snapsFrom is the first page end at which Add inserts a snapshot for a
+// request matched as m; Add also leaves out the one at m.Len. InsertNS keeps,
+// at a position, the snapshot that holds more state (the smaller StateFrom),
+// and every snapshot this cache gets is Snapshot{at, Schedule.StateFrom(at)}
+// (Add is its only source), so inserting one at a page end that holds one
+// already is a no-op. Add leaves those out where they are provably held when
+// it inserts:
+//
+//   - m.Len: MatchPrefix resumes only where a snapshot is kept;
+//   - every page end below m.Len when the cache holds a snapshot at every page
+//     end: as many snapshots as page ends (Usage: Tokens/P; a node's
+//     snapshots sit at distinct page ends of its own tokens, so the count
+//     reaches Tokens/P only when none is missing). Without ResumeAtEndOnly
+//     this always holds (each insert brings a snapshot at every page end of
+//     the request, the new node's included); should it not, Add starts at
+//     the first page end as before.
+//
+// Both stay held until the insert: the match locked the nodes of [0, m.Len],
+// so the capacity eviction cannot remove them, and a live node loses no
+// snapshot (a split keeps each on the node that holds its position).
+//
+// Not provably held, so inserted as before: the page ends of (m.Len,
+// m.Matched], which are not locked (the capacity eviction may remove them
+// before the insert) and, m.Len having stopped short of m.Matched, may lack
+// a snapshot — with ResumeAtEndOnly a request that ends inside an earlier
+// request's tokens adds its resume point there: that insert is not
+// redundant — and those beyond m.Matched (new nodes). With ResumeAtEndOnly Add inserts at
+// the request's end only, left out when it is m.Len.
+func (r *Runner) snapsFrom(m kvcache.Match) int {
+	P := r.cfg.PageSize
+	if m.Len == 0 || r.reinsertSnaps {
+		return P
+	}
+	if u := r.cache.Usage(); u.Snapshots*P == u.Tokens {
+		return m.Len
+	}
+	return P
 }
 
 // hitInfo describes the correct cache's match m of a request of n tokens.
