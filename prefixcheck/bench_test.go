@@ -1,6 +1,7 @@
 package prefixcheck
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"runtime"
@@ -164,11 +165,39 @@ func benchGroundTruth(b *testing.B, n int) {
 	}
 }
 
+// benchRun runs tr through a Runner per iteration and reports the CPU time
+// per run (cpu-ns/op: steadier than wall time on a shared machine).
+// reinsert inserts a snapshot at every page end of every request, as Add did
+// before it left out those the cache holds (Runner.reinsertSnaps).
+func benchRun(b *testing.B, tr *Trace, cfg Config, reinsert bool, check func(*Report) error) {
+	var cpu time.Duration
+	for b.Loop() {
+		cpu0 := cpuTime()
+		r, err := NewRunner(cfg, *tr)
+		if err != nil {
+			b.Fatal(err)
+		}
+		r.reinsertSnaps = reinsert
+		for i := range tr.Requests {
+			if _, err := r.Add(&tr.Requests[i]); err != nil {
+				b.Fatal(err)
+			}
+		}
+		rep := r.Report()
+		cpu += cpuTime() - cpu0
+		if err := check(rep); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/op")
+}
+
 // BenchmarkRunEventChain runs the correct cache (V4-Flash schedule) over the
 // trace of a KV-event chain of 2,800 one-token blocks (chainStream: page 1,
 // every request one token longer than the one before, so request i matches
-// the i tokens of the one before and adds one). The trace is built once;
-// only Run is timed.
+// the i tokens of the one before and adds one), ResumeAtEndOnly off and on,
+// as Add inserts snapshots (new) and with every snapshot inserted again
+// (reinsert). The trace is built once; only the run is timed.
 func BenchmarkRunEventChain(b *testing.B) {
 	batches, err := DecodeEvents(chainStream(2800, false), "chain")
 	if err != nil {
@@ -179,25 +208,29 @@ func BenchmarkRunEventChain(b *testing.B) {
 		b.Fatal(err)
 	}
 	for _, atEnd := range []bool{false, true} {
-		b.Run("atEnd="+strconv.FormatBool(atEnd), func(b *testing.B) {
-			cfg := Config{PageSize: tr.PageSize, Schedule: v4FlashSchedule(), ResumeAtEndOnly: atEnd, Brief: true}
-			for b.Loop() {
-				rep, err := Run(tr, cfg)
-				if err != nil {
-					b.Fatal(err)
-				}
-				if rep.Summary.Requests != 2800 {
-					b.Fatalf("%d requests", rep.Summary.Requests)
-				}
+		for _, reinsert := range []bool{false, true} {
+			name := "atEnd=" + strconv.FormatBool(atEnd) + "/new"
+			if reinsert {
+				name = "atEnd=" + strconv.FormatBool(atEnd) + "/reinsert"
 			}
-		})
+			b.Run(name, func(b *testing.B) {
+				cfg := Config{PageSize: tr.PageSize, Schedule: v4FlashSchedule(), ResumeAtEndOnly: atEnd, Brief: true}
+				benchRun(b, tr, cfg, reinsert, func(rep *Report) error {
+					if rep.Summary.Requests != 2800 {
+						return fmt.Errorf("%d requests", rep.Summary.Requests)
+					}
+					return nil
+				})
+			})
+		}
 	}
 }
 
 // BenchmarkRunMultiTurn runs the correct cache (page 16, V4-Flash schedule)
 // over 16 interleaved conversations of 64 turns: each turn resends the
 // conversation so far and adds 200 to 1,000 tokens (up to ~38k tokens, ~2,400
-// pages, all but the last turn's matched).
+// pages, all but the last turn's matched); new and reinsert as in
+// BenchmarkRunEventChain.
 func BenchmarkRunMultiTurn(b *testing.B) {
 	const page, convs, turns = 16, 16, 64
 	rng := rand.New(rand.NewPCG(5, 7))
@@ -218,13 +251,18 @@ func BenchmarkRunMultiTurn(b *testing.B) {
 	}
 	tr := &Trace{Input: "multiturn", PageSize: page, HitsRecorded: true, Requests: reqs}
 	cfg := Config{PageSize: page, Schedule: v4FlashSchedule(), Brief: true}
-	for b.Loop() {
-		rep, err := Run(tr, cfg)
-		if err != nil {
-			b.Fatal(err)
+	for _, reinsert := range []bool{false, true} {
+		name := "new"
+		if reinsert {
+			name = "reinsert"
 		}
-		if rep.Summary.Diverged != 0 {
-			b.Fatalf("%d diverged", rep.Summary.Diverged)
-		}
+		b.Run(name, func(b *testing.B) {
+			benchRun(b, tr, cfg, reinsert, func(rep *Report) error {
+				if rep.Summary.Diverged != 0 || rep.Summary.Agree != len(reqs) {
+					return fmt.Errorf("summary %+v", rep.Summary)
+				}
+				return nil
+			})
+		})
 	}
 }
