@@ -82,8 +82,8 @@ func hcPostHypotheses(d DiagnoseInput) string {
 		side, res, sub = "ffn", "h_mid", "ffn_out"
 	}
 	a, h, post, comb := d.In[sub], d.In[res], d.In["hc_"+side+"_post"], d.In["hc_"+side+"_comb"]
-	if len(a.F) != dim || len(h.F) != hc*dim || len(post.F) != hc || len(comb.F) != hc*hc {
-		return ""
+	if hc == 0 || len(a.F) != dim || len(h.F) != hc*dim || len(post.F) != hc || len(comb.F) != hc*hc {
+		return "" // hc == 0: no hyper-connections (V3.2's h_mid = y + x_in on layer 0)
 	}
 	try := func(post, comb []float32) bool {
 		out := make([]float32, hc*dim)

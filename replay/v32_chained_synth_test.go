@@ -65,3 +65,27 @@ func TestV32ChainedSynth(t *testing.T) {
 	}
 	t.Log(d.Text)
 }
+
+// TestV32LocalLayer0HMid: a V3.2 layer has no hyper-connections (hc_mult
+// 0), and on layer 0 h_mid reads x_in, not h_in: a divergence of h_mid
+// there is diagnosed (the hc_post hypotheses do not apply) instead of
+// ending the replay with an internal error.
+func TestV32LocalLayer0HMid(t *testing.T) {
+	s, err := fault.Synthesize(fault.SynthOptions{Config: "v32-tiny", Prefill: 14, Steps: 3, Seed: 7, Whole: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := replay.StageKey{Step: 15, Layer: 0, Stage: "x_in"}
+	x := s.Src.Values[key].Clone()
+	for i := range x.F {
+		x.F[i] *= 1.5 // RMSNorm does not see it; the residual h_mid = y + x_in does
+	}
+	s.Src.Values[key] = x
+	rep, err := replay.Run(context.Background(), s.Model(), s.Src, replay.Options{Mode: replay.Local})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := rep.First; d == nil || d.Step != 15 || d.Layer != 0 || d.Stage != "h_mid" {
+		t.Fatalf("local: %+v, want step 15 layer 0 h_mid", d)
+	}
+}
