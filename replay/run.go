@@ -93,6 +93,14 @@ type unitResult struct {
 // like; KV pages (a PageSource: the dump's records of kind "page") are
 // checked byte by byte with the kvcache codecs and a prefix-cache hit (a
 // PrefixSource) row by row with kvcache.VerifyPrefixHit.
+//
+// In Propagated and Chained mode the chain's first divergence is reported
+// only as far as a teacher-forced replay of every step and layer up to it
+// backs it (confirmLocally): the chain's loose tolerances let an error pass
+// the stage that made it, and a later stage whose chain inputs were merely
+// within tolerance would be blamed. An earlier teacher-forced divergence is
+// reported instead (saying where the chain left its tolerance); none makes
+// it drift (KindDrift), blaming no stage.
 func Run(ctx context.Context, m *engine.Model, src Source, opt Options) (*Report, error) {
 	if opt.Mode == "" {
 		opt.Mode = Local
@@ -156,6 +164,13 @@ func Run(ctx context.Context, m *engine.Model, src Source, opt Options) (*Report
 				d.Mode = string(opt.Mode)
 				units[i].first = d
 			}
+		}
+	}
+	if opt.Mode != Local {
+		// The chain's first divergence is reported only as far as the
+		// teacher-forced replay backs it.
+		if err := confirmLocally(ctx, m, src, steps, layers, units, opt.Mode, opt.Tol); err != nil {
+			return nil, err
 		}
 	}
 	for _, u := range units {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"runtime"
-	"slices"
 	"strings"
 
 	"golang.org/x/sync/errgroup"
@@ -166,11 +165,6 @@ func propagateLayer(ctx context.Context, m *engine.Model, src Source, steps []in
 		}
 		for _, l := range link {
 			l.hOut[p], l.status[p] = outs["h_out"], cs.status["h_out"]
-		}
-		if cs.ur.first != nil {
-			if err := attributeLocally(m, src, &cs.ur, p, layer, prevInSteps(steps, p)); err != nil {
-				return nil, failStep, err
-			}
 		}
 		st, stFrom = next, FromPropagate
 		out = append(out, cs.ur)
@@ -335,7 +329,7 @@ func (c *chainStep) judge(def engine.StageDef, chainIn map[string]engine.Tensor,
 			}
 			c.ur.results = append(c.ur.results, r)
 			if r.Status == StatusFail && c.ur.first == nil {
-				c.ur.first = splitDivergence(r, Propagated)
+				c.ur.first = splitDivergence(r, c.mode)
 			}
 		}
 	}
@@ -383,54 +377,4 @@ func propagateChained(ctx context.Context, m *engine.Model, src Source, steps []
 		}
 	}
 	return out, nil
-}
-
-// prevInSteps reports whether step p-1 is among steps.
-func prevInSteps(steps []int64, p int64) bool {
-	return slices.Contains(steps, p-1)
-}
-
-// attributeLocally checks the first divergence of a propagated unit with a
-// teacher-forced replay of the same step and layer (each stage from the
-// dump's own inputs, the default local tolerances). The reference's own
-// chain can stay within the propagated tolerances at the stage that made an
-// error (a small rescaling of o, say) and leave them only a few stages
-// later (y), where the diagnosis would blame an innocent projection. When
-// the teacher-forced replay names an earlier stage, that stage is the first
-// divergence: its result is marked failed with the teacher-forced reason
-// and its diagnosis replaces the later one, saying where the chain left
-// tolerance.
-func attributeLocally(m *engine.Model, src Source, ur *unitResult, p int64, layer int, prevChecked bool) error {
-	lu, err := localUnit(m, src, unit{p, layer}, DefaultTolerance(), prevChecked)
-	if err != nil || lu.first == nil || lu.first.Stage == ur.first.Stage {
-		return err
-	}
-	order := map[string]int{}
-	for i, sr := range ur.results {
-		if _, ok := order[sr.Stage]; !ok {
-			order[sr.Stage] = i
-		}
-	}
-	li, ok1 := order[lu.first.Stage]
-	pi, ok2 := order[ur.first.Stage]
-	if !ok1 || !ok2 || li >= pi {
-		return nil
-	}
-	var reason string
-	for _, sr := range lu.results {
-		if sr.Stage == lu.first.Stage {
-			reason = sr.Reason
-		}
-	}
-	r := &ur.results[li]
-	r.Status = StatusFail
-	r.Severity = max(r.Severity, 1)
-	r.Reason = "teacher-forced from the dump's inputs: " + reason
-	later := ur.first
-	d := lu.first
-	d.Mode = string(Propagated)
-	d.Why += fmt.Sprintf("; (propagated: the reference's own chain stays within the propagated tolerances here and first leaves them at stage %s; teacher-forced from the dump's inputs this stage is the first out of tolerance)", later.Stage)
-	d.Text = fmt.Sprintf("first divergence: decode step %d, layer %d, stage %s — %s: %s", d.Step, d.Layer, d.Stage, d.Kind, d.Why)
-	ur.first = d
-	return nil
 }

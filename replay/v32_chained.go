@@ -118,11 +118,6 @@ func v32Chained(ctx context.Context, m *engine.Model, src Source, steps []int64,
 					return nil, err
 				}
 			}
-			if cs.ur.first != nil && cs.ur.first.Stage != "x_in" && cs.ur.first.Stage != "res_in" {
-				if err := attributeLocally(m, src, &cs.ur, p, l, prevInSteps(steps, p)); err != nil {
-					return nil, err
-				}
-			}
 			states[l], stFrom[l] = next, FromPropagate
 			below = outs
 			out = append(out, cs.ur)

@@ -1,0 +1,322 @@
+package replay
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"strings"
+
+	"golang.org/x/sync/errgroup"
+
+	"sparsemla/engine"
+)
+
+// KindDrift is the kind of a propagated or chained divergence that the
+// teacher-forced check does not back: the reference's own chain left the
+// mode's tolerance at a stage, but recomputed from the dump's own inputs no
+// stage up to there is out of the local tolerance, so no stage is shown to
+// have made it.
+const KindDrift = "drift"
+
+func init() {
+	hints[KindDrift] = "replay --mode local: it judges every stage from the dump's own inputs and names the stage that made an error; here the reference's own chain drifted away from the dump (FP8/FP4 activation quantisation turns last-bit differences into visible ones from layer to layer) — compare the cos_diff of the stages layer by layer (--json) to see how it grew"
+}
+
+// localTolerance is the policy of the teacher-forced check of a replay in
+// mode whose policy is tol: the one a local replay of m uses by default
+// (DefaultTolerance, adjusted for the model's policy and for V3.2), with
+// the stages tol sets otherwise than the mode's default (--tol,
+// --tol-stage) set the same way.
+func localTolerance(m *engine.Model, tol *Tolerance, mode Mode) *Tolerance {
+	out := v32Tolerance(policyTolerance(DefaultTolerance(), Local, m.Cfg.PolicyName()), Local, m.Cfg).Clone()
+	def := PropagatedTolerance()
+	if mode == Chained {
+		def = ChainedTolerance()
+	}
+	for name, st := range tol.Stages {
+		if def.For(name) != st {
+			out.Set(name, st)
+		}
+	}
+	if tol.Fallback != def.Fallback {
+		out.Fallback = tol.Fallback
+	}
+	return out
+}
+
+// confirmLocally backs the first divergence of a propagated or chained
+// replay with the teacher-forced (local) replay before it is reported. The
+// reference's own chain is judged by loose tolerances (cos_diff 1e-4
+// propagated, 1e-2 chained): an error smaller than that passes the stage
+// that made it, the chain carries it on, and a later, innocent stage whose
+// chain inputs were "within tolerance" (not the dump's values) crosses the
+// tolerance first. Its diagnosis would then say that the stage itself
+// differs, which nothing backs.
+//
+// units are the replay's (step, layer) units in report order; k is the
+// first holding a divergence (a RoPE-table divergence is judged the same
+// way in every mode and is left as it is). Every unit up to and including
+// k is replayed teacher-forced with the local tolerance (localTolerance:
+// the stages the user set in modeTol are judged as set there):
+//
+//   - its first divergence in an earlier unit, or in unit k at another
+//     stage than the chain's, is the first divergence: it replaces the
+//     chain's, saying where the chain first left its tolerance, and its
+//     stage's result is marked failed with the teacher-forced reason;
+//   - the same stage failing teacher-forced confirms the chain's diagnosis,
+//     which stays; so does a stage the local replay does not judge (a layer
+//     link) when the chain computed it from the dump's own values, or, for a
+//     V3.2 layer link, when the dumped values disagree with each other;
+//   - otherwise the divergence is drift (KindDrift): the chain's stage is
+//     kept, its diagnosis replaced by one that says what was and was not
+//     found and names no culprit.
+func confirmLocally(ctx context.Context, m *engine.Model, src Source, steps []int64, layers []int, units []unitResult, mode Mode, modeTol *Tolerance) error {
+	k := -1
+	for i := range units {
+		if units[i].first != nil {
+			k = i
+			break
+		}
+	}
+	if k < 0 || units[k].first.Stage == RopeStage {
+		return nil
+	}
+	chain := units[k].first
+	csr, ok := failedResult(units[k].results, chain.Stage)
+	if !ok {
+		csr = StageResult{Step: chain.Step, Layer: chain.Layer, Stage: chain.Stage, Status: StatusFail, Reason: chain.Why, Inputs: chain.Inputs}
+	}
+	tol := localTolerance(m, modeTol, mode)
+	lus, err := localPrefix(ctx, m, src, steps, layers, k+1, tol)
+	if err != nil {
+		if ctx.Err() != nil {
+			return err
+		}
+		units[k].first = driftDivergence(units[k], csr, mode, nil, err)
+		return nil
+	}
+	j := -1
+	for i := range lus {
+		if lus[i].first != nil {
+			j = i
+			break
+		}
+	}
+	if j >= 0 && j < k {
+		adoptLocal(units, lus, j, chain, csr, mode, false)
+		return nil
+	}
+	if j == k && lus[k].first.Stage == chain.Stage {
+		return nil // the same stage fails teacher-forced: confirmed
+	}
+	if !judgedIn(lus[k].results, chain.Stage) {
+		confirmed, err := chainOnlyConfirmed(m, src, csr, tol)
+		if err != nil {
+			return err
+		}
+		if confirmed {
+			return nil
+		}
+	}
+	if j == k {
+		adoptLocal(units, lus, k, chain, csr, mode, true)
+		return nil
+	}
+	units[k].first = driftDivergence(units[k], csr, mode, lus, nil)
+	return nil
+}
+
+// localPrefix replays the first n units of steps × layers (report order)
+// teacher-forced, in parallel, each as a local replay would (localUnit); the
+// error is the first unit's in report order.
+func localPrefix(ctx context.Context, m *engine.Model, src Source, steps []int64, layers []int, n int, tol *Tolerance) ([]unitResult, error) {
+	replayed := map[int64]bool{}
+	for _, p := range steps {
+		replayed[p] = true
+	}
+	out := make([]unitResult, n)
+	errs := make([]error, n)
+	var g errgroup.Group
+	g.SetLimit(runtime.GOMAXPROCS(0))
+	for i := range n {
+		u := unit{steps[i/len(layers)], layers[i%len(layers)]}
+		g.Go(func() error {
+			if err := ctx.Err(); err != nil {
+				errs[i] = err
+				return nil
+			}
+			errs[i] = guardUnit(fmt.Sprintf("checking step %d layer %d teacher-forced", u.step, u.layer), func() (err error) {
+				out[i], err = localUnit(m, src, u, tol, replayed[u.step-1])
+				return err
+			})
+			return nil
+		})
+	}
+	g.Wait()
+	return out, firstErr(errs)
+}
+
+func firstErr(errs []error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// failedResult is the first failed result of stage in rs.
+func failedResult(rs []StageResult, stage string) (StageResult, bool) {
+	for _, r := range rs {
+		if r.Stage == stage && r.Status == StatusFail {
+			return r, true
+		}
+	}
+	return StageResult{}, false
+}
+
+// judgedIn reports whether rs holds a comparison of stage (pass, tie or fail).
+func judgedIn(rs []StageResult, stage string) bool {
+	for _, r := range rs {
+		if r.Stage == stage && (r.Status == StatusPass || r.Status == StatusTie || r.Status == StatusFail) {
+			return true
+		}
+	}
+	return false
+}
+
+// chainOnlyConfirmed says whether the chain's failing stage sr, one the
+// local replay does not judge, is backed without it: the chain computed it
+// from the dump's own values only (the embedding row of the dumped token),
+// or it is a V3.2 layer link whose dumped value differs from the dumped
+// value of the layer below it links to (x_in from ffn_out, res_in from
+// h_mid) beyond the local tolerance.
+func chainOnlyConfirmed(m *engine.Model, src Source, sr StageResult, tol *Tolerance) (bool, error) {
+	fromDump := len(sr.Inputs) > 0
+	for _, in := range sr.Inputs {
+		if in.From != FromDump && in.From != FromPrevDump && in.From != FromStart {
+			fromDump = false
+		}
+	}
+	if fromDump {
+		return true, nil
+	}
+	below := map[string]string{"x_in": "ffn_out", "res_in": "h_mid"}[sr.Stage]
+	if !m.Cfg.V32() || sr.Layer == 0 || below == "" {
+		return false, nil
+	}
+	gpu, ok, err := src.Stage(sr.Step, sr.Layer, sr.Stage)
+	if err != nil || !ok {
+		return false, err
+	}
+	ref, ok, err := src.Stage(sr.Step, sr.Layer-1, below)
+	if err != nil || !ok {
+		return false, err
+	}
+	var r StageResult
+	r.Stage = sr.Stage
+	JudgeStage(&r, ref, gpu, nil, tol.For(sr.Stage), JudgeContext{m.GPURope, m.Cfg.WindowSize})
+	return r.Status == StatusFail, nil
+}
+
+// adoptLocal makes the teacher-forced first divergence of unit j the first
+// divergence, saying where the chain first left its tolerance (csr, the
+// chain's failing result in its first diverging unit; sameUnit: that unit
+// is j), and marks its stage failed in the chain's results of unit j.
+func adoptLocal(units, lus []unitResult, j int, chain *Divergence, csr StageResult, mode Mode, sameUnit bool) {
+	d := lus[j].first
+	where := fmt.Sprintf("decode step %d, layer %d, stage %s", chain.Step, chain.Layer, chain.Stage)
+	if sameUnit {
+		where = fmt.Sprintf("stage %s of this step and layer", chain.Stage)
+	}
+	here := "first leaves the %[1]s tolerance"
+	for _, r := range units[j].results {
+		if r.Stage == d.Stage && r.Status == StatusPass {
+			here = "stays within the %[1]s tolerance here"
+			if r.Metrics != nil {
+				here += fmt.Sprintf(" (cos_diff %.3g)", r.Metrics.CosDiff)
+			}
+			here += " and first leaves it"
+			break
+		}
+	}
+	d.Mode = string(mode)
+	d.Why += fmt.Sprintf("; (%[1]s: the reference's own chain "+here+" at %[2]s (%[3]s); teacher-forced from the dump's inputs, the local check of every step and layer up to there finds this stage the first out of tolerance)",
+		mode, where, csr.Reason)
+	d.Text = fmt.Sprintf("first divergence: decode step %d, layer %d, stage %s — %s: %s", d.Step, d.Layer, d.Stage, d.Kind, d.Why)
+	lr, _ := failedResult(lus[j].results, d.Stage)
+	reason := "teacher-forced from the dump's inputs: " + lr.Reason
+	marked := false
+	for i := range units[j].results {
+		r := &units[j].results[i]
+		if r.Stage == d.Stage && r.Status != StatusMissing && r.Status != StatusSkipped {
+			r.Status, r.Severity, r.Reason = StatusFail, max(r.Severity, 1), reason
+			marked = true
+			break
+		}
+	}
+	if !marked && lr.Stage != "" {
+		lr.Reason = reason
+		units[j].results = append(units[j].results, lr)
+	}
+	units[j].first = d
+}
+
+// driftDivergence is the diagnosis of the chain's first divergence (sr, in
+// unit ur) when the teacher-forced check does not back it: lus are the
+// local units up to it (none out of tolerance), or err says why they could
+// not be replayed. It names the stage where the chain crossed its tolerance
+// and no culprit.
+func driftDivergence(ur unitResult, sr StageResult, mode Mode, lus []unitResult, err error) *Divergence {
+	d := &Divergence{Step: sr.Step, Layer: sr.Layer, Stage: sr.Stage, Kind: KindDrift, Mode: string(mode), Inputs: sr.Inputs, Hint: hints[KindDrift]}
+	var checked string
+	if err != nil {
+		checked = fmt.Sprintf("the teacher-forced check of the steps and layers up to here could not run (%v), so no stage is shown to have made it", err)
+	} else {
+		checked = "teacher-forced from the dump's inputs, the local check of every step and layer up to here finds no stage out of tolerance"
+		n := 0
+		var first StageResult
+		for _, lu := range lus {
+			for _, r := range lu.results {
+				if r.Status == StatusSkipped {
+					if n == 0 {
+						first = r
+					}
+					n++
+				}
+			}
+		}
+		if n > 0 {
+			checked += fmt.Sprintf(" among the stages it could compare (%d it could not: the first at decode step %d, layer %d, stage %s: %s)", n, first.Step, first.Layer, first.Stage, first.Reason)
+		}
+	}
+	d.Why = fmt.Sprintf("the reference's own chain leaves the %s tolerance here (%s), but %s; the stage's inputs came from the chain (%s), within the %s tolerance but not the dump's own values, so this is drift accumulated along the chain, not shown to be an error of %s",
+		mode, sr.Reason, checked, chainInputs(ur, sr), mode, sr.Stage)
+	d.Text = fmt.Sprintf("first divergence: decode step %d, layer %d, stage %s — %s: %s", d.Step, d.Layer, d.Stage, d.Kind, d.Why)
+	return d
+}
+
+// chainInputs lists the inputs of the chain's result sr with their own
+// distance to the dump where the unit judged them ("x: cos_diff 0.0031").
+func chainInputs(ur unitResult, sr StageResult) string {
+	var parts []string
+	for _, in := range sr.Inputs {
+		s := in.Name
+		if strings.HasPrefix(in.Name, engine.PrevPrefix) {
+			s += " (the state the chain carried)"
+		} else {
+			for _, r := range ur.results {
+				if r.Stage == in.Name && r.Metrics != nil && (r.Status == StatusPass || r.Status == StatusFail) {
+					if r.Metrics.Mismatch == 0 {
+						s += ": equal"
+					} else {
+						s += fmt.Sprintf(": cos_diff %.3g", r.Metrics.CosDiff)
+					}
+					break
+				}
+			}
+		}
+		parts = append(parts, s)
+	}
+	return strings.Join(parts, "; ")
+}
