@@ -127,10 +127,18 @@ func goldenCases() []goldenCase {
 	// fault of the whole layer found where it was injected.
 	add("synth/whole-clean", []string{"synth-whole"}, "synth", "--whole", "--out", "$TMP/synth-whole", "--steps", "3", "--seed", "11")
 	add("synth/whole-router", []string{"synth-whole-router"}, "synth", "--whole", "--out", "$TMP/synth-whole-router", "--steps", "3", "--seed", "11", "--fault", "router-bias@8,2")
+	// The clamp left out at step 9, layer 1 stays inside the chained
+	// tolerance there; the chain first leaves it at step 9, layer 3
+	// (iw_raw), and the teacher-forced check names ffn_out of layer 1.
+	add("synth/whole-noclamp", []string{"synth-whole-noclamp"}, "synth", "--whole", "--out", "$TMP/synth-whole-noclamp", "--steps", "4", "--fault", "expert-no-clamp@9,1")
 	for _, m := range []string{"local", "propagated", "chained"} {
 		add("synth-whole/replay-"+m, nil, "replay", "--mode", m, "$TMP/synth-whole")
 		add("synth-whole-router/replay-"+m, nil, "replay", "--mode", m, "$TMP/synth-whole-router")
+		add("synth-whole-noclamp/replay-"+m, nil, "replay", "--mode", m, "$TMP/synth-whole-noclamp")
 	}
+	// Drift: ffn_out judged by cos_diff 1e-4 in the chain of the clean GPU
+	// golden; teacher-forced nothing is out of tolerance, no stage is blamed.
+	add("official-v4-tiny/replay-chained-drift", nil, "replay", "--mode", "chained", "--tol-stage", "ffn_out=close,abs=1e30,cos=1e-4", goldenTestdata("official-v4-tiny"))
 
 	type dumpAt struct{ name, dir, inspect string }
 	var dumps []dumpAt

@@ -225,3 +225,42 @@ func TestParseSteps(t *testing.T) {
 		}
 	}
 }
+
+// TestReplayChainedNamesTheStageThatMadeIt is the command line of the
+// review that found chained mode blaming an innocent stage: the routed
+// experts of step 9, layer 1 skip the swiglu_limit clamp, ffn_out's chained
+// cos_diff (3.7e-3) stays inside the chained tolerance (1e-2) and the chain
+// first leaves it at step 9, layer 3, iw_raw. Every mode names step 9,
+// layer 1, ffn_out; chained says how it was found and never that iw_raw
+// itself differs. The clean whole model and the README's chained examples
+// (official-v4-tiny; v32-tiny --steps 10-13) agree.
+func TestReplayChainedNamesTheStageThatMadeIt(t *testing.T) {
+	dir := t.TempDir()
+	bad, clean := filepath.Join(dir, "sw"), filepath.Join(dir, "clean")
+	if code, _, errs := rpRun("synth", "--out", bad, "--whole", "--fault", "expert-no-clamp@9,1"); code != exitOK {
+		t.Fatalf("synth: exit %d: %s", code, errs)
+	}
+	name := "first divergence: decode step 9, layer 1, stage ffn_out — MoE experts: routed experts:"
+	for _, mode := range []string{"local", "propagated", "chained"} {
+		code, out, errs := rpRun("replay", "--mode", mode, bad)
+		if code != 1 || !strings.Contains(out, name) || strings.Contains(out, "itself differs") {
+			t.Fatalf("replay --mode %s: exit %d, want 1 naming %q:\n%s%s", mode, code, name, out, errs)
+		}
+		if mode == "chained" && !strings.Contains(out, "first leaves it at decode step 9, layer 3, stage iw_raw") {
+			t.Fatalf("replay --mode chained does not say where the chain left its tolerance:\n%s", out)
+		}
+	}
+	if code, _, errs := rpRun("synth", "--out", clean, "--whole"); code != exitOK {
+		t.Fatalf("synth: exit %d: %s", code, errs)
+	}
+	testdata := filepath.Join("..", "..", "testdata")
+	for _, args := range [][]string{
+		{"replay", "--mode", "chained", clean},
+		{"replay", "--mode", "chained", filepath.Join(testdata, "official-v4-tiny")},
+		{"replay", "--mode", "chained", "--steps", "10-13", filepath.Join(testdata, "v32-tiny")},
+	} {
+		if code, out, errs := rpRun(args...); code != exitOK || !strings.HasPrefix(strings.SplitN(out, "\n", 3)[1], "agree: ") {
+			t.Fatalf("%v: exit %d, want 0 and agree:\n%s%s", args, code, out, errs)
+		}
+	}
+}
