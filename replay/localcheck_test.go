@@ -170,3 +170,38 @@ func TestChainedV32LayerLink(t *testing.T) {
 		}
 	}
 }
+
+// TestV41PropagatedBlamesTheStageThatMadeIt: on a whole V4.1 dump the
+// propagated replay runs the model from the token through every layer.
+// hc_post with comb transposed at step 14, layer 1 moves h_mid's
+// propagated cos_diff to 3.5e-5, inside the tolerance; the chain first
+// leaves it at layer 5's index_sel. The teacher-forced check names h_mid
+// of layer 1, as the local replay does.
+func TestV41PropagatedBlamesTheStageThatMadeIt(t *testing.T) {
+	in := filepath.Join("..", "testdata", "v41-tiny-whole")
+	d, err := replay.LoadV41Dir(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "f")
+	if _, err := fault.WriteFaultedV41(in, d, out, fault.Fault{Kind: fault.HCPostTransposed, Step: 14, Layer: 1}); err != nil {
+		t.Fatal(err)
+	}
+	fd, err := replay.LoadV41Dir(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mode := range []replay.Mode{replay.Local, replay.Propagated} {
+		rep, err := replay.V41Run(fd, replay.V41Options{Mode: mode})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := rep.First
+		if f == nil || f.Step != 14 || f.Layer != 1 || f.Stage != "h_mid" || f.Mode != string(mode) {
+			t.Fatalf("%s: %+v, want step 14, layer 1, h_mid", mode, f)
+		}
+		if mode == replay.Propagated && !strings.Contains(f.Text, "first leaves it at decode step 14, layer 5, stage index_sel") {
+			t.Errorf("propagated: %s", f.Text)
+		}
+	}
+}

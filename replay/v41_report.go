@@ -283,6 +283,13 @@ func V41Run(d *V41Dump, opt V41Options) (*Report, error) {
 			}
 		}
 	}
+	if mode == Propagated && rep.First != nil {
+		// The chain's first divergence is reported only as far as the
+		// teacher-forced replay backs it.
+		if err := v41ConfirmLocally(d, steps, tol, rep); err != nil {
+			return nil, err
+		}
+	}
 	rep.Coverage.Scope = v41Scope(d.Model)
 	for n := range notMod {
 		rep.Coverage.NotModelled = append(rep.Coverage.NotModelled, n)

@@ -216,6 +216,12 @@ func goldenCases() []goldenCase {
 	add("v41-native/replay", nil, "replay", "$TMP/v41-native")
 	add("v41-native/replay-propagated", nil, "replay", "--mode", "propagated", "$TMP/v41-native")
 	add("v41-tiny/replay-refused-step", nil, "replay", "--steps", "3", v41)
+	// The whole V4.1 golden with hc_post's comb transposed at step 14,
+	// layer 1: h_mid stays inside the propagated tolerance, the chain
+	// first leaves it at layer 5 (index_sel); both modes name h_mid.
+	add("fault/v41-whole-hcpost", []string{"v41-whole-hcpost"}, "fault", "--in", goldenTestdata("v41-tiny-whole"), "--out", "$TMP/v41-whole-hcpost", "--fault", "hc-post-transposed@14,1")
+	add("v41-whole-hcpost/replay", nil, "replay", "$TMP/v41-whole-hcpost")
+	add("v41-whole-hcpost/replay-propagated", nil, "replay", "--mode", "propagated", "$TMP/v41-whole-hcpost")
 	add("diff/v41-golden-topk", nil, "diff", v41, "$TMP/v41-fault-topk")
 	add("diff/v41-golden-order-json", nil, "diff", "--json", v41, "$TMP/v41-fault-order")
 	add("diff/v41-synth-order", nil, "diff", "$TMP/v41-clean", "$TMP/v41-order")
