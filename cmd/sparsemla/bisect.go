@@ -34,7 +34,7 @@ Exit status: 0 agree (every step replayed), 1 diverged, 2 error, 3 incomplete.`
 
 func runBisect(args []string, stdout, stderr io.Writer) int {
 	var f replayFlags
-	fs := rpFlagSet("bisect", "bisect DUMP [--weights DIR] [--map FILE] [--tol FILE] [--json] [--reference] [--assume-persistent]", bisectDoc, stderr)
+	fs := rpFlagSet("bisect", "bisect DUMP "+rpCommonUsage+" [--assume-persistent]", bisectDoc, stdout, stderr)
 	f.register(fs, false)
 	persistent := fs.Bool("assume-persistent", false, "probe only (binary search), without replaying the steps it did not probe; the report lists them as not checked")
 	pos, code, ok := rpArgs(fs, args, 1, nil)

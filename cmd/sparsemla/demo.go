@@ -35,7 +35,7 @@ with 'sparsemla synth' and 'sparsemla replay'.`
 var demoFault = fault.Fault{Kind: fault.StalePrefix, Step: 9, Layer: 3}
 
 func runDemo(args []string, stdout, stderr io.Writer) (code int) {
-	fs := rpFlagSet("demo", "demo [--keep DIR] [--reference]", demoDoc, stderr)
+	fs := rpFlagSet("demo", "demo [--keep DIR] [--reference]", demoDoc, stdout, stderr)
 	keep := fs.String("keep", "", "write the dumps into DIR and keep them (default: a temporary directory, removed)")
 	reference := fs.Bool("reference", false, referenceUsage)
 	if _, code, ok := rpArgs(fs, args, 0, nil); !ok {

@@ -33,7 +33,7 @@ diffed against a V4 one.`
 
 func runDiff(args []string, stdout, stderr io.Writer) int {
 	var f replayFlags
-	fs := rpFlagSet("diff", "diff A B [--weights DIR] [--map FILE] [--tol FILE] [--json] [--reference]", diffDoc, stderr)
+	fs := rpFlagSet("diff", "diff A B "+rpCommonUsage, diffDoc, stdout, stderr)
 	f.register(fs, false)
 	pos, code, ok := rpArgs(fs, args, 2, nil)
 	if !ok {

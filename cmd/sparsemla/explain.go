@@ -12,28 +12,25 @@ const explainDoc = `explain walks ONE decode step of ONE attention layer of Deep
 order of the official model.py (spec dsv4-attention.md §4), printing every stage:
 its name (the dump key), its equation, shape, dtype and a few values. Weights and
 the state of the earlier tokens are synthetic (seeded random, generated only for
-the layer asked for); the arithmetic is the reference's.
+the layer asked for); the arithmetic is the reference's. A V3.2 preset (v32,
+v32-tiny) walks the V3.2 layer (MLA with the lightning indexer), a V4.1 preset
+(v41-tiny, v41-flash) the V4.1 attention sub-layer and the layers it reads.
+Exit status: 0, or 2 for a bad flag.`
 
-Flags:
-`
+const explainUsage = "explain [--config tiny|flash|pro|v32|v32-tiny|v41-tiny|v41-flash] [--layer L] [--step P] [--seed S] [--values N] [--policy official|bf16|hf-eager]"
 
 func init() {
 	register(&command{name: "explain", summary: "walk one decode step of one layer, stage by stage (teaching view)", run: runExplain})
 }
 
 func runExplain(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("explain", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	cfgName := fs.String("config", "tiny", "model preset: tiny | flash | pro | v41-tiny | v41-flash")
+	fs := rpFlagSet("explain", explainUsage, explainDoc, stdout, stderr)
+	cfgName := fs.String("config", "tiny", "model preset: tiny | flash | pro | v32 | v32-tiny | v41-tiny | v41-flash")
 	layer := fs.Int("layer", -1, "layer index (default: the first CSA layer, r = 4; V4.1: the first index source using candidate blocks)")
 	step := fs.Int64("step", 255, "decode position p (> 0); the state holds tokens 0 … p−1")
 	seed := fs.Uint64("seed", 1, "seed of the synthetic weights, state and input")
-	nvals := fs.Int("values", 4, "values printed per stage")
+	nvals := fs.Int("values", 4, "values printed per stage, at least 1")
 	policy := fs.String("policy", "official", "numerics policy: official (model.py, FP8 checkpoint), bf16 (model.py on a bf16 checkpoint) or hf-eager (transformers' eager bf16 path); other than official, the stages that differ are listed first")
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: sparsemla explain [--config tiny|flash|pro|v41-tiny|v41-flash] [--layer L] [--step P] [--seed N] [--policy official|bf16|hf-eager]\n\n%s", explainDoc)
-		fs.PrintDefaults()
-	}
 	pos, err := rpParseArgs(fs, args)
 	if err == flag.ErrHelp {
 		return exitOK
@@ -43,6 +40,10 @@ func runExplain(args []string, stdout, stderr io.Writer) int {
 	}
 	if len(pos) > 0 {
 		rpUsageError(fs, fmt.Sprintf("unexpected argument %q", pos[0]))
+		return exitError
+	}
+	if *nvals < 1 {
+		rpUsageError(fs, fmt.Sprintf("--values %d: at least 1 value per stage", *nvals))
 		return exitError
 	}
 	cfg, err := engine.Preset(*cfgName)
@@ -59,12 +60,10 @@ func runExplain(args []string, stdout, stderr io.Writer) int {
 	case engine.PolicyHFEager:
 		cfg.DType = "bf16" // HF runs bf16 weights: the synthetic ones serve as such
 		if err := cfg.SetPolicy(*policy); err != nil {
-			fmt.Fprintf(stderr, "explain: %v\n", err)
-			return exitError
+			return rpFail(stderr, "explain", err)
 		}
 	default:
-		fmt.Fprintf(stderr, "explain: --policy %q: official, bf16 or hf-eager\n", *policy)
-		return exitError
+		return rpFail(stderr, "explain", fmt.Errorf("--policy %q: official, bf16 or hf-eager", *policy))
 	}
 	if *layer < 0 {
 		for l := 0; l < cfg.NLayers; l++ {
@@ -84,9 +83,6 @@ func runExplain(args []string, stdout, stderr io.Writer) int {
 	// cover max_seq_len positions: p < max_seq_len.
 	if *step <= 0 || *step >= int64(cfg.MaxSeqLen) {
 		return rpFail(stderr, "explain", fmt.Errorf("--step %d: a decode position of the %s config is 1 … %d (max_seq_len = %d)", *step, *cfgName, cfg.MaxSeqLen-1, cfg.MaxSeqLen))
-	}
-	if *nvals < 1 {
-		*nvals = 1
 	}
 	if err := engine.Explain(stdout, cfg, *cfgName, *layer, *step, *seed, *nvals); err != nil {
 		return rpFail(stderr, "explain", err)

@@ -33,10 +33,14 @@ func TestExplainTiny(t *testing.T) {
 }
 
 func TestExplainBadFlags(t *testing.T) {
-	for _, args := range [][]string{{"--config", "huge"}, {"--step", "0"}, {"--layer", "9"}, {"extra"}} {
+	for _, args := range [][]string{{"--config", "huge"}, {"--step", "0"}, {"--layer", "9"}, {"extra"},
+		{"--values", "-1"}, {"--values", "0"}, {"--policy", "fast"}, {"--config", "v41-tiny", "--policy", "bf16"}} {
 		var out, errb bytes.Buffer
 		if code := run(append([]string{"explain"}, args...), &out, &errb); code != exitError {
 			t.Errorf("explain %v: exit %d, want %d", args, code, exitError)
+		}
+		if e := errb.String(); !strings.HasPrefix(e, "sparsemla explain: ") || strings.Count(e, "\n") != 1 || out.Len() != 0 {
+			t.Errorf("explain %v: want one error line 'sparsemla explain: …' and no output, got %q / %q", args, e, clip(out.String()))
 		}
 	}
 }

@@ -12,8 +12,7 @@ import (
 // (engine.ExplainV41).
 func runExplainV41(cfg *engine.Config, name, policy string, layer int, step int64, seed uint64, nvals int, stdout, stderr io.Writer) int {
 	if policy != "official" {
-		fmt.Fprintf(stderr, "explain: --policy %q: V4.1 has only the official numerics (model.py on the FP8 checkpoint)\n", policy)
-		return exitError
+		return rpFail(stderr, "explain", fmt.Errorf("--policy %q: V4.1 has only the official numerics (model.py on the FP8 checkpoint)", policy))
 	}
 	if layer < 0 {
 		for l := 0; l < cfg.NLayers; l++ {
@@ -31,9 +30,6 @@ func runExplainV41(cfg *engine.Config, name, policy string, layer int, step int6
 	}
 	if step <= 0 || step >= int64(cfg.MaxSeqLen) {
 		return rpFail(stderr, "explain", fmt.Errorf("--step %d: a decode position of the %s config is 1 … %d (max_seq_len = %d)", step, name, cfg.MaxSeqLen-1, cfg.MaxSeqLen))
-	}
-	if nvals < 1 {
-		nvals = 1
 	}
 	if err := engine.ExplainV41(stdout, cfg, name, layer, step, seed, nvals); err != nil {
 		return rpFail(stderr, "explain", err)

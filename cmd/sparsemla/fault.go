@@ -64,7 +64,7 @@ V4 order, -1 padding last, is the fault; steps < window-1) and topk-off-by-one
 keeps the V4.1 layout: the step file of P is rewritten, the rest copied.`
 
 func runFault(args []string, stdout, stderr io.Writer) int {
-	fs := rpFlagSet("fault", "fault --in DUMP --out DIR --fault KIND@step,layer [--seed S] [--weights W] [--map FILE] [--request R] [--reference]", faultDoc, stderr)
+	fs := rpFlagSet("fault", "fault --in DUMP --out DIR --fault KIND@step,layer [--seed S] [--weights W] [--map FILE] [--request R] [--reference]", faultDoc, stdout, stderr)
 	in := fs.String("in", "", "the dump to copy (or give it as the argument)")
 	out := fs.String("out", "", "output directory (required; new, empty, or an earlier copy to replace)")
 	faultFlag := fs.String("fault", "", "the fault, KIND@step,layer (required; see above)")

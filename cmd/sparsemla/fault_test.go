@@ -187,7 +187,7 @@ func TestFaultCommandErrors(t *testing.T) {
 			t.Errorf("%v: refused, but %s was written", c.args, out)
 		}
 	}
-	if code, _, e := rpRun("fault", "--help"); code != exitOK || !strings.Contains(e, "usage: sparsemla fault") {
-		t.Errorf("fault --help: exit %d\n%s", code, e)
+	if code, o, e := rpRun("fault", "--help"); code != exitOK || !strings.Contains(o, "usage: sparsemla fault") || e != "" {
+		t.Errorf("fault --help: exit %d\n%s%s", code, o, e)
 	}
 }

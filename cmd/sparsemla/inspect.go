@@ -23,19 +23,20 @@ func init() {
 	})
 }
 
-const inspectDoc = `Usage: sparsemla inspect DUMP [--map FILE|NAME] [--json] [--index-only] [--filter REGEXP] [--summary]
+const inspectUsage = "inspect DUMP [--map FILE|NAME] [--json] [--index-only] [--filter REGEXP] [--summary]"
 
-DUMP is a native dump (.smd file, or a directory of them), a safetensors file or
-directory, an .npz file, or a directory of .npy/.npz files. Non-native dumps are
-mapped to canonical keys (request, step, layer, stage) by a name map: --map, else a
-built-in map detected for the directory (official-v4-tiny), else the generic map.
+const inspectDoc = `DUMP is a native dump (.smd file, or a directory of them), a safetensors file or
+directory, an .npz file, a directory of .npy/.npz files, a torch.save .pt file
+(or a directory of them), or an SGLang dumper directory (or its older per-pass
+tensor dumps). Non-native dumps are mapped to canonical keys (request, step,
+layer, stage) by a name map: --map, else a built-in map detected for the
+directory (official-v4-tiny, sglang, ...), else the generic map.
 
 For every record: key, kind, dtype, shape, bytes and min/max/mean/NaN/inf counts
 (records are read one at a time; memory is bounded by the largest record).
 --index-only skips the data (only the index pass: fast on many-GB dumps).
 
-Exit status: 0 success, 2 bad input (one line naming file, record, offset, reason).
-`
+Exit status: 0 success, 2 bad input (one line naming file, record, offset, reason).`
 
 type inspectRecord struct {
 	Request string   `json:"request"`
@@ -91,14 +92,12 @@ type inspectHeader struct {
 }
 
 func runInspect(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("inspect", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := rpFlagSet("inspect", inspectUsage, inspectDoc, stdout, stderr)
 	mapFile := fs.String("map", "", "name map: a JSON file or a built-in name ("+strings.Join(dump.BuiltinNameMaps(), ", ")+")")
 	asJSON := fs.Bool("json", false, "write a JSON report")
 	indexOnly := fs.Bool("index-only", false, "do not read record data (no value statistics)")
 	filter := fs.String("filter", "", "only records whose key (request/pSTEP/LLAYER/stage) matches this regexp")
 	summary := fs.Bool("summary", false, "print the summary only, not one line per record")
-	fs.Usage = func() { fmt.Fprint(stderr, inspectDoc); fs.PrintDefaults() }
 	pos, err := rpParseArgs(fs, args)
 	if err == flag.ErrHelp {
 		return exitOK

@@ -41,18 +41,29 @@ func main() {
 }
 
 // run dispatches args to a subcommand; it is main without os.Exit, for tests.
+// Help that is asked for ('help', 'help CMD', '--help') goes to stdout with
+// exit status 0; a command line that is wrong (no command, an unknown one,
+// 'help' of an unknown command) is an error on stderr, exit status 2.
 func run(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" || args[0] == "-help" {
-		if len(args) > 1 {
-			if c, ok := commands[args[1]]; ok {
-				return c.run([]string{"--help"}, stdout, stderr)
-			}
-		}
-		usage(stdout)
-		if len(args) == 0 {
+	if len(args) == 0 {
+		usage(stderr)
+		return exitError
+	}
+	if args[0] == "help" || args[0] == "-h" || args[0] == "--help" || args[0] == "-help" {
+		switch {
+		case len(args) == 1:
+			usage(stdout)
+			return exitOK
+		case len(args) > 2:
+			fmt.Fprintf(stderr, "sparsemla: help takes one command name, got %d (run 'sparsemla help')\n", len(args)-1)
 			return exitError
 		}
-		return exitOK
+		c, ok := commands[args[1]]
+		if !ok {
+			fmt.Fprintf(stderr, "sparsemla: help: unknown command %q (run 'sparsemla help')\n", args[1])
+			return exitError
+		}
+		return c.run([]string{"--help"}, stdout, stderr)
 	}
 	c, ok := commands[args[0]]
 	if !ok {

@@ -70,7 +70,7 @@ unchecked), 1 diverged (a decision is wrong), 2 error (bad input).`
 const maxEventStream = 4 << 30
 
 func runPrefix(args []string, stdout, stderr io.Writer) int {
-	fs := rpFlagSet("prefix", prefixUsage, prefixDoc, stderr)
+	fs := rpFlagSet("prefix", prefixUsage, prefixDoc, stdout, stderr)
 	page := fs.Int("page", 0, "page size in tokens (default: the input's)")
 	model := fs.String("config", "", "window and ratios of a model: a preset (tiny, flash, pro, v41-tiny, v41-flash) or a ModelArgs JSON file (DeepSeek-V4.1: its KV sources' ratios and index keys)")
 	window := fs.Int("window", -1, "sliding window (default: the dump header's, else 0)")
@@ -86,7 +86,7 @@ func runPrefix(args []string, stdout, stderr io.Writer) int {
 	medium := fs.String("medium", "", "event medium to keep (default GPU)")
 	group := fs.Int64("group", -1, "KV-cache group to keep (default: the first full-attention group, else the first seen)")
 	component := fs.String("component", "", "SGLang KV-cache component to keep (default: full, else the first seen)")
-	dpRank := fs.Int64("dp-rank", -1, "data-parallel rank to keep (required when the stream mixes ranks)")
+	dpRank := fs.Int64("dp-rank", -1, "data-parallel rank to keep (default: the stream's only rank; required when it mixes ranks)")
 	hashScheme := fs.String("hash-scheme", prefixcheck.HashAuto, "what a block hash names: auto, chained (the whole prefix, vLLM) or per-page (one page's tokens, SGLang before PR #13488)")
 	mapFlag := fs.String("map", "", "name map for a foreign dump (file or built-in name)")
 	pos, code, ok := rpArgs(fs, args, 1, nil)

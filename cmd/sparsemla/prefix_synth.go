@@ -13,7 +13,7 @@ import (
 	"sparsemla/userfile"
 )
 
-const prefixSynthUsage = "synth --prefix SCENARIO --out FILE [--form events|native] [--requests N] [--seed S] [--page N] [--capacity TOKENS] [--resume-at-end-only] [--fault KIND@N]"
+const prefixSynthUsage = "synth --prefix SCENARIO --out FILE [--format events|native] [--requests N] [--seed S] [--page N] [--capacity TOKENS] [--resume-at-end-only] [--fault KIND@N]"
 
 const prefixSynthDoc = `Writes a synthetic multi-request serving run whose prefix-cache decisions a
 correct engine made (a radix cache with page size --page, window 8, compress
@@ -22,8 +22,8 @@ Scenarios:
   system-prompts  four shared system prompts (one also under a LoRA adapter), unique user turns
   branching       conversations that continue or branch from earlier requests
   eviction        branching under a cache too small for the working set
---form events (default) writes a vLLM KV-cache event stream (BlockStored per
-request, BlockRemoved for every eviction); --form native writes a native dump
+--format events (default) writes a vLLM KV-cache event stream (BlockStored per
+request, BlockRemoved for every eviction); --format native writes a native dump
 (tok records of every request, a prefix frame per hit; no namespaces, and no
 eviction record: its check runs the same LRU with --capacity). --fault KIND@N inserts one extra request at arrival position N
 carrying a decision bug; 'sparsemla prefix' then reports exactly that request:
@@ -45,10 +45,11 @@ func prefixSynthRequested(args []string) bool {
 }
 
 func runPrefixSynth(args []string, stdout, stderr io.Writer) int {
-	fs := rpFlagSet("synth", prefixSynthUsage, prefixSynthDoc, stderr)
+	fs := rpFlagSet("synth", prefixSynthUsage, prefixSynthDoc, stdout, stderr)
 	scenario := fs.String("prefix", "", "scenario: "+strings.Join(fault.PrefixScenarios, ", "))
 	out := fs.String("out", "", "output file (required; not overwritten)")
-	form := fs.String("form", fault.FormEvents, "events or native")
+	form := fs.String("format", fault.FormEvents, "events or native")
+	fs.StringVar(form, "form", fault.FormEvents, "the same as -format (its earlier name)")
 	requests := fs.Int("requests", 24, "requests in the run")
 	seed := fs.Uint64("seed", 1, "random seed")
 	page := fs.Int("page", 16, "page size in tokens")
@@ -60,7 +61,7 @@ func runPrefixSynth(args []string, stdout, stderr io.Writer) int {
 	}
 	fail := func(err error) int { return rpFail(stderr, "synth", err) }
 	if *form != fault.FormEvents && *form != fault.FormNative {
-		return fail(fmt.Errorf("--form %q: want events or native", *form))
+		return fail(fmt.Errorf("--format %q: want events or native", *form))
 	}
 	s, err := fault.SynthPrefix(fault.PrefixOptions{Scenario: *scenario, Requests: *requests, Seed: *seed, PageSize: *page,
 		Capacity: *capacity, NoNamespaces: *form == fault.FormNative, ResumeAtEndOnly: *atEnd})
@@ -75,7 +76,7 @@ func runPrefixSynth(args []string, stdout, stderr io.Writer) int {
 			return fail(fmt.Errorf("--fault %q: want KIND@N (N an arrival position)", *faultFlag))
 		}
 		if f, known := fault.PrefixFaultForms[kind]; known && f != *form {
-			return fail(fmt.Errorf("--fault %s: expressible in --form %s only", kind, f))
+			return fail(fmt.Errorf("--fault %s: expressible in --format %s only", kind, f))
 		}
 		if faultID, err = s.Inject(kind, n); err != nil {
 			return fail(err)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -82,6 +83,26 @@ func TestPrefixSynthRoundTrip(t *testing.T) {
 		if code != exitDiverged || !strings.Contains(ro, "first divergence: request \""+id+"\"") || !strings.Contains(ro, "): "+kind+": ") || !strings.Contains(ro, " 1 diverged") {
 			t.Errorf("%s: exit %d, want request %s %s\n%s%s", check, code, id, kind, ro, e)
 		}
+	}
+}
+
+// One idea, one name: synth's dump format is --format in both of its forms;
+// --form, the earlier name of the prefix-cache run's, is an alias in both.
+func TestSynthFormatFlag(t *testing.T) {
+	dir := t.TempDir()
+	for i, args := range [][]string{
+		{"synth", "--prefix", "branching", "--format", "native"},
+		{"synth", "--prefix", "branching", "--form", "native"},
+		{"synth", "--steps", "1", "--format", "native"},
+		{"synth", "--steps", "1", "--form", "native"},
+	} {
+		out := filepath.Join(dir, fmt.Sprint(i))
+		if code, so, e := rpRun(append(args, "--out", out)...); code != exitOK {
+			t.Errorf("%v: exit %d\n%s%s", args, code, so, e)
+		}
+	}
+	if code, _, e := rpRun("synth", "--prefix", "branching", "--format", "npz", "--out", filepath.Join(dir, "x")); code != exitError || !strings.Contains(e, "--format \"npz\"") {
+		t.Errorf("--format npz: exit %d, %q", code, e)
 	}
 }
 

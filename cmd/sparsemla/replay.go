@@ -40,6 +40,13 @@ type replayFlags struct {
 	policy    string
 }
 
+// Usage-line parts of the flags replayFlags registers (register): the mode
+// and steps (withMode), then those every command that replays takes.
+const (
+	rpModeUsage   = "[--mode local|propagated|chained] [--steps LIST]"
+	rpCommonUsage = "[--weights FILE|DIR] [--map FILE|NAME] [--request ID] [--policy official|hf-eager] [--tol FILE] [--tol-stage SPEC]... [--json] [--reference]"
+)
+
 // referenceUsage documents --reference (every command that runs the reference).
 const referenceUsage = "run the plain reference loops (weights kept with their fp32 dequantisations) instead of the prepared fast kernels on compact weights, the default; both give the same bits, the report's JSON field 'kernels' names the one that ran"
 
@@ -218,16 +225,45 @@ type rpParseErr struct{ msg string }
 
 func (e *rpParseErr) Error() string { return e.msg }
 
-// newFlagSet returns a flag set that writes its usage to stderr and never
-// exits the process.
-func rpFlagSet(name, usageLine, doc string, stderr io.Writer) *flag.FlagSet {
+// rpFlagSet returns a flag set that never exits the process: errors go to
+// stderr (one line, rpUsageError), the help --help asks for goes to stdout
+// (rpHelp: the usage line, doc, then the flags).
+func rpFlagSet(name, usageLine, doc string, stdout, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: sparsemla %s\n\n%s\n\nflags:\n", usageLine, doc)
-		fs.PrintDefaults()
-	}
+	fs.Usage = func() { rpHelp(stdout, fs, "usage: sparsemla "+usageLine+"\n\n"+doc+"\n\nflags:\n") }
 	return fs
+}
+
+// rpHelp writes head, then every flag of fs as flag.PrintDefaults does,
+// to w (stdout: help that was asked for is output, not an error), except
+// that a flag whose usage already says its default ("(default: ...)") is
+// not followed by the flag package's "(default -1)" too.
+func rpHelp(w io.Writer, fs *flag.FlagSet, head string) {
+	fmt.Fprint(w, head)
+	fs.VisitAll(func(f *flag.Flag) {
+		var b strings.Builder
+		fmt.Fprintf(&b, "  -%s", f.Name)
+		name, usage := flag.UnquoteUsage(f)
+		if len(name) > 0 {
+			b.WriteString(" " + name)
+		}
+		if b.Len() <= 4 {
+			b.WriteString("\t")
+		} else {
+			b.WriteString("\n    \t")
+		}
+		b.WriteString(strings.ReplaceAll(usage, "\n", "\n    \t"))
+		zero := f.DefValue == "" || f.DefValue == "0" || f.DefValue == "false"
+		if !zero && !strings.Contains(usage, "(default") {
+			if fmt.Sprintf("%T", f.Value) == "*flag.stringValue" {
+				fmt.Fprintf(&b, " (default %q)", f.DefValue)
+			} else {
+				fmt.Fprintf(&b, " (default %v)", f.DefValue)
+			}
+		}
+		fmt.Fprintln(w, b.String())
+	})
 }
 
 // rpArgs parses args (flags before or after the positional arguments) and
@@ -256,7 +292,11 @@ func rpArgs(fs *flag.FlagSet, args []string, npos int, ready func() bool) (pos [
 
 // rpUsageError prints one error line about the command line of fs.
 func rpUsageError(fs *flag.FlagSet, msg string) {
-	fmt.Fprintf(fs.Output(), "sparsemla %s: %s (see 'sparsemla %s --help')\n", fs.Name(), userfile.Escape(msg), fs.Name())
+	help := fs.Name()
+	if help == "synth" && fs.Lookup("prefix") != nil {
+		help = "synth --prefix x" // the prefix-cache run has its own flags and help
+	}
+	fmt.Fprintf(fs.Output(), "sparsemla %s: %s (see 'sparsemla %s --help')\n", fs.Name(), userfile.Escape(msg), help)
 }
 
 // rpParseArgs parses flags placed before or after the positional arguments.
@@ -321,7 +361,7 @@ stage the dump holds could not be compared; the report names them and why).`
 
 func runReplay(args []string, stdout, stderr io.Writer) int {
 	var f replayFlags
-	fs := rpFlagSet("replay", "replay DUMP [--weights DIR] [--map FILE] [--mode local|propagated] [--tol FILE] [--json] [--reference]", replayDoc, stderr)
+	fs := rpFlagSet("replay", "replay DUMP "+rpModeUsage+" "+rpCommonUsage, replayDoc, stdout, stderr)
 	f.register(fs, true)
 	pos, code, ok := rpArgs(fs, args, 1, nil)
 	if !ok {

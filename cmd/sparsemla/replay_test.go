@@ -79,8 +79,8 @@ func TestReplayCommandErrors(t *testing.T) {
 		t.Errorf("error is not one line naming the file: %q", e)
 	}
 	for _, name := range []string{"replay", "diff", "bisect", "report", "synth", "demo"} {
-		if code, _, e := rpRun(name, "--help"); code != exitOK || !strings.Contains(e, "usage: sparsemla "+name) {
-			t.Errorf("%s --help: exit %d\n%s", name, code, e)
+		if code, o, e := rpRun(name, "--help"); code != exitOK || !strings.Contains(o, "usage: sparsemla "+name) || e != "" {
+			t.Errorf("%s --help: exit %d\n%s%s", name, code, o, e)
 		}
 	}
 }

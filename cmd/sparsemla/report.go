@@ -26,7 +26,7 @@ are inline SVG. Exit status: 0 agree, 1 diverged, 2 error, 3 incomplete.`
 
 func runReport(args []string, stdout, stderr io.Writer) int {
 	var f replayFlags
-	fs := rpFlagSet("report", "report DUMP --html OUT [--mode local|propagated] [--weights DIR] [--map FILE] [--tol FILE] [--reference]", reportDoc, stderr)
+	fs := rpFlagSet("report", "report DUMP --html OUT "+rpModeUsage+" "+rpCommonUsage, reportDoc, stdout, stderr)
 	f.register(fs, true)
 	out := fs.String("html", "", "output HTML file (required)")
 	pos, code, ok := rpArgs(fs, args, 1, func() bool { return *out != "" })

@@ -71,14 +71,15 @@ func runSynth(args []string, stdout, stderr io.Writer) int {
 	if prefixSynthRequested(args) {
 		return runPrefixSynth(args, stdout, stderr)
 	}
-	fs := rpFlagSet("synth", "synth --out DIR [--config tiny] [--steps N] [--prefill N] [--seed S] [--whole] [--fault KIND@step,layer]", synthDoc, stderr)
+	fs := rpFlagSet("synth", "synth --out DIR [--config tiny|v32-tiny|v41-tiny] [--steps N] [--prefill N] [--seed S] [--whole] [--fault KIND@step,layer] [--format native|official|native-pages]", synthDoc, stdout, stderr)
 	out := fs.String("out", "", "output directory (required)")
-	cfg := fs.String("config", "tiny", "model preset (tiny, or v41-tiny for DeepSeek-V4.1)")
+	cfg := fs.String("config", "tiny", "model preset: tiny (DeepSeek-V4), v32-tiny (DeepSeek-V3.2) or v41-tiny (DeepSeek-V4.1)")
 	steps := fs.Int("steps", 8, "decode steps to dump")
 	prefill := fs.Int("prefill", 6, "positions run before the first dumped step (the start state is valid after them)")
 	seed := fs.Uint64("seed", 1, "random seed of the weights and the token stream")
 	faultFlag := fs.String("fault", "", "inject a fault, KIND@step,layer (see above)")
 	format := fs.String("format", "", "dump format: native (dump.smd; the default of V4), or for --config v41-*: official (the V4.1 layout, its default), native (dump.smd with the caches also as V4.1 KV pages) or native-pages (the caches as pages only)")
+	fs.StringVar(format, "form", "", "the same as -format")
 	whole := fs.Bool("whole", false, "the whole model (hyper-connections, MoE, head) and every whole-step stage, not the attention path only")
 	if _, code, ok := rpArgs(fs, args, 0, func() bool { return *out != "" }); !ok {
 		return code
