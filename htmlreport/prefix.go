@@ -12,7 +12,7 @@ const prefixTemplate = `<!DOCTYPE html>
 <style>
 body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
 h1{font-size:1.4em} .verdict{font-size:1.2em;padding:.5em;border-radius:4px}
-.agree{background:#e4f6e4} .diverged{background:#fbe3e3} .warn{background:#fff6d6} .unchecked{background:#eee}
+.agree{background:#e4f6e4} .diverged{background:#fbe3e3} .warn{background:#fff6d6} .unchecked,.incomplete{background:#eee}
 table{border-collapse:collapse;font-size:.85em} td,th{border:1px solid #ccc;padding:2px 6px;text-align:left;vertical-align:top}
 code{background:#f3f3f3;padding:1px 3px}
 .bar{height:6px;margin:1px 0} .truth{background:#4a7ebb} .engine{background:#d9822b}
@@ -26,7 +26,7 @@ window {{.R.Cache.Window}}, compress ratios {{.R.Cache.Ratios}}, evictions <b>{{
 {{.R.Summary.AlignmentLoss}} shared tokens in {{.R.Summary.AlignmentReqs}} requests fall inside a page.</p>
 {{if .R.First}}<div class="verdict diverged"><b>first divergence: request {{.R.First.ID}} (#{{.R.First.Index}}): {{.R.First.Kind}}</b>
 <p>{{.R.First.Detail}}</p><p>correct cache: {{.R.First.Truth.Text}}<br>engine: {{.R.First.Recorded.Text}}</p></div>
-{{else}}<div class="verdict {{.R.Verdict}}"><b>{{.R.Verdict}}</b>{{if eq .R.Verdict "agree"}}: every judged decision is the correct cache's{{else}}: no request could be judged{{end}}</div>{{end}}
+{{else}}<div class="verdict {{.R.Verdict}}"><b>{{.R.Verdict}}</b>{{if eq .R.Verdict "agree"}}: every request was judged, and every decision is the correct cache's{{else}}: {{.R.Summary.Unchecked}} of {{.R.Summary.Requests}} requests could not be judged (unchecked), no judged decision is wrong{{end}}</div>{{end}}
 <h2>Requests that are not plain agreements</h2>
 <p>Bars: reused tokens of the request's known tokens, <span style="color:#4a7ebb">correct cache</span> and <span style="color:#d9822b">engine</span>.{{if .Cut}} The first {{len .Rows}} are listed (the JSON report lists all).{{end}}</p>
 <table><tr><th>#</th><th>request</th><th>status</th><th>kind</th><th>reuse</th><th>detail</th><th>correct cache</th><th>engine</th></tr>

@@ -44,8 +44,10 @@
 //     page), eviction (the shared pages were evicted), namespace (shared with
 //     a request of another namespace) or resume (cached but not resumable).
 //
-// The run's verdict is "diverged" when any request diverged; exit statuses as
-// replay's: 0 agree, 1 diverged, 2 error (bad input).
+// The run's verdict is "diverged" when any request diverged, else
+// "incomplete" when some request could not be judged (unchecked), else
+// "agree"; exit statuses as replay's: 0 agree, 1 diverged, 2 error (bad
+// input), 3 incomplete.
 //
 // # Inputs
 //

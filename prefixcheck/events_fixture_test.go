@@ -316,7 +316,9 @@ func TestEventFixtures(t *testing.T) {
 	}{
 		{"vllm-kv-events.msgpack", vllmFixture, Config{PageSize: 4, Schedule: testCfg.Schedule}, "diverged"},
 		{"sglang-kv-events.msgpack", sglangFixture, Config{PageSize: 2, Schedule: testCfg.Schedule}, "diverged"},
-		{"sglang-perpage-kv-events.msgpack", sglangPerPageFixture, Config{PageSize: 1, Schedule: testCfg.Schedule}, "agree"},
+		// One request unchecked (its parent hash names two cached pages), none
+		// wrong: incomplete, exit 3, not an agreement.
+		{"sglang-perpage-kv-events.msgpack", sglangPerPageFixture, Config{PageSize: 1, Schedule: testCfg.Schedule}, VerdictIncomplete},
 		{"sglang-salted-kv-events.msgpack", sglangSaltedFixture, Config{PageSize: 2, Schedule: testCfg.Schedule}, "agree"},
 	} {
 		t.Run(f.file, func(t *testing.T) {
@@ -347,7 +349,7 @@ func TestEventFixtures(t *testing.T) {
 				t.Fatal(err)
 			}
 			checkWants(t, rep, wants)
-			if rep.Verdict != f.verdict || rep.Diverged() != (f.verdict == "diverged") {
+			if rep.Verdict != f.verdict || rep.Diverged() != (f.verdict == "diverged") || rep.Incomplete() != (f.verdict == VerdictIncomplete) {
 				t.Errorf("verdict %s, want %s", rep.Verdict, f.verdict)
 			}
 			if testing.Verbose() {

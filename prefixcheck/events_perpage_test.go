@@ -87,7 +87,7 @@ func TestEventsSGLangRepeatedPage(t *testing.T) {
 			stored{hashes: []int64{h7}, parent: p64(h5), tokens: []int64{7}, bs: 1},
 			stored{hashes: []int64{h5}, parent: p64(h7), tokens: []int64{5}, bs: 1},
 			stored{hashes: []int64{h9}, parent: p64(h5), tokens: []int64{9}, bs: 1})
-		if rep.Verdict != "unchecked" || rep.Summary.Diverged != 0 || !hasNote(tr, "per-page") {
+		if rep.Verdict != VerdictIncomplete || rep.ExitCode() != 3 || rep.Summary.Diverged != 0 || !hasNote(tr, "per-page") {
 			t.Fatalf("verdict %s, %d diverged, notes %q", rep.Verdict, rep.Summary.Diverged, tr.Notes)
 		}
 	})

@@ -12,16 +12,19 @@ const SchemaVersion = "sparsemla.prefix/v1"
 
 // Report is the result of a ground-truth run.
 type Report struct {
-	Schema   string    `json:"schema"`
-	Command  string    `json:"command"` // "prefix"
-	Input    string    `json:"input"`
-	Format   string    `json:"format"`
-	Cache    CacheInfo `json:"cache"`
-	Verdict  string    `json:"verdict"` // agree | diverged | unchecked (no request could be judged)
-	Summary  Summary   `json:"summary"`
-	First    *Result   `json:"first_divergence"` // null when agree
-	Requests []Result  `json:"requests"`         // arrival order
-	Notes    []string  `json:"notes,omitempty"`
+	Schema  string    `json:"schema"`
+	Command string    `json:"command"` // "prefix"
+	Input   string    `json:"input"`
+	Format  string    `json:"format"`
+	Cache   CacheInfo `json:"cache"`
+	// Verdict: agree (every request judged, none wrong), diverged (a
+	// decision is wrong) or incomplete (none wrong among those judged, but
+	// Summary.Unchecked requests could not be judged: no agreement claimed).
+	Verdict  string   `json:"verdict"`
+	Summary  Summary  `json:"summary"`
+	First    *Result  `json:"first_divergence"` // null when agree
+	Requests []Result `json:"requests"`         // arrival order
+	Notes    []string `json:"notes,omitempty"`
 	// TextAll makes WriteText list every request that is not a plain
 	// agreement (by default at most 20 of each status, and agreeing misses
 	// as counts by cause).
@@ -169,14 +172,21 @@ func (rep *Report) add(res *Result) {
 	}
 }
 
+// Verdicts of a report (Report.Verdict).
+const (
+	VerdictAgree      = "agree"
+	VerdictDiverged   = "diverged"
+	VerdictIncomplete = "incomplete"
+)
+
 func (rep *Report) finish() {
-	rep.Verdict = "agree"
-	if s := rep.Summary; s.Requests == s.Unchecked {
-		rep.Verdict = "unchecked" // nothing could be judged: not an agreement
+	rep.Verdict = VerdictAgree
+	if rep.Summary.Unchecked > 0 {
+		rep.Verdict = VerdictIncomplete // some request could not be judged: no agreement claimed
 	}
 	for i := range rep.Requests {
 		if rep.Requests[i].Status == StatusDiverged {
-			rep.Verdict = "diverged"
+			rep.Verdict = VerdictDiverged
 			rep.First = &rep.Requests[i]
 			break
 		}
@@ -184,13 +194,21 @@ func (rep *Report) finish() {
 }
 
 // Diverged reports whether any request's decision was wrong.
-func (rep *Report) Diverged() bool { return rep.Verdict == "diverged" }
+func (rep *Report) Diverged() bool { return rep.Verdict == VerdictDiverged }
 
-// ExitCode is the command's exit status: 0 agree, 1 diverged (2, an error,
-// is the caller's).
+// Incomplete reports whether no judged decision was wrong but some request
+// could not be judged.
+func (rep *Report) Incomplete() bool { return rep.Verdict == VerdictIncomplete }
+
+// ExitCode is the command's exit status, as replay's: 0 agree (every request
+// judged), 1 diverged, 3 incomplete (some request not judged, none wrong);
+// 2, an error, is the caller's.
 func (rep *Report) ExitCode() int {
-	if rep.Diverged() {
+	switch {
+	case rep.Diverged():
 		return 1
+	case rep.Incomplete():
+		return 3
 	}
 	return 0
 }
@@ -253,6 +271,16 @@ func (rep *Report) WriteText(w io.Writer) {
 		fmt.Fprintf(w, "; %d shared tokens in %s fall inside a page (alignment)", s.AlignmentLoss, plural(s.AlignmentReqs, "request"))
 	}
 	fmt.Fprintln(w)
+	if rep.Incomplete() {
+		what := fmt.Sprintf("%d of the %d requests could not be judged", s.Unchecked, s.Requests)
+		switch {
+		case s.Requests == 1:
+			what = "the one request could not be judged"
+		case s.Unchecked == s.Requests:
+			what = fmt.Sprintf("none of the %d requests could be judged", s.Requests)
+		}
+		fmt.Fprintf(w, "  incomplete: %s (listed below as unchecked, with the reason); agree needs every request judged\n", what)
+	}
 	// Diverged, warn and unchecked requests (at most maxTextLines of each
 	// unless TextAll), then the causes of agreeing misses as counts.
 	shown := map[string]int{}

@@ -248,3 +248,40 @@ func TestTextCapsLines(t *testing.T) {
 		t.Fatalf("TextAll: %d lines", n)
 	}
 }
+
+// A request that could not be judged makes the report incomplete (exit 3,
+// as replay's), never agree: agree needs every request judged. A divergence
+// among the judged ones still makes it diverged.
+func TestIncompleteVerdict(t *testing.T) {
+	unknown := Request{ID: "u", Unknown: "the request's tokens are not recorded"}
+	for _, c := range []struct {
+		name    string
+		reqs    []Request
+		hits    bool
+		verdict string
+		exit    int
+		text    string
+	}{
+		{"all judged", []Request{req("a", "abcdefgh", 0, ""), req("b", "abcdxyzw", 4, "a")}, true, VerdictAgree, 0, ""},
+		{"none judged", []Request{req("a", "abcd", 0, ""), req("b", "abcd", 0, "")}, false, VerdictIncomplete, 3,
+			"incomplete: none of the 2 requests could be judged"},
+		{"one not judged", []Request{req("a", "abcdefgh", 0, ""), unknown, req("b", "abcdxyzw", 4, "a")}, true, VerdictIncomplete, 3,
+			"incomplete: 1 of the 3 requests could not be judged"},
+		{"one not judged, one wrong", []Request{req("a", "abcdefgh", 0, ""), unknown, req("b", "abcdxyzw", 8, "a")}, true, VerdictDiverged, 1, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tr := Trace{Requests: c.reqs, HitsRecorded: c.hits}
+			rep, err := Run(&tr, testCfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var b bytes.Buffer
+			rep.WriteText(&b)
+			first, _, _ := strings.Cut(b.String(), "\n")
+			if rep.Verdict != c.verdict || rep.ExitCode() != c.exit || !strings.Contains(first, ": "+c.verdict+": ") ||
+				(c.text != "") != strings.Contains(b.String(), "  incomplete: ") || !strings.Contains(b.String(), c.text) {
+				t.Errorf("verdict %s exit %d, want %s %d and %q:\n%s", rep.Verdict, rep.ExitCode(), c.verdict, c.exit, c.text, b.String())
+			}
+		})
+	}
+}

@@ -64,8 +64,12 @@ page). --brief lists only the requests that are not plain agreements (JSON);
 the text lists at most 20 requests of each status unless --all. --html OUT
 also writes a self-contained HTML page (a new file).
 
-Exit status: 0 agree (also when no request could be judged: verdict
-unchecked), 1 diverged (a decision is wrong), 2 error (bad input).`
+Exit status: 0 agree (every request judged, every decision the correct
+cache's; warn requests, which the input cannot prove wrong, included), 1
+diverged (a decision is wrong), 2 error (bad input), 3 incomplete (no judged
+decision is wrong, but some request could not be judged: its tokens, its hit
+or its place in the cache is not recorded; the report says how many, and
+lists each as unchecked with the reason).`
 
 const maxEventStream = 4 << 30
 
@@ -211,7 +215,13 @@ func runPrefix(args []string, stdout, stderr io.Writer) int {
 		rep.TextAll = *all
 		rep.WriteText(stdout)
 	}
-	return rep.ExitCode()
+	switch {
+	case rep.Diverged():
+		return exitDiverged
+	case rep.Incomplete():
+		return exitIncomplete
+	}
+	return exitOK
 }
 
 // isEventStream tells an event stream from a dump: a dump is a directory, a

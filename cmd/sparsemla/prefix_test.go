@@ -37,6 +37,31 @@ func TestPrefixCommandFixtures(t *testing.T) {
 	}
 }
 
+// A request prefix could not judge makes the check incomplete, exit 3, as
+// replay's: never agree (exit 0), which a CI job would read as a pass.
+func TestPrefixIncompleteExit(t *testing.T) {
+	fx := "../../testdata/prefixcheck/"
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"prefix", "../../testdata/dump/native/all_dtypes.smd", "--page", "16"}, "incomplete: none of the 2 requests could be judged"},
+		{[]string{"prefix", "--hash-scheme", "per-page", fx + "vllm-kv-events.msgpack"}, "incomplete: none of the 10 requests could be judged"},
+		{[]string{"prefix", fx + "sglang-perpage-kv-events.msgpack", "--page", "1", "--window", "4", "--ratios", "0,4,128"}, "incomplete: 1 of the 5 requests could not be judged"},
+	} {
+		code, out, e := rpRun(c.args...)
+		first, _, _ := strings.Cut(out, "\n")
+		if code != exitIncomplete || !strings.Contains(first, ": incomplete: ") || !strings.Contains(out, c.want) || e != "" {
+			t.Errorf("%v: exit %d, want 3 and %q\n%s%s", c.args, code, c.want, out, e)
+		}
+	}
+	code, out, _ := rpRun("prefix", "--json", fx+"sglang-perpage-kv-events.msgpack", "--page", "1")
+	var rep struct{ Verdict string }
+	if code != exitIncomplete || json.Unmarshal([]byte(out), &rep) != nil || rep.Verdict != "incomplete" {
+		t.Errorf("--json: exit %d, verdict %q", code, rep.Verdict)
+	}
+}
+
 // synth --prefix writes runs that prefix checks: clean ones agree, each fault
 // diverges at exactly its request with its kind.
 func TestPrefixSynthRoundTrip(t *testing.T) {
