@@ -23,7 +23,9 @@ Scenarios:
   branching       conversations that continue or branch from earlier requests
   eviction        branching under a cache too small for the working set
 --format events (default) writes a vLLM KV-cache event stream (BlockStored per
-request, BlockRemoved for every eviction); --format native writes a native dump
+request that stores a new page, BlockRemoved for every eviction: as in vLLM's
+stream, a request whose hit covers every whole page it has sends no event, so
+'prefix' counts fewer requests; the output says which); --format native writes a native dump
 (tok records of every request, a prefix frame per hit; no namespaces, and no
 eviction record: its check runs the same LRU with --capacity). --fault KIND@N inserts one extra request at arrival position N
 carrying a decision bug; 'sparsemla prefix' then reports exactly that request:
@@ -86,9 +88,19 @@ func runPrefixSynth(args []string, stdout, stderr io.Writer) int {
 		return fail(fmt.Errorf("%s exists: not overwritten", *out))
 	}
 	cfg := s.Config()
+	// An event stream shows a request only by its BlockStored event: one
+	// that stores no new whole page (its hit covers every whole page it
+	// has) sends none, so 'prefix' counts fewer requests than were run.
+	var unseen []string
 	check := fmt.Sprintf("sparsemla prefix %s --window %d --ratios %s", *out, cfg.Schedule.Window, joinInts(cfg.Schedule.Ratios))
 	if *form == fault.FormEvents {
-		data, err := prefixcheck.EncodeEvents(s.Events(), prefixcheck.EncodingMap)
+		evs := s.Events()
+		for i, b := range evs {
+			if n := len(b.Events); n == 0 || b.Events[n-1].Type != "BlockStored" {
+				unseen = append(unseen, fmt.Sprintf("%s (batch %d)", s.Requests[i].ID, i))
+			}
+		}
+		data, err := prefixcheck.EncodeEvents(evs, prefixcheck.EncodingMap)
 		if err != nil {
 			return fail(err)
 		}
@@ -121,7 +133,21 @@ func runPrefixSynth(args []string, stdout, stderr io.Writer) int {
 		kind, _, _ := strings.Cut(*faultFlag, "@")
 		fmt.Fprintf(stdout, "; fault %s in request %s", kind, faultID)
 	}
-	fmt.Fprintf(stdout, "\ncheck: %s\n", check)
+	fmt.Fprintln(stdout)
+	if n := len(unseen); n > 0 {
+		const maxListed = 5
+		list := strings.Join(unseen[:min(n, maxListed)], ", ")
+		if n > maxListed {
+			list += fmt.Sprintf(" and %d more", n-maxListed)
+		}
+		verb, obj := "stores", "it"
+		if n > 1 {
+			verb, obj = "store", "them"
+		}
+		fmt.Fprintf(stdout, "note: the event stream shows %d of the %d requests: it shows a request only by the BlockStored event of its new pages, and %s %s none (its hit covers every whole page it has), so 'prefix' has no event of %s to check\n",
+			len(s.Requests)-n, len(s.Requests), list, verb, obj)
+	}
+	fmt.Fprintf(stdout, "check: %s\n", check)
 	return exitOK
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -107,6 +108,40 @@ func TestPrefixSynthRoundTrip(t *testing.T) {
 		id = strings.TrimSpace(strings.Split(id, "\n")[0])
 		if code != exitDiverged || !strings.Contains(ro, "first divergence: request \""+id+"\"") || !strings.Contains(ro, "): "+kind+": ") || !strings.Contains(ro, " 1 diverged") {
 			t.Errorf("%s: exit %d, want request %s %s\n%s%s", check, code, id, kind, ro, e)
+		}
+	}
+}
+
+// synth --prefix and prefix agree on how many requests there are: a request
+// whose hit covers every whole page it has stores no page, so the event
+// stream (as vLLM's) has no event of it; synth says so and names it, and the
+// count it gives for the stream is the one prefix reports.
+func TestPrefixSynthRequestCounts(t *testing.T) {
+	dir := t.TempDir()
+	wrote := regexp.MustCompile(`, (\d+) requests, page`)
+	shows := regexp.MustCompile(`(?m)^note: the event stream shows (\d+) of the (\d+) requests: .* req10 \(batch 10\) `)
+	checked := regexp.MustCompile(`: (agree|diverged): (\d+) requests: `)
+	for _, c := range []struct {
+		args       []string
+		run, shown string
+	}{
+		{[]string{"--prefix", "branching"}, "24", "23"},
+		{[]string{"--prefix", "eviction", "--fault", "evicted-page@5"}, "25", "24"},
+		{[]string{"--prefix", "branching", "--format", "native"}, "24", "24"},
+	} {
+		args := append(append([]string{"synth"}, c.args...), "--out", filepath.Join(dir, strings.Join(c.args, "_")))
+		code, so, e := rpRun(args...)
+		w := wrote.FindStringSubmatch(so)
+		if code != exitOK || w == nil || w[1] != c.run {
+			t.Fatalf("%v: exit %d, want %s requests\n%s%s", args, code, c.run, so, e)
+		}
+		if s := shows.FindStringSubmatch(so); (c.shown != c.run) != (s != nil) || s != nil && (s[1] != c.shown || s[2] != c.run) {
+			t.Errorf("%v: want a note that the stream shows %s of %s requests (req10 stores no page):\n%s", args, c.shown, c.run, so)
+		}
+		_, check, _ := strings.Cut(so, "check: sparsemla ")
+		_, ro, _ := rpRun(strings.Fields(check)...)
+		if m := checked.FindStringSubmatch(ro); m == nil || m[2] != c.shown {
+			t.Errorf("%s: want %s requests checked:\n%s", check, c.shown, ro)
 		}
 	}
 }
