@@ -37,6 +37,9 @@ func TestWritePage(t *testing.T) {
 	if !bytes.Equal(a.Bytes(), b.Bytes()) {
 		t.Error("two writes of one report differ")
 	}
+	if !IsPage(a.Bytes()) {
+		t.Error("IsPage does not know the page") // report --html could not replace its own page
+	}
 	page := a.String()
 	for _, want := range []string{"<!DOCTYPE html>", "data:image/svg", "Error by layer x step", html.EscapeString(rep.First.Text)} {
 		if !strings.Contains(page, want) {

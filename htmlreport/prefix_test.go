@@ -38,6 +38,9 @@ func TestWritePrefix(t *testing.T) {
 	if !bytes.Equal(p1.Bytes(), p2.Bytes()) {
 		t.Fatal("two renderings differ")
 	}
+	if !IsPage(p1.Bytes()) || IsPage([]byte("<!DOCTYPE html>\n<html><head><title>my notes")) {
+		t.Error("IsPage does not tell a prefix page from another HTML file")
+	}
 	for _, want := range []string{"first divergence: request b2.e1 (#3): evicted-page", `<tr class="diverged"><td>6</td>`, "overwritten-page", "missed-hit (namespace)", "1 event of other media than GPU skipped"} {
 		if !strings.Contains(page, want) {
 			t.Errorf("page lacks %q", want)

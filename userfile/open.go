@@ -110,6 +110,20 @@ func reason(op string, err error) string {
 	return "cannot " + op + ": " + what
 }
 
+// describeAs is Describe naming path whatever path the error names (the
+// temporary file an output is written to first means nothing to the user).
+func describeAs(path string, err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return &Error{Path: path, Reason: reason(pe.Op, pe.Err), Err: err}
+	}
+	var le *os.LinkError
+	if errors.As(err, &le) {
+		return &Error{Path: path, Reason: reason(le.Op, le.Err), Err: err}
+	}
+	return Describe(path, err)
+}
+
 // Stat is os.Stat with its error described (Describe).
 func Stat(path string) (fs.FileInfo, error) {
 	fi, err := os.Stat(path)

@@ -298,12 +298,109 @@ func (w *budgetWriter) Write(p []byte) (int, error) {
 
 // ---- one output file ----
 
+// ErrExists is wrapped by the refusal of an output file that exists and is
+// not one sparsemla wrote (OutputFile).
+var ErrExists = errors.New("output file exists")
+
+// maxOwnHead bounds the bytes of an existing output file that OutputFile.Own
+// is shown.
+const maxOwnHead = 64 << 10
+
+// OutputFile is the rule for one output file of a command, the same for
+// every command: a path that does not exist is written (its directory must
+// exist); one that exists is replaced only when it is a regular file that
+// sparsemla wrote, as Own recognises from its first bytes (an HTML page it
+// wrote, a native dump whose header names it as producer), or when Force is
+// set (the user's --force). A directory, a FIFO or device, an input of the
+// command or a link to one is never replaced, not even with Force.
+type OutputFile struct {
+	// Own reports whether head, the first bytes (at most 64 KiB) of the
+	// existing file, is an output of sparsemla. Nil: no output of this kind
+	// can be recognised (a KV-event stream carries no mark of its writer).
+	Own func(head []byte) bool
+	// What names the outputs Own recognises, for the refusal ("an HTML page
+	// sparsemla wrote").
+	What string
+	// Force replaces any regular file that is not an input.
+	Force bool
+}
+
+// CheckOutputFile checks, before a command's work, that out may be written
+// under rule o (OutputFile) and the Guard's inputs (Check). Its refusals
+// name out and say what to do.
+func (g *Guard) CheckOutputFile(out string, o OutputFile) error {
+	if out == "" {
+		return refuse(out, "empty path")
+	}
+	fi, err := os.Stat(out)
+	switch {
+	case err == nil && fi.IsDir():
+		return refuse(out, "it is a directory; give the path of a file")
+	case err == nil && !fi.Mode().IsRegular():
+		return refuse(out, "it is %s, not a regular file", TypeName(fi.Mode()))
+	case err != nil && !errors.Is(err, fs.ErrNotExist):
+		return Describe(out, err)
+	}
+	if err := g.Check(out); err != nil {
+		return err
+	}
+	if err != nil { // does not exist: its directory must
+		dir := filepath.Dir(out)
+		dfi, derr := os.Stat(dir)
+		switch {
+		case errors.Is(derr, fs.ErrNotExist):
+			return &Error{Path: out, Reason: "cannot be written: the directory " + Escape(dir) + " does not exist", Err: derr}
+		case derr != nil:
+			return Describe(dir, derr)
+		case !dfi.IsDir():
+			return &Error{Path: out, Reason: "cannot be written: " + Escape(dir) + " is " + TypeName(dfi.Mode()) + ", not a directory", Err: ErrNotRegular}
+		}
+		return nil
+	}
+	if o.Force || o.Own != nil && o.Own(fileHead(out)) {
+		return nil
+	}
+	what := "a file sparsemla can tell it wrote"
+	if o.What != "" {
+		what = o.What
+	}
+	return &Error{Path: out, Reason: "refused as an output: it exists and is not " + what +
+		"; remove it, give another path, or give --force to replace it", Err: errors.Join(ErrOutput, ErrExists)}
+}
+
+// fileHead returns the first bytes (at most maxOwnHead) of the regular file
+// path; nil when it cannot be read.
+func fileHead(path string) []byte {
+	f, _, err := Open(path)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	b, _ := io.ReadAll(io.LimitReader(f, maxOwnHead))
+	return b
+}
+
+// WriteOutputFile writes out through write under rule o: CheckOutputFile,
+// then WriteFile. The rule is checked again just before the rename.
+func (g *Guard) WriteOutputFile(out string, perm fs.FileMode, o OutputFile, write func(w io.Writer) error) error {
+	if err := g.CheckOutputFile(out, o); err != nil {
+		return err
+	}
+	return g.writeFile(out, perm, func() error { return g.CheckOutputFile(out, o) }, write)
+}
+
 // WriteFile writes the file out through write: it checks out (Check),
 // writes a temporary file in out's directory, syncs it, checks out again and
 // renames the temporary file over out. On any error the temporary file is
-// removed and out is left as it was. The file gets mode perm.
+// removed and out is left as it was. The file gets mode perm. It replaces
+// any regular file that is not an input: commands write their outputs with
+// WriteOutputFile, which replaces only their own.
 func (g *Guard) WriteFile(out string, perm fs.FileMode, write func(w io.Writer) error) error {
-	if err := g.Check(out); err != nil {
+	return g.writeFile(out, perm, func() error { return g.Check(out) }, write)
+}
+
+func (g *Guard) writeFile(out string, perm fs.FileMode, check func() error, write func(w io.Writer) error) error {
+	if err := check(); err != nil {
 		return err
 	}
 	if fi, err := os.Stat(out); err == nil && !fi.Mode().IsRegular() {
@@ -315,7 +412,7 @@ func (g *Guard) WriteFile(out string, perm fs.FileMode, write func(w io.Writer) 
 	}
 	f, err := os.CreateTemp(dir, "."+base+".tmp-*")
 	if err != nil {
-		return Describe(out, err)
+		return describeAs(out, err) // the temporary's name means nothing to the user
 	}
 	tmp := f.Name()
 	ok := false
@@ -341,11 +438,11 @@ func (g *Guard) WriteFile(out string, perm fs.FileMode, write func(w io.Writer) 
 	if err := f.Close(); err != nil {
 		return Describe(out, err)
 	}
-	if err := g.Check(out); err != nil {
+	if err := check(); err != nil {
 		return err
 	}
 	if err := os.Rename(tmp, out); err != nil {
-		return Describe(out, err)
+		return describeAs(out, err)
 	}
 	ok = true
 	return nil

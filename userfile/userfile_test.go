@@ -227,6 +227,72 @@ func TestWriteFileAtomic(t *testing.T) {
 	}
 }
 
+// The rule of an output file (OutputFile): a new path is written; an
+// existing file only when it is the command's own output or with Force; a
+// directory, an input or a missing directory never; every refusal names the
+// path the user gave (never a temporary) and says what to do.
+func TestOutputFileRule(t *testing.T) {
+	root, a := tree(t)
+	g, _ := NewGuard(a)
+	own := OutputFile{Own: func(h []byte) bool { return bytes.HasPrefix(h, []byte("OWN")) }, What: "a test output"}
+	write := func(s string) func(io.Writer) error {
+		return func(w io.Writer) error { _, err := io.WriteString(w, s); return err }
+	}
+	out := filepath.Join(root, "out.txt")
+	if err := g.WriteOutputFile(out, 0o644, own, write("OWN 1")); err != nil {
+		t.Fatalf("new path: %v", err)
+	}
+	if err := g.WriteOutputFile(out, 0o644, own, write("OWN 2")); err != nil {
+		t.Fatalf("own output: %v", err)
+	}
+	user := filepath.Join(root, "notes.txt")
+	os.WriteFile(user, []byte("my notes"), 0o644)
+	err := g.WriteOutputFile(user, 0o644, own, write("OWN"))
+	if !errors.Is(err, ErrExists) || !errors.Is(err, ErrOutput) || !strings.Contains(err.Error(), user+": ") ||
+		!strings.Contains(err.Error(), "not a test output") || !strings.Contains(err.Error(), "--force") {
+		t.Errorf("a user's file: %v", err)
+	}
+	if b, _ := os.ReadFile(user); string(b) != "my notes" {
+		t.Fatalf("a user's file was replaced: %q", b)
+	}
+	if err := g.WriteOutputFile(user, 0o644, OutputFile{}, write("OWN")); !errors.Is(err, ErrExists) {
+		t.Errorf("no Own (nothing recognisable): %v", err)
+	}
+	forced := own
+	forced.Force = true
+	if err := g.WriteOutputFile(user, 0o644, forced, write("OWN forced")); err != nil {
+		t.Errorf("--force: %v", err)
+	}
+	for _, c := range []struct{ path, want string }{
+		{filepath.Join(a, "weights.safetensors"), "an input"},
+		{root, "is a directory; give the path of a file"},
+		{filepath.Join(root, "no-such-dir", "x.html"), "x.html: cannot be written: the directory " + filepath.Join(root, "no-such-dir") + " does not exist"},
+	} {
+		err := g.WriteOutputFile(c.path, 0o644, forced, write("OWN"))
+		if err == nil || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), ".tmp-") {
+			t.Errorf("%s: %v, want %q", c.path, err, c.want)
+		}
+	}
+	if b, _ := os.ReadFile(filepath.Join(a, "weights.safetensors")); string(b) != "input weights.safetensors" {
+		t.Fatal("an input was replaced")
+	}
+	// A temporary cannot be made (a read-only directory; a name so long
+	// that the temporary's, longer, is too long): the error names the
+	// output, not the temporary.
+	ro := filepath.Join(root, "ro")
+	os.Mkdir(ro, 0o555)
+	outs := []string{filepath.Join(root, strings.Repeat("n", 250))}
+	if os.Geteuid() != 0 {
+		outs = append(outs, filepath.Join(ro, "x.html"))
+	}
+	for _, o := range outs {
+		err := g.WriteOutputFile(o, 0o644, own, write("OWN"))
+		if err == nil || !strings.Contains(err.Error(), o+": ") || strings.Contains(err.Error(), ".tmp-") {
+			t.Errorf("no temporary: %v", err)
+		}
+	}
+}
+
 func TestCreateDir(t *testing.T) {
 	root, a := tree(t)
 	g, _ := NewGuard(a)

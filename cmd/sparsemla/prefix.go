@@ -24,7 +24,7 @@ func init() {
 	})
 }
 
-const prefixUsage = "prefix INPUT [--page N] [--config NAME|FILE] [--window N] [--ratios R,R,...] [--capacity TOKENS] [--resume-at-end-only] [--retain N] [--brief] [--json] [--all] [--html OUT] [--events] [--medium NAME] [--group N] [--component NAME] [--dp-rank N] [--hash-scheme auto|chained|per-page] [--map FILE|NAME]"
+const prefixUsage = "prefix INPUT [--page N] [--config NAME|FILE] [--window N] [--ratios R,R,...] [--capacity TOKENS] [--resume-at-end-only] [--retain N] [--brief] [--json] [--all] [--html OUT] [--force] [--events] [--medium NAME] [--group N] [--component NAME] [--dp-rank N] [--hash-scheme auto|chained|per-page] [--map FILE|NAME]"
 
 const prefixDoc = `Runs a radix prefix cache with the engine's page size, sliding window and
 compress ratios over the run's requests in arrival order and sets, for every
@@ -62,7 +62,9 @@ that hash of its tokens). --retain N keeps the
 token streams of the last N requests only (older sources are compared page by
 page). --brief lists only the requests that are not plain agreements (JSON);
 the text lists at most 20 requests of each status unless --all. --html OUT
-also writes a self-contained HTML page (a new file).
+also writes a self-contained HTML page (an existing OUT is replaced only if it
+is a page sparsemla wrote, else refused: remove it, give another path, or
+--force; never an input).
 
 Exit status: 0 agree (every request judged, every decision the correct
 cache's; warn requests, which the input cannot prove wrong, included), 1
@@ -84,7 +86,8 @@ func runPrefix(args []string, stdout, stderr io.Writer) int {
 	retain := fs.Int("retain", 0, "keep the token streams of the last N requests (0: all)")
 	brief := fs.Bool("brief", false, "list only requests that are not plain agreements")
 	asJSON := fs.Bool("json", false, "write the JSON report (docs/prefix-json.md)")
-	htmlOut := fs.String("html", "", "also write a self-contained HTML page to this file (not overwritten)")
+	htmlOut := fs.String("html", "", "also write a self-contained HTML page to this file (an existing one is replaced only if it is a page sparsemla wrote, or with --force)")
+	force := fs.Bool("force", false, forceUsage)
 	all := fs.Bool("all", false, "text: list every request that is not a plain agreement (default: 20 of each status)")
 	events := fs.Bool("events", false, "read INPUT as a KV-cache event stream")
 	medium := fs.String("medium", "", "event medium to keep (default GPU)")
@@ -99,6 +102,18 @@ func runPrefix(args []string, stdout, stderr io.Writer) int {
 	}
 	fail := func(err error) int { return rpFail(stderr, "prefix", err) }
 	in := pos[0]
+	// The page: refused before the run when it would replace an input or a
+	// file sparsemla did not write (output.go).
+	var guard *userfile.Guard
+	if *htmlOut != "" {
+		var err error
+		if guard, err = userfile.NewGuard(in, *mapFlag, *model); err != nil {
+			return fail(err)
+		}
+		if err := guard.CheckOutputFile(*htmlOut, htmlOutput(*force)); err != nil {
+			return fail(err)
+		}
+	}
 	var tr *prefixcheck.Trace
 	var cfg prefixcheck.Config
 	if *events || isEventStream(in) {
@@ -193,17 +208,8 @@ func runPrefix(args []string, stdout, stderr io.Writer) int {
 		return fail(err)
 	}
 	if *htmlOut != "" {
-		fh, err := os.OpenFile(*htmlOut, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
-		if err != nil {
-			return fail(err)
-		}
-		if err := htmlreport.WritePrefix(fh, rep); err != nil {
-			fh.Close()
-			os.Remove(*htmlOut) // made here (O_EXCL): nothing partial is left
-			return fail(err)
-		}
-		if err := fh.Close(); err != nil {
-			os.Remove(*htmlOut)
+		// Through a temporary and a rename: an error leaves nothing partial.
+		if err := guard.WriteOutputFile(*htmlOut, 0o644, htmlOutput(*force), func(w io.Writer) error { return htmlreport.WritePrefix(w, rep) }); err != nil {
 			return fail(err)
 		}
 	}

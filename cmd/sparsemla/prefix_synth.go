@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"io"
-	"os"
 	"strconv"
 	"strings"
 
@@ -13,7 +12,7 @@ import (
 	"sparsemla/userfile"
 )
 
-const prefixSynthUsage = "synth --prefix SCENARIO --out FILE [--format events|native] [--requests N] [--seed S] [--page N] [--capacity TOKENS] [--resume-at-end-only] [--fault KIND@N]"
+const prefixSynthUsage = "synth --prefix SCENARIO --out FILE [--force] [--format events|native] [--requests N] [--seed S] [--page N] [--capacity TOKENS] [--resume-at-end-only] [--fault KIND@N]"
 
 const prefixSynthDoc = `Writes a synthetic multi-request serving run whose prefix-cache decisions a
 correct engine made (a radix cache with page size --page, window 8, compress
@@ -22,13 +21,18 @@ Scenarios:
   system-prompts  four shared system prompts (one also under a LoRA adapter), unique user turns
   branching       conversations that continue or branch from earlier requests
   eviction        branching under a cache too small for the working set
---format events (default) writes a vLLM KV-cache event stream (BlockStored per
-request that stores a new page, BlockRemoved for every eviction: as in vLLM's
-stream, a request whose hit covers every whole page it has sends no event, so
-'prefix' counts fewer requests; the output says which); --format native writes a native dump
-(tok records of every request, a prefix frame per hit; no namespaces, and no
-eviction record: its check runs the same LRU with --capacity). --fault KIND@N inserts one extra request at arrival position N
-carrying a decision bug; 'sparsemla prefix' then reports exactly that request:
+--format events (default) writes a vLLM KV-cache event stream: a BlockStored
+per request that stores a new page, a BlockRemoved for every eviction (as in
+vLLM's stream, a request whose hit covers every whole page it has sends no
+event, so 'prefix' counts fewer requests; the output names them). --format
+native writes a native dump: tok records of every request, a prefix frame per
+hit; no namespaces, and no eviction record (its check runs the same LRU with
+--capacity). --form is the same as --format.
+An existing --out is replaced only if synth --prefix wrote it as a native dump
+(its header says so; an event stream carries no mark of its writer); anything
+else is refused: remove it, give another path, or --force.
+--fault KIND@N inserts one extra request at arrival position N carrying a
+decision bug; 'sparsemla prefix' then reports exactly that request:
   hit-too-long         reuses one page more than it shares with its source (native)
   beyond-cache         reuses one token past the last cached page (native)
   resume-beyond-cache  resumes at a page boundary where no state was kept (native, --resume-at-end-only)
@@ -49,7 +53,8 @@ func prefixSynthRequested(args []string) bool {
 func runPrefixSynth(args []string, stdout, stderr io.Writer) int {
 	fs := rpFlagSet("synth", prefixSynthUsage, prefixSynthDoc, stdout, stderr)
 	scenario := fs.String("prefix", "", "scenario: "+strings.Join(fault.PrefixScenarios, ", "))
-	out := fs.String("out", "", "output file (required; not overwritten)")
+	out := fs.String("out", "", "output file (required; an existing one is replaced only if synth --prefix wrote it as a native dump, or with --force)")
+	force := fs.Bool("force", false, forceUsage)
 	form := fs.String("format", fault.FormEvents, "events or native")
 	fs.StringVar(form, "form", fault.FormEvents, "the same as -format (its earlier name)")
 	requests := fs.Int("requests", 24, "requests in the run")
@@ -58,10 +63,14 @@ func runPrefixSynth(args []string, stdout, stderr io.Writer) int {
 	capacity := fs.Int("capacity", 0, "engine cache capacity in tokens (0: unbounded; eviction scenario: 6 requests' worth)")
 	atEnd := fs.Bool("resume-at-end-only", false, "the engine keeps compressor state only at request ends")
 	faultFlag := fs.String("fault", "", "inject a decision fault, KIND@N (see above)")
-	if _, code, ok := rpArgs(fs, args, 0, func() bool { return *out != "" }); !ok {
+	if _, code, ok := rpArgs(fs, args, 0, []string{"out"}); !ok {
 		return code
 	}
 	fail := func(err error) int { return rpFail(stderr, "synth", err) }
+	g := &userfile.Guard{}
+	if err := g.CheckOutputFile(*out, prefixRunOutput(*force)); err != nil {
+		return fail(err)
+	}
 	if *form != fault.FormEvents && *form != fault.FormNative {
 		return fail(fmt.Errorf("--format %q: want events or native", *form))
 	}
@@ -84,9 +93,6 @@ func runPrefixSynth(args []string, stdout, stderr io.Writer) int {
 			return fail(err)
 		}
 	}
-	if _, err := os.Stat(*out); err == nil {
-		return fail(fmt.Errorf("%s exists: not overwritten", *out))
-	}
 	cfg := s.Config()
 	// An event stream shows a request only by its BlockStored event: one
 	// that stores no new whole page (its hit covers every whole page it
@@ -105,7 +111,7 @@ func runPrefixSynth(args []string, stdout, stderr io.Writer) int {
 			return fail(err)
 		}
 		// Through a temporary and a rename: a full disk leaves nothing partial.
-		if err := (&userfile.Guard{}).WriteFile(*out, 0o644, func(w io.Writer) error { _, err := w.Write(data); return err }); err != nil {
+		if err := g.WriteOutputFile(*out, 0o644, prefixRunOutput(*force), func(w io.Writer) error { _, err := w.Write(data); return err }); err != nil {
 			return fail(err)
 		}
 		if faultID != "" {
@@ -113,7 +119,7 @@ func runPrefixSynth(args []string, stdout, stderr io.Writer) int {
 		}
 	} else {
 		h := dump.Header{ModelArgs: fmt.Sprintf(`{"window_size": %d}`, cfg.Schedule.Window), CompressRatios: cfg.Schedule.Ratios,
-			Producer: map[string]string{"engine": "sparsemla synth --prefix " + *scenario}}
+			Producer: map[string]string{"engine": prefixRunProducer + *scenario}}
 		if err := s.WriteNative(*out, h); err != nil {
 			return fail(err)
 		}

@@ -25,8 +25,8 @@ func TestPrefixCommandFixtures(t *testing.T) {
 	if b, err := os.ReadFile(page); err != nil || !strings.Contains(string(b), "first divergence: request b2.e1") {
 		t.Fatalf("page: %v", err)
 	}
-	if code, _, _ := rpRun("prefix", "--html", page, "../../testdata/prefixcheck/vllm-kv-events.msgpack"); code != exitError {
-		t.Fatalf("--html over an existing file: exit %d", code)
+	if code, _, e := rpRun("prefix", "--html", page, "../../testdata/prefixcheck/vllm-kv-events.msgpack"); code != exitDiverged {
+		t.Fatalf("--html over its own earlier page (replaced): exit %d %s", code, e)
 	}
 	code, out, e = rpRun("prefix", "--json", "../../testdata/prefixcheck/sglang-kv-events.msgpack")
 	var rep struct {

@@ -267,11 +267,12 @@ func rpHelp(w io.Writer, fs *flag.FlagSet, head string) {
 }
 
 // rpArgs parses args (flags before or after the positional arguments) and
-// checks that there are exactly npos positional arguments and, when ready is
-// not nil, that ready() holds after parsing (the command's required flags).
+// checks that there are exactly npos positional arguments and that every flag
+// named in required was given a value (the command's required flags; an
+// error names the first one missing).
 // When ok is false the command returns code: 0 after --help (the usage has
 // been printed), 2 otherwise (one error line has been printed).
-func rpArgs(fs *flag.FlagSet, args []string, npos int, ready func() bool) (pos []string, code int, ok bool) {
+func rpArgs(fs *flag.FlagSet, args []string, npos int, required []string) (pos []string, code int, ok bool) {
 	pos, err := rpParseArgs(fs, args)
 	if err == flag.ErrHelp {
 		return nil, exitOK, false
@@ -283,9 +284,11 @@ func rpArgs(fs *flag.FlagSet, args []string, npos int, ready func() bool) (pos [
 		rpUsageError(fs, fmt.Sprintf("want %d argument(s), got %d", npos, len(pos)))
 		return nil, exitError, false
 	}
-	if ready != nil && !ready() {
-		rpUsageError(fs, "a required flag is missing")
-		return nil, exitError, false
+	for _, name := range required {
+		if f := fs.Lookup(name); f != nil && f.Value.String() == "" {
+			rpUsageError(fs, "--"+name+" is required")
+			return nil, exitError, false
+		}
 	}
 	return pos, exitOK, true
 }

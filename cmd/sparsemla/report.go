@@ -22,25 +22,29 @@ const reportDoc = `Replays DUMP (as 'replay' does) and writes a self-contained H
 verdict and first-divergence diagnosis, a heatmap of the worst stage error by
 layer x step, one plot per stage of its metric (bf16 ulps, cos_diff or values
 differing) over the steps, and the table of failing and tied stages. Images
-are inline SVG. Exit status: 0 agree, 1 diverged, 2 error, 3 incomplete.`
+are inline SVG. An existing OUT is replaced only if it is a page sparsemla
+wrote (else refused: remove it, give another path, or --force); never an
+input. Exit status: 0 agree, 1 diverged, 2 error, 3 incomplete.`
 
 func runReport(args []string, stdout, stderr io.Writer) int {
 	var f replayFlags
-	fs := rpFlagSet("report", "report DUMP --html OUT "+rpModeUsage+" "+rpCommonUsage, reportDoc, stdout, stderr)
+	fs := rpFlagSet("report", "report DUMP --html OUT [--force] "+rpModeUsage+" "+rpCommonUsage, reportDoc, stdout, stderr)
 	f.register(fs, true)
-	out := fs.String("html", "", "output HTML file (required)")
-	pos, code, ok := rpArgs(fs, args, 1, func() bool { return *out != "" })
+	out := fs.String("html", "", "output HTML file (required; an existing file is replaced only if it is a page sparsemla wrote, or with --force)")
+	force := fs.Bool("force", false, forceUsage)
+	pos, code, ok := rpArgs(fs, args, 1, []string{"html"})
 	if !ok {
 		return code
 	}
 	// The page must not replace any input (report D --html D/weights.safetensors
-	// would destroy the weights): refused before anything runs, written
-	// through a temporary file and a rename.
+	// would destroy the weights) nor a file sparsemla did not write (output.go):
+	// refused before anything runs, written through a temporary file and a
+	// rename.
 	g, err := rpOutputGuard(pos[0], &f)
 	if err != nil {
 		return rpFail(stderr, "report", err)
 	}
-	if err := g.Check(*out); err != nil {
+	if err := g.CheckOutputFile(*out, htmlOutput(*force)); err != nil {
 		return rpFail(stderr, "report", err)
 	}
 	var rep *replay.Report
@@ -69,7 +73,7 @@ func runReport(args []string, stdout, stderr io.Writer) int {
 			return rpFail(stderr, "report", err)
 		}
 	}
-	if err := g.WriteFile(*out, 0o644, func(w io.Writer) error { return htmlreport.Write(w, rep) }); err != nil {
+	if err := g.WriteOutputFile(*out, 0o644, htmlOutput(*force), func(w io.Writer) error { return htmlreport.Write(w, rep) }); err != nil {
 		return rpFail(stderr, "report", err)
 	}
 	if f.json {

@@ -72,7 +72,7 @@ func runSynth(args []string, stdout, stderr io.Writer) int {
 		return runPrefixSynth(args, stdout, stderr)
 	}
 	fs := rpFlagSet("synth", "synth --out DIR [--config tiny|v32-tiny|v41-tiny] [--steps N] [--prefill N] [--seed S] [--whole] [--fault KIND@step,layer] [--format native|official|native-pages]", synthDoc, stdout, stderr)
-	out := fs.String("out", "", "output directory (required)")
+	out := fs.String("out", "", "output directory (required; an existing one must be empty or one sparsemla wrote, which is replaced)")
 	cfg := fs.String("config", "tiny", "model preset: tiny (DeepSeek-V4), v32-tiny (DeepSeek-V3.2) or v41-tiny (DeepSeek-V4.1)")
 	steps := fs.Int("steps", 8, "decode steps to dump")
 	prefill := fs.Int("prefill", 6, "positions run before the first dumped step (the start state is valid after them)")
@@ -81,7 +81,7 @@ func runSynth(args []string, stdout, stderr io.Writer) int {
 	format := fs.String("format", "", "dump format: native (dump.smd; the default of V4), or for --config v41-*: official (the V4.1 layout, its default), native (dump.smd with the caches also as V4.1 KV pages) or native-pages (the caches as pages only)")
 	fs.StringVar(format, "form", "", "the same as -format")
 	whole := fs.Bool("whole", false, "the whole model (hyper-connections, MoE, head) and every whole-step stage, not the attention path only")
-	if _, code, ok := rpArgs(fs, args, 0, func() bool { return *out != "" }); !ok {
+	if _, code, ok := rpArgs(fs, args, 0, []string{"out"}); !ok {
 		return code
 	}
 	// Refuse a directory that is not new, empty or an earlier output before
