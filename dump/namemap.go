@@ -6,11 +6,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"path/filepath"
 	"regexp"
 	"regexp/syntax"
 	"sort"
 	"strconv"
+	"strings"
 
 	"sparsemla/userfile"
 )
@@ -170,6 +172,11 @@ func LoadNameMap(pathOrName string) (*NameMap, error) {
 		return m, nil
 	}
 	data, err := userfile.ReadFile(pathOrName, MaxNameMap)
+	if errors.Is(err, fs.ErrNotExist) {
+		// Neither a file nor a built-in name: say both, and the names.
+		return nil, fmt.Errorf("dump: name map: %w", &userfile.Error{Path: pathOrName, Err: err,
+			Reason: "no such file, and no built-in map of that name (built-in: " + strings.Join(BuiltinNameMaps(), ", ") + ")"})
+	}
 	if err != nil {
 		return nil, fmt.Errorf("dump: name map: %w", err)
 	}

@@ -11,6 +11,7 @@ import (
 	"sparsemla/attention"
 	"sparsemla/dump"
 	"sparsemla/engine"
+	"sparsemla/userfile"
 )
 
 // LoadModel builds the reference Model for a dump: the config from the dump
@@ -236,6 +237,11 @@ func parseModelArgs(text string) (*engine.Config, error) {
 func FindWeights(dumpPath, weights string) (string, error) {
 	cands := []string{}
 	if weights != "" {
+		// A path that is not there (or cannot be read) says so, not "no
+		// safetensors file there".
+		if _, err := os.Stat(weights); err != nil {
+			return "", fmt.Errorf("weights: %w", userfile.Describe(weights, err))
+		}
 		cands = append(cands, weights, filepath.Join(weights, "weights.safetensors"))
 	} else {
 		dir := dumpPath

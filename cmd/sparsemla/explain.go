@@ -46,6 +46,12 @@ func runExplain(args []string, stdout, stderr io.Writer) int {
 		rpUsageError(fs, fmt.Sprintf("--values %d: at least 1 value per stage", *nvals))
 		return exitError
 	}
+	layerGiven := false
+	fs.Visit(func(f *flag.Flag) { layerGiven = layerGiven || f.Name == "layer" })
+	if layerGiven && *layer < 0 {
+		rpUsageError(fs, fmt.Sprintf("--layer %d: a layer index is 0 or more", *layer))
+		return exitError
+	}
 	cfg, err := engine.Preset(*cfgName)
 	if err != nil {
 		return rpFail(stderr, "explain", err)

@@ -55,12 +55,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 			usage(stdout)
 			return exitOK
 		case len(args) > 2:
-			fmt.Fprintf(stderr, "sparsemla: help takes one command name, got %d (run 'sparsemla help')\n", len(args)-1)
+			fmt.Fprintf(stderr, "sparsemla help: takes one command name, got %d (run 'sparsemla help')\n", len(args)-1)
 			return exitError
 		}
 		c, ok := commands[args[1]]
 		if !ok {
-			fmt.Fprintf(stderr, "sparsemla: help: unknown command %q (run 'sparsemla help')\n", args[1])
+			fmt.Fprintf(stderr, "sparsemla help: unknown command %q (run 'sparsemla help')\n", args[1])
 			return exitError
 		}
 		return c.run([]string{"--help"}, stdout, stderr)

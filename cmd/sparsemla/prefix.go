@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -100,6 +101,27 @@ func runPrefix(args []string, stdout, stderr io.Writer) int {
 	if !ok {
 		return code
 	}
+	// A value out of range is an error, not the default: --page 0 is no
+	// page size, --window -3 no window.
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	for _, c := range []struct {
+		name   string
+		v, min int64
+		what   string
+	}{
+		{"page", int64(*page), 1, "a page holds at least 1 token"},
+		{"window", int64(*window), 0, "a window is 0 or more tokens"},
+		{"capacity", int64(*capacity), 0, "0 (unbounded) or a number of tokens"},
+		{"retain", int64(*retain), 0, "0 (all) or a number of requests"},
+		{"group", *group, 0, "a KV-cache group index is 0 or more"},
+		{"dp-rank", *dpRank, 0, "a data-parallel rank is 0 or more"},
+	} {
+		if given[c.name] && c.v < c.min {
+			rpUsageError(fs, fmt.Sprintf("--%s %d: %s", c.name, c.v, c.what))
+			return exitError
+		}
+	}
 	fail := func(err error) int { return rpFail(stderr, "prefix", err) }
 	in := pos[0]
 	// The page: refused before the run when it would replace an input or a
@@ -125,6 +147,12 @@ func runPrefix(args []string, stdout, stderr io.Writer) int {
 		f.Close()
 		if err != nil {
 			return fail(err)
+		}
+		if *component != "" && !namesComponents(b) {
+			// Read whole, the stream would be checked as if it were that
+			// component's cache, which it is not.
+			return fail(fmt.Errorf("--component %s: no event of %s names a KV-cache component (the stream is of one cache, as vLLM's and SGLang's before its per-component events): leave --component out",
+				userfile.Quote(*component), in))
 		}
 		opt := prefixcheck.EventsOptions{Medium: *medium, Component: *component, HashScheme: *hashScheme}
 		if *group >= 0 {
@@ -228,6 +256,19 @@ func runPrefix(args []string, stdout, stderr io.Writer) int {
 		return exitIncomplete
 	}
 	return exitOK
+}
+
+// namesComponents reports whether some event of the stream names an SGLang
+// KV-cache component.
+func namesComponents(batches []prefixcheck.EventBatch) bool {
+	for _, b := range batches {
+		for _, ev := range b.Events {
+			if ev.Component != "" {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // isEventStream tells an event stream from a dump: a dump is a directory, a

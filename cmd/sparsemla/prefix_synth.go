@@ -1,6 +1,7 @@
 package main
 
 import (
+	"flag"
 	"fmt"
 	"io"
 	"strconv"
@@ -67,6 +68,15 @@ func runPrefixSynth(args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	fail := func(err error) int { return rpFail(stderr, "synth", err) }
+	// 0 is no page size and no run (the library reads 0 as its default).
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	if given["page"] && *page < 1 {
+		return fail(fmt.Errorf("--page %d: a page holds at least 1 token", *page))
+	}
+	if given["requests"] && *requests < 1 {
+		return fail(fmt.Errorf("--requests %d: a run has at least 2 requests", *requests))
+	}
 	g := &userfile.Guard{}
 	if err := g.CheckOutputFile(*out, prefixRunOutput(*force)); err != nil {
 		return fail(err)

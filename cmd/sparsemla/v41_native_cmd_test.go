@@ -90,7 +90,7 @@ func TestV41NativeCommands(t *testing.T) {
 		{[]string{"replay", "--mode", "chained", dir + "/n"}, "--mode chained: not implemented for DeepSeek-V4.1 dumps"},
 		{[]string{"replay", "--policy", "hf-eager", dir + "/n"}, "--policy hf-eager: DeepSeek-V4.1 has one numerics policy"},
 		{[]string{"replay", "--request", "A", dir + "/n"}, `no stage records for request "A"`},
-		{[]string{"replay", "--weights", dir + "/nothing", dir + "/n"}, "no safetensors file there"},
+		{[]string{"replay", "--weights", dir + "/nothing", dir + "/n"}, "nothing: no such file or directory"},
 		{[]string{"replay", "--request", "A", goldenTestdata("v41-tiny")}, "holds one request"},
 		{[]string{"synth", "--config", "v41-tiny", "--format", "npz", "--out", dir + "/x"}, `--format "npz": official, native or native-pages`},
 		{[]string{"synth", "--format", "official", "--out", dir + "/x"}, "a V4 synthetic dump is native only"},
