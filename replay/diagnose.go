@@ -52,6 +52,9 @@ func Diagnose(d DiagnoseInput) *Divergence {
 	defer func() {
 		div.Text = fmt.Sprintf("first divergence: decode step %d, layer %d, stage %s — %s: %s", div.Step, div.Layer, div.Stage, div.Kind, div.Why)
 		div.Hint = hints[div.Kind]
+		if div.Kind == KindAttention && div.Stage == "o_latent" {
+			div.Hint = v32AttentionHint
+		}
 	}()
 	if up := upstreamInput(d); up != "" {
 		div.Kind, div.Why = KindUpstream, up

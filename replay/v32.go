@@ -20,6 +20,11 @@ import (
 // (layer < n_dense_layers: the MLP, not the MoE).
 const KindDenseMLP = "dense MLP"
 
+// v32AttentionHint is the hint of an attention-kernel divergence at o_latent,
+// the V3.2 sparse MLA output (V4's hint names the attention sink and the
+// split-K combine of o and lse, which V3.2 does not have).
+const v32AttentionHint = "check the sparse MLA kernel (FlashMLA): its split-K combine (the LSE merge of the partial outputs; V3.2 has no attention sink), the scores bf16(q_absorbed·latent + q_pe·k_pe) × τ = qk_head_dim^-0.5 (× mscale² under YaRN) with −∞ outside the index_topk tokens, the bf16 softmax and P·latent (the output stays in the latent space); and the rows it gathers: the latent from the FP8 cache (FQ8, a scale per 128), k_pe in bf16"
+
 func init() {
 	hints[KindDenseMLP] = "check the dense MLP of the first layers: FP8 w1 (gate) and w3 (up) with act_quant per 128, bf16(silu(f32(w1·x)) · f32(w3·x)), FP8 w2"
 }

@@ -100,3 +100,20 @@ func TestV32WholeCommands(t *testing.T) {
 		}
 	}
 }
+
+// An attention-kernel divergence of a V3.2 dump (o_latent) gets a V3.2 hint:
+// the sparse MLA kernel, no attention sink (V4's hint folds a sink into the
+// LSE, which V3.2 does not have).
+func TestV32AttentionHint(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "v32")
+	if code, o, e := rpRun("synth", "--config", "v32-tiny", "--out", dir, "--steps", "3", "--fault", "splitk-merge@7,1"); code != exitOK {
+		t.Fatalf("synth: exit %d\n%s%s", code, o, e)
+	}
+	code, out, e := rpRun("replay", dir)
+	_, hint, _ := strings.Cut(out, "\n  hint: ")
+	hint, _, _ = strings.Cut(hint, "\n")
+	if code != exitDiverged || !strings.Contains(out, "stage o_latent — attention kernel") ||
+		!strings.Contains(hint, "sparse MLA") || !strings.Contains(hint, "no attention sink") || strings.Contains(hint, "sink folded") {
+		t.Errorf("exit %d, hint %q\n%s%s", code, hint, out, e)
+	}
+}
