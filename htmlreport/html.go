@@ -218,7 +218,7 @@ code{background:#f3f3f3;padding:1px 3px}
 </style></head><body>
 <h1>sparsemla {{.R.Command}}: {{.R.Dump}}</h1>{{if .R.Model}}
 <p>model: <b>{{.R.Model}}</b> (detected from the dump's config)</p>{{end}}
-<p>mode <b>{{.R.Mode}}</b>, {{len .R.Steps}} steps x {{len .R.Layers}} layers, schema <code>{{.R.Schema}}</code>,
+<p>mode <b>{{.R.Mode}}</b>, {{.StepsXLayers}}, schema <code>{{.R.Schema}}</code>,
 GPU RoPE table: {{.R.GPURope}}. Stages compared {{.R.Summary.Compared}}: {{.R.Summary.Pass}} pass,
 {{.R.Summary.Tie}} tie, {{.R.Summary.Fail}} fail; {{.R.Summary.Missing}} not dumped, {{.R.Summary.Skipped}} skipped.</p>
 {{if .R.First}}<div class="verdict diverged"><b>{{.R.First.Text}}</b>
@@ -290,7 +290,9 @@ func Write(w io.Writer, r *replay.Report) error {
 		Bad       []replay.StageResult
 		Sums      []stageSummary
 		Identical []string
-	}{r, heat, plots, bad, sums, identical})
+		// StepsXLayers: "4 steps x 4 layers", "1 step x 4 layers".
+		StepsXLayers string
+	}{r, heat, plots, bad, sums, identical, replay.StepsXLayers(len(r.Steps), len(r.Layers))})
 }
 
 // stageSummary is one row of the report's per-stage table.

@@ -270,7 +270,7 @@ func (r *Report) VerdictLine() string {
 	case r.Verdict == VerdictIncomplete:
 		return "incomplete: no stage compared was out of tolerance, but not everything the dump holds was compared: " + r.CoverageLine()
 	}
-	return fmt.Sprintf("agree: every one of the %d stage tensors the dump holds at %d steps x %d layers was compared, none out of tolerance", r.Coverage.Compared, len(r.Coverage.Steps), len(r.Coverage.Layers))
+	return fmt.Sprintf("agree: every one of the %d stage tensors the dump holds at %s was compared, none out of tolerance", r.Coverage.Compared, StepsXLayers(len(r.Coverage.Steps), len(r.Coverage.Layers)))
 }
 
 // CoverageLine says in one line what was not compared and why ("" when the
@@ -299,12 +299,24 @@ func (r *Report) WriteJSON(w io.Writer) error {
 	return enc.Encode(r)
 }
 
+// StepsXLayers says how many steps and layers a report covers: "4 steps x 4
+// layers", "1 step x 1 layer".
+func StepsXLayers(steps, layers int) string {
+	noun := func(n int, one string) string {
+		if n == 1 {
+			return "1 " + one
+		}
+		return fmt.Sprintf("%d %ss", n, one)
+	}
+	return noun(steps, "step") + " x " + noun(layers, "layer")
+}
+
 // WriteText writes the human summary: the verdict, counts, ties, and the
 // first divergence with its diagnosis and the inputs it was computed from.
 func (r *Report) WriteText(w io.Writer) {
 	s := r.Summary
-	fmt.Fprintf(w, "%s %s (%s mode): %d steps x %d layers, %d stages compared: %d pass, %d tie, %d fail; %d not dumped, %d skipped\n",
-		r.Command, r.Dump, r.Mode, len(r.Steps), len(r.Layers), s.Compared, s.Pass, s.Tie, s.Fail, s.Missing, s.Skipped)
+	fmt.Fprintf(w, "%s %s (%s mode): %s, %d stages compared: %d pass, %d tie, %d fail; %d not dumped, %d skipped\n",
+		r.Command, r.Dump, r.Mode, StepsXLayers(len(r.Steps), len(r.Layers)), s.Compared, s.Pass, s.Tie, s.Fail, s.Missing, s.Skipped)
 	if r.Model != "" {
 		fmt.Fprintf(w, "  model: %s (detected from the dump's config)\n", r.Model)
 	}

@@ -1,9 +1,12 @@
 package main
 
 import (
+	"cmp"
 	"flag"
 	"fmt"
 	"io"
+	"math"
+	"slices"
 	"strings"
 
 	"sparsemla/fault"
@@ -127,11 +130,22 @@ func runFault(args []string, stdout, stderr io.Writer) int {
 }
 
 // stageKeys prints stage keys grouped by step and layer:
-// "p5/L1: o, o_inv, u, y; p6/L1: ...".
+// "p5/L1: o, o_inv, u, y; p6/L1: ..."; the stages of no layer (layer -1:
+// the head's logits) as "p5/head: logits", after the step's layers.
 func stageKeys(keys []replay.StageKey) string {
 	if len(keys) == 0 {
 		return "nothing"
 	}
+	layerOrder := func(l int) int {
+		if l < 0 {
+			return math.MaxInt // the head comes after the last layer
+		}
+		return l
+	}
+	keys = slices.Clone(keys)
+	slices.SortStableFunc(keys, func(a, b replay.StageKey) int {
+		return cmp.Or(cmp.Compare(a.Step, b.Step), cmp.Compare(layerOrder(a.Layer), layerOrder(b.Layer)))
+	})
 	var parts []string
 	for i := 0; i < len(keys); {
 		j := i
@@ -140,7 +154,11 @@ func stageKeys(keys []replay.StageKey) string {
 			names = append(names, keys[j].Stage)
 			j++
 		}
-		parts = append(parts, fmt.Sprintf("p%d/L%d: %s", keys[i].Step, keys[i].Layer, strings.Join(names, ", ")))
+		where := fmt.Sprintf("L%d", keys[i].Layer)
+		if keys[i].Layer < 0 {
+			where = "head"
+		}
+		parts = append(parts, fmt.Sprintf("p%d/%s: %s", keys[i].Step, where, strings.Join(names, ", ")))
 		i = j
 	}
 	return strings.Join(parts, "; ")
