@@ -16,7 +16,10 @@
 // directory beside the destination and renamed into place only when
 // complete, so an error (a full disk) leaves nothing partial and the old
 // file, if any, untouched. An output directory that exists must be empty or
-// one this package made (it holds the [Marker] file listing its contents).
+// one this package made (it holds the [Marker] file listing its contents);
+// an output file that exists is replaced only when it is the command's own
+// output, as [OutputFile].Own recognises it, or with [OutputFile].Force
+// (never a directory or an input): [Guard.WriteOutputFile].
 //
 // Messages ([Escape]): names and values from outside are printed with their
 // control characters escaped, so a crafted file name cannot forge an output

@@ -84,5 +84,5 @@ func usage(w io.Writer) {
 	for _, n := range names {
 		fmt.Fprintf(w, "  %-10s %s\n", n, commands[n].summary)
 	}
-	fmt.Fprintln(w, "\nExit status: 0 agree, 1 diverged, 2 error, 3 incomplete (not everything the dump holds was\ncompared). 'sparsemla <command> --help' for flags.")
+	fmt.Fprintln(w, "\nExit status: 0 agree, 1 diverged, 2 error, 3 incomplete (nothing diverged, but not everything\nthe input holds was compared or judged). 'sparsemla <command> --help' for flags.")
 }
