@@ -9,8 +9,9 @@
 //	sparsemla <command> [flags] [args]
 //
 // Exit status: 0 = agree (or the command succeeded), 1 = diverged, 2 = error,
-// 3 = incomplete (nothing out of tolerance, but not everything the dump holds
-// was compared: the report says what and why).
+// 3 = incomplete (nothing diverged, but not everything the input holds was
+// compared or judged: the report says what and why; prefix: requests it could
+// not judge).
 // Run `sparsemla help` for the list of commands and `sparsemla <command> --help`
 // for the flags of one.
 package main
