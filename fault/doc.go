@@ -26,12 +26,17 @@
 // # Faulted copies
 //
 // WriteFaulted reads a dump (replay.DumpSource and its engine.Model), plans
-// the changed records (the faulty stage, every stage of that step and layer
-// that reads it, recomputed with the reference; the cache carried into later
-// steps; KV pages re-encoded with replay.RewritePage; split-K partials; a
-// stale-prefix donor request) and writes a directory that replays without
-// flags: config.json, a copy of the weights and dump.smd, a native dump
-// holding every record of the input, changed where the fault reaches.
+// the changed records (the faulty stage, then every stage the faulty values
+// reach, recomputed with the reference as the GPU would have: the rest of the
+// layer, the layers above it through their input streams, the logits, and
+// the later steps through the changed caches and states; KV pages
+// re-encoded with replay.RewritePage; split-K partials; a stale-prefix donor
+// request) and writes a directory that replays without flags: config.json, a
+// copy of the weights and dump.smd, a native dump holding every record of
+// the input, changed where the fault reaches. What the dump does not let it
+// recompute (layers or steps it does not hold, weights of the attention path
+// only, a token a greedy run would have picked otherwise) stays as dumped and
+// is listed in Copy.NotRecomputed.
 //
 // # Synthetic runs
 //

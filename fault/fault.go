@@ -36,6 +36,14 @@ type Copy struct {
 	Records   int               // tensor records written
 	Unmapped  int               // tensors of the input no name-map rule matched (not in the input's index, not copied)
 	CarriedTo int64             // last step whose records carry the fault (its cache rows or outputs)
+	// NotRecomputed lists, one line each ("step(s) …: why"), what the
+	// faulty GPU would have changed but the copy keeps as dumped because
+	// the dump does not let it be recomputed (layers or steps not in the
+	// dump, weights of the attention path only, a token a greedy run would
+	// have picked differently). Empty when every stage downstream of the
+	// fault was recomputed. The copy's header names them too
+	// (fault_not_recomputed).
+	NotRecomputed []string
 }
 
 // The files of a faulted copy: the layout of a synthetic dump directory
@@ -50,30 +58,40 @@ type Copy struct {
 //     (faultInjector, the code Synthesize injects with), starting from the
 //     GPU's own dumped value; it must be out of tolerance against the
 //     reference computed from the dumped inputs (ErrInvisible);
-//   - every stage of that step and layer that reads a changed value,
-//     directly or through other stages, is recomputed with the reference
-//     from the changed values (a local replay recomputes each stage from the
-//     dump's own inputs, so the first divergence is exactly the injected
-//     stage and every later stage agrees); with the whole layer's weights
-//     this includes the block stages after it (h_mid … h_out, and the
-//     logits on the last layer: engine.BlockStages); stages upstream of the
-//     fault and stages that read no changed value keep their dumped bytes.
-//     The layers above keep theirs too, so where the layer's h_out changed,
-//     the next layer's dumped h_in no longer equals it and a local replay's
-//     check of that link fails as well (after the fault's own stage);
-//   - when the fault lives in the cache (kv, kv_cache), later steps of the
-//     layer carry it: their kv_cache is recomputed from the faulty one, and
-//     across steps the dump does not hold (a state-only step, a gap) the
-//     faulty rows are carried into the dumped cache unless a later token
-//     overwrote their window slot; the outputs those steps compute from the
-//     cache are recomputed too;
+//   - every stage that reads a changed value, directly or through other
+//     stages, is recomputed with the reference from the changed values, as
+//     the GPU would have computed it (a local replay recomputes each stage
+//     from the dump's own inputs, so the first divergence is exactly the
+//     injected stage and every later stage agrees): the rest of the fault's
+//     layer (with the whole layer's weights its block stages h_mid … h_out:
+//     engine.BlockStages), every layer above it at that step (its input
+//     streams are the output of the layer below: h_in = h_out, or V3.2's
+//     x_in = ffn_out and res_in = h_mid), the logits, and at every later
+//     step each layer whose state (kv_cache, compressor and indexer states)
+//     the fault changed, and the layers above it again; stages upstream of
+//     the fault and stages that read no changed value keep their dumped
+//     bytes. The tokens fed stay as dumped (a sampled token does not follow
+//     from the logits);
+//   - across steps the dump does not hold (a state-only step, a gap) the
+//     fault's layer carries its faulty cache rows into the dumped cache
+//     unless a later token overwrote their window slot (the layers below it
+//     are unchanged, so what it wrote meanwhile is the dump's); a layer above
+//     it, whose inputs in those steps are unknown, goes on from its dumped
+//     state after them;
 //   - KV pages of a changed kv_cache are re-encoded (replay.RewritePage); split-K
 //     partials dumped beside a recomputed o are recomputed over the dumped
 //     split_bounds; a stale-prefix fault adds the donor request's cache and
 //     the prefix-cache hit record.
 //
-// Other layers and the residual stream between layers (mHC, FFN: not part of
-// the reference) keep their dumped values. dir receives config.json (the
+// What the dump does not let it recompute stays as dumped and is listed,
+// with the steps, in Copy.NotRecomputed (and the copy's header,
+// fault_not_recomputed): a layer state not followed through steps the dump
+// does not hold, layers between or above the dumped ones, a layer whose
+// weights hold the attention path only (the residual stream to the layer
+// above is not part of the reference), a stage whose other input is neither
+// dumped nor computable, the logits without head weights, and, in a dump
+// whose tokens are all the greedy pick of the logits before them, a token
+// the faulty logits would have picked otherwise. dir receives config.json (the
 // ModelArgs), weights.safetensors (a copy of the weights the replay used)
 // and dump.smd: a native dump holding every record of the input (start
 // state, tables, all steps, other requests, pages, prefix hits; weight
@@ -100,7 +118,7 @@ func WriteFaulted(d *dump.Dump, src *replay.DumpSource, m *engine.Model, dir str
 		return nil, fmt.Errorf("fault: %w", err)
 	}
 	defer od.Abort()
-	res := &Copy{Dir: dir, Fault: opt.Fault, Request: src.Request, Donor: pl.donor, Unmapped: len(d.Unmapped), CarriedTo: pl.carriedTo}
+	res := &Copy{Dir: dir, Fault: opt.Fault, Request: src.Request, Donor: pl.donor, Unmapped: len(d.Unmapped), CarriedTo: pl.carriedTo, NotRecomputed: pl.notes.list()}
 	for k := range pl.patch {
 		res.Changed = append(res.Changed, k)
 	}

@@ -55,31 +55,34 @@ func TestFaultedCopyGPUDumps(t *testing.T) {
 	cases := []struct {
 		dump  string
 		fault string
-		fails int // stages out of tolerance in the whole replay
+		fails int      // stages out of tolerance in the whole replay
+		notes []string // what each line of Copy.NotRecomputed says
 	}{
-		{"official-v4-tiny", "splitk-merge@5,1", 1},
-		{"official-v4-tiny", "wrong-lse@4,2", 1},
-		{"official-v4-tiny", "fp8-scale@3,0", 1},
-		{"official-v4-tiny", "scale-byte@6,3", 1},
-		{"official-v4-tiny", "stale-prefix@6,1", 1},
+		{"official-v4-tiny", "splitk-merge@5,1", 1, nil},
+		{"official-v4-tiny", "wrong-lse@4,2", 1, nil},
+		{"official-v4-tiny", "fp8-scale@3,0", 1, nil},
+		{"official-v4-tiny", "scale-byte@6,3", 1, nil},
+		{"official-v4-tiny", "stale-prefix@6,1", 1, nil},
 		// The late row lands at step 4: the cache differs there too.
-		{"official-v4-tiny", "compressor-late@3,1", 2},
-		{"official-v4-tiny", "window-order@2,0", 1},
+		{"official-v4-tiny", "compressor-late@3,1", 2, nil},
+		{"official-v4-tiny", "window-order@2,0", 1, nil},
 		// Faults of the whole layer (hyper-connections, MoE).
-		{"official-v4-tiny", "expert-nibble@4,2", 1},
-		{"official-v4-tiny", "router-bias@2,2", 1},
-		{"official-v4-tiny", "hc-post-transposed@7,3", 1},
-		{"official-v4-tiny", "router-hash-off@3,0", 1},
-		{"official-v4-tiny", "router-unnormalised@3,2", 1},
-		{"official-v4-tiny", "expert-scale-block@4,1", 1},
-		{"official-v4-tiny", "shared-gate-up-swapped@5,2", 1},
-		{"official-v4-tiny", "hc-split-no-sigmoid@6,1", 1},
-		{"official-v4-tiny", "head-no-norm@7,3", 1},
-		{"gpu-v4-tiny-long", "topk-off-by-one@255,1", 1},
-		// Carried across the state-only step 254 into step 255.
-		{"gpu-v4-tiny-long", "fp8-scale@128,0", 1},
+		{"official-v4-tiny", "expert-nibble@4,2", 1, nil},
+		{"official-v4-tiny", "router-bias@2,2", 1, nil},
+		{"official-v4-tiny", "hc-post-transposed@7,3", 1, nil},
+		{"official-v4-tiny", "router-hash-off@3,0", 1, nil},
+		{"official-v4-tiny", "router-unnormalised@3,2", 1, nil},
+		{"official-v4-tiny", "expert-scale-block@4,1", 1, nil},
+		{"official-v4-tiny", "shared-gate-up-swapped@5,2", 1, nil},
+		{"official-v4-tiny", "hc-split-no-sigmoid@6,1", 1, nil},
+		{"official-v4-tiny", "head-no-norm@7,3", 1, nil},
+		{"gpu-v4-tiny-long", "topk-off-by-one@255,1", 1, nil},
+		// Carried across the state-only step 254 into step 255; the
+		// layers above, whose state the faulty stream changed at step
+		// 128, cannot be followed through the steps not dumped.
+		{"gpu-v4-tiny-long", "fp8-scale@128,0", 1, []string{"step 254: layers 1, 2, 3: the state the fault changed up to step 128 (cmp_kv_state, cmp_score_state, icmp_kv_state, icmp_score_state, kv_cache) is not followed through step(s) 129..254"}},
 		// The HCA (r = 128) row due at p = 127 lands at p = 128.
-		{"gpu-v4-tiny-long", "compressor-late@127,2", 2},
+		{"gpu-v4-tiny-long", "compressor-late@127,2", 2, []string{"step 254: layer 3: the state the fault changed up to step 128"}},
 	}
 	for _, c := range cases {
 		t.Run(c.dump+"/"+c.fault, func(t *testing.T) {
@@ -130,13 +133,10 @@ func TestFaultedCopyGPUDumps(t *testing.T) {
 				if r.Status != replay.StatusFail {
 					continue
 				}
-				// The copy recomputes the fault's layer only: where its
-				// h_out changed, the next layer's dumped h_in (the GPU's,
-				// unchanged) no longer equals it, and the local check of
-				// that link says so.
-				if r.Stage == "h_in" && r.Layer == f.Layer+1 && r.Step >= f.Step {
-					continue
-				}
+				// Every stage downstream of the fault — the layers above,
+				// the logits, the later steps — was recomputed from the
+				// faulty values: no other stage fails (no layer link of
+				// h_in either).
 				fails++
 				if r.Layer != f.Layer || r.Step < f.Step {
 					t.Errorf("step %d layer %d stage %s fails: outside the fault's layer and later steps", r.Step, r.Layer, r.Stage)
@@ -145,6 +145,18 @@ func TestFaultedCopyGPUDumps(t *testing.T) {
 			if fails != c.fails {
 				t.Errorf("%d stages fail, want %d", fails, c.fails)
 			}
+			if len(res.NotRecomputed) != len(c.notes) {
+				t.Errorf("not recomputed: %q, want %d lines", res.NotRecomputed, len(c.notes))
+			}
+			for i, n := range c.notes {
+				if i < len(res.NotRecomputed) && !strings.Contains(res.NotRecomputed[i], n) {
+					t.Errorf("not recomputed[%d] = %q, want it to say %q", i, res.NotRecomputed[i], n)
+				}
+			}
+			if got, want := fd.Header.User["fault_not_recomputed"], strings.Join(res.NotRecomputed, "; "); got != want {
+				t.Errorf("header fault_not_recomputed = %q, want %q", got, want)
+			}
+			checkLaterWindow(t, fm, fsrc, f)
 			checkCopyIdentical(t, d, fd, res)
 			// The propagated replay (the reference's own chain from each
 			// layer's dumped x) finds the same first divergence.
@@ -156,6 +168,40 @@ func TestFaultedCopyGPUDumps(t *testing.T) {
 				t.Errorf("propagated replay: first divergence %+v", pd)
 			}
 		})
+	}
+}
+
+// checkLaterWindow replays the faulted copy from the step after the
+// fault's on (replay --steps): each step of the window is recomputed from
+// the copy's own records, which carry the fault's consequences, so a stage
+// fails there only where the fault itself still acts at a later step (the
+// late compressed row landing one step late) — never a layer link or
+// another layer.
+func checkLaterWindow(t *testing.T, m *engine.Model, src replay.Source, f Fault) {
+	t.Helper()
+	var later []int64
+	for _, p := range src.Steps() {
+		if p > f.Step {
+			later = append(later, p)
+		}
+	}
+	if len(later) == 0 {
+		return
+	}
+	rep, err := replay.Run(context.Background(), m, src, replay.Options{Steps: later})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rep.Results {
+		if r.Status != replay.StatusFail {
+			continue
+		}
+		if r.Layer != f.Layer || r.Stage == "h_in" || f.Kind != CompressorLate {
+			t.Errorf("replay of steps %s: step %d layer %d stage %s fails: %s", replay.StepList(later), r.Step, r.Layer, r.Stage, r.Reason)
+		}
+	}
+	if dv := rep.First; dv != nil && (dv.Kind == replay.KindLayerLink || dv.Layer != f.Layer) {
+		t.Errorf("replay of steps %s: first divergence %s", replay.StepList(later), dv.Text)
 	}
 }
 
@@ -214,8 +260,12 @@ func checkCopyIdentical(t *testing.T, in, out *dump.Dump, res *Copy) {
 // TestFaultedCopyCarriesCache: a cache fault stays in the later steps' cache
 // until a token overwrites its window slot — across the steps 129..253 the
 // long dump does not hold (step 254 is state only) — and the outputs read
-// from it change with it; a fault that does not live in the cache changes
-// its step only.
+// from it change with it, up the layers: the layers above read the faulty
+// stream (h_in), at the fault's step and wherever the carried rows change
+// the layer's output again. The state those layers wrote at step 128
+// cannot be followed through the steps not dumped: the copy says so
+// (NotRecomputed). A fault that does not live in the cache changes its
+// step only.
 func TestFaultedCopyCarriesCache(t *testing.T) {
 	d, src, m := openFaultInput(t, "gpu-v4-tiny-long")
 	res, err := WriteFaulted(d, src, m, t.TempDir(), Options{Fault: Fault{Kind: FP8Scale, Step: 128, Layer: 0}})
@@ -227,18 +277,23 @@ func TestFaultedCopyCarriesCache(t *testing.T) {
 		has[k] = true
 	}
 	// Token 128 sits in window slot 0 until token 256 overwrites it.
-	for _, k := range []replay.StageKey{{Step: 128, Layer: 0, Stage: "kv"}, {Step: 128, Layer: 0, Stage: "kv_cache"}, {Step: 128, Layer: 0, Stage: "y"}, {Step: 254, Layer: 0, Stage: "kv_cache"}, {Step: 255, Layer: 0, Stage: "kv_cache"}, {Step: 255, Layer: 0, Stage: "o"}} {
+	for _, k := range []replay.StageKey{{Step: 128, Layer: 0, Stage: "kv"}, {Step: 128, Layer: 0, Stage: "kv_cache"}, {Step: 128, Layer: 0, Stage: "y"}, {Step: 254, Layer: 0, Stage: "kv_cache"}, {Step: 255, Layer: 0, Stage: "kv_cache"}, {Step: 255, Layer: 0, Stage: "o"},
+		{Step: 128, Layer: 1, Stage: "h_in"}, {Step: 128, Layer: 3, Stage: "kv_cache"}, {Step: 255, Layer: 2, Stage: "h_in"}, {Step: 256, Layer: 3, Stage: "o"}} {
 		if !has[k] {
 			t.Errorf("%s not changed; changed: %v", k, res.Changed)
 		}
 	}
 	for _, k := range res.Changed {
-		if k.Step == 256 || k.Layer != 0 || (k.Step == 128 && (k.Stage == "kv_raw" || k.Stage == "q")) {
-			t.Errorf("%s changed: upstream of the fault, another layer, or past the overwrite", k)
+		upstream := k.Layer == 0 && k.Step == 128 && (k.Stage == "kv_raw" || k.Stage == "q")
+		if upstream || (k.Layer == 0 && k.Step == 256) || (k.Step == 254 && k.Layer != 0) {
+			t.Errorf("%s changed: upstream of the fault, past the overwrite, or a state the steps not dumped would have changed", k)
 		}
 	}
-	if res.CarriedTo != 255 {
-		t.Errorf("carried to step %d, want 255", res.CarriedTo)
+	if res.CarriedTo != 256 {
+		t.Errorf("carried to step %d, want 256", res.CarriedTo)
+	}
+	if len(res.NotRecomputed) != 1 || !strings.Contains(res.NotRecomputed[0], "layers 1, 2, 3: the state the fault changed up to step 128") {
+		t.Errorf("not recomputed: %q", res.NotRecomputed)
 	}
 	// The copy is deterministic: a second one is byte-identical.
 	a, err := os.ReadFile(filepath.Join(res.Dir, SynthDumpFile))
@@ -262,9 +317,12 @@ func TestFaultedCopyCarriesCache(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, k := range res.Changed {
-		if k.Step != 127 || k.Layer != 3 {
+		if k.Step != 127 || (k.Layer != 3 && k.Layer != dump.Global) {
 			t.Errorf("splitk-merge@127,3 changed %s", k)
 		}
+	}
+	if len(res.NotRecomputed) != 0 {
+		t.Errorf("splitk-merge@127,3: not recomputed: %q", res.NotRecomputed)
 	}
 }
 
@@ -401,5 +459,106 @@ func TestExpertNoClampRefused(t *testing.T) {
 				t.Errorf("%s: refused, but %s was written", f, dir)
 			}
 		}
+	}
+}
+
+// TestFaultedCopyDownstreamConsistent: a faulted copy is what a GPU with the
+// bug would have dumped, downstream of the fault as well: every layer above
+// the fault's reads the faulty stream (its dumped h_in is the dumped h_out
+// of the layer below, bit for bit, at every step), the logits follow the
+// last layer, and the later steps follow the changed caches and states.
+// So a local replay fails at the fault's stage only, a replay of the steps
+// after the fault agrees (each stage recomputed from the copy's own
+// records), and a chained replay (the whole model from the token, where
+// the stream above the fault differs from the copy's as it would from the
+// buggy GPU's) fails nowhere before the fault or below its layer.
+func TestFaultedCopyDownstreamConsistent(t *testing.T) {
+	for _, c := range []struct {
+		fault string
+		later []replay.StageKey // changed records downstream of the fault's layer and step
+	}{
+		{"stale-prefix@6,1", []replay.StageKey{{Step: 6, Layer: 2, Stage: "h_in"}, {Step: 6, Layer: 3, Stage: "kv_cache"}, {Step: 6, Layer: dump.Global, Stage: "logits"},
+			{Step: 7, Layer: 2, Stage: "h_in"}, {Step: 7, Layer: 3, Stage: "h_out"}, {Step: 7, Layer: dump.Global, Stage: "logits"}}},
+		{"splitk-merge@5,1", []replay.StageKey{{Step: 5, Layer: 2, Stage: "h_in"}, {Step: 5, Layer: 3, Stage: "kv_cache"}, {Step: 5, Layer: dump.Global, Stage: "logits"},
+			{Step: 6, Layer: 2, Stage: "o"}, {Step: 7, Layer: 3, Stage: "h_out"}, {Step: 7, Layer: dump.Global, Stage: "logits"}}},
+		{"expert-nibble@4,2", []replay.StageKey{{Step: 4, Layer: 3, Stage: "h_in"}, {Step: 4, Layer: dump.Global, Stage: "logits"}, {Step: 5, Layer: 3, Stage: "o"}}},
+	} {
+		t.Run(c.fault, func(t *testing.T) {
+			f, err := Parse(c.fault)
+			if err != nil {
+				t.Fatal(err)
+			}
+			d, src, m := openFaultInput(t, "official-v4-tiny")
+			dir := t.TempDir()
+			res, err := WriteFaulted(d, src, m, dir, Options{Fault: f})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(res.NotRecomputed) != 0 {
+				t.Errorf("not recomputed: %q", res.NotRecomputed)
+			}
+			has := map[replay.StageKey]bool{}
+			for _, k := range res.Changed {
+				has[k] = true
+				if k.Step < f.Step || (k.Step == f.Step && k.Layer >= 0 && k.Layer < f.Layer) {
+					t.Errorf("%s changed: before the fault", k)
+				}
+			}
+			for _, k := range c.later {
+				if !has[k] {
+					t.Errorf("%s not changed", k)
+				}
+			}
+			_, fsrc, fm := openDumpModel(t, filepath.Join(dir, SynthDumpFile))
+			for _, p := range fsrc.Steps() {
+				for _, l := range fsrc.Layers() {
+					if l == 0 {
+						continue
+					}
+					hin, ok1, err1 := fsrc.Stage(p, l, "h_in")
+					hout, ok2, err2 := fsrc.Stage(p, l-1, "h_out")
+					if err1 != nil || err2 != nil || !ok1 || !ok2 {
+						t.Fatalf("step %d: h_in of layer %d or h_out of layer %d not in the copy", p, l, l-1)
+					}
+					if !bitIdentical(hin, hout) {
+						t.Errorf("step %d: h_in of layer %d is not h_out of layer %d", p, l, l-1)
+					}
+				}
+			}
+			rep, err := replay.Run(context.Background(), fm, fsrc, replay.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rep.Summary.Fail != 1 || rep.First == nil || rep.First.Step != f.Step || rep.First.Layer != f.Layer || rep.First.Stage != f.Stage() {
+				t.Errorf("local replay: %d fail, first %s", rep.Summary.Fail, textOf(rep))
+			}
+			var after []int64
+			for _, p := range fsrc.Steps() {
+				if p > f.Step {
+					after = append(after, p)
+				}
+			}
+			for i := range after {
+				w, err := replay.Run(context.Background(), fm, fsrc, replay.Options{Steps: after[i:]})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if w.Verdict != replay.VerdictAgree {
+					t.Errorf("replay of steps %s: %s", replay.StepList(after[i:]), textOf(w))
+				}
+			}
+			ch, err := replay.Run(context.Background(), fm, fsrc, replay.Options{Mode: replay.Chained})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ch.First == nil || ch.First.Step != f.Step || ch.First.Layer != f.Layer || ch.First.Stage != f.Stage() {
+				t.Errorf("chained replay: first %s", textOf(ch))
+			}
+			for _, r := range ch.Results {
+				if r.Status == replay.StatusFail && (r.Step < f.Step || (r.Layer >= 0 && r.Layer < f.Layer)) {
+					t.Errorf("chained replay: step %d layer %d stage %s fails: not downstream of the fault", r.Step, r.Layer, r.Stage)
+				}
+			}
+		})
 	}
 }

@@ -21,7 +21,7 @@ type faultPlan struct {
 	m     *engine.Model
 	cfg   *engine.Config
 	f     Fault
-	layer int
+	layer int // the fault's layer
 	inj   *faultInjector
 
 	patch map[replay.StageKey]engine.Tensor
@@ -32,16 +32,68 @@ type faultPlan struct {
 	donorCache engine.Tensor // its kv_cache at the fault step
 	carriedTo  int64
 
-	// Walking the steps: the last step processed, the state tensors that
-	// changed there (full values), and the kv_cache rows that differ from
-	// the dump after it.
+	// tracks holds, per layer, what the walk over the steps left for the
+	// layer's next step.
+	tracks map[int]*layerTrack
+	// notes says what the copy could not recompute (Copy.NotRecomputed).
+	notes noteSet
+}
+
+// layerTrack is one layer's walk: the last step processed, the state
+// tensors that changed there (full values), and the kv_cache rows that
+// differ from the dump after it.
+type layerTrack struct {
 	prevStep int64
 	prevNew  map[string]engine.Tensor
 	carry    map[int][]float32
 }
 
+// live reports whether the layer's state after its last step differs from
+// the dump's.
+func (t *layerTrack) live() bool { return len(t.prevNew) > 0 || len(t.carry) > 0 }
+
+// noteSet collects what a faulted copy leaves as dumped although the fault
+// would have changed it, each reason with the steps it holds for.
+type noteSet struct {
+	order []string
+	steps map[string][]int64
+}
+
+func (n *noteSet) add(p int64, reason string) {
+	if n.steps == nil {
+		n.steps = map[string][]int64{}
+	}
+	if _, ok := n.steps[reason]; !ok {
+		n.order = append(n.order, reason)
+	}
+	if s := n.steps[reason]; len(s) == 0 || s[len(s)-1] != p {
+		n.steps[reason] = append(s, p)
+	}
+}
+
+// list is one line per reason: "step(s) …: reason".
+func (n *noteSet) list() []string {
+	var out []string
+	for _, r := range n.order {
+		s := n.steps[r]
+		w := "step"
+		if len(s) > 1 {
+			w = "steps"
+		}
+		out = append(out, fmt.Sprintf("%s %s: %s", w, replay.StepList(s), r))
+	}
+	return out
+}
+
 // planFault checks that the fault applies to the dump and computes every
-// record it changes.
+// record it changes: the fault's stage, then every stage the GPU would have
+// computed from a changed value — the rest of the fault's layer, the layers
+// above it at the fault's step (each one's input streams are the output of
+// the layer below), the logits, and at the later steps every layer whose
+// state (caches, compressor states) changed and every stage computed from
+// it, up the layers again. The tokens fed are kept as dumped (sampled, not
+// derived from the logits); what the dump does not let it recompute is
+// recorded in notes.
 func planFault(d *dump.Dump, src *replay.DumpSource, m *engine.Model, opt Options) (*faultPlan, error) {
 	f := opt.Fault
 	steps, layers := src.Steps(), src.Layers()
@@ -88,7 +140,7 @@ func planFault(d *dump.Dump, src *replay.DumpSource, m *engine.Model, opt Option
 	}
 	pl := &faultPlan{d: d, src: src, m: m, cfg: m.Cfg, f: f, layer: f.Layer,
 		patch: map[replay.StageKey]engine.Tensor{}, drop: map[replay.StageKey]bool{}, pages: map[int][]byte{},
-		prevStep: f.Step - 1, carriedTo: f.Step}
+		carriedTo: f.Step, tracks: map[int]*layerTrack{}}
 	var other map[int]engine.Tensor
 	if f.Kind == StalePrefix {
 		if err := pl.makeDonor(opt.Seed); err != nil {
@@ -97,19 +149,8 @@ func planFault(d *dump.Dump, src *replay.DumpSource, m *engine.Model, opt Option
 		other = map[int]engine.Tensor{f.Layer: pl.donorCache}
 	}
 	pl.inj = newFaultInjector(f, opt.Seed, other, m.Cfg)
-	for _, p := range pl.layerSteps() {
-		if p > f.Step && len(pl.prevNew) == 0 && len(pl.carry) == 0 {
-			break // nothing left to carry
-		}
-		var err error
-		if containsStep(steps, p) {
-			err = pl.fullStep(p)
-		} else {
-			err = pl.stateStep(p)
-		}
-		if err != nil {
-			return nil, err
-		}
+	if err := pl.walk(); err != nil {
+		return nil, err
 	}
 	for name := range pl.inj.hidden {
 		k := replay.StageKey{Step: f.Step, Layer: f.Layer, Stage: name}
@@ -121,41 +162,205 @@ func planFault(d *dump.Dump, src *replay.DumpSource, m *engine.Model, opt Option
 	if err := pl.planPages(); err != nil {
 		return nil, err
 	}
+	pl.checkTokens()
 	return pl, nil
 }
 
-// layerSteps lists every step from the fault's on at which the dump holds
-// stage records of the fault's layer (full and state-only steps), ascending.
-func (pl *faultPlan) layerSteps() []int64 {
-	seen := map[int64]bool{}
+// walkSteps lists, ascending, every step from the fault's on at which the
+// dump holds stage records of the replayed request (full and state-only
+// steps), each with its layers, ascending.
+func (pl *faultPlan) walkSteps() ([]int64, map[int64][]int) {
+	seen := map[int64]map[int]bool{}
 	for _, e := range pl.d.Entries {
-		if e.Kind == dump.KindStage && e.Request == pl.src.Request && e.Layer == pl.layer && int64(e.Step) >= pl.f.Step {
-			seen[int64(e.Step)] = true
+		if e.Kind == dump.KindStage && e.Request == pl.src.Request && e.Layer >= 0 && int64(e.Step) >= pl.f.Step {
+			if seen[int64(e.Step)] == nil {
+				seen[int64(e.Step)] = map[int]bool{}
+			}
+			seen[int64(e.Step)][e.Layer] = true
 		}
 	}
-	out := make([]int64, 0, len(seen))
-	for p := range seen {
-		out = append(out, p)
+	steps := make([]int64, 0, len(seen))
+	layers := map[int64][]int{}
+	for p, ls := range seen {
+		steps = append(steps, p)
+		for l := range ls {
+			layers[p] = append(layers[p], l)
+		}
+		sort.Ints(layers[p])
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
-	return out
+	sort.Slice(steps, func(i, j int) bool { return steps[i] < steps[j] })
+	return steps, layers
 }
 
-// prevInput is the value of state name after step p-1: the changed value
-// when step p-1 changed it, else the dump's (step p-1, or the start state).
-func (pl *faultPlan) prevInput(p int64, name string) (t engine.Tensor, ok, changed bool, err error) {
-	if pl.prevStep == p-1 {
-		if t, ok := pl.prevNew[name]; ok {
+// walk processes the steps from the fault's on, each layer from the bottom
+// up, until no layer's state differs from the dump's.
+func (pl *faultPlan) walk() error {
+	f := pl.f
+	steps, layersAt := pl.walkSteps()
+	full := map[int64]bool{}
+	for _, p := range pl.src.Steps() {
+		full[p] = true
+	}
+	for _, p := range steps {
+		if p > f.Step && !pl.anyLive() {
+			break // nothing left to carry
+		}
+		var link map[string]engine.Tensor // the layer below's changed outputs, as this layer's inputs
+		below := -1                       // the layer link came from
+		top := -1                         // the last layer processed at p
+		lost := map[int64]*lostState{}    // by the step after which the state is lost
+		var lostOrder []int64
+		for _, l := range layersAt[p] {
+			if p == f.Step && l < f.Layer {
+				continue
+			}
+			tr := pl.tracks[l]
+			if tr == nil {
+				tr = &layerTrack{prevStep: p - 1}
+				pl.tracks[l] = tr
+			}
+			seeds := link
+			if len(link) > 0 && below != l-1 {
+				pl.notes.add(p, fmt.Sprintf("layers %d..%d are not in the dump: the layers above them keep their dumped inputs, not recomputed from layer %d's faulty output", below+1, l-1, below))
+				seeds = nil
+			}
+			link, below, top = nil, l, l
+			site := p == f.Step && l == f.Layer
+			if l != f.Layer && tr.live() && (tr.prevStep != p-1 || !full[p]) {
+				// A layer above the fault's reads the faulty stream: its
+				// state cannot be followed through a step whose inputs
+				// were not dumped.
+				ls := lost[tr.prevStep]
+				if ls == nil {
+					ls = &lostState{names: map[string]bool{}}
+					lost[tr.prevStep] = ls
+					lostOrder = append(lostOrder, tr.prevStep)
+				}
+				ls.layers = append(ls.layers, fmt.Sprint(l))
+				for _, n := range tr.changedNames() {
+					ls.names[n] = true
+				}
+				tr.prevNew, tr.carry = nil, nil
+			}
+			if !site && !tr.live() && len(seeds) == 0 {
+				tr.prevStep = p
+				continue // nothing reaches this layer at p
+			}
+			if !full[p] {
+				if err := pl.stateStep(p, l, tr); err != nil {
+					return err
+				}
+				continue
+			}
+			out, err := pl.fullStep(p, l, tr, seeds)
+			if err != nil {
+				return err
+			}
+			link = out
+		}
+		for _, q := range lostOrder {
+			ls := lost[q]
+			through := p - 1
+			if !full[p] {
+				through = p
+			}
+			var names []string
+			for n := range ls.names {
+				names = append(names, n)
+			}
+			sort.Strings(names)
+			w := "layer"
+			if len(ls.layers) > 1 {
+				w = "layers"
+			}
+			pl.notes.add(p, fmt.Sprintf("%s %s: the state the fault changed up to step %d (%s) is not followed through step(s) %s, whose inputs the dump does not hold: after them these layers go on from their dumped state",
+				w, strings.Join(ls.layers, ", "), q, strings.Join(names, ", "), replay.StepList(stepRange(q+1, through))))
+		}
+		if len(link) > 0 && top != pl.cfg.NLayers-1 {
+			if _, ok, _ := pl.src.Stage(p, dump.Global, "logits"); ok {
+				pl.notes.add(p, fmt.Sprintf("layers %d..%d are not in the dump: the logits are not recomputed from layer %d's faulty output", top+1, pl.cfg.NLayers-1, top))
+			}
+		}
+	}
+	return nil
+}
+
+func stepRange(a, b int64) []int64 {
+	var s []int64
+	for p := a; p <= b; p++ {
+		s = append(s, p)
+	}
+	return s
+}
+
+// lostState is what the walk could not follow at one step: the layers
+// whose changed state it dropped, and the state tensors.
+type lostState struct {
+	layers []string
+	names  map[string]bool
+}
+
+// changedNames lists the state tensors t carries, sorted.
+func (t *layerTrack) changedNames() []string {
+	var n []string
+	for name := range t.prevNew {
+		n = append(n, name)
+	}
+	if len(n) == 0 && len(t.carry) > 0 {
+		n = append(n, "kv_cache")
+	}
+	sort.Strings(n)
+	return n
+}
+
+// anyLive reports whether some layer's state after its last processed step
+// differs from the dump's.
+func (pl *faultPlan) anyLive() bool {
+	for _, t := range pl.tracks {
+		if t.live() {
+			return true
+		}
+	}
+	return false
+}
+
+// links names, for the layer above l, each input that is an output of
+// layer l (input name -> output name): the hyper-connection streams h_in =
+// h_out of a V4 layer with block weights, x_in = ffn_out and res_in = h_mid
+// of a V3.2 layer with its FFN weights; nil where the reference does not
+// model what runs between the layers (the weights hold the attention path
+// only).
+func (pl *faultPlan) links(l int) map[string]string {
+	w := pl.m.Weights[l]
+	switch {
+	case w == nil:
+		return nil
+	case pl.cfg.V32():
+		if v32HasFFN(pl.m, l) {
+			return map[string]string{"x_in": "ffn_out", "res_in": "h_mid"}
+		}
+	case w.Block != nil:
+		return map[string]string{"h_in": "h_out"}
+	}
+	return nil
+}
+
+// prevInput is the value of layer l's state name after step p-1: the changed
+// value when step p-1 changed it, else the dump's (step p-1, or the start
+// state).
+func (pl *faultPlan) prevInput(p int64, l int, tr *layerTrack, name string) (t engine.Tensor, ok, changed bool, err error) {
+	if tr.prevStep == p-1 {
+		if t, ok := tr.prevNew[name]; ok {
 			return t, true, true, nil
 		}
 	}
 	if p-1 >= 0 {
-		t, ok, err := pl.src.Stage(p-1, pl.layer, name)
+		t, ok, err := pl.src.Stage(p-1, l, name)
 		if err != nil || ok {
 			return t, ok, false, err
 		}
 	}
-	st, after, ok, err := pl.src.State(pl.layer)
+	st, after, ok, err := pl.src.State(l)
 	if err != nil || !ok || after != p-1 {
 		return engine.Tensor{}, false, false, err
 	}
@@ -163,80 +368,82 @@ func (pl *faultPlan) prevInput(p int64, name string) (t engine.Tensor, ok, chang
 	return t, ok, false, nil
 }
 
-// fullStep walks the stages of a dumped step of the fault's layer: the fault
-// at its stage, the reference for every stage reading a changed value.
-func (pl *faultPlan) fullStep(p int64) error {
-	cfg, l := pl.cfg, pl.layer
+// fullStep walks the stages of layer l at a dumped step p: the fault at its
+// stage, the reference for every stage reading a changed value. seeds are
+// the layer's inputs the layer below changed (its output streams). It
+// returns the changed values the layer above reads (links).
+func (pl *faultPlan) fullStep(p int64, l int, tr *layerTrack, seeds map[string]engine.Tensor) (map[string]engine.Tensor, error) {
+	cfg := pl.cfg
+	if pl.m.Weights[l] == nil {
+		pl.notes.add(p, fmt.Sprintf("layer %d has no weights: its stages are not recomputed from the faulty values", l))
+		tr.prevStep, tr.prevNew, tr.carry = p, nil, nil
+		return nil, nil
+	}
 	ctx := &engine.StepContext{Cfg: cfg, Layer: l, Pos: p, W: pl.m.Weights[l], Rope: pl.m.Rope[l], Head: pl.m.Head}
 	if err := ctx.Check(); err != nil {
-		return fmt.Errorf("fault %s: step %d: %w", pl.f, p, err)
+		return nil, fmt.Errorf("fault %s: step %d layer %d: %w", pl.f, p, l, err)
 	}
 	changed := map[string]engine.Tensor{} // values of this step that differ from the dump
-	own := map[string]engine.Tensor{}     // reference values of stages the dump lacks
-	contiguous := pl.prevStep == p-1
+	for name, t := range seeds {
+		changed[name] = t
+	}
+	own := map[string]engine.Tensor{} // reference values of stages the dump lacks
+	contiguous := tr.prevStep == p-1
 	if !contiguous {
-		if err := pl.checkCarry(p); err != nil {
-			return err
+		if err := pl.checkCarry(p, tr); err != nil {
+			return nil, err
 		}
 	}
-	// The whole layer when its weights hold it: the block stages after a
-	// fault are recomputed from the faulty values as well (h_mid … h_out,
-	// and the logits on the last layer).
+	// The whole layer when its weights hold it: hyper-connections, MoE
+	// and, on the last layer, the logits.
 	defs := engine.BlockStages(cfg, l, p, pl.m.Weights[l], pl.m.Head)
+	var last string              // the layer's last stage (its output without links)
+	stuck := map[string]string{} // stages that read a changed value but cannot be recomputed -> the input missing
 	for _, def := range defs {
 		in := make(map[string]engine.Tensor, len(def.Inputs))
-		fromChanged, missing := false, false
+		fromChanged, missing := false, ""
 		for _, name := range def.Inputs {
-			if base, ok := strings.CutPrefix(name, engine.PrevPrefix); ok {
-				t, ok, ch, err := pl.prevInput(p, base)
-				if err != nil {
-					return err
-				}
-				if !ok {
-					missing = true
-					break
-				}
-				in[name], fromChanged = t, fromChanged || ch
-				continue
-			}
-			if t, ok := changed[name]; ok {
-				in[name], fromChanged = t, true
-				continue
-			}
-			inLayer, inName := l, name
-			if base, ok := strings.CutPrefix(name, engine.GlobalPrefix); ok {
-				inLayer, inName = dump.Global, base // the token
-			}
-			t, ok, err := pl.src.Stage(p, inLayer, inName)
+			t, ok, ch, err := pl.input(p, l, tr, name, changed, own)
 			if err != nil {
-				return err
+				return nil, err
 			}
 			if !ok {
-				if t, ok = own[name]; !ok {
-					missing = true
-					break
+				if missing == "" {
+					missing = name
 				}
+				if m, bad := stuck[name]; bad {
+					// Computed from a changed value, had it been computable.
+					fromChanged, missing = true, m
+				}
+				continue
 			}
-			in[name] = t
+			in[name], fromChanged = t, fromChanged || ch
 		}
 		defLayer := l
 		if def.Global {
 			defLayer = dump.Global
+		} else {
+			last = def.Name
 		}
 		gpu, dumped, err := pl.src.Stage(p, defLayer, def.Name)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		atFault := pl.inj.at(p, l, def.Name)
-		if missing {
-			if atFault {
-				return fmt.Errorf("fault %s: stage %s cannot be computed from the dump (an input is neither dumped nor computable)", pl.f, def.Name)
-			}
-			if def.Name == "kv_cache" && dumped && !contiguous {
+		if missing != "" {
+			switch {
+			case atFault:
+				return nil, fmt.Errorf("fault %s: stage %s cannot be computed from the dump (an input is neither dumped nor computable)", pl.f, def.Name)
+			case def.Name == "kv_cache" && dumped && !contiguous:
 				// Across a gap: the dump's cache with the faulty rows no
 				// later token overwrote.
-				if t := pl.carried(p, gpu); !bitIdentical(t, gpu) {
+				if t := pl.carried(p, l, tr, gpu); !bitIdentical(t, gpu) {
 					changed[def.Name] = t
+				}
+			case fromChanged:
+				stuck[def.Name] = missing
+				if dumped {
+					pl.notes.add(p, fmt.Sprintf("layer %d, stage %s reads a value the fault changed but cannot be recomputed (%s is neither dumped nor computable): kept as dumped", l, def.Name, missing))
 				}
 			}
 			continue
@@ -251,7 +458,7 @@ func (pl *faultPlan) fullStep(p int64) error {
 			if !fromChanged {
 				from = "computing %s from the dumped inputs"
 			}
-			return fmt.Errorf("fault %s: step %d layer %d: "+from+": %w", pl.f, p, l, def.Name, err)
+			return nil, fmt.Errorf("fault %s: step %d layer %d: "+from+": %w", pl.f, p, l, def.Name, err)
 		}
 		if !dumped {
 			own[def.Name] = ref
@@ -264,7 +471,7 @@ func (pl *faultPlan) fullStep(p int64) error {
 		switch {
 		case atFault:
 			if v, err = pl.inj.apply(ctx, gpu, ref, in, pl.m.GPURope); err != nil {
-				return err
+				return nil, err
 			}
 		case !fromChanged:
 			v = gpu
@@ -274,8 +481,8 @@ func (pl *faultPlan) fullStep(p int64) error {
 			changed[def.Name] = v
 		}
 	}
-	if err := pl.splitPartials(p, changed); err != nil {
-		return err
+	if err := pl.splitPartials(p, l, changed); err != nil {
+		return nil, err
 	}
 	global := map[string]bool{}
 	for _, def := range defs {
@@ -290,60 +497,122 @@ func (pl *faultPlan) fullStep(p int64) error {
 			pl.patch[replay.StageKey{Step: p, Layer: layer, Stage: name}] = t
 		}
 	}
-	pl.endStep(p, changed)
-	return nil
+	pl.endStep(p, l, tr, changed)
+	_, lastChanged := changed[last]
+	_, lastStuck := stuck[last]
+	if l == cfg.NLayers-1 {
+		if _, ok := global["logits"]; !ok && (lastChanged || lastStuck) {
+			if _, dumped, _ := pl.src.Stage(p, dump.Global, "logits"); dumped {
+				pl.notes.add(p, "the weights hold no head: the logits are not recomputed from the last layer's faulty output")
+			}
+		}
+		return nil, nil
+	}
+	links := pl.links(l)
+	if links == nil {
+		if lastChanged || lastStuck {
+			pl.notes.add(p, fmt.Sprintf("layer %d's output %s changed, but its weights hold the attention path only (the residual stream between layers is not part of the reference): the layers above and the logits keep their dumped values", l, last))
+		}
+		return nil, nil
+	}
+	out := map[string]engine.Tensor{}
+	var lost []string
+	for in, from := range links {
+		if t, ok := changed[from]; ok {
+			out[in] = t
+		} else if m, ok := stuck[from]; ok {
+			lost = append(lost, fmt.Sprintf("%s (%s is neither dumped nor computable)", from, m))
+		}
+	}
+	if len(lost) > 0 {
+		sort.Strings(lost)
+		pl.notes.add(p, fmt.Sprintf("layer %d's output %s reads a value the fault changed but cannot be recomputed: the layers above and the logits keep their dumped inputs", l, strings.Join(lost, ", ")))
+	}
+	return out, nil
 }
 
-// stateStep carries the faulty cache rows into the state records of a step
-// the dump holds only the state of (its stages were not dumped).
-func (pl *faultPlan) stateStep(p int64) error {
-	if err := pl.checkCarry(p); err != nil {
+// input is the value of input name of a stage of layer l at step p, and
+// whether it differs from the dump's: a "prev:" state (prevInput), a value
+// this step changed, the step's global value (the token), the dumped value,
+// else the reference's own value of a stage the dump lacks.
+func (pl *faultPlan) input(p int64, l int, tr *layerTrack, name string, changed, own map[string]engine.Tensor) (engine.Tensor, bool, bool, error) {
+	if base, ok := strings.CutPrefix(name, engine.PrevPrefix); ok {
+		return pl.prevInput(p, l, tr, base)
+	}
+	if t, ok := changed[name]; ok {
+		return t, true, true, nil
+	}
+	inLayer, inName := l, name
+	if base, ok := strings.CutPrefix(name, engine.GlobalPrefix); ok {
+		inLayer, inName = dump.Global, base // the token
+	}
+	t, ok, err := pl.src.Stage(p, inLayer, inName)
+	if err != nil || ok {
+		return t, ok, false, err
+	}
+	t, ok = own[name]
+	return t, ok, false, nil
+}
+
+// stateStep carries the faulty cache rows of the fault's layer into the
+// state records of a step the dump holds only the state of (its stages were
+// not dumped). Any other layer's changed state cannot be followed through a
+// step whose inputs were not dumped: the layer starts again from the
+// dumped state (walk notes it).
+func (pl *faultPlan) stateStep(p int64, l int, tr *layerTrack) error {
+	if l != pl.layer {
+		tr.prevStep, tr.prevNew, tr.carry = p, nil, nil // walk noted what is lost
+		return nil
+	}
+	if err := pl.checkCarry(p, tr); err != nil {
 		return err
 	}
 	changed := map[string]engine.Tensor{}
-	gpu, ok, err := pl.src.Stage(p, pl.layer, "kv_cache")
+	gpu, ok, err := pl.src.Stage(p, l, "kv_cache")
 	if err != nil {
 		return err
 	}
 	if ok {
-		if t := pl.carried(p, gpu); !bitIdentical(t, gpu) {
+		if t := pl.carried(p, l, tr, gpu); !bitIdentical(t, gpu) {
 			changed["kv_cache"] = t
-			pl.patch[replay.StageKey{Step: p, Layer: pl.layer, Stage: "kv_cache"}] = t
+			pl.patch[replay.StageKey{Step: p, Layer: l, Stage: "kv_cache"}] = t
 		}
 	}
-	pl.endStep(p, changed)
+	pl.endStep(p, l, tr, changed)
 	return nil
 }
 
-// checkCarry refuses to carry a changed state other than the cache across
-// steps that are not recomputed (no fault changes one).
-func (pl *faultPlan) checkCarry(p int64) error {
-	for name := range pl.prevNew {
+// checkCarry refuses to carry a changed state of the fault's layer other
+// than the cache across steps that are not recomputed.
+func (pl *faultPlan) checkCarry(p int64, tr *layerTrack) error {
+	for name := range tr.prevNew {
 		if name != "kv_cache" {
-			return fmt.Errorf("fault %s: %s changed at step %d, and steps %d..%d are not in the dump to carry it", pl.f, name, pl.prevStep, pl.prevStep+1, p)
+			return fmt.Errorf("fault %s: %s changed at step %d, and steps %d..%d are not in the dump to carry it", pl.f, name, tr.prevStep, tr.prevStep+1, p)
 		}
 	}
 	return nil
 }
 
-// carried is the dump's kv_cache after step p with the faulty rows of the
-// last processed step q that no token in (q, p] overwrote: window slot
-// t mod W is rewritten by token t, and a late compressed row lands at the
-// step after its emission step.
-func (pl *faultPlan) carried(p int64, gpu engine.Tensor) engine.Tensor {
-	if len(pl.carry) == 0 || len(gpu.Shape) != 2 {
+// carried is the dump's kv_cache of layer l after step p with the faulty
+// rows of the last processed step q that no token in (q, p] overwrote:
+// window slot t mod W is rewritten by token t, and a late compressed row
+// lands at the step after its emission step. Only the fault's layer
+// carries rows across steps that are not recomputed: the layers below it
+// are unchanged, so the rows it wrote meanwhile are the dump's.
+func (pl *faultPlan) carried(p int64, l int, tr *layerTrack, gpu engine.Tensor) engine.Tensor {
+	if l != pl.layer || len(tr.carry) == 0 || len(gpu.Shape) != 2 {
 		return gpu
 	}
 	W, D := pl.cfg.WindowSize, gpu.Shape[1]
 	gone := map[int]bool{}
-	for t := pl.prevStep + 1; t <= p && len(gone) < W; t++ {
+	for t := tr.prevStep + 1; t <= p && len(gone) < W; t++ {
 		gone[int(t%int64(W))] = true
 	}
-	if pl.f.Kind == CompressorLate && pl.f.Step+1 > pl.prevStep && pl.f.Step+1 <= p {
-		gone[W+attention.EmittedRow(pl.f.Step, pl.cfg.Ratio(pl.layer))] = true
+	if pl.f.Kind == CompressorLate && pl.f.Step+1 > tr.prevStep && pl.f.Step+1 <= p {
+		gone[W+attention.EmittedRow(pl.f.Step, pl.cfg.Ratio(l))] = true
 	}
 	out := gpu.Clone()
-	for i, row := range pl.carry {
+	for i, row := range tr.carry {
 		if gone[i] || (i+1)*D > len(out.F) || len(row) != D {
 			continue
 		}
@@ -352,42 +621,41 @@ func (pl *faultPlan) carried(p int64, gpu engine.Tensor) engine.Tensor {
 	return out
 }
 
-// endStep records what step p leaves for the next: its changed state
-// tensors and the kv_cache rows that differ from the dump.
-func (pl *faultPlan) endStep(p int64, changed map[string]engine.Tensor) {
-	pl.prevStep, pl.prevNew, pl.carry = p, map[string]engine.Tensor{}, nil
+// endStep records what step p of layer l leaves for the layer's next step:
+// its changed state tensors and the kv_cache rows that differ from the dump.
+func (pl *faultPlan) endStep(p int64, l int, tr *layerTrack, changed map[string]engine.Tensor) {
+	tr.prevStep, tr.prevNew, tr.carry = p, map[string]engine.Tensor{}, nil
 	for name, t := range changed {
 		if replay.IsStateStage(name) {
-			pl.prevNew[name] = t
+			tr.prevNew[name] = t
 		}
 	}
 	if len(changed) > 0 {
-		pl.carriedTo = p
+		pl.carriedTo = max(pl.carriedTo, p)
 	}
 	kv, ok := changed["kv_cache"]
 	if !ok || len(kv.Shape) != 2 {
 		return
 	}
-	gpu, ok, err := pl.src.Stage(p, pl.layer, "kv_cache")
+	gpu, ok, err := pl.src.Stage(p, l, "kv_cache")
 	if err != nil || !ok || !engine.SameShape(gpu.Shape, kv.Shape) {
 		return
 	}
 	D := kv.Shape[1]
-	pl.carry = map[int][]float32{}
+	tr.carry = map[int][]float32{}
 	for i := 0; i < kv.Shape[0]; i++ {
 		a, b := kv.F[i*D:(i+1)*D], gpu.F[i*D:(i+1)*D]
 		if !bitIdentical(engine.FromF(engine.KindF32, a, D), engine.FromF(engine.KindF32, b, D)) {
-			pl.carry[i] = append([]float32(nil), a...)
+			tr.carry[i] = append([]float32(nil), a...)
 		}
 	}
 }
 
 // splitPartials recomputes the split-K partials (split_bounds, o_split/<s>,
 // lse_split/<s>) dumped beside o when an input of the attention (q,
-// kv_cache, topk_idxs) changed at step p: the GPU's split kernel would have
-// read the changed values. The dumped split_bounds are kept.
-func (pl *faultPlan) splitPartials(p int64, changed map[string]engine.Tensor) error {
-	l := pl.layer
+// kv_cache, topk_idxs) of layer l changed at step p: the GPU's split kernel
+// would have read the changed values. The dumped split_bounds are kept.
+func (pl *faultPlan) splitPartials(p int64, l int, changed map[string]engine.Tensor) error {
 	bt, ok, err := pl.src.Stage(p, l, "split_bounds")
 	if err != nil || !ok {
 		return err
@@ -417,4 +685,46 @@ func (pl *faultPlan) splitPartials(p int64, changed map[string]engine.Tensor) er
 		changed[fmt.Sprintf("lse_split/%d", s)] = engine.FromF(engine.KindF32, pt.LSE2, cfg.NHeads)
 	}
 	return nil
+}
+
+// checkTokens notes where the copy's tokens no longer follow from its
+// logits: the tokens fed are kept as dumped, which is what a sampled run
+// does; but when every dumped token is the greedy pick of the logits
+// before it and the faulty logits pick another, a greedy GPU would have
+// fed that one (and every later step would differ).
+func (pl *faultPlan) checkTokens() {
+	argmax := func(v []float32) int64 {
+		b := 0
+		for i, x := range v {
+			if x > v[b] {
+				b = i
+			}
+		}
+		return int64(b)
+	}
+	greedy, pairs := true, 0
+	for _, p := range pl.src.Steps() {
+		lg, ok1, err1 := pl.src.Stage(p, dump.Global, "logits")
+		tk, ok2, err2 := pl.src.Stage(p+1, dump.Global, "tok")
+		if err1 != nil || err2 != nil || !ok1 || !ok2 || len(tk.I) != 1 || len(lg.F) == 0 {
+			continue
+		}
+		pairs++
+		if argmax(lg.F) != tk.I[0] {
+			greedy = false
+		}
+	}
+	if !greedy || pairs == 0 {
+		return
+	}
+	for _, p := range pl.src.Steps() {
+		lg, ok := pl.patch[replay.StageKey{Step: p, Layer: dump.Global, Stage: "logits"}]
+		tk, ok2, err := pl.src.Stage(p+1, dump.Global, "tok")
+		if !ok || err != nil || !ok2 || len(tk.I) != 1 || len(lg.F) == 0 {
+			continue
+		}
+		if a := argmax(lg.F); a != tk.I[0] {
+			pl.notes.add(p+1, fmt.Sprintf("the token fed is kept as dumped (%d), though the dump's run is greedy and the faulty logits of the step before pick %d: a greedy GPU would have fed %d, and every later step would differ", tk.I[0], a, a))
+		}
+	}
 }

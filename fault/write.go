@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"sparsemla/dump"
 	"sparsemla/engine"
@@ -24,6 +25,10 @@ func (pl *faultPlan) write(out io.Writer, path, wpath string) (records, pages in
 	}
 	h.User["injected_fault"] = pl.f.String()
 	h.User["faulted_from"] = pl.d.Path
+	delete(h.User, "fault_not_recomputed") // an earlier fault's
+	if n := pl.notes.list(); len(n) > 0 {
+		h.User["fault_not_recomputed"] = strings.Join(n, "; ")
+	}
 	if h.ModelArgs != "" && len(h.CompressRatios) == 0 {
 		h.CompressRatios = append([]int(nil), pl.cfg.CompressRatios...)
 	}
@@ -49,7 +54,7 @@ func (pl *faultPlan) write(out io.Writer, path, wpath string) (records, pages in
 			return fail(err)
 		}
 		buf = rec.Data[:0]
-		if e.Kind == dump.KindStage && e.Request == pl.src.Request && (e.Layer == pl.layer || e.Layer == dump.Global) {
+		if e.Kind == dump.KindStage && e.Request == pl.src.Request {
 			k := replay.StageKey{Step: int64(e.Step), Layer: e.Layer, Stage: e.Stage}
 			if pl.drop[k] {
 				continue

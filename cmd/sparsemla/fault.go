@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 
+	"sparsemla/dump"
 	"sparsemla/fault"
 	"sparsemla/replay"
 )
@@ -24,10 +25,15 @@ func init() {
 const faultDoc = `Writes into DIR a copy of the dump DUMP (any format replay reads: a native dump,
 a GPU safetensors directory such as testdata/official-v4-tiny, ...) with one GPU
 fault injected at decode step P, layer L, the way a buggy GPU would have
-produced it: the faulty stage's dumped value is corrupted, every stage of that
-step and layer that reads it is recomputed from it with the reference (so a
-local replay names exactly the injected stage), and when the fault lives in the
-cache the later steps carry it. Everything else is copied unchanged. DIR gets
+produced it: the faulty stage's dumped value is corrupted, and every stage
+downstream of it is recomputed from it with the reference as the GPU would
+have: the rest of the layer, the layers above it (their input streams are the
+layer's output), the logits, and the later steps through the caches and states
+the fault changed (so a local replay names exactly the injected stage and
+nothing after it fails). The tokens fed stay as dumped. What the dump does not
+let it recompute (steps or layers it does not hold, a layer of the attention
+path only) stays as dumped and is printed under "not recomputed". Everything
+else is copied unchanged. DIR gets
 dump.smd (native), config.json and a copy of the weights, so
 'sparsemla replay DIR' needs no flags. Fault kinds (KIND@P,L):
   splitk-merge     sparse-attention split-K combine adds a partial unscaled
@@ -112,9 +118,23 @@ func runFault(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stdout, "wrote %s: %s with fault %s (%d records)\n", res.Dir, *in, flt, res.Records)
 	fmt.Fprintf(stdout, "  first divergence expected: decode step %d, layer %d, stage %s — %s\n", flt.Step, flt.Layer, flt.StageIn(o.model.Cfg), flt.DiagnosisIn(o.model.Cfg))
-	fmt.Fprintf(stdout, "  changed: %s\n", stageKeys(res.Changed))
+	var site, down []replay.StageKey
+	for _, k := range res.Changed {
+		if k.Step == flt.Step && (k.Layer == flt.Layer || (k.Layer == dump.Global && k.Stage == flt.StageIn(o.model.Cfg))) {
+			site = append(site, k)
+		} else {
+			down = append(down, k)
+		}
+	}
+	fmt.Fprintf(stdout, "  changed: %s\n", stageKeys(site))
+	if len(down) > 0 {
+		fmt.Fprintf(stdout, "  recomputed downstream from the faulty values: %d record%s (%s)\n", len(down), plural(len(down)), downstream(down))
+	}
 	if len(res.Dropped) > 0 {
 		fmt.Fprintf(stdout, "  left out (not computed by the faulty GPU): %s\n", stageKeys(res.Dropped))
+	}
+	for _, n := range res.NotRecomputed {
+		fmt.Fprintf(stdout, "  not recomputed (kept as dumped): %s\n", n)
 	}
 	if res.Pages > 0 {
 		fmt.Fprintf(stdout, "  KV page records re-encoded: %d\n", res.Pages)
@@ -127,6 +147,48 @@ func runFault(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stdout, "replay it: sparsemla replay %s\n", res.Dir)
 	return exitOK
+}
+
+// downstream summarises stage keys (sorted by step, then layer) by step:
+// "step 6: layers 2, 3, logits; step 7: layers 1, 2, 3, logits" (a global
+// stage by its name).
+func downstream(keys []replay.StageKey) string {
+	var parts []string
+	for i := 0; i < len(keys); {
+		var what []string
+		seen := map[string]bool{}
+		j := i
+		for ; j < len(keys) && keys[j].Step == keys[i].Step; j++ {
+			w := fmt.Sprint(keys[j].Layer)
+			if keys[j].Layer == dump.Global {
+				w = keys[j].Stage
+			}
+			if !seen[w] {
+				seen[w] = true
+				what = append(what, w)
+			}
+		}
+		// Layers first, global stages after them (sorted keys put the
+		// global layer first).
+		var layers, globals []string
+		for _, w := range what {
+			if w[0] >= '0' && w[0] <= '9' {
+				layers = append(layers, w)
+			} else {
+				globals = append(globals, w)
+			}
+		}
+		var s []string
+		if len(layers) == 1 {
+			s = append(s, "layer "+layers[0])
+		} else if len(layers) > 1 {
+			s = append(s, "layers "+strings.Join(layers, ", "))
+		}
+		s = append(s, globals...)
+		parts = append(parts, fmt.Sprintf("step %d: %s", keys[i].Step, strings.Join(s, ", ")))
+		i = j
+	}
+	return strings.Join(parts, "; ")
 }
 
 // stageKeys prints stage keys grouped by step and layer:
@@ -162,4 +224,12 @@ func stageKeys(keys []replay.StageKey) string {
 		i = j
 	}
 	return strings.Join(parts, "; ")
+}
+
+// plural is "s" unless n is 1.
+func plural(n int) string {
+	if n == 1 {
+		return ""
+	}
+	return "s"
 }

@@ -191,3 +191,52 @@ func TestFaultCommandErrors(t *testing.T) {
 		t.Errorf("fault --help: exit %d\n%s%s", code, o, e)
 	}
 }
+
+// TestFaultCommandDownstream: the copy 'fault' writes is consistent
+// downstream of the fault (README's stale-prefix walk-through and a split-K
+// fault): its output says what it recomputed beyond the fault's layer and
+// that nothing was left as dumped; a replay of the whole copy fails at the
+// fault's stage only; replays of the steps after the fault agree (no layer
+// link between the faulted layer and the next); and a tolerance loose
+// enough to pass the faulty stage leaves nothing else to fail.
+func TestFaultCommandDownstream(t *testing.T) {
+	tiny := filepath.Join("..", "..", "testdata", "official-v4-tiny")
+	for _, c := range []struct {
+		fault, down string
+		after       []string // --steps windows after the fault
+		loose       string   // a --tol-stage passing the fault's stage ("": none)
+	}{
+		{"stale-prefix@6,1", "(step 6: layers 2, 3, logits; step 7: layers 1, 2, 3, logits)", []string{"7"}, ""},
+		{"splitk-merge@5,1", "(step 5: layers 2, 3, logits; step 6: layers 2, 3, logits; step 7: layers 2, 3, logits)", []string{"6", "7", "6-7"}, "o=close,abs=100,rel=100,cos=1"},
+	} {
+		t.Run(c.fault, func(t *testing.T) {
+			out := filepath.Join(t.TempDir(), "faulted")
+			code, so, e := rpRun("fault", "--in", tiny, "--out", out, "--fault", c.fault)
+			if code != exitOK {
+				t.Fatalf("fault: exit %d\n%s%s", code, so, e)
+			}
+			if !strings.Contains(so, "  recomputed downstream from the faulty values: ") || !strings.Contains(so, c.down) {
+				t.Errorf("fault output does not say %q:\n%s", c.down, so)
+			}
+			if strings.Contains(so, "not recomputed") {
+				t.Errorf("fault output leaves something as dumped:\n%s", so)
+			}
+			code, so, e = rpRun("replay", out)
+			if code != exitDiverged || !strings.Contains(so, " 1 fail;") {
+				t.Errorf("replay: exit %d, want %d with one failing stage\n%s%s", code, exitDiverged, so, e)
+			}
+			for _, w := range c.after {
+				code, so, e = rpRun("replay", "--steps", w, out)
+				if code != exitOK || strings.Contains(so, "layer link") {
+					t.Errorf("replay --steps %s: exit %d, want %d (every stage of the later steps follows from the copy's records)\n%s%s", w, code, exitOK, so, e)
+				}
+			}
+			if c.loose != "" {
+				code, so, e = rpRun("replay", "--tol-stage", c.loose, out)
+				if code != exitOK || strings.Contains(so, "layer link") {
+					t.Errorf("replay --tol-stage %s: exit %d, want %d\n%s%s", c.loose, code, exitOK, so, e)
+				}
+			}
+		})
+	}
+}
