@@ -104,9 +104,16 @@ func TestWriteFaultedV41WholeGolden(t *testing.T) {
 		{Fault{Kind: HeadNoNorm, Step: 13, Layer: 7}, "head-no-final-norm"},
 		{Fault{Kind: TopKOffByOne, Step: 14, Layer: 2}, "topk-off-by-one"},
 	} {
-		_, fd, rep := faultV41Copy(t, in, d, c.f)
+		res, fd, rep := faultV41Copy(t, in, d, c.f)
 		if last := fd.Steps[len(fd.Steps)-1]; last != c.f.Step {
 			t.Errorf("%s: the copy holds steps %v, want up to the fault's step only", c.f, fd.Steps)
+		}
+		// The steps left out are said so.
+		if c.f.Step < 14 && (len(res.NotRecomputed) != 1 || !strings.Contains(res.NotRecomputed[0], "left out of the copy")) {
+			t.Errorf("%s: not recomputed %q", c.f, res.NotRecomputed)
+		}
+		if c.f.Step == 14 && len(res.NotRecomputed) != 0 {
+			t.Errorf("%s: not recomputed %q", c.f, res.NotRecomputed)
 		}
 		stage, _ := V41FaultStage(c.f)
 		first := rep.First

@@ -36,6 +36,12 @@ import (
 type V41FaultResult struct {
 	Dir     string
 	Changed []replay.StageKey // stages whose dumped value the fault changed, model order
+	// NotRecomputed says, one line each, what the faulty GPU would have
+	// changed but the copy does not hold recomputed: in a dump of the
+	// attention sub-layers the later layers' inputs x (the residual stream
+	// between layers is not part of it), in a whole dump the steps after
+	// the fault's, left out of the copy.
+	NotRecomputed []string
 }
 
 // v41Inject is the faulty value of the fault's stage given its inputs and
@@ -183,6 +189,27 @@ func WriteFaultedV41(in string, d *replay.V41Dump, out string, f Fault) (*V41Fau
 	orig, _ := d.StageTensor(p, fk)
 	if slices.Equal(orig.I, changed[fk].I) && slices.Equal(orig.F, changed[fk].F) {
 		return nil, fmt.Errorf("fault %s: the faulty %s equals the dumped one at step %d, layer %d: nothing to inject", f, faultStage, p, f.Layer)
+	}
+	if !whole {
+		var ys []string
+		for _, k := range res.Changed {
+			if k.Stage == "y" && k.Layer < cfg.NLayers-1 {
+				ys = append(ys, fmt.Sprint(k.Layer))
+			}
+		}
+		if len(ys) > 0 {
+			res.NotRecomputed = append(res.NotRecomputed, fmt.Sprintf("step %d: the attention output y of layer(s) %s changed, but the dump holds the attention sub-layers only (the residual stream between layers is not part of it): the inputs x of the layers above keep their dumped values", p, strings.Join(ys, ", ")))
+		}
+	} else if d.Official() {
+		var later []int64
+		for _, q := range d.Steps {
+			if q > p {
+				later = append(later, q)
+			}
+		}
+		if len(later) > 0 {
+			res.NotRecomputed = append(res.NotRecomputed, fmt.Sprintf("steps %s: left out of the copy (their state would follow from the faulty step, which the copy does not recompute)", replay.StepList(later)))
+		}
 	}
 	if !d.Official() {
 		if res.Dir, err = writeFaultedV41Native(in, out, p, changed, f); err != nil {

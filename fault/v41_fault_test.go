@@ -51,6 +51,12 @@ func TestWriteFaultedV41Golden(t *testing.T) {
 		if len(res.Changed) == 0 || res.Changed[0] != (replay.StageKey{Step: c.f.Step, Layer: c.f.Layer, Stage: stage}) {
 			t.Errorf("%s: changed %v", c.f, res.Changed)
 		}
+		// The later layers' inputs x (the residual stream, not in an
+		// attention-only dump) are not recomputed, and the copy says so
+		// (nothing is above the last layer, 7).
+		if want := c.f.Layer < 7; (len(res.NotRecomputed) == 1 && strings.Contains(res.NotRecomputed[0], "the inputs x of the layers above keep their dumped values")) != want || len(res.NotRecomputed) > 1 {
+			t.Errorf("%s: not recomputed %q", c.f, res.NotRecomputed)
+		}
 		f := rep.First
 		if f == nil || f.Step != c.f.Step || f.Layer != c.f.Layer || f.Stage != stage || rep.Summary.Fail != 1 ||
 			f.Hypothesis == nil || f.Hypothesis.Best == nil || !f.Hypothesis.Best.Exact || f.Hypothesis.Best.Name != c.hyp {

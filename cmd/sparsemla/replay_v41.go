@@ -162,6 +162,9 @@ func runFaultV41(in, out string, flt fault.Fault, f *replayFlags, stdout, stderr
 	fmt.Fprintf(stdout, "wrote %s: %s (DeepSeek-V4.1) with fault %s\n", res.Dir, in, flt)
 	fmt.Fprintf(stdout, "  first divergence expected: decode step %d, layer %d, stage %s — %s\n", flt.Step, flt.Layer, stage, why)
 	fmt.Fprintf(stdout, "  changed: %s\n", stageKeys(res.Changed))
+	for _, n := range res.NotRecomputed {
+		fmt.Fprintf(stdout, "  not recomputed: %s\n", n)
+	}
 	fmt.Fprintf(stdout, "replay it: sparsemla replay %s\n", res.Dir)
 	return exitOK
 }
