@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -334,6 +335,12 @@ func TestFaultedCopyRefused(t *testing.T) {
 		dump, fault, want string
 	}{
 		{"official-v4-tiny", "topk-off-by-one@7,1", "selects every one of its Tc = 2"},
+		// The hint names the first step the layer can take it at, and
+		// which dumped steps can (none here).
+		{"official-v4-tiny", "topk-off-by-one@5,1", "needs Tc > 16: step >= 67 on layer 1; this dump's decode steps (2..7) all come before it, so no step of it can take the fault"},
+		{"gpu-v4-tiny-long", "topk-off-by-one@60,1", "from step 67 on; dumped steps that can: 126..128, 255..256"},
+		{"v32-tiny", "topk-off-by-one@12,0", "(needs step >= 16; dumped steps that can: 16..21)"},
+		{"v32-tiny", "topk-off-by-one@3,0", "from step 16 on; dumped steps that can: 16..21"},
 		{"gpu-v4-tiny-long", "topk-off-by-one@255,0", "no indexer"},
 		{"official-v4-tiny", "compressor-late@4,1", "not an emission step"},
 		{"gpu-v4-tiny-long", "compressor-late@255,0", "no compressor"},
@@ -560,5 +567,39 @@ func TestFaultedCopyDownstreamConsistent(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestTopKHintFeasible: the first step a top-k off-by-one refusal names is
+// one the fault can be written at (before, the refusal of @5,1 said "step
+// >= 7", and @7,1 was refused again with "step >= 67").
+func TestTopKHintFeasible(t *testing.T) {
+	for _, c := range []struct {
+		dump string
+		bad  Fault
+		good Fault // at the first dumped step the refusal names
+	}{
+		{"gpu-v4-tiny-long", Fault{Kind: TopKOffByOne, Step: 60, Layer: 1}, Fault{Kind: TopKOffByOne, Step: 126, Layer: 1}},
+		{"v32-tiny", Fault{Kind: TopKOffByOne, Step: 12, Layer: 0}, Fault{Kind: TopKOffByOne, Step: 16, Layer: 0}},
+	} {
+		d, src, m := openFaultInput(t, c.dump)
+		_, err := WriteFaulted(d, src, m, filepath.Join(t.TempDir(), "bad"), Options{Fault: c.bad})
+		if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("dumped steps that can: %d", c.good.Step)) {
+			t.Errorf("%s on %s: %v, want a refusal naming step %d first", c.bad, c.dump, err, c.good.Step)
+		}
+		if _, err := WriteFaulted(d, src, m, t.TempDir(), Options{Fault: c.good}); err != nil {
+			t.Errorf("%s on %s, the step the refusal names: %v", c.good, c.dump, err)
+		}
+	}
+	cfg, err := engine.Preset("v41-tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := Fault{Kind: TopKOffByOne, Step: 3, Layer: 2} // r = 2, index_topk 4: Tc > 4 from step 9
+	if err := checkV41Fault(cfg, f, 2, 4); err == nil || !strings.Contains(err.Error(), "from step 9 on at layer 2's r = 2; the dumped steps 2 … 4 all come before it") {
+		t.Errorf("V4.1 %s: %v", f, err)
+	}
+	if err := checkV41Fault(cfg, f, 2, 12); err == nil || !strings.Contains(err.Error(), "steps 9 … 12 can") {
+		t.Errorf("V4.1 %s in steps 2..12: %v", f, err)
 	}
 }

@@ -97,6 +97,9 @@ func (n *noteSet) list() []string {
 func planFault(d *dump.Dump, src *replay.DumpSource, m *engine.Model, opt Options) (*faultPlan, error) {
 	f := opt.Fault
 	steps, layers := src.Steps(), src.Layers()
+	if err := checkTopKDump(f, m.Cfg, steps); err != nil {
+		return nil, err
+	}
 	if err := f.Check(m.Cfg, steps[0], steps[len(steps)-1]); err != nil {
 		return nil, err
 	}
@@ -121,19 +124,7 @@ func planFault(d *dump.Dump, src *replay.DumpSource, m *engine.Model, opt Option
 	} else if !ok {
 		return nil, fmt.Errorf("fault %s: the dump does not hold stage %s at step %d, layer %d, so a replay could not see the fault", f, f.StageIn(m.Cfg), f.Step, f.Layer)
 	}
-	switch f.Kind {
-	case TopKOffByOne:
-		if m.Cfg.V32() {
-			break // checkV32: the V3.2 indexer ranks every token
-		}
-		// Top-k selects min(index_topk, Tc) of the Tc compressed rows; with
-		// Tc <= k every row is selected and there is no unselected
-		// neighbour for the last entry to slip to.
-		if tc := (f.Step + 1) / 4; tc <= int64(m.Cfg.IndexTopK) {
-			return nil, fmt.Errorf("fault %s: at step %d the indexer selects every one of its Tc = %d compressed rows (top-%d): no unselected neighbour to be off by one to (needs Tc > %d, step >= %d)",
-				f, f.Step, tc, m.Cfg.IndexTopK, m.Cfg.IndexTopK, 4*(m.Cfg.IndexTopK+1)-1)
-		}
-	case StalePrefix:
+	if f.Kind == StalePrefix {
 		if hit, ok := src.PrefixHit(); ok {
 			return nil, fmt.Errorf("fault %s: the dump already records a prefix-cache hit of request %q from %q", f, src.Request, hit.From)
 		}

@@ -88,7 +88,14 @@ func checkV41FaultWhole(cfg *engine.Config, f Fault, first, last int64, whole bo
 			return fmt.Errorf("fault %s: layer %d runs no indexer (index sources %v)", f, f.Layer, cfg.IndexSources())
 		}
 		if tc := attention.VisibleRows(f.Step, cfg.Ratio(f.Layer)); tc <= cfg.IndexTopK {
-			return fmt.Errorf("fault %s: Tc = %d ≤ index_topk = %d, every row is selected", f, tc, cfg.IndexTopK)
+			fs := topKFirstStep(cfg, f.Layer)
+			where := fmt.Sprintf("steps %d … %d can", fs, last)
+			if fs > last {
+				where = fmt.Sprintf("the dumped steps %d … %d all come before it", first, last)
+			} else if fs < first {
+				where = fmt.Sprintf("steps %d … %d can", first, last)
+			}
+			return fmt.Errorf("fault %s: Tc = %d ≤ index_topk = %d, every row is selected (Tc > %d from step %d on at layer %d's r = %d; %s)", f, tc, cfg.IndexTopK, cfg.IndexTopK, fs, f.Layer, cfg.Ratio(f.Layer), where)
 		}
 	}
 	return nil

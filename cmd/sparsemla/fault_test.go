@@ -156,6 +156,8 @@ func TestFaultCommandErrors(t *testing.T) {
 		want string
 	}{
 		{[]string{"--in", tiny, "--fault", "topk-off-by-one@7,1"}, "selects every one of its Tc = 2 compressed rows"},
+		{[]string{"--in", tiny, "--fault", "topk-off-by-one@5,1"}, "step >= 67 on layer 1; this dump's decode steps (2..7) all come before it"},
+		{[]string{"--in", long, "--fault", "topk-off-by-one@60,3"}, "from step 67 on; dumped steps that can: 126..128, 255..256"},
 		{[]string{"--in", long, "--fault", "topk-off-by-one@255,2"}, "no indexer"},
 		{[]string{"--in", tiny, "--fault", "compressor-late@5,3"}, "not an emission step"},
 		{[]string{"--in", long, "--fault", "compressor-late@255,0"}, "no compressor"},
