@@ -323,7 +323,7 @@ func Preset(name string) (*Config, error) {
 		c.CompressRopeTheta, c.OriginalSeqLen, c.RopeFactor = 160000, 65536, 16
 	case "v41-flash", "v41-tiny":
 		return v41Preset(name)
-	case "v32", "v32-tiny":
+	case "v32", "v32-tiny", "v32-tiny-grouped":
 		return v32Preset(name), nil
 	default:
 		return nil, fmt.Errorf("engine: unknown config preset %q (have %s)", name, strings.Join(PresetNames(), ", "))
@@ -336,7 +336,7 @@ func Preset(name string) (*Config, error) {
 
 // PresetNames lists the built-in presets.
 func PresetNames() []string {
-	n := append([]string{"tiny", "flash", "pro", "v32", "v32-tiny"}, v41PresetNames...)
+	n := append([]string{"tiny", "flash", "pro", "v32", "v32-tiny", "v32-tiny-grouped"}, v41PresetNames...)
 	sort.Strings(n)
 	return n
 }

@@ -176,8 +176,9 @@
 // # DeepSeek-V3.2 (DSA)
 //
 // A config with kv_lora_rank > 0 and no compress_ratios is a V3.2 model
-// (Config.V32; presets "v32" = config_671B_v3.2.json, "v32-tiny"; the
-// V3.2 ModelArgs keys only, engine/v32config.go). Its layers have no window,
+// (Config.V32; presets "v32" = config_671B_v3.2.json, "v32-tiny",
+// "v32-tiny-grouped" (grouped routing in small); the V3.2 ModelArgs keys
+// only, engine/v32config.go). Its layers have no window,
 // compressor or hyper-connections: Stages returns V32Stages (MLA decode with
 // the absorbed wkv_b, the FP8-rounded latent cache, the lightning indexer over
 // every token with LayerNorm keys, non-interleaved RoPE of the first 64 dims,

@@ -226,7 +226,11 @@ func (c *Config) validateV32() error {
 // v32Preset returns "v32" (config_671B_v3.2.json over the ModelArgs
 // defaults: YaRN on, since max_seq_len 16384 > original_seq_len 4096) or
 // "v32-tiny" (the GPU golden's tiny random config, testdata/v32-tiny: two
-// layers, 4 heads, 4 indexer heads, top-16, YaRN on).
+// layers, 4 heads, 4 indexer heads, top-16, YaRN on) or "v32-tiny-grouped"
+// (v32-tiny with 8 routed experts in 4 groups of which the router keeps 1:
+// a small model whose router has a group limit, as the 671B router keeps 4
+// of 8, and whose synthetic gate has a bias, V32SynthGateBias, so that the
+// router-groups-ignored and router-bias faults apply to it).
 func v32Preset(name string) *Config {
 	c := v32Defaults()
 	switch name {
@@ -235,12 +239,15 @@ func v32Preset(name string) *Config {
 		c.NRoutedExperts, c.NSharedExperts, c.NActivatedExperts, c.NExpertGroups, c.NLimitedGroups = 256, 1, 8, 8, 4
 		c.RouteScale, c.ScoreFunc, c.QLoraRank = 2.5, "sigmoid", 1536
 		c.IndexNHeads, c.IndexHeadDim, c.IndexTopK = 64, 128, 2048
-	case "v32-tiny":
+	case "v32-tiny", "v32-tiny-grouped":
 		c.MaxBatchSize, c.MaxSeqLen, c.OriginalSeqLen = 1, 512, 128
 		c.VocabSize, c.Dim, c.InterDim, c.MoEInterDim, c.NLayers, c.NDenseLayers, c.NHeads = 512, 256, 256, 128, 2, 1, 4
 		c.NRoutedExperts, c.NSharedExperts, c.NActivatedExperts, c.NExpertGroups, c.NLimitedGroups = 4, 1, 2, 1, 1
 		c.RouteScale, c.ScoreFunc, c.QLoraRank = 2.5, "sigmoid", 128
 		c.IndexNHeads, c.IndexHeadDim, c.IndexTopK = 4, 128, 16
+		if name == "v32-tiny-grouped" {
+			c.NRoutedExperts, c.NExpertGroups, c.NLimitedGroups = 8, 4, 1
+		}
 	}
 	if err := c.Validate(); err != nil {
 		panic("engine: built-in preset " + name + " is invalid: " + err.Error())

@@ -138,7 +138,7 @@ func (f Fault) checkV32(cfg *engine.Config) error {
 			return fmt.Errorf("fault %s: layer %d is a dense MLP layer (layer < n_dense_layers = %d): no router or shared expert", f, f.Layer, cfg.NDenseLayers)
 		}
 		if f.Kind == RouterGroupsIgnored && (cfg.NExpertGroups <= 1 || cfg.NLimitedGroups >= cfg.NExpertGroups) {
-			return fmt.Errorf("fault %s: n_expert_groups = %d, n_limited_groups = %d: the router keeps every group, so there is no group limit to ignore", f, cfg.NExpertGroups, cfg.NLimitedGroups)
+			return fmt.Errorf("fault %s: n_expert_groups = %d, n_limited_groups = %d: the router keeps every group, so there is no group limit to ignore (a model with one: the 671B config, or synth --config v32-tiny-grouped --whole)", f, cfg.NExpertGroups, cfg.NLimitedGroups)
 		}
 		if f.Kind == RouterUnnormalised && cfg.ScoreFunc == "softmax" {
 			return fmt.Errorf("fault %s: score_func softmax does not normalise the chosen weights: nothing to leave out", f)
@@ -290,7 +290,7 @@ func corruptV32FFN(ctx *engine.StepContext, f Fault, in map[string]engine.Tensor
 	case RouterBias:
 		g := w.Gate
 		if g.Bias == nil {
-			return engine.Tensor{}, fmt.Errorf("fault %s: layer %d's gate has no bias to leave out (the official Gate has one only at dim 7168; this model's dim is %d and its checkpoint holds no ffn.gate.bias)", f, ctx.Layer, cfg.Dim)
+			return engine.Tensor{}, fmt.Errorf("fault %s: layer %d's gate has no bias to leave out (the official Gate has one only at dim 7168; this model's dim is %d and its checkpoint holds no ffn.gate.bias; a small model with one: synth --config v32-tiny-grouped --whole)", f, ctx.Layer, cfg.Dim)
 		}
 		return ids(moe.V32RouteNoBias(g, scoresOf(g, x), cfg.NExpertGroups, cfg.NLimitedGroups)), nil
 	case RouterGroupsIgnored:

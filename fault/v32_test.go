@@ -204,21 +204,20 @@ func TestV32SynthWholeAgrees(t *testing.T) {
 	}
 }
 
-// v32GroupedCfg is v32-tiny with grouped routing: 8 experts in 4 groups,
-// the best group kept, top-2 — and so (engine.V32SynthGateBias) a
+// v32GroupedCfg is the preset v32-tiny-grouped (what synth --config
+// v32-tiny-grouped makes): v32-tiny with grouped routing, 8 experts in 4
+// groups, the best group kept, top-2 — and so (engine.V32SynthGateBias) a
 // synthetic gate bias, the 671B router's shape in small.
 func v32GroupedCfg(t *testing.T) *engine.Config {
 	t.Helper()
-	cfg, err := engine.Preset("v32-tiny")
+	cfg, err := engine.Preset("v32-tiny-grouped")
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := *cfg
-	c.NRoutedExperts, c.NExpertGroups, c.NLimitedGroups = 8, 4, 1
-	if err := c.Validate(); err != nil {
-		t.Fatal(err)
+	if cfg.NRoutedExperts != 8 || cfg.NExpertGroups != 4 || cfg.NLimitedGroups != 1 || !engine.V32SynthGateBias(cfg) {
+		t.Fatalf("preset v32-tiny-grouped: %d experts in %d groups, %d kept, gate bias %v", cfg.NRoutedExperts, cfg.NExpertGroups, cfg.NLimitedGroups, engine.V32SynthGateBias(cfg))
 	}
-	return &c
+	return cfg
 }
 
 // v32FFNFaults are the FFN-side V3.2 faults, each with the hypothesis that
@@ -263,7 +262,7 @@ func v32WantFFN(t *testing.T, what string, f Fault, cfg *engine.Config, hyp, par
 func TestV32SynthFFNFaultsFound(t *testing.T) {
 	cfg := v32GroupedCfg(t)
 	synth := func(f *Fault, seed uint64) (*Synth, error) {
-		return Synthesize(SynthOptions{Cfg: cfg, Config: "v32-tiny-grouped", Prefill: 14, Steps: 8, Seed: seed, Whole: true, Fault: f})
+		return Synthesize(SynthOptions{Config: "v32-tiny-grouped", Prefill: 14, Steps: 8, Seed: seed, Whole: true, Fault: f})
 	}
 	clean, err := synth(nil, 5)
 	if err != nil {

@@ -62,7 +62,9 @@ with a bias), router-unnormalised, shared-gate-up-swapped, head-no-norm and two
 kinds of its own:
   router-groups-ignored  the router's top-k ignores the expert groups (moe_indices; n_expert_groups > 1)
   dense-gate-up-swapped  the dense MLP runs with w1 and w3 exchanged (ffn_out; layer < n_dense_layers)
-the other kinds are refused with the reason.
+the other kinds are refused with the reason. router-bias and router-groups-ignored
+need a gate with a bias and a group limit: testdata/v32-tiny has neither (refused),
+a dump of 'sparsemla synth --config v32-tiny-grouped --whole' has both.
 A fault that cannot happen at P, L (or would not change its stage beyond
 tolerance there) is refused with exit status 2. DIR must be new, empty or an
 earlier copy (replaced). Replay DUMP first: if it already diverges before P, its

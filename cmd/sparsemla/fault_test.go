@@ -242,3 +242,48 @@ func TestFaultCommandDownstream(t *testing.T) {
 		})
 	}
 }
+
+// TestFaultV32GroupedRouter: README's V3.2 router faults. router-bias and
+// router-groups-ignored are refused on testdata/v32-tiny (one expert group,
+// no gate bias) with a pointer to the preset that takes them;
+// v32-tiny-grouped takes both, in synth and in a faulted copy, and replay
+// names each at its step with its hypothesis.
+func TestFaultV32GroupedRouter(t *testing.T) {
+	v32 := filepath.Join("..", "..", "testdata", "v32-tiny")
+	for _, f := range []string{"router-bias@12,1", "router-groups-ignored@12,1"} {
+		out := filepath.Join(t.TempDir(), "x")
+		code, so, e := rpRun("fault", "--in", v32, "--out", out, "--fault", f)
+		if code != exitError || !strings.Contains(e, "synth --config v32-tiny-grouped --whole") {
+			t.Errorf("fault %s on v32-tiny: exit %d, want %d naming the preset\n%s%s", f, code, exitError, so, e)
+		}
+	}
+	dir := t.TempDir()
+	clean := filepath.Join(dir, "clean")
+	if code, so, e := rpRun("synth", "--config", "v32-tiny-grouped", "--whole", "--out", clean); code != exitOK {
+		t.Fatalf("synth: exit %d\n%s%s", code, so, e)
+	}
+	if code, so, e := rpRun("replay", clean); code != exitOK {
+		t.Fatalf("replay of the clean grouped dump: exit %d\n%s%s", code, so, e)
+	}
+	for _, c := range []struct{ how, fault, hyp string }{
+		{"synth", "router-groups-ignored@6,1", "v32-topk-ignoring-groups"},
+		{"fault", "router-bias@10,1", "v32-no-selection-bias"},
+		{"fault", "router-groups-ignored@6,1", "v32-topk-ignoring-groups"},
+	} {
+		out := filepath.Join(t.TempDir(), "out")
+		args := []string{"synth", "--config", "v32-tiny-grouped", "--whole", "--out", out, "--fault", c.fault}
+		if c.how == "fault" {
+			args = []string{"fault", "--in", clean, "--out", out, "--fault", c.fault}
+		}
+		if code, so, e := rpRun(args...); code != exitOK {
+			t.Fatalf("%v: exit %d\n%s%s", args, code, so, e)
+		}
+		kind, at, _ := strings.Cut(c.fault, "@")
+		step, _, _ := strings.Cut(at, ",")
+		code, so, e := rpRun("replay", out)
+		want := fmt.Sprintf("first divergence: decode step %s, layer 1, stage moe_indices — MoE router: ", step)
+		if code != exitDiverged || !strings.Contains(so, want) || !strings.Contains(so, fmt.Sprintf("hypothesis %q", c.hyp)) || !strings.Contains(so, " 1 fail;") {
+			t.Errorf("%s %s: replay exit %d, want %d naming %q and %q\n%s%s", c.how, kind, code, exitDiverged, want, c.hyp, so, e)
+		}
+	}
+}

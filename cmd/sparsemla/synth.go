@@ -55,10 +55,14 @@ layer need --whole:
   head-no-norm           the head skips the final RMSNorm (last layer): logits
 With --config v32-tiny (DeepSeek-V3.2) --whole is the whole V3.2 layer (norms,
 dense MLP, MoE with grouped routing and FP8 experts, head); of the kinds of the
-whole layer router-bias (a gate with a bias: n_expert_groups > 1),
-router-unnormalised, shared-gate-up-swapped and head-no-norm apply, and
+whole layer router-unnormalised, shared-gate-up-swapped and head-no-norm apply,
+router-bias where the gate has a bias (n_expert_groups > 1), and
   router-groups-ignored  the router's top-k ignores the expert groups: moe_indices
+                         (n_expert_groups > 1)
   dense-gate-up-swapped  the dense MLP runs with w1 and w3 exchanged: ffn_out
+v32-tiny has one expert group and no gate bias; --config v32-tiny-grouped (8
+experts in 4 groups, the best one kept, a gate bias) takes router-bias and
+router-groups-ignored too, e.g. --whole --fault router-groups-ignored@6,1.
 With --config v41-tiny (DeepSeek-V4.1) it writes a directory in the official
 V4.1 layout (config.json, weights, prefill_state, step_P.safetensors) that
 replay reads (--format native: a native dump.smd, the caches of every step
@@ -71,9 +75,9 @@ func runSynth(args []string, stdout, stderr io.Writer) int {
 	if prefixSynthRequested(args) {
 		return runPrefixSynth(args, stdout, stderr)
 	}
-	fs := rpFlagSet("synth", "synth --out DIR [--config tiny|v32-tiny|v41-tiny] [--steps N] [--prefill N] [--seed S] [--whole] [--fault KIND@step,layer] [--format native|official|native-pages]", synthDoc, stdout, stderr)
+	fs := rpFlagSet("synth", "synth --out DIR [--config tiny|v32-tiny|v32-tiny-grouped|v41-tiny] [--steps N] [--prefill N] [--seed S] [--whole] [--fault KIND@step,layer] [--format native|official|native-pages]", synthDoc, stdout, stderr)
 	out := fs.String("out", "", "output directory (required; an existing one must be empty or one sparsemla wrote, which is replaced)")
-	cfg := fs.String("config", "tiny", "model preset: tiny (DeepSeek-V4), v32-tiny (DeepSeek-V3.2) or v41-tiny (DeepSeek-V4.1)")
+	cfg := fs.String("config", "tiny", "model preset: tiny (DeepSeek-V4), v32-tiny or v32-tiny-grouped (DeepSeek-V3.2) or v41-tiny (DeepSeek-V4.1)")
 	steps := fs.Int("steps", 8, "decode steps to dump")
 	prefill := fs.Int("prefill", 6, "positions run before the first dumped step (the start state is valid after them)")
 	seed := fs.Uint64("seed", 1, "random seed of the weights and the token stream")
