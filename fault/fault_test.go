@@ -603,3 +603,172 @@ func TestTopKHintFeasible(t *testing.T) {
 		t.Errorf("V4.1 %s in steps 2..12: %v", f, err)
 	}
 }
+
+// TestFaultedCopyMissingLayer: where the dump lacks a layer between the
+// fault's and the top, the stream above it cannot be recomputed: the copy
+// keeps the layers above as dumped and says so (NotRecomputed, at every
+// step the faulty stream reaches the gap), and its replay still fails at
+// the fault only.
+func TestFaultedCopyMissingLayer(t *testing.T) {
+	d, _, _ := openFaultInput(t, "official-v4-tiny")
+	in := t.TempDir()
+	var buf bytes.Buffer
+	w, err := dump.NewWriter(&buf, d.Header)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range d.Entries {
+		e := &d.Entries[i]
+		if e.Kind == dump.KindWeight || e.Layer == 2 {
+			continue
+		}
+		rec, err := d.Read(e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Write(&rec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(in, SynthDumpFile), buf.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"config.json", "weights.safetensors"} {
+		b, err := os.ReadFile(filepath.Join("..", "testdata", "official-v4-tiny", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(in, name), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gd, src, m := openDumpModel(t, filepath.Join(in, SynthDumpFile))
+	f := Fault{Kind: StalePrefix, Step: 6, Layer: 1}
+	out := t.TempDir()
+	res, err := WriteFaulted(gd, src, m, out, Options{Fault: f})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.NotRecomputed) != 1 || !strings.HasPrefix(res.NotRecomputed[0], "steps 6..7: layer 2 is not in the dump: the layers above it and the logits keep their dumped values") {
+		t.Errorf("not recomputed: %q", res.NotRecomputed)
+	}
+	for _, k := range res.Changed {
+		if k.Layer == 3 || k.Layer == dump.Global {
+			t.Errorf("%s changed: above the missing layer", k)
+		}
+	}
+	_, fsrc, fm := openDumpModel(t, filepath.Join(out, SynthDumpFile))
+	rep, err := replay.Run(context.Background(), fm, fsrc, replay.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Summary.Fail != 1 || rep.First == nil || rep.First.Step != 6 || rep.First.Layer != 1 || rep.First.Stage != "kv_cache" {
+		t.Errorf("replay: %d fail, %s", rep.Summary.Fail, textOf(rep))
+	}
+}
+
+// TestFaultedCopyGreedyToken: the tokens fed stay as dumped; where the
+// dump's run is greedy (every token the argmax of the logits before it) and
+// the faulty logits pick another token, the copy says that a greedy GPU
+// would have fed it (official-v4-tiny's tokens are sampled: made greedy
+// here).
+func TestFaultedCopyGreedyToken(t *testing.T) {
+	d, src, _ := openFaultInput(t, "official-v4-tiny")
+	argmax := func(v []float32) int64 {
+		b := 0
+		for i, x := range v {
+			if x > v[b] {
+				b = i
+			}
+		}
+		return int64(b)
+	}
+	greedy := map[int64]int64{} // step -> the token fed, the argmax of the logits of the step before
+	for _, p := range src.Steps() {
+		if lg, ok, err := src.Stage(p, dump.Global, "logits"); err == nil && ok {
+			greedy[p+1] = argmax(lg.F)
+		}
+	}
+	in := t.TempDir()
+	var buf bytes.Buffer
+	w, err := dump.NewWriter(&buf, d.Header)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range d.Entries {
+		e := &d.Entries[i]
+		if e.Kind == dump.KindWeight {
+			continue
+		}
+		rec, err := d.Read(e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tok, ok := greedy[int64(e.Step)]; ok && e.Layer == dump.Global && e.Stage == "tok" && e.Kind == dump.KindStage {
+			rec = engine.RecordLike(rec, engine.FromI(engine.KindI64, []int64{tok}, 1))
+		}
+		if err := w.Write(&rec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(in, SynthDumpFile), buf.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"config.json", "weights.safetensors"} {
+		b, err := os.ReadFile(filepath.Join("..", "testdata", "official-v4-tiny", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(in, name), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gd, gsrc, gm := openDumpModel(t, filepath.Join(in, SynthDumpFile))
+	noted := false
+	var faults []Fault
+	for p := int64(2); p <= 6; p++ {
+		faults = append(faults, Fault{Kind: HeadNoNorm, Step: p, Layer: 3}, Fault{Kind: HCPostTransposed, Step: p, Layer: 3}, Fault{Kind: ExpertNibble, Step: p, Layer: 2})
+	}
+	for _, f := range faults {
+		if noted {
+			break
+		}
+		p := f.Step
+		res, err := WriteFaulted(gd, gsrc, gm, t.TempDir(), Options{Fault: f})
+		if errors.Is(err, ErrInvisible) {
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, fsrc, _ := openDumpModel(t, filepath.Join(res.Dir, SynthDumpFile))
+		bad, ok, err := fsrc.Stage(p, dump.Global, "logits")
+		if err != nil || !ok {
+			t.Fatalf("%s: the faulty logits are not in the copy: %v", f, err)
+		}
+		want := ""
+		if a := argmax(bad.F); a != greedy[p+1] {
+			want = fmt.Sprintf("step %d: the token fed is kept as dumped (%d), though the dump's run is greedy and the faulty logits of the step before pick %d", p+1, greedy[p+1], a)
+			noted = true
+		}
+		got := strings.Join(res.NotRecomputed, "\n")
+		if (want == "") != (got == "") || !strings.Contains(got, want) {
+			t.Errorf("%s: not recomputed %q, want %q", f, got, want)
+		}
+	}
+	if !noted {
+		t.Error("no step where the faulty logits pick another token: the note is not exercised")
+	}
+	f := Fault{Kind: HeadNoNorm, Step: 6, Layer: 3}
+	// The sampled tokens of the GPU dump itself: nothing to say.
+	d0, src0, m0 := openFaultInput(t, "official-v4-tiny")
+	if res, err := WriteFaulted(d0, src0, m0, t.TempDir(), Options{Fault: f}); err != nil || len(res.NotRecomputed) != 0 {
+		t.Errorf("sampled run: %v, not recomputed %q", err, res.NotRecomputed)
+	}
+}

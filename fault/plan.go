@@ -212,7 +212,7 @@ func (pl *faultPlan) walk() error {
 			}
 			seeds := link
 			if len(link) > 0 && below != l-1 {
-				pl.notes.add(p, fmt.Sprintf("layers %d..%d are not in the dump: the layers above them keep their dumped inputs, not recomputed from layer %d's faulty output", below+1, l-1, below))
+				pl.notes.add(p, fmt.Sprintf("%s not in the dump: the layers above it and the logits keep their dumped values, not recomputed from layer %d's faulty output", layerSpan(below+1, l-1), below))
 				seeds = nil
 			}
 			link, below, top = nil, l, l
@@ -265,23 +265,32 @@ func (pl *faultPlan) walk() error {
 				w = "layers"
 			}
 			pl.notes.add(p, fmt.Sprintf("%s %s: the state the fault changed up to step %d (%s) is not followed through step(s) %s, whose inputs the dump does not hold: after them these layers go on from their dumped state",
-				w, strings.Join(ls.layers, ", "), q, strings.Join(names, ", "), replay.StepList(stepRange(q+1, through))))
+				w, strings.Join(ls.layers, ", "), q, strings.Join(names, ", "), stepSpan(q+1, through)))
 		}
 		if len(link) > 0 && top != pl.cfg.NLayers-1 {
 			if _, ok, _ := pl.src.Stage(p, dump.Global, "logits"); ok {
-				pl.notes.add(p, fmt.Sprintf("layers %d..%d are not in the dump: the logits are not recomputed from layer %d's faulty output", top+1, pl.cfg.NLayers-1, top))
+				pl.notes.add(p, fmt.Sprintf("%s not in the dump: the logits are not recomputed from layer %d's faulty output", layerSpan(top+1, pl.cfg.NLayers-1), top))
 			}
 		}
 	}
 	return nil
 }
 
-func stepRange(a, b int64) []int64 {
-	var s []int64
-	for p := a; p <= b; p++ {
-		s = append(s, p)
+// stepSpan writes the steps a..b ("7", "129..254").
+func stepSpan(a, b int64) string {
+	if a == b {
+		return fmt.Sprint(a)
 	}
-	return s
+	return fmt.Sprintf("%d..%d", a, b)
+}
+
+// layerSpan writes the layers a..b as the subject of a sentence ("layer 2
+// is", "layers 2..3 are").
+func layerSpan(a, b int) string {
+	if a == b {
+		return fmt.Sprintf("layer %d is", a)
+	}
+	return fmt.Sprintf("layers %d..%d are", a, b)
 }
 
 // lostState is what the walk could not follow at one step: the layers
