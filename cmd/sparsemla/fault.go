@@ -72,7 +72,10 @@ copy reports that earlier divergence first.
 A DeepSeek-V4.1 dump directory (its config.json) takes window-order (there the
 V4 order, -1 padding last, is the fault; steps < window-1) and topk-off-by-one
 (index-source layers, Tc > index_topk); the other kinds are refused. The copy
-keeps the V4.1 layout: the step file of P is rewritten, the rest copied.`
+keeps the V4.1 layout: the step file of P is rewritten, the rest copied (in a
+whole dump the later steps are left out, their state would follow from the
+fault; in a dump of the attention sub-layers the later layers' inputs x stay as
+dumped: both printed under "not recomputed").`
 
 func runFault(args []string, stdout, stderr io.Writer) int {
 	fs := rpFlagSet("fault", "fault --in DUMP --out DIR --fault KIND@step,layer [--seed S] [--weights W] [--map FILE] [--request R] [--reference]", faultDoc, stdout, stderr)
