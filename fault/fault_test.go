@@ -610,41 +610,7 @@ func TestTopKHintFeasible(t *testing.T) {
 // step the faulty stream reaches the gap), and its replay still fails at
 // the fault only.
 func TestFaultedCopyMissingLayer(t *testing.T) {
-	d, _, _ := openFaultInput(t, "official-v4-tiny")
-	in := t.TempDir()
-	var buf bytes.Buffer
-	w, err := dump.NewWriter(&buf, d.Header)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range d.Entries {
-		e := &d.Entries[i]
-		if e.Kind == dump.KindWeight || e.Layer == 2 {
-			continue
-		}
-		rec, err := d.Read(e)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := w.Write(&rec); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(in, SynthDumpFile), buf.Bytes(), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	for _, name := range []string{"config.json", "weights.safetensors"} {
-		b, err := os.ReadFile(filepath.Join("..", "testdata", "official-v4-tiny", name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(in, name), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	in := rewriteGolden(t, "official-v4-tiny", func(e *dump.Entry, rec *dump.Record) bool { return e.Layer != 2 }, nil)
 	gd, src, m := openDumpModel(t, filepath.Join(in, SynthDumpFile))
 	f := Fault{Kind: StalePrefix, Step: 6, Layer: 1}
 	out := t.TempDir()
@@ -676,7 +642,7 @@ func TestFaultedCopyMissingLayer(t *testing.T) {
 // would have fed it (official-v4-tiny's tokens are sampled: made greedy
 // here).
 func TestFaultedCopyGreedyToken(t *testing.T) {
-	d, src, _ := openFaultInput(t, "official-v4-tiny")
+	_, src, _ := openFaultInput(t, "official-v4-tiny")
 	argmax := func(v []float32) int64 {
 		b := 0
 		for i, x := range v {
@@ -692,43 +658,12 @@ func TestFaultedCopyGreedyToken(t *testing.T) {
 			greedy[p+1] = argmax(lg.F)
 		}
 	}
-	in := t.TempDir()
-	var buf bytes.Buffer
-	w, err := dump.NewWriter(&buf, d.Header)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range d.Entries {
-		e := &d.Entries[i]
-		if e.Kind == dump.KindWeight {
-			continue
-		}
-		rec, err := d.Read(e)
-		if err != nil {
-			t.Fatal(err)
-		}
+	in := rewriteGolden(t, "official-v4-tiny", func(e *dump.Entry, rec *dump.Record) bool {
 		if tok, ok := greedy[int64(e.Step)]; ok && e.Layer == dump.Global && e.Stage == "tok" && e.Kind == dump.KindStage {
-			rec = engine.RecordLike(rec, engine.FromI(engine.KindI64, []int64{tok}, 1))
+			*rec = engine.RecordLike(*rec, engine.FromI(engine.KindI64, []int64{tok}, 1))
 		}
-		if err := w.Write(&rec); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(in, SynthDumpFile), buf.Bytes(), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	for _, name := range []string{"config.json", "weights.safetensors"} {
-		b, err := os.ReadFile(filepath.Join("..", "testdata", "official-v4-tiny", name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(in, name), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+		return true
+	}, nil)
 	gd, gsrc, gm := openDumpModel(t, filepath.Join(in, SynthDumpFile))
 	noted := false
 	var faults []Fault
@@ -770,5 +705,73 @@ func TestFaultedCopyGreedyToken(t *testing.T) {
 	d0, src0, m0 := openFaultInput(t, "official-v4-tiny")
 	if res, err := WriteFaulted(d0, src0, m0, t.TempDir(), Options{Fault: f}); err != nil || len(res.NotRecomputed) != 0 {
 		t.Errorf("sampled run: %v, not recomputed %q", err, res.NotRecomputed)
+	}
+}
+
+// rewriteGolden writes into a temporary directory a native copy of the
+// GPU golden name (its config.json and weights beside it), with each
+// non-weight record passed through keep (which may change it; false drops
+// it) and extra records added, and returns the directory.
+func rewriteGolden(t *testing.T, name string, keep func(*dump.Entry, *dump.Record) bool, extra []dump.Record) string {
+	t.Helper()
+	d, _, _ := openFaultInput(t, name)
+	dir := t.TempDir()
+	var buf bytes.Buffer
+	w, err := dump.NewWriter(&buf, d.Header)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range d.Entries {
+		e := &d.Entries[i]
+		if e.Kind == dump.KindWeight {
+			continue
+		}
+		rec, err := d.Read(e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !keep(e, &rec) {
+			continue
+		}
+		if err := w.Write(&rec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range extra {
+		if err := w.Write(&extra[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, SynthDumpFile), buf.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"config.json", "weights.safetensors"} {
+		b, err := os.ReadFile(filepath.Join("..", "testdata", name, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// TestFaultedCopyUnmodeledStage: a stage record the reference neither
+// computes nor reads, in a layer the fault reaches, stays as dumped and
+// the copy says so.
+func TestFaultedCopyUnmodeledStage(t *testing.T) {
+	probe := engine.TensorRecord(engine.FromF(engine.KindF32, []float32{1, 2, 3}, 3), dump.Key{Step: 6, Layer: 2, Stage: "my_probe"}, dump.KindStage)
+	in := rewriteGolden(t, "official-v4-tiny", func(*dump.Entry, *dump.Record) bool { return true }, []dump.Record{probe})
+	d, src, m := openDumpModel(t, filepath.Join(in, SynthDumpFile))
+	res, err := WriteFaulted(d, src, m, t.TempDir(), Options{Fault: Fault{Kind: StalePrefix, Step: 6, Layer: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.NotRecomputed) != 1 || res.NotRecomputed[0] != "step 6: layer 2: stage(s) my_probe are not part of the reference: kept as dumped, though the fault reaches the layer" {
+		t.Errorf("not recomputed: %q", res.NotRecomputed)
 	}
 }

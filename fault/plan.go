@@ -488,6 +488,9 @@ func (pl *faultPlan) fullStep(p int64, l int, tr *layerTrack, seeds map[string]e
 	for _, def := range defs {
 		global[def.Name] = def.Global
 	}
+	if len(changed) > 0 {
+		pl.noteUnmodeled(p, l, defs)
+	}
 	for name, t := range changed {
 		layer := l
 		if global[name] {
@@ -529,6 +532,31 @@ func (pl *faultPlan) fullStep(p int64, l int, tr *layerTrack, seeds map[string]e
 		pl.notes.add(p, fmt.Sprintf("layer %d's output %s reads a value the fault changed but cannot be recomputed: the layers above and the logits keep their dumped inputs", l, strings.Join(lost, ", ")))
 	}
 	return out, nil
+}
+
+// noteUnmodeled notes the stage records the dump holds for layer l at step
+// p that the reference neither computes nor reads (defs), where the fault
+// reaches the layer: the GPU computed them from the changed values, the
+// copy keeps them as dumped. Split-K partials are recomputed
+// (splitPartials).
+func (pl *faultPlan) noteUnmodeled(p int64, l int, defs []engine.StageDef) {
+	known := map[string]bool{}
+	for _, def := range defs {
+		known[def.Name] = true
+		for _, in := range def.Inputs {
+			known[strings.TrimPrefix(in, engine.PrevPrefix)] = true
+		}
+	}
+	var odd []string
+	for _, n := range pl.src.StageNames(p, l) {
+		if known[n] || n == "split_bounds" || strings.HasPrefix(n, "o_split/") || strings.HasPrefix(n, "lse_split/") {
+			continue
+		}
+		odd = append(odd, n)
+	}
+	if len(odd) > 0 {
+		pl.notes.add(p, fmt.Sprintf("layer %d: stage(s) %s are not part of the reference: kept as dumped, though the fault reaches the layer", l, strings.Join(odd, ", ")))
+	}
 }
 
 // input is the value of input name of a stage of layer l at step p, and
