@@ -327,7 +327,8 @@ func V41Stages(cfg *Config, l int, pos int64) []V41StageDef {
 		if idxSrc {
 			icIn := []string{PrevPrefix + "icache"}
 			if emit {
-				add("ik_normed", "ik_normed = RMSNorm(BF16Lin(indexer.wk, cmp_latent)) ⊙ indexer.k_norm", v41IKNormed, "cmp_latent")
+				add("ik_raw", "ik_raw = BF16Lin(indexer.wk, cmp_latent)", v41IKRaw, "cmp_latent")
+				add("ik_normed", "ik_normed = RMSNorm(ik_raw) ⊙ indexer.k_norm", v41IKNormed, "ik_raw")
 				add("ik_row", "ik_row = FQ4(ik_normed with RoPE(last 64, j·r), 32)  (index key j = p div r; no Hadamard)", v41IKRow, "ik_normed")
 				icIn = append(icIn, "ik_row")
 			}

@@ -190,13 +190,23 @@ func v41CmpLatent2(c *V41Context, in map[string]Tensor) (Tensor, error) {
 	return bf16T(y, len(y)), nil
 }
 
-func v41IKNormed(c *V41Context, in map[string]Tensor) (Tensor, error) {
+func v41IKRaw(c *V41Context, in map[string]Tensor) (Tensor, error) {
 	lat, err := inF(in, "cmp_latent", c.Cfg.HeadDim)
 	if err != nil {
 		return Tensor{}, err
 	}
 	y := make([]float32, c.Cfg.IndexHeadDim)
-	c.W.Indexer.KeyRaw(y, lat)
+	c.W.Indexer.KeyLinear(y, lat)
+	return bf16T(y, len(y)), nil
+}
+
+func v41IKNormed(c *V41Context, in map[string]Tensor) (Tensor, error) {
+	raw, err := inF(in, "ik_raw", c.Cfg.IndexHeadDim)
+	if err != nil {
+		return Tensor{}, err
+	}
+	y := make([]float32, len(raw))
+	c.W.Indexer.KeyNorm(y, raw)
 	return bf16T(y, len(y)), nil
 }
 

@@ -51,13 +51,28 @@ func (ix *V41Indexer) Query(dst, roped, iqB []float32, pos int64, rope *attentio
 
 // KeyRaw is the index key before RoPE (iknorm):
 // k = RMSNorm_knorm( BF16Lin(indexer.wk, latent) ), bf16 [128], from the
-// KV source's pre-RoPE latent [head_dim].
+// KV source's pre-RoPE latent [head_dim]: KeyLinear, then KeyNorm.
 func (ix *V41Indexer) KeyRaw(dst, latent []float32) {
-	if !ix.OwnsK {
-		panic("indexer: V41 KeyRaw on a layer that owns no index keys")
-	}
 	raw := make([]float32, ix.HeadDim)
-	attention.BF16Linear(raw, latent, ix.Wk, ix.HeadDim, len(latent))
+	ix.KeyLinear(raw, latent)
+	ix.KeyNorm(dst, raw)
+}
+
+// KeyLinear is the index key's projection (model.py's ik_raw =
+// indexer.wk(latent)): BF16Lin(indexer.wk, latent), bf16 [128].
+func (ix *V41Indexer) KeyLinear(dst, latent []float32) {
+	if !ix.OwnsK {
+		panic("indexer: V41 KeyLinear on a layer that owns no index keys")
+	}
+	attention.BF16Linear(dst, latent, ix.Wk, ix.HeadDim, len(latent))
+}
+
+// KeyNorm is the index key's norm: RMSNorm(raw) ⊙ indexer.k_norm, bf16
+// [128]. dst may alias raw.
+func (ix *V41Indexer) KeyNorm(dst, raw []float32) {
+	if !ix.OwnsK {
+		panic("indexer: V41 KeyNorm on a layer that owns no index keys")
+	}
 	attention.RMSNorm(dst, raw, ix.KNorm, ix.Eps)
 }
 

@@ -346,8 +346,7 @@ func TestV41PagesTooFew(t *testing.T) {
 // TestV41NativeTruncatedRecords: every stage and state record of layers 2
 // (r = 2 KV and index source) and 5 (r = 1, candidate source) cut by one
 // element, one at a time: the replay returns an error or a divergence,
-// never panics or agrees silently about a tensor it did not read whole
-// (a tensor the reference does not define, ik_raw, is listed as not judged).
+// never panics or agrees silently about a tensor it did not read whole.
 func TestV41NativeTruncatedRecords(t *testing.T) {
 	dir, _ := v41NativeFromGolden(t, V41NativeOptions{PageBlock: 64, PagesOnly: true})
 	d, err := dump.Open(filepath.Join(dir, "dump.smd"))

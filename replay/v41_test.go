@@ -9,6 +9,7 @@ import (
 
 	"sparsemla/dump"
 	"sparsemla/engine"
+	"sparsemla/quant"
 )
 
 // The V4.1 golden (testdata/v41-tiny, README.md there): the official
@@ -44,7 +45,7 @@ func TestV41GoldenOfficial(t *testing.T) {
 			}
 		}
 		for _, want := range []string{"q_a", "cq", "q_b", "q", "kv_raw", "kv_normed", "kv", "window", "kv_cache", "o", "y",
-			"cmp_a", "cmp_b", "cmp_raw", "cmp_latent", "cmp_kv_state", "ik_normed", "icache", "iq_b", "iw_raw", "cand_mask", "index_sel", "topk_idxs"} {
+			"cmp_a", "cmp_b", "cmp_raw", "cmp_latent", "cmp_kv_state", "ik_raw", "ik_normed", "icache", "iq_b", "iw_raw", "cand_mask", "index_sel", "topk_idxs"} {
 			if !strings.Contains(","+strings.Join(compared, ",")+",", ","+want+",") {
 				t.Errorf("%s: stage %s never compared", mode, want)
 			}
@@ -56,6 +57,9 @@ func TestV41GoldenOfficial(t *testing.T) {
 				}
 			}
 		}
+	}
+	if len(rep0(t, d).Coverage.NotModelled) != 0 {
+		t.Errorf("a tensor of the golden is not modelled: %v", rep0(t, d).Coverage.NotModelled)
 	}
 	d.Model.Options.OwnerIndexKeys = true
 	rep, err := V41Run(d, V41Options{Mode: Local})
@@ -200,5 +204,37 @@ func TestV41Diff(t *testing.T) {
 	b.step[13]["L0.x"] = x
 	if _, err := V41Diff(a, b, nil); err == nil || !strings.Contains(err.Error(), "not of the same run") {
 		t.Errorf("x negated: err = %v", err)
+	}
+}
+
+func rep0(t *testing.T, d *V41Dump) *Report {
+	t.Helper()
+	rep, err := V41Run(d, V41Options{Mode: Local})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rep
+}
+
+// TestV41IKRawCompared: the golden's ik_raw (indexer.wk of the latent,
+// before k_norm) is a stage of the reference: one value of it changed by
+// one bf16 ulp is the first divergence, where it was changed (it used to be
+// a tensor the reference did not model, never compared).
+func TestV41IKRawCompared(t *testing.T) {
+	d, err := LoadV41Dir(v41Golden)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := "L5.ik_raw"
+	v, ok := d.step[13][k]
+	if !ok {
+		t.Fatalf("the golden has no %s at step 13", k)
+	}
+	v = v.Clone()
+	v.F[7] = quant.BF16Next(v.F[7], 1)
+	d.step[13][k] = v
+	rep := rep0(t, d)
+	if f := rep.First; f == nil || f.Step != 13 || f.Layer != 5 || f.Stage != "ik_raw" {
+		t.Fatalf("first divergence %+v, want step 13 layer 5 ik_raw: %s", rep.First, v41Text(rep))
 	}
 }

@@ -80,7 +80,7 @@ func TestV41NativeCommands(t *testing.T) {
 	if err := os.WriteFile(dir+"/map.json", []byte(v41OfficialMap), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if s := runOK(exitOK, "replay", "--map", dir+"/map.json", goldenTestdata("v41-tiny")); !strings.Contains(s, "464 stages compared: 464 pass") {
+	if s := runOK(exitOK, "replay", "--map", dir+"/map.json", goldenTestdata("v41-tiny")); !strings.Contains(s, "470 stages compared: 470 pass") {
 		t.Errorf("replay --map golden: %s", s)
 	}
 	for _, c := range []struct {
