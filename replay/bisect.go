@@ -98,6 +98,7 @@ func BisectWith(ctx context.Context, m *engine.Model, src Source, opt BisectOpti
 	rep.Results = r.Results
 	rep.First = r.First
 	rep.Coverage.NotModelled = r.Coverage.NotModelled
+	rep.Coverage.Inputs, rep.Coverage.Scope = r.Coverage.Inputs, r.Coverage.Scope
 	if rep.First == nil {
 		// The step's own stages agree; the divergence is in the cache it
 		// holds (rows that changed after they were written, at a step the
@@ -229,7 +230,9 @@ func (b bisectSearch) run(rep *Report) (first int64, byStep map[int64]*Report, e
 		// No divergence: the results of every step replayed, in step order.
 		for _, p := range checked {
 			rep.Results = append(rep.Results, byStep[p].Results...)
+			rep.Coverage.Inputs = append(rep.Coverage.Inputs, byStep[p].Coverage.Inputs...)
 			rep.Coverage.NotModelled = mergeNames(rep.Coverage.NotModelled, byStep[p].Coverage.NotModelled)
+			rep.Coverage.Scope = byStep[p].Coverage.Scope
 		}
 		rep.finish()
 	}
@@ -248,7 +251,13 @@ func stepReport(r *Report, p int64) *Report {
 	if r.First != nil && r.First.Step == p {
 		s.First = r.First
 	}
+	for _, in := range r.Coverage.Inputs {
+		if in.Step == p {
+			s.Coverage.Inputs = append(s.Coverage.Inputs, in)
+		}
+	}
 	s.Coverage.NotModelled = r.Coverage.NotModelled
+	s.Coverage.Scope = r.Coverage.Scope
 	s.finish()
 	return s
 }

@@ -72,6 +72,27 @@ func Diff(ctx context.Context, cfg *engine.Config, m *engine.Model, a, b Source,
 				}
 			}
 			global := map[string]bool{"logits": true}
+			last := l == layers[len(layers)-1]
+			// Every other tensor either dump holds at the step and layer
+			// (and, with the last layer, of no layer: tok, pos, …) is
+			// compared too, after the reference's stages, by its name's
+			// tolerance.
+			listed := map[string]bool{}
+			for _, n := range names {
+				listed[n] = true
+			}
+			for _, n := range heldUnion(a, b, p, l) {
+				if !listed[n] {
+					names, listed[n] = append(names, n), true
+				}
+			}
+			if last {
+				for _, n := range heldUnion(a, b, p, dump.Global) {
+					if !listed[n] {
+						names, listed[n], global[n] = append(names, n), true, true
+					}
+				}
+			}
 			for _, name := range names {
 				layer := l
 				if global[name] {
@@ -92,6 +113,13 @@ func Diff(ctx context.Context, cfg *engine.Config, m *engine.Model, a, b Source,
 				if !okA || !okB {
 					sr.Status = StatusMissing
 					sr.Reason = fmt.Sprintf("in A: %t, in B: %t", okA, okB)
+					if okA || okB {
+						// Held by one dump only: not compared.
+						sr.Status, sr.Reason = StatusSkipped, "only B holds it"
+						if okA {
+							sr.Reason = "only A holds it"
+						}
+					}
 					rep.Results = append(rep.Results, sr)
 					continue
 				}
@@ -113,6 +141,10 @@ func Diff(ctx context.Context, cfg *engine.Config, m *engine.Model, a, b Source,
 					if m != nil {
 						if def, ok := defs[name]; ok {
 							div.Detail = append(div.Detail, refereeStage(m, a, def, p, l, ta, tb, tol))
+						} else if w := m.Weights[l]; w != nil && !hasWholeLayer(m.Cfg, w) && fullStageNames(m.Cfg, l, p)[name] {
+							div.Detail = append(div.Detail, "referee: no verdict at this stage: "+blockWhy(m.Cfg))
+						} else {
+							div.Detail = append(div.Detail, "referee: no verdict at this stage: the reference does not compute it with the weights given")
 						}
 					}
 					div.Text = fmt.Sprintf("first divergence: decode step %d, layer %d, stage %s — %s: %s", p, l, name, div.Kind, div.Why)
@@ -133,7 +165,10 @@ func Diff(ctx context.Context, cfg *engine.Config, m *engine.Model, a, b Source,
 
 // referee is the verdict of the reference on each side of a diff, from a
 // replay of each (ra, rb; "not-run" where it failed) and which side is
-// right: "a", "b", "both", "neither" or "unknown" (a replay failed).
+// right (Referee): a side is right only when its replay agrees (every
+// tensor its dump holds compared, none out of tolerance) and the other's
+// diverged or agrees too; an incomplete replay tells nothing about what it
+// did not compare.
 func referee(ra, rb *Report, errA, errB error) *Referee {
 	r := &Referee{A: "not-run", B: "not-run", Right: "unknown"}
 	if errA == nil {
@@ -142,17 +177,30 @@ func referee(ra, rb *Report, errA, errB error) *Referee {
 	if errB == nil {
 		r.B = rb.Verdict
 	}
+	var tail string
 	switch {
 	case errA != nil || errB != nil:
+		tail = "unknown which is right: a replay failed"
 	case ra.Diverged() && rb.Diverged():
-		r.Right = "neither"
-	case ra.Diverged():
-		r.Right = "b"
+		r.Right, tail = "neither", "neither is right"
+	case ra.Diverged() && !rb.Diverged():
+		if rb.Verdict == VerdictAgree {
+			r.Right, tail = "b", "B is right"
+		} else {
+			tail = "A is wrong; B's replay is incomplete (not everything B holds was compared), so B is not known to be right"
+		}
 	case rb.Diverged():
-		r.Right = "a"
+		if ra.Verdict == VerdictAgree {
+			r.Right, tail = "a", "A is right"
+		} else {
+			tail = "B is wrong; A's replay is incomplete (not everything A holds was compared), so A is not known to be right"
+		}
+	case ra.Verdict == VerdictAgree && rb.Verdict == VerdictAgree:
+		r.Right, tail = "both", "both are right"
 	default:
-		r.Right = "both"
+		tail = "unknown which is right: neither replay found a divergence, but an incomplete replay says nothing of what it did not compare"
 	}
+	r.Text = fmt.Sprintf("reference vs A %s, vs B %s: %s", r.A, r.B, tail)
 	return r
 }
 
@@ -295,4 +343,23 @@ func firstConfigDifference(a, b *engine.Config) string {
 		}
 	}
 	return ""
+}
+
+// heldUnion are the stage tensors a or b holds at (p, layer), sorted (none
+// when a source cannot list them).
+func heldUnion(a, b Source, p int64, layer int) []string {
+	set := map[string]bool{}
+	for _, src := range []Source{a, b} {
+		if sl, ok := src.(StageLister); ok {
+			for _, n := range sl.StageNames(p, layer) {
+				set[n] = true
+			}
+		}
+	}
+	out := make([]string, 0, len(set))
+	for n := range set {
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	return out
 }

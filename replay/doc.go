@@ -73,11 +73,16 @@
 //
 // # Reports
 //
-// A Report holds every stage result, the summary, the coverage (what the
-// dump holds that was compared, what was not and why), the verdict — agree
-// only with complete coverage, else incomplete, or diverged — and the first
-// divergence; WriteText prints it for people, WriteJSON as the
-// sparsemla.replay/v2 object documented in docs/replay-json.md (every key
+// A Report holds every stage result, the summary, the coverage (every
+// stage tensor the dump holds at the steps replayed, accounted for:
+// compared, read as an input the replay starts from — the token and
+// position, each layer's x when the reference runs the attention sub-layer
+// only, the h_in of each layer's propagated chain — or not compared, with
+// why: an input missing, the weights given lacking the part that computes
+// it, a tensor the reference does not model; coverage.go), the verdict —
+// agree only when nothing the dump holds went uncompared but those inputs,
+// else incomplete, or diverged — and the first divergence; WriteText prints it for people, WriteJSON as the
+// sparsemla.replay/v3 object documented in docs/replay-json.md (every key
 // path is listed in testdata/replay-schema.golden). Package htmlreport draws
 // it as an HTML page. Output is deterministic: (step, layer) units run in
 // parallel and are assembled in order, so a report is byte-identical at any

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 
 	"sparsemla/attribute"
@@ -13,7 +14,7 @@ import (
 
 // SchemaVersion names the JSON schema of Report (docs/replay-json.md). It
 // changes only when a field changes meaning or disappears.
-const SchemaVersion = "sparsemla.replay/v2"
+const SchemaVersion = "sparsemla.replay/v3"
 
 // Report is the outcome of a replay, diff or bisect: every stage comparison in
 // replay order and the first divergence with its diagnosis. Its JSON form is
@@ -53,26 +54,41 @@ const (
 	VerdictIncomplete = "incomplete"
 )
 
-// Coverage says what a report compared and what it did not. Stage tensors
-// the dump holds that the reference does not define (the residual stream,
-// mHC and FFN records around the attention sub-layer) are named in
-// NotModelled and never judged; they do not make a report incomplete.
+// Coverage says what a report compared and what it did not. Every stage
+// tensor the dump holds at the compared steps and layers (those of no layer,
+// tok, pos and logits, included) is accounted for: compared, read as an
+// input the replay starts from (Inputs), or not compared (NotChecked, with
+// why: an input of the stage unavailable, the reference failing on the
+// dumped inputs, the weights given lacking the part of the model that
+// computes it, or a tensor the reference does not model). Anything not
+// compared makes the report incomplete; the inputs do not.
 type Coverage struct {
 	Complete bool    `json:"complete"` // NotChecked and StepsNotChecked are empty
 	Steps    []int64 `json:"steps"`    // decode steps whose stages were compared
 	Layers   []int   `json:"layers"`   // layers compared
-	Held     int     `json:"held"`     // stage tensors of those steps and layers the dump holds (of the reference's stages and KV pages)
+	Held     int     `json:"held"`     // stage tensors of those steps and layers the dump holds, with the KV pages and RoPE tables judged: Compared + len(NotChecked) + len(Inputs)
 	Compared int     `json:"compared"` // of them, compared (pass, fail or tie)
 	// NotChecked lists the held stage tensors that were not compared, in
 	// replay order, each with why (an input neither dumped nor computable, a
-	// reference computation that failed on the dumped inputs).
+	// reference computation that failed on the dumped inputs, the weights
+	// given lacking the part that computes it: WhyNoBlockWeights,
+	// WhyNoHead, …; a tensor the reference does not model:
+	// WhyNotModelled).
 	NotChecked []NotChecked `json:"not_checked"`
+	// Inputs lists the held stage tensors the replay read as its inputs and
+	// did not compare (the token and position of each step, each layer's x
+	// when the reference runs the attention sub-layer only, the h_in each
+	// layer's chain starts from in propagated mode), in replay order, with
+	// why; layer -1 is a tensor of no layer (tok, pos). They do not make a
+	// report incomplete.
+	Inputs []NotChecked `json:"inputs"`
 	// StepsNotChecked lists dumped decode steps within the request that were
 	// not compared (bisect: the steps it did not probe), with why.
 	StepsNotChecked []int64 `json:"steps_not_checked"`
 	StepsWhy        string  `json:"steps_why,omitempty"`
 	// NotModelled names (sorted) the stage tensors the dump holds at the
-	// compared steps and layers that the reference does not define.
+	// compared steps and layers that are no stage of the reference's model
+	// (each is in NotChecked, with WhyNotModelled).
 	NotModelled []string `json:"not_modelled"`
 	// Scope says which part of the model the reference ran, when a replay
 	// covers less than the whole step or a model family's tool says it
@@ -175,11 +191,17 @@ var hints = map[string]string{
 	KindIndexList:  "check the index list given to sparse attention: window ring order oldest to newest, -1 padding at the end, then 128 + selected rows",
 }
 
-// Referee is the diff verdict on which of two dumps the reference agrees with.
+// Referee is the diff verdict on which of two dumps the reference agrees
+// with: the verdict of a replay of each, and which side is right — "a" or
+// "b" when that side's replay agrees and the other's diverged, "both" when
+// both agree, "neither" when both diverged, else "unknown" (a replay failed,
+// or one is incomplete: it did not compare everything its dump holds) —
+// with Text, the sentence of the text report.
 type Referee struct {
-	A     string `json:"a"` // agree | diverged | not-run
+	A     string `json:"a"` // agree | diverged | incomplete | not-run
 	B     string `json:"b"`
 	Right string `json:"right"` // a | b | neither | both | unknown
+	Text  string `json:"text"`
 }
 
 // Diagnosis kinds.
@@ -203,11 +225,11 @@ func newReport(dump, mode string, gpuRope bool, steps []int64, layers []int) *Re
 	return &Report{Schema: SchemaVersion, Command: "replay", Dump: dump, Mode: mode, GPURope: gpuRope,
 		Steps: append([]int64{}, steps...), Layers: append([]int{}, layers...), Results: []StageResult{},
 		Coverage: Coverage{Steps: append([]int64{}, steps...), Layers: append([]int{}, layers...),
-			NotChecked: []NotChecked{}, StepsNotChecked: []int64{}, NotModelled: []string{}}}
+			NotChecked: []NotChecked{}, Inputs: []NotChecked{}, StepsNotChecked: []int64{}, NotModelled: []string{}}}
 }
 
 // finish fills Summary, Coverage and Verdict from Results (Coverage's steps,
-// layers, StepsNotChecked and NotModelled are set by the caller).
+// layers, Inputs, StepsNotChecked and NotModelled are set by the caller).
 func (r *Report) finish() {
 	c := &r.Coverage
 	c.Held, c.Compared, c.NotChecked = 0, 0, []NotChecked{}
@@ -227,6 +249,10 @@ func (r *Report) finish() {
 	if c.NotModelled == nil {
 		c.NotModelled = []string{}
 	}
+	if c.Inputs == nil {
+		c.Inputs = []NotChecked{}
+	}
+	c.Held += len(c.Inputs)
 	c.Complete = len(c.NotChecked) == 0 && len(c.StepsNotChecked) == 0
 	r.Summary = Summary{}
 	for _, s := range r.Results {
@@ -270,12 +296,17 @@ func (r *Report) VerdictLine() string {
 	case r.Verdict == VerdictIncomplete:
 		return "incomplete: no stage compared was out of tolerance, but not everything the dump holds was compared: " + r.CoverageLine()
 	}
-	return fmt.Sprintf("agree: every one of the %d stage tensors the dump holds at %s was compared, none out of tolerance", r.Coverage.Compared, StepsXLayers(len(r.Coverage.Steps), len(r.Coverage.Layers)))
+	c := r.Coverage
+	line := fmt.Sprintf("agree: %d stage tensors compared, none out of tolerance: every stage tensor the dump holds at %s", c.Compared, StepsXLayers(len(c.Steps), len(c.Layers)))
+	if n := len(c.Inputs); n > 0 {
+		line += fmt.Sprintf(" but the %d inputs the replay starts from (%s)", n, strings.Join(groupNames(c.Inputs), ", "))
+	}
+	return line
 }
 
 // CoverageLine says in one line what was not compared and why ("" when the
 // coverage is complete): the same words in the text report, the HTML page
-// and (field by field) the JSON.
+// and (tensor by tensor) the JSON.
 func (r *Report) CoverageLine() string {
 	c := r.Coverage
 	if c.Complete {
@@ -283,13 +314,138 @@ func (r *Report) CoverageLine() string {
 	}
 	var parts []string
 	if n := len(c.NotChecked); n > 0 {
-		f := c.NotChecked[0]
-		parts = append(parts, fmt.Sprintf("%d of %d stage tensors the dump holds were not compared (first: step %d layer %d %s: %s)", n, c.Held, f.Step, f.Layer, f.Stage, f.Why))
+		gs := groupCoverage(c.NotChecked)
+		var ds []string
+		for i, g := range gs {
+			if i == maxLineGroups {
+				ds = append(ds, fmt.Sprintf("and %d more reasons (coverage.not_checked in --json)", len(gs)-i))
+				break
+			}
+			ds = append(ds, g.short())
+		}
+		parts = append(parts, fmt.Sprintf("%d of %d stage tensors the dump holds were not compared: %s", n, c.Held, strings.Join(ds, "; ")))
 	}
 	if n := len(c.StepsNotChecked); n > 0 {
 		parts = append(parts, fmt.Sprintf("%d dumped steps were not compared (%s): %s", n, StepList(c.StepsNotChecked), c.StepsWhy))
 	}
 	return strings.Join(parts, "; ")
+}
+
+// CoverageLines are the lines of the text report (and paragraphs of the
+// HTML page) that say what the verdict covers: the scope, the inputs read
+// and not compared, each reason some held tensors were not compared, the
+// steps not compared.
+func (r *Report) CoverageLines() []string {
+	c := r.Coverage
+	var out []string
+	if c.Scope != "" {
+		out = append(out, "scope: "+c.Scope)
+	}
+	for _, g := range groupCoverage(c.Inputs) {
+		out = append(out, "inputs, read from the dump and not compared: "+g.describeNames()+": "+g.why)
+	}
+	gs := groupCoverage(c.NotChecked)
+	for i, g := range gs {
+		if i == maxTextGroups {
+			out = append(out, fmt.Sprintf("not compared: %d more reasons (coverage.not_checked in --json lists every tensor)", len(gs)-i))
+			break
+		}
+		out = append(out, "not compared: "+g.describe())
+	}
+	if n := len(c.StepsNotChecked); n > 0 {
+		out = append(out, fmt.Sprintf("not checked: %d dumped steps were not compared (%s): %s", n, StepList(c.StepsNotChecked), c.StepsWhy))
+	}
+	return out
+}
+
+// maxLineGroups and maxTextGroups bound the reasons CoverageLine and
+// CoverageLines spell out (the JSON lists every tensor); CoverageLines
+// names every stage of each reason it gives.
+const (
+	maxLineGroups = 3
+	maxTextGroups = 12
+)
+
+// coverageGroup is the held tensors of a report not compared (or read as
+// inputs) for one reason: their stage names in order of first appearance,
+// with counts, and the first of them.
+type coverageGroup struct {
+	why   string
+	names []string
+	count map[string]int
+	n     int
+	first NotChecked
+}
+
+// groupCoverage groups list by reason, in order of first appearance.
+func groupCoverage(list []NotChecked) []*coverageGroup {
+	var out []*coverageGroup
+	by := map[string]*coverageGroup{}
+	for _, e := range list {
+		g := by[e.Why]
+		if g == nil {
+			g = &coverageGroup{why: e.Why, count: map[string]int{}, first: e}
+			by[e.Why] = g
+			out = append(out, g)
+		}
+		if g.count[e.Stage] == 0 {
+			g.names = append(g.names, e.Stage)
+		}
+		g.count[e.Stage]++
+		g.n++
+	}
+	return out
+}
+
+// describe is the group in words: "step P layer L S: why" for one tensor,
+// else "S1 (n1), S2 (n2), …: n tensors, first at step P layer L: why".
+func (g *coverageGroup) describe() string {
+	where := func(e NotChecked) string {
+		if e.Layer < 0 {
+			return fmt.Sprintf("step %d", e.Step)
+		}
+		return fmt.Sprintf("step %d layer %d", e.Step, e.Layer)
+	}
+	if g.n == 1 {
+		return fmt.Sprintf("%s %s: %s", where(g.first), g.first.Stage, g.why)
+	}
+	return fmt.Sprintf("%s: %d tensors, first at %s: %s", g.describeNames(), g.n, where(g.first), g.why)
+}
+
+// short is the group in a few words: "step P layer L S: why" for one
+// tensor, else "S1, S2, S3, … (n): why".
+func (g *coverageGroup) short() string {
+	if g.n == 1 {
+		return g.describe()
+	}
+	ns := g.names
+	if len(ns) > 3 {
+		ns = append(ns[:3:3], "…")
+	}
+	return fmt.Sprintf("%s (%d): %s", strings.Join(ns, ", "), g.n, g.why)
+}
+
+// describeNames is "S1 (n1), S2 (n2), …".
+func (g *coverageGroup) describeNames() string {
+	var ns []string
+	for _, n := range g.names {
+		ns = append(ns, fmt.Sprintf("%s (%d)", n, g.count[n]))
+	}
+	return strings.Join(ns, ", ")
+}
+
+// groupNames are the distinct stage names of list, sorted.
+func groupNames(list []NotChecked) []string {
+	set := map[string]bool{}
+	for _, e := range list {
+		set[e.Stage] = true
+	}
+	out := make([]string, 0, len(set))
+	for n := range set {
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	return out
 }
 
 // WriteJSON writes the report as indented JSON (the --json output).
@@ -315,8 +471,18 @@ func StepsXLayers(steps, layers int) string {
 // first divergence with its diagnosis and the inputs it was computed from.
 func (r *Report) WriteText(w io.Writer) {
 	s := r.Summary
-	fmt.Fprintf(w, "%s %s (%s mode): %s, %d stages compared: %d pass, %d tie, %d fail; %d not dumped, %d skipped\n",
-		r.Command, r.Dump, r.Mode, StepsXLayers(len(r.Steps), len(r.Layers)), s.Compared, s.Pass, s.Tie, s.Fail, s.Missing, s.Skipped)
+	what := fmt.Sprintf("%s %s (%s mode)", r.Command, r.Dump, r.Mode)
+	fmt.Fprintf(w, "%s: %s, %d stages compared: %d pass, %d tie, %d fail; %d not dumped, %d skipped\n",
+		what, StepsXLayers(len(r.Steps), len(r.Layers)), s.Compared, s.Pass, s.Tie, s.Fail, s.Missing, s.Skipped)
+	r.WriteNotes(w)
+	r.WriteVerdict(w)
+}
+
+// WriteNotes writes the lines between the text report's summary line and
+// its verdict (bisect writes them under its own summary): the model, the
+// RoPE table, the numerics policy, the ties, and what the verdict covers
+// (CoverageLines), each indented by two spaces.
+func (r *Report) WriteNotes(w io.Writer) {
 	if r.Model != "" {
 		fmt.Fprintf(w, "  model: %s (detected from the dump's config)\n", r.Model)
 	}
@@ -331,17 +497,16 @@ func (r *Report) WriteText(w io.Writer) {
 			fmt.Fprintf(w, "  tie: step %d layer %d %s: %s\n", sr.Step, sr.Layer, sr.Stage, sr.Reason)
 		}
 	}
-	if r.Coverage.Scope != "" {
-		fmt.Fprintf(w, "  scope: %s\n", r.Coverage.Scope)
+	for _, line := range r.CoverageLines() {
+		fmt.Fprintln(w, "  "+line)
 	}
-	if len(r.Coverage.NotModelled) > 0 {
-		fmt.Fprintf(w, "  not judged (outside the reference's stages): %s\n", strings.Join(r.Coverage.NotModelled, ", "))
-	}
-	if line := r.CoverageLine(); line != "" {
-		fmt.Fprintln(w, "  not checked: "+line)
-	}
+}
+
+// WriteVerdict writes the verdict: VerdictLine, or the first divergence
+// with its details, hint and inputs; then the referee of a diff.
+func (r *Report) WriteVerdict(w io.Writer) {
 	if r.Referee != nil {
-		defer fmt.Fprintf(w, "referee: reference vs A %s, vs B %s: %s is right\n", r.Referee.A, r.Referee.B, r.Referee.Right)
+		defer fmt.Fprintln(w, "referee: "+r.Referee.Text)
 	}
 	if r.First == nil {
 		fmt.Fprintln(w, r.VerdictLine())

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 
 	"sparsemla/engine"
 )
@@ -173,13 +174,18 @@ func Run(ctx context.Context, m *engine.Model, src Source, opt Options) (*Report
 			return nil, err
 		}
 	}
+	inputs, nm, err := accountHeld(m, src, opt.Mode, steps, layers, units)
+	if err != nil {
+		return nil, err
+	}
 	for _, u := range units {
 		rep.Results = append(rep.Results, u.results...)
 		if rep.First == nil && u.first != nil {
 			rep.First = u.first
 		}
 	}
-	rep.Coverage.NotModelled = notModelled(m, src, steps, layers)
+	rep.Coverage.Inputs, rep.Coverage.NotModelled = inputs, nm
+	rep.Coverage.Scope = scopeOf(m, layers)
 	if err := checkWeightsMatch(src, rep.Results); err != nil {
 		return nil, err
 	}
@@ -258,44 +264,41 @@ func checkStepSelection(src Source, want []int64) error {
 	return fmt.Errorf("replay %s: step %s %s (dumped: %s)", src.Name(), StepList(absent), what, StepList(src.Steps()))
 }
 
-// notModelled names the stage tensors src holds at the replayed steps and
-// layers that the reference's stage graph does not define (nil when src
-// cannot list them), sorted.
-func notModelled(m *engine.Model, src Source, steps []int64, layers []int) []string {
-	sl, ok := src.(StageLister)
-	if !ok {
-		return nil
-	}
-	set := map[string]bool{}
-	for _, p := range steps {
-		for _, l := range layers {
-			names := sl.StageNames(p, l)
-			if len(names) == 0 {
-				continue
-			}
-			defined := map[string]bool{}
-			if l > 0 && m.Weights[l].Block != nil {
-				defined["h_in"] = true // checked against h_out of the layer below
-			}
-			for _, d := range engine.BlockStages(m.Cfg, l, p, m.Weights[l], m.Head) {
-				defined[d.Name] = true
-				for _, in := range d.Inputs {
-					defined[in] = true // an input (x): read, not judged here
-				}
-			}
-			for _, n := range names {
-				if !defined[n] && !isSplitStage(n) {
-					set[n] = true
-				}
-			}
+// scopeOf is Coverage.Scope of a replay of layers with m: "" when the
+// reference runs the whole step, else which part it runs and why.
+func scopeOf(m *engine.Model, layers []int) string {
+	var attn []int
+	for _, l := range layers {
+		if w := m.Weights[l]; w != nil && !hasWholeLayer(m.Cfg, w) {
+			attn = append(attn, l)
 		}
 	}
-	out := make([]string, 0, len(set))
-	for n := range set {
-		out = append(out, n)
+	var parts []string
+	switch {
+	case len(attn) == len(layers):
+		parts = append(parts, "attention sub-layers only: the weights given have no whole-layer tensors, so the mHC, norms and MoE are not compared")
+		if m.Cfg.V32() {
+			parts[0] = "attention sub-layers only: the weights given have no whole-layer tensors, so the norms, FFN and head are not compared"
+		}
+	case len(attn) > 0:
+		parts = append(parts, fmt.Sprintf("attention sub-layer only at layers %s: the weights given have no whole-layer tensors for them", intList(attn)))
 	}
-	slices.Sort(out)
-	return out
+	last := layers[len(layers)-1] == m.Cfg.NLayers-1
+	if last && len(attn) < len(layers) && !hasHead(m) {
+		parts = append(parts, "no head: the weights given have none, so the logits are not compared")
+	}
+	if !m.Cfg.V32() && layers[0] == 0 && len(attn) < len(layers) && (m.Head == nil || m.Head.Embed == nil) {
+		parts = append(parts, "no embedding: layer 0's h_in is not computed from the token")
+	}
+	return strings.Join(parts, "; ")
+}
+
+func intList(v []int) string {
+	s := make([]int64, len(v))
+	for i, x := range v {
+		s[i] = int64(x)
+	}
+	return StepList(s)
 }
 
 // heldBy reports whether src holds stage (step, layer, stage), reading the

@@ -36,6 +36,7 @@ func V41Bisect(d *V41Dump, tol *Tolerance, assumePersistent bool) (*Report, erro
 	}
 	r := byStep[first]
 	rep.Results, rep.First, rep.Coverage.NotModelled = r.Results, r.First, r.Coverage.NotModelled
+	rep.Coverage.Inputs, rep.Coverage.Scope = r.Coverage.Inputs, r.Coverage.Scope
 	rep.finish()
 	return rep, nil
 }

@@ -66,6 +66,25 @@ func V41Diff(a, b *V41Dump, tol *Tolerance) (*Report, error) {
 			if !slices.Contains(names, "kv_cache") {
 				names = append(names, "kv_cache")
 			}
+			// Every other tensor either dump holds at the step and layer
+			// (and, with the last layer, of no layer) is compared too,
+			// after the reference's stages, by its name's tolerance.
+			listed := map[string]bool{}
+			for _, n := range names {
+				listed[n] = true
+			}
+			for _, n := range v41HeldUnion(a, b, p, l) {
+				if !listed[n] {
+					names, listed[n] = append(names, n), true
+				}
+			}
+			if l == cfg.NLayers-1 {
+				for _, n := range v41HeldUnion(a, b, p, -1) {
+					if !listed[n] && !global[n] {
+						names, listed[n], global[n] = append(names, n), true, true
+					}
+				}
+			}
 			for _, name := range names {
 				key := fmt.Sprintf("L%d.%s", l, name)
 				if global[name] {
@@ -78,7 +97,11 @@ func V41Diff(a, b *V41Dump, tol *Tolerance) (*Report, error) {
 				}
 				sr := StageResult{Step: p, Layer: l, Stage: name, Equation: eq[name], Inputs: []InputInfo{}}
 				if !okA || !okB {
-					sr.Status, sr.Reason = StatusMissing, fmt.Sprintf("in A: %t, in B: %t", okA, okB)
+					// Held by one dump only: not compared.
+					sr.Status, sr.Reason = StatusSkipped, "only B holds it"
+					if okA {
+						sr.Reason = "only A holds it"
+					}
 					rep.Results = append(rep.Results, sr)
 					continue
 				}
@@ -137,4 +160,29 @@ func v41ResultAt(r *Report, p int64, l int, stage string) *StageResult {
 		}
 	}
 	return nil
+}
+
+// v41HeldUnion are the stage names A or B holds at step p and layer l
+// (l -1: the tensors of no layer), sorted.
+func v41HeldUnion(a, b *V41Dump, p int64, l int) []string {
+	set := map[string]bool{}
+	for _, d := range []*V41Dump{a, b} {
+		for n := range d.step[p] {
+			var ln int
+			var stage string
+			k, err := fmt.Sscanf(n, "L%d.%s", &ln, &stage)
+			switch {
+			case err == nil && k == 2 && ln == l:
+				set[stage] = true
+			case (err != nil || k != 2) && l < 0:
+				set[n] = true
+			}
+		}
+	}
+	out := make([]string, 0, len(set))
+	for n := range set {
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	return out
 }

@@ -14,7 +14,7 @@ import (
 // (V41Tolerance, overridable by --tol) and fills the same Report as Run —
 // per-stage results with metrics and severity, the first divergence with its
 // kind, hint, inputs and hypothesis verdict, coverage and the
-// sparsemla.replay/v2 JSON — so that replay --json, report (text and HTML),
+// sparsemla.replay/v3 JSON — so that replay --json, report (text and HTML),
 // diff and bisect read V4.1 dumps like any other.
 
 // V41ModelName is Report.Model of a V4.1 replay.
@@ -141,8 +141,11 @@ var v41Hints = map[string]string{
 // the reference's own values from the dumped x of every layer and the dumped
 // state before the step. Stages the reference defines but the dump does not
 // hold are results of status missing (computed, checked only through the
-// dumped stages that depend on them); dumped tensors the reference does not
-// define are named in Coverage.NotModelled.
+// dumped stages that depend on them); every other tensor of a replayed step
+// is accounted for (v41AccountHeld): an input (tok, pos; x without the block
+// weights) or a skipped result that makes the report incomplete (a block
+// stage without the block weights; a tensor the reference does not model,
+// also named in Coverage.NotModelled).
 func V41Run(d *V41Dump, opt V41Options) (*Report, error) {
 	mode := opt.Mode
 	if mode != Local && mode != Propagated {
@@ -261,27 +264,9 @@ func V41Run(d *V41Dump, opt V41Options) (*Report, error) {
 		if err != nil {
 			return nil, err
 		}
-		globals := map[string]bool{"tok": true, "token": true, "pos": true}
-		for l := 0; l < cfg.NLayers; l++ {
-			defined := map[string]bool{"x": true}
-			for _, def := range engine.V41LayerStages(d.Model, l, p) {
-				if def.Global {
-					globals[def.Name] = true
-				}
-				defined[def.Name] = true
-			}
-			pre := fmt.Sprintf("L%d.", l)
-			for n := range dumped {
-				if s, ok := strings.CutPrefix(n, pre); ok && !defined[s] {
-					notMod[s] = true
-				}
-			}
-		}
-		for n := range dumped {
-			if !v41LayerName(n) && !globals[n] {
-				notMod[n] = true
-			}
-		}
+		inputs, skipped := v41AccountHeld(d, p, dumped, rep.Results, notMod)
+		rep.Coverage.Inputs = append(rep.Coverage.Inputs, inputs...)
+		rep.Results = append(rep.Results, skipped...)
 	}
 	if mode == Propagated && rep.First != nil {
 		// The chain's first divergence is reported only as far as the
@@ -291,6 +276,7 @@ func V41Run(d *V41Dump, opt V41Options) (*Report, error) {
 		}
 	}
 	rep.Coverage.Scope = v41Scope(d.Model)
+	rep.Coverage.NotModelled = []string{}
 	for n := range notMod {
 		rep.Coverage.NotModelled = append(rep.Coverage.NotModelled, n)
 	}
@@ -440,4 +426,75 @@ func v41Match(name, desc string, t, gpu engine.Tensor) attribute.Match {
 	}
 	m.Exact = m.Differ == 0
 	return m
+}
+
+// WhyV41NoBlock is why a V4.1 block stage (mHC, MoE, head) was not compared
+// in a replay of the attention sub-layers only.
+const WhyV41NoBlock = "the dump's weights have no block weights (layers.L.hc_attn_fn, ffn.*, embed/norm/head): the reference ran the attention sub-layers only"
+
+// v41AccountHeld accounts for the tensors of step p's file (dumped) that no
+// result of the step covers: the inputs (tok / token and pos; each layer's
+// x when the reference runs the attention sub-layers only), returned, and
+// the rest as skipped results with why (WhyV41NoBlock, WhyNotModelled;
+// notMod collects the names of the latter).
+func v41AccountHeld(d *V41Dump, p int64, dumped map[string]engine.Tensor, results []StageResult, notMod map[string]bool) (inputs []NotChecked, skipped []StageResult) {
+	cfg := d.Cfg
+	whole := d.Model.Whole()
+	have := map[string]bool{}
+	for _, r := range results {
+		if r.Step == p && r.Status != StatusMissing {
+			have[fmt.Sprintf("L%d.%s", r.Layer, r.Stage)] = true
+			have[r.Stage] = true // the stages of no layer are keyed by name
+		}
+	}
+	blockLayer := map[int]map[string]bool{}
+	globalBlock := map[string]bool{}
+	for l := 0; l < cfg.NLayers; l++ {
+		blockLayer[l] = map[string]bool{}
+		for _, def := range engine.V41WholeStages(cfg, l, p) {
+			if def.Global {
+				globalBlock[def.Name] = true
+			} else {
+				blockLayer[l][def.Name] = true
+			}
+		}
+	}
+	names := make([]string, 0, len(dumped))
+	for n := range dumped {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	last := cfg.NLayers - 1
+	for _, n := range names {
+		var l int
+		var stage string
+		if k, err := fmt.Sscanf(n, "L%d.%s", &l, &stage); err != nil || k != 2 || l < 0 || l >= cfg.NLayers {
+			// a tensor of no layer
+			switch {
+			case have[n]:
+			case n == "tok" || n == "token" || n == "pos":
+				inputs = append(inputs, NotChecked{Step: p, Layer: -1, Stage: n, Why: WhyInputToken})
+			case globalBlock[n] && !whole:
+				skipped = append(skipped, StageResult{Step: p, Layer: last, Stage: n, Status: StatusSkipped, Reason: WhyV41NoBlock, Inputs: []InputInfo{}})
+			default:
+				notMod[n] = true
+				skipped = append(skipped, StageResult{Step: p, Layer: last, Stage: n, Status: StatusSkipped, Reason: WhyNotModelled, Inputs: []InputInfo{}})
+			}
+			continue
+		}
+		switch {
+		case have[n]:
+		case stage == "x" && !whole:
+			inputs = append(inputs, NotChecked{Step: p, Layer: l, Stage: stage, Why: WhyInputX})
+		case blockLayer[l][stage] && !whole:
+			skipped = append(skipped, StageResult{Step: p, Layer: l, Stage: stage, Status: StatusSkipped, Reason: WhyV41NoBlock, Inputs: []InputInfo{}})
+		default:
+			notMod[stage] = true
+			skipped = append(skipped, StageResult{Step: p, Layer: l, Stage: stage, Status: StatusSkipped, Reason: WhyNotModelled, Inputs: []InputInfo{}})
+		}
+	}
+	// In (layer, name) order, as the report's results.
+	slices.SortStableFunc(inputs, func(a, b NotChecked) int { return a.Layer - b.Layer })
+	slices.SortStableFunc(skipped, func(a, b StageResult) int { return a.Layer - b.Layer })
+	return inputs, skipped
 }

@@ -357,10 +357,14 @@ with a name map (e.g. the official-v4-tiny layout), any format 'inspect'
 reads, or a DeepSeek-V4.1 directory in the official V4.1 layout (detected from
 its config.json; testdata/v41-tiny, docs/v41.md). The stages run on the prepared fast kernels (weights packed once, the
 same bits as the reference loops); --reference runs the plain reference loops.
-Exit status: 0 agree (every stage the dump holds at the steps asked for was
-compared, none out of tolerance), 1 diverged, 2 error (also: --steps naming a
-step the dump does not hold), 3 incomplete (nothing out of tolerance, but some
-stage the dump holds could not be compared; the report names them and why).`
+Exit status: 0 agree (every tensor the dump holds at the steps asked for was
+compared, none out of tolerance, but the inputs the replay starts from, which
+the report names: the token and position, x with attention-only weights, the
+h_in of each layer's propagated chain), 1 diverged, 2 error (also: --steps
+naming a step the dump does not hold), 3 incomplete (nothing out of tolerance,
+but some tensor the dump holds was not compared: an input missing, the weights
+given lacking the part that computes it, or a tensor the reference does not
+model; the report names each and why).`
 
 func runReplay(args []string, stdout, stderr io.Writer) int {
 	var f replayFlags

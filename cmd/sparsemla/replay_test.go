@@ -112,7 +112,7 @@ func TestReplayCommandJSON(t *testing.T) {
 	if err := json.Unmarshal([]byte(a), &rep); err != nil {
 		t.Fatal(err)
 	}
-	if rep.Schema != "sparsemla.replay/v2" || rep.First.Step != 8 || rep.First.Layer != 2 || rep.First.Stage != "o" || rep.First.Kind != "attention kernel" {
+	if rep.Schema != "sparsemla.replay/v3" || rep.First.Step != 8 || rep.First.Layer != 2 || rep.First.Stage != "o" || rep.First.Kind != "attention kernel" {
 		t.Fatalf("JSON report %+v", rep)
 	}
 }
@@ -120,7 +120,7 @@ func TestReplayCommandJSON(t *testing.T) {
 func TestDiffBisectReportCommands(t *testing.T) {
 	clean, bad := rpDumps(t)
 	code, out, e := rpRun("diff", clean, bad)
-	if code != exitDiverged || !strings.Contains(out, "stage o") || !strings.Contains(out, "a is right") {
+	if code != exitDiverged || !strings.Contains(out, "stage o") || !strings.Contains(out, "A is right") {
 		t.Fatalf("diff: exit %d\n%s%s", code, out, e)
 	}
 	if code, out, e := rpRun("diff", clean, clean); code != exitOK {
@@ -166,7 +166,7 @@ func TestDemoCommand(t *testing.T) {
 	if code != exitOK {
 		t.Fatalf("demo: exit %d\n%s%s", code, out, e)
 	}
-	for _, want := range []string{"== clean dump", "agree: every one of the", "== faulty dump",
+	for _, want := range []string{"== clean dump", "agree: ", "== faulty dump",
 		"first divergence: decode step 9, layer 3, stage kv_cache — prefix cache"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("demo output lacks %q:\n%s", want, out)
@@ -209,7 +209,7 @@ func TestReplayPagesAndBadInput(t *testing.T) {
 			t.Errorf("diff of dumps with no common step: exit %d, want %d (%s)", code, exitError, e)
 		}
 	}
-	if code, out, e := rpRun("diff", ga, ga); code != exitOK || !strings.Contains(out, "referee: reference vs A agree, vs B agree: both is right") {
+	if code, out, e := rpRun("diff", ga, ga); code != exitOK || !strings.Contains(out, "referee: reference vs A agree, vs B agree: both are right") {
 		t.Errorf("diff of the golden with itself: exit %d\n%s%s", code, out, e)
 	}
 }

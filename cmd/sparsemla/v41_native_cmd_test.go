@@ -56,8 +56,11 @@ func TestV41NativeCommands(t *testing.T) {
 	}
 	runOK(exitOK, "replay", "--request", "B", "--weights", dir+"/o/weights.safetensors", dir+"/p")
 	runOK(exitOK, "replay", "--weights", dir+"/o", dir+"/o")
-	s := runOK(exitOK, "diff", dir+"/o", dir+"/p")
-	if !strings.Contains(s, "both is right") {
+	// The native-pages dump holds the caches as KV pages, the official
+	// layout as tensors: those are held by one side only, not compared
+	// (incomplete); every other stage agrees, and both replays agree.
+	s := runOK(exitIncomplete, "diff", dir+"/o", dir+"/p")
+	if !strings.Contains(s, "both are right") || !strings.Contains(s, "kv_cache (64)") || !strings.Contains(s, "only A holds it") {
 		t.Errorf("diff official native: %s", s)
 	}
 	const first = "first divergence: decode step 9, layer 3, stage topk_idxs — index list:"

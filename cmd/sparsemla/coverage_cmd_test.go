@@ -1,0 +1,119 @@
+package main
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"math"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"sparsemla/dump"
+	"sparsemla/replay"
+)
+
+// attnOnlyCorrupt writes, under dir, a copy of testdata/official-v4-tiny
+// whose step 4 has layer 2's ffn_out, its moe_indices (expert 16386) and
+// logits[7] (100) corrupted, and attn/weights.safetensors holding only the
+// attention sub-layers' weights (layers.L.attn.*) of the golden's. It
+// returns the copy and the weights file.
+func attnOnlyCorrupt(t *testing.T, dir string) (dumpDir, weights string) {
+	t.Helper()
+	src := goldenTestdata("official-v4-tiny")
+	dumpDir = filepath.Join(dir, "corrupt")
+	if err := os.MkdirAll(filepath.Join(dir, "attn"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(dumpDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ents, err := os.ReadDir(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if !strings.HasSuffix(e.Name(), ".safetensors") && e.Name() != "config.json" {
+			continue
+		}
+		if e.Name() == "step_4.safetensors" {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(src, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dumpDir, e.Name()), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rewriteSafetensors(t, filepath.Join(src, "step_4.safetensors"), filepath.Join(dumpDir, "step_4.safetensors"), func(r *dump.Record) bool {
+		switch r.Name {
+		case "L2.ffn_out":
+			r.Data = append([]byte(nil), r.Data...)
+			r.Data[1] ^= 0x01
+		case "L2.moe_indices":
+			r.Data = append([]byte(nil), r.Data...)
+			binary.LittleEndian.PutUint64(r.Data, 16386)
+		case "logits":
+			r.Data = append([]byte(nil), r.Data...)
+			binary.LittleEndian.PutUint32(r.Data[7*4:], math.Float32bits(100))
+		}
+		return true
+	})
+	attn := regexp.MustCompile(`^layers\.[0-9]+\.attn\.`)
+	weights = filepath.Join(dir, "attn", "weights.safetensors")
+	rewriteSafetensors(t, filepath.Join(src, "weights.safetensors"), weights, func(r *dump.Record) bool {
+		return attn.MatchString(r.Name)
+	})
+	return dumpDir, weights
+}
+
+// TestAttentionOnlyWeightsNotAgree: a dump whose FFN output, expert ids and
+// logits were corrupted, replayed with weights that hold the attention
+// sub-layers only, is incomplete (exit 3) — never agree — in replay (both
+// modes), bisect and diff, each naming what the weights given cannot
+// compute and why; with the golden's whole weights the replay diverges.
+func TestAttentionOnlyWeightsNotAgree(t *testing.T) {
+	dumpDir, weights := attnOnlyCorrupt(t, t.TempDir())
+	for _, mode := range []string{"local", "propagated"} {
+		code, out, e := rpRun("replay", "--mode", mode, "--weights", weights, dumpDir)
+		if code != exitIncomplete {
+			t.Fatalf("replay --mode %s: exit %d, want %d\n%s%s", mode, code, exitIncomplete, out, e)
+		}
+		for _, want := range []string{
+			"scope: attention sub-layers only",
+			"ffn_out (24), ", "moe_indices (24)", "the weights given have no whole-layer tensors for this layer",
+			"not compared: logits (6)", "the weights given have no head",
+			"incomplete: no stage compared was out of tolerance, but not everything the dump holds was compared: 414 of 1102 stage tensors",
+		} {
+			if !strings.Contains(out, want) {
+				t.Errorf("replay --mode %s: output lacks %q:\n%s", mode, want, out)
+			}
+		}
+		if strings.Contains(out, "agree:") || strings.Contains(out, "outside the reference's stages") {
+			t.Errorf("replay --mode %s:\n%s", mode, out)
+		}
+	}
+	code, out, _ := rpRun("replay", "--json", "--weights", weights, dumpDir)
+	var rep replay.Report
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if code != exitIncomplete || rep.Verdict != replay.VerdictIncomplete || rep.Coverage.Complete || len(rep.Coverage.NotChecked) != 414 {
+		t.Errorf("replay --json: exit %d, verdict %s, complete %v, %d not checked", code, rep.Verdict, rep.Coverage.Complete, len(rep.Coverage.NotChecked))
+	}
+	if code, out, e := rpRun("replay", dumpDir); code != exitDiverged {
+		t.Errorf("replay with the whole weights: exit %d, want %d\n%s%s", code, exitDiverged, out, e)
+	}
+	code, out, e := rpRun("bisect", "--weights", weights, dumpDir)
+	if code != exitIncomplete || !strings.Contains(out, "the weights given have no head") || strings.Contains(out, "agree:") {
+		t.Errorf("bisect: exit %d\n%s%s", code, out, e)
+	}
+	code, out, e = rpRun("diff", "--weights", weights, goldenTestdata("official-v4-tiny"), dumpDir)
+	if code != exitDiverged || !strings.Contains(out, "decode step 4, layer 2, stage moe_indices") ||
+		!strings.Contains(out, "referee: reference vs A incomplete, vs B incomplete: unknown which is right") || strings.Contains(out, "is right\n") {
+		t.Errorf("diff: exit %d\n%s%s", code, out, e)
+	}
+}
