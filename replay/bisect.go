@@ -228,8 +228,20 @@ func (b bisectSearch) run(rep *Report) (first int64, byStep map[int64]*Report, e
 	}
 	if first < 0 {
 		// No divergence: the results of every step replayed, in step order.
+		// Each replay judges the RoPE tables once, at its first step: the
+		// probes and the scan are several replays, and each table is one
+		// tensor of the dump, counted once (at the first step checked).
+		rope := map[int]bool{}
 		for _, p := range checked {
-			rep.Results = append(rep.Results, byStep[p].Results...)
+			for _, sr := range byStep[p].Results {
+				if sr.Stage == "rope_table" {
+					if rope[sr.Layer] {
+						continue
+					}
+					rope[sr.Layer] = true
+				}
+				rep.Results = append(rep.Results, sr)
+			}
 			rep.Coverage.Inputs = append(rep.Coverage.Inputs, byStep[p].Coverage.Inputs...)
 			rep.Coverage.NotModelled = mergeNames(rep.Coverage.NotModelled, byStep[p].Coverage.NotModelled)
 			rep.Coverage.Scope = byStep[p].Coverage.Scope

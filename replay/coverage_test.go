@@ -240,3 +240,34 @@ func TestReplayInputsNamed(t *testing.T) {
 		}
 	}
 }
+
+// TestBisectCountsAsReplay: bisect of a dump with one kv_cache record
+// removed is incomplete for the same reason and over the same counts as a
+// local replay (each RoPE table counted once, though every probe and the
+// scan judge the tables at their first step).
+func TestBisectCountsAsReplay(t *testing.T) {
+	m, src := openReplayGolden(t, "official-v4-tiny")
+	mem := memCopy(t, src)
+	delete(mem.Values, StageKey{Step: 4, Layer: 2, Stage: "kv_cache"})
+	ctx := context.Background()
+	rep, err := Run(ctx, m, mem, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bis, err := Bisect(ctx, m, mem, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Verdict != VerdictIncomplete || bis.Verdict != VerdictIncomplete {
+		t.Fatalf("verdicts: replay %s, bisect %s", rep.Verdict, bis.Verdict)
+	}
+	rc, bc := rep.Coverage, bis.Coverage
+	if bc.Held != rc.Held || bc.Compared != rc.Compared || !slices.Equal(bc.NotChecked, rc.NotChecked) || len(bc.Inputs) != len(rc.Inputs) {
+		t.Errorf("bisect held %d compared %d not checked %v; replay held %d compared %d not checked %v",
+			bc.Held, bc.Compared, bc.NotChecked, rc.Held, rc.Compared, rc.NotChecked)
+	}
+	if line := bis.VerdictLine(); !strings.Contains(line, "kv_cache: no value of kv_cache after step 4") || strings.Contains(line, "did not probe") {
+		t.Errorf("bisect verdict: %s", line)
+	}
+	checkHeldAccounted(t, "bisect", bis, mem)
+}

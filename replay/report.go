@@ -298,6 +298,9 @@ func (r *Report) VerdictLine() string {
 	}
 	c := r.Coverage
 	line := fmt.Sprintf("agree: %d stage tensors compared, none out of tolerance: every stage tensor the dump holds at %s", c.Compared, StepsXLayers(len(c.Steps), len(c.Layers)))
+	if r.Command == "bisect" {
+		line = fmt.Sprintf("agree: every one of the %d steps replayed (the probes and the scan), %d stage tensors compared, none out of tolerance: every stage tensor the dump holds at %s", r.StepsReplayed, c.Compared, StepsXLayers(len(c.Steps), len(c.Layers)))
+	}
 	if n := len(c.Inputs); n > 0 {
 		line += fmt.Sprintf(" but the %d inputs the replay starts from (%s)", n, strings.Join(groupNames(c.Inputs), ", "))
 	}

@@ -82,19 +82,9 @@ func runBisect(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "; then scanned steps %s", replay.StepList(rep.Scanned))
 	}
 	fmt.Fprintln(stdout, ")")
-	if line := rep.CoverageLine(); line != "" {
-		fmt.Fprintln(stdout, "  not checked: "+line)
-	}
-	switch {
-	case rep.First != nil:
-		fmt.Fprintln(stdout, rep.First.Text)
-		for _, line := range rep.First.Detail {
-			fmt.Fprintln(stdout, "  "+line)
-		}
-	case rep.Incomplete():
-		fmt.Fprintln(stdout, "incomplete: no persistent divergence among the steps probed, and the steps it did not probe were not checked")
-	default:
-		fmt.Fprintf(stdout, "agree: every one of the %d steps was replayed, no stage out of tolerance\n", rep.StepsReplayed)
-	}
+	// The notes and verdict of the report, in replay's words: what was
+	// compared, what was not and why.
+	rep.WriteNotes(stdout)
+	rep.WriteVerdict(stdout)
 	return rpExit(rep)
 }

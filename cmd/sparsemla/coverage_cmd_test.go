@@ -117,3 +117,39 @@ func TestAttentionOnlyWeightsNotAgree(t *testing.T) {
 		t.Errorf("diff: exit %d\n%s%s", code, out, e)
 	}
 }
+
+// TestBisectIncompleteReason: bisect of a dump with one kv_cache tensor
+// removed replays every step and says why it is incomplete — the kv_cache
+// of the next step has no input — with replay's counts, not that some step
+// was not probed; --assume-persistent says which steps it did not probe.
+func TestBisectIncompleteReason(t *testing.T) {
+	src := goldenTestdata("official-v4-tiny")
+	dir := t.TempDir()
+	for _, f := range []string{"config.json", "rope_tables.safetensors", "weights.safetensors", "prefill_state.safetensors",
+		"step_2.safetensors", "step_3.safetensors", "step_5.safetensors", "step_6.safetensors", "step_7.safetensors"} {
+		b, err := os.ReadFile(filepath.Join(src, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rewriteSafetensors(t, filepath.Join(src, "step_4.safetensors"), filepath.Join(dir, "step_4.safetensors"), func(r *dump.Record) bool {
+		return r.Name != "L2.kv_cache"
+	})
+	const why = "1 of 1101 stage tensors the dump holds were not compared: step 5 layer 2 kv_cache: no value of kv_cache after step 4 in the dump"
+	code, out, e := rpRun("replay", dir)
+	if code != exitIncomplete || !strings.Contains(out, why) {
+		t.Fatalf("replay: exit %d\n%s%s", code, out, e)
+	}
+	code, out, e = rpRun("bisect", dir)
+	if code != exitIncomplete || !strings.Contains(out, "replayed 6 of 6 steps") || !strings.Contains(out, why) ||
+		!strings.Contains(out, "not compared: step 5 layer 2 kv_cache") || strings.Contains(out, "did not probe") {
+		t.Errorf("bisect: exit %d\n%s%s", code, out, e)
+	}
+	code, out, e = rpRun("bisect", "--assume-persistent", dir)
+	if code != exitIncomplete || !strings.Contains(out, "5 dumped steps were not compared (2..6): not probed") {
+		t.Errorf("bisect --assume-persistent: exit %d\n%s%s", code, out, e)
+	}
+}
