@@ -271,3 +271,60 @@ func TestBisectCountsAsReplay(t *testing.T) {
 	}
 	checkHeldAccounted(t, "bisect", bis, mem)
 }
+
+// TestDiffWording: a diff's verdict is about A against B and says so; the
+// referee's sentence agrees with it: two copies of one faulty dump agree
+// with each other while the reference says neither is right (and where);
+// a dump against itself: both are right; a selection that differs is
+// described as B's against A's (not the GPU's against the reference's);
+// the header names both dumps.
+func TestDiffWording(t *testing.T) {
+	m, src := openReplayGolden(t, "official-v4-tiny")
+	ctx := context.Background()
+	faulty := func() *MemSource {
+		mem := memCopy(t, src)
+		k := StageKey{Step: 5, Layer: 2, Stage: "kv"}
+		v := mem.Values[k].Clone()
+		v.F[3] = quant.BF16Next(v.F[3], 1)
+		mem.Values[k] = v
+		return mem
+	}
+	rep, err := Diff(ctx, m.Cfg, m, faulty(), faulty(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	rep.WriteText(&b)
+	out := b.String()
+	for _, want := range []string{"(A) vs ", "agree: A and B agree with each other: ",
+		"referee: reference vs A diverged, vs B diverged: neither is right: the reference's first divergence from A is at decode step 5, layer 2, stage kv, from B at the same stage"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("diff of two copies of one faulty dump lacks %q:\n%s", want, out)
+		}
+	}
+	if rep.Verdict != VerdictAgree || rep.Referee.Right != "neither" {
+		t.Errorf("verdict %s, referee %+v", rep.Verdict, rep.Referee)
+	}
+	self, err := Diff(ctx, m.Cfg, m, src, src, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if self.Referee.Right != "both" || !strings.HasSuffix(self.Referee.Text, "both are right") {
+		t.Errorf("diff of the golden with itself: referee %+v", self.Referee)
+	}
+	sel := memCopy(t, src)
+	k := StageKey{Step: 5, Layer: 1, Stage: "index_topk"}
+	v := sel.Values[k].Clone()
+	v.I[0] = v.I[0] + 1
+	if slices.Contains(v.I[1:], v.I[0]) {
+		v.I[0]++
+	}
+	sel.Values[k] = v
+	d, err := Diff(ctx, m.Cfg, m, src, sel, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.First == nil || d.First.Stage != "index_topk" || strings.Contains(d.First.Why, "GPU") || strings.Contains(d.First.Why, "reference") || !strings.Contains(d.First.Why, "B ") {
+		t.Errorf("diff of a selection: %+v", d.First)
+	}
+}

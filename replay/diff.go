@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 
 	"sparsemla/dump"
 	"sparsemla/engine"
@@ -128,6 +129,7 @@ func Diff(ctx context.Context, cfg *engine.Config, m *engine.Model, a, b Source,
 					in["index_score"] = s
 				}
 				JudgeStage(&sr, ta, tb, in, tol.For(name), JudgeContext{GPURope: true, Window: cfg.WindowSize})
+				sr.Reason = diffWords(sr.Reason)
 				rep.Results = append(rep.Results, sr)
 				if sr.Status == StatusFail && rep.First == nil && name == "x" && sr.Metrics != nil && sr.Metrics.CosDiff > differentRunCos {
 					// The attention input itself is unrelated: not two engines
@@ -183,6 +185,15 @@ func referee(ra, rb *Report, errA, errB error) *Referee {
 		tail = "unknown which is right: a replay failed"
 	case ra.Diverged() && rb.Diverged():
 		r.Right, tail = "neither", "neither is right"
+		if ra.First != nil && rb.First != nil {
+			a, b := ra.First, rb.First
+			tail += fmt.Sprintf(": the reference's first divergence from A is at decode step %d, layer %d, stage %s", a.Step, a.Layer, a.Stage)
+			if a.Step == b.Step && a.Layer == b.Layer && a.Stage == b.Stage {
+				tail += ", from B at the same stage"
+			} else {
+				tail += fmt.Sprintf(", from B at decode step %d, layer %d, stage %s", b.Step, b.Layer, b.Stage)
+			}
+		}
 	case ra.Diverged() && !rb.Diverged():
 		if rb.Verdict == VerdictAgree {
 			r.Right, tail = "b", "B is right"
@@ -363,3 +374,13 @@ func heldUnion(a, b Source, p int64, layer int) []string {
 	slices.Sort(out)
 	return out
 }
+
+// diffWordsReplacer turns a reason written for a replay (the reference
+// against the GPU) into one of a diff, which judges B against A.
+var diffWordsReplacer = strings.NewReplacer(
+	"the reference set", "A's set", "the reference's", "A's", "the reference", "A", "reference", "A",
+	"the GPU's", "B's", "GPU", "B")
+
+// diffWords is a judging reason in a diff's words: A where a replay says
+// the reference, B where it says the GPU.
+func diffWords(reason string) string { return diffWordsReplacer.Replace(reason) }

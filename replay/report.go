@@ -293,10 +293,17 @@ func (r *Report) VerdictLine() string {
 	switch {
 	case r.First != nil:
 		return r.First.Text
+	case r.Verdict == VerdictIncomplete && r.Command == "diff":
+		return "incomplete: A and B differ nowhere they were compared, but not everything they hold was compared: " + r.CoverageLine()
 	case r.Verdict == VerdictIncomplete:
 		return "incomplete: no stage compared was out of tolerance, but not everything the dump holds was compared: " + r.CoverageLine()
 	}
 	c := r.Coverage
+	if r.Command == "diff" {
+		// A diff's verdict is about A against B; whether either is right is
+		// the referee's line.
+		return fmt.Sprintf("agree: A and B agree with each other: %d stage tensors compared, none out of tolerance between them: every stage tensor either dump holds at the %s they share", c.Compared, StepsXLayers(len(c.Steps), len(c.Layers)))
+	}
 	line := fmt.Sprintf("agree: %d stage tensors compared, none out of tolerance: every stage tensor the dump holds at %s", c.Compared, StepsXLayers(len(c.Steps), len(c.Layers)))
 	if r.Command == "bisect" {
 		line = fmt.Sprintf("agree: every one of the %d steps replayed (the probes and the scan), %d stage tensors compared, none out of tolerance: every stage tensor the dump holds at %s", r.StepsReplayed, c.Compared, StepsXLayers(len(c.Steps), len(c.Layers)))
@@ -326,7 +333,11 @@ func (r *Report) CoverageLine() string {
 			}
 			ds = append(ds, g.short())
 		}
-		parts = append(parts, fmt.Sprintf("%d of %d stage tensors the dump holds were not compared: %s", n, c.Held, strings.Join(ds, "; ")))
+		holds := "the dump holds"
+		if r.Command == "diff" {
+			holds = "A or B holds"
+		}
+		parts = append(parts, fmt.Sprintf("%d of %d stage tensors %s were not compared: %s", n, c.Held, holds, strings.Join(ds, "; ")))
 	}
 	if n := len(c.StepsNotChecked); n > 0 {
 		parts = append(parts, fmt.Sprintf("%d dumped steps were not compared (%s): %s", n, StepList(c.StepsNotChecked), c.StepsWhy))
@@ -475,6 +486,9 @@ func StepsXLayers(steps, layers int) string {
 func (r *Report) WriteText(w io.Writer) {
 	s := r.Summary
 	what := fmt.Sprintf("%s %s (%s mode)", r.Command, r.Dump, r.Mode)
+	if r.Command == "diff" {
+		what = fmt.Sprintf("diff %s (A) vs %s (B)", r.Dump, r.Against)
+	}
 	fmt.Fprintf(w, "%s: %s, %d stages compared: %d pass, %d tie, %d fail; %d not dumped, %d skipped\n",
 		what, StepsXLayers(len(r.Steps), len(r.Layers)), s.Compared, s.Pass, s.Tie, s.Fail, s.Missing, s.Skipped)
 	r.WriteNotes(w)

@@ -112,6 +112,7 @@ func V41Diff(a, b *V41Dump, tol *Tolerance) (*Report, error) {
 					}
 				}
 				v41JudgeStage(&sr, ta, tb, in, tol.For(name), cfg.WindowSize)
+				sr.Reason = diffWords(sr.Reason)
 				rep.Results = append(rep.Results, sr)
 				if sr.Status == StatusFail && first == nil {
 					if (name == "x" || name == "embed") && sr.Metrics != nil && sr.Metrics.CosDiff > differentRunCos {

@@ -153,3 +153,19 @@ func TestBisectIncompleteReason(t *testing.T) {
 		t.Errorf("bisect --assume-persistent: exit %d\n%s%s", code, out, e)
 	}
 }
+
+// TestDiffV41Wording: the V4.1 diff names both dumps in its header and
+// describes the selection that differs as B's against A's, not as the
+// GPU's against the reference's; the referee says A is right.
+func TestDiffV41Wording(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "g41t")
+	v41 := goldenTestdata("v41-tiny")
+	if code, o, e := rpRun("fault", "--in", v41, "--out", out, "--fault", "topk-off-by-one@14,2"); code != exitOK {
+		t.Fatalf("fault: exit %d\n%s%s", code, o, e)
+	}
+	code, o, e := rpRun("diff", v41, out)
+	if code != exitDiverged || !strings.Contains(o, "(A) vs "+out+" (B)") || !strings.Contains(o, "A and B differ: B selected [] not in A's set, left out [3]") ||
+		strings.Contains(o, "not in the reference set") || !strings.Contains(o, "referee: reference vs A agree, vs B diverged: A is right") {
+		t.Errorf("diff: exit %d\n%s%s", code, o, e)
+	}
+}

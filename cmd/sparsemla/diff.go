@@ -25,9 +25,13 @@ says which side it agrees with, and replays both dumps. Two dumps of different
 runs (another model config, no decode step in common, other layers, other
 tokens or positions at a step, an unrelated attention input) are refused: their
 first difference would be the runs', not a kernel's. Steps only one dump holds
-are reported as not checked. Exit status: 0 the dumps agree at every step, 1 they
-differ, 2 error (also: not the same run), 3 incomplete (no difference among the
-common steps, but steps only one dump holds). Two DeepSeek-V4.1 directories are
+are reported as not checked, so are tensors only one dump holds. The verdict is
+about B against A ('agree: A and B agree with each other', 'first divergence:
+… A and B differ'); the referee's line says whether the reference agrees with
+either (a side is right only when the replay of that side agrees). Exit
+status: 0 the dumps agree at every step, 1 they differ, 2 error (also: not the
+same run), 3 incomplete (no difference where they were compared, but steps or
+tensors only one dump holds). Two DeepSeek-V4.1 directories are
 compared with V4.1's stages and tolerances (docs/v41.md); a V4.1 dump is not
 diffed against a V4 one.`
 
