@@ -68,6 +68,7 @@ func BisectWith(ctx context.Context, m *engine.Model, src Source, opt BisectOpti
 	rep := newReport(src.Name(), string(Local), m.GPURope, steps, src.Layers())
 	rep.Command = "bisect"
 	rep.Kernels = m.Kernels()
+	rep.TolOverrides = tol.Overrides
 	if p := m.Cfg.PolicyName(); p != engine.PolicyOfficial {
 		rep.Policy = p
 	}

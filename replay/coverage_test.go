@@ -328,3 +328,41 @@ func TestDiffWording(t *testing.T) {
 		t.Errorf("diff of a selection: %+v", d.First)
 	}
 }
+
+// TestToleranceOverridesReported: a tolerance the user sets (Override, as
+// --tol-stage and --tol do) is named in the report and beside its verdict;
+// a replay with the defaults names none.
+func TestToleranceOverridesReported(t *testing.T) {
+	m, src := openReplayGolden(t, "official-v4-tiny")
+	ctx := context.Background()
+	tol := DefaultTolerance()
+	name, st, err := ParseStageTol("o=close,abs=2e-3,rel=0.02,cos=1e-5")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tol.Override(name, st)
+	tol.Override("*", StageTol{Mode: TolULP, MaxULP: 2})
+	rep, err := Run(ctx, m, src, Options{Tol: tol, Steps: []int64{3}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"o=close,abs=0.002,rel=0.02,cos=1e-05", "*=ulp,max_ulp=2"}
+	if !slices.Equal(rep.TolOverrides, want) || rep.Verdict != VerdictAgree ||
+		!strings.HasSuffix(rep.VerdictLine(), "(tolerances overridden: o=close,abs=0.002,rel=0.02,cos=1e-05; *=ulp,max_ulp=2)") {
+		t.Errorf("overrides %q, verdict %s: %s", rep.TolOverrides, rep.Verdict, rep.VerdictLine())
+	}
+	bis, err := Bisect(ctx, m, src, tol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(bis.TolOverrides, want) || !strings.Contains(bis.VerdictLine(), "tolerances overridden") {
+		t.Errorf("bisect: overrides %q: %s", bis.TolOverrides, bis.VerdictLine())
+	}
+	def, err := Run(ctx, m, src, Options{Steps: []int64{3}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(def.TolOverrides) != 0 || strings.Contains(def.VerdictLine(), "overridden") {
+		t.Errorf("defaults: %q %s", def.TolOverrides, def.VerdictLine())
+	}
+}

@@ -23,13 +23,14 @@ type Report struct {
 	Schema        string        `json:"schema"`
 	Command       string        `json:"command"` // replay | diff | bisect
 	Dump          string        `json:"dump"`
-	Against       string        `json:"against,omitempty"` // diff: the second dump
-	Mode          string        `json:"mode"`              // local | propagated
-	Model         string        `json:"model,omitempty"`   // the model family when not DeepSeek-V4 (e.g. DeepSeek-V4.1), detected from the config
-	GPURope       bool          `json:"gpu_rope_table"`    // RoPE from the GPU's own table
-	Kernels       string        `json:"kernels,omitempty"` // prepared | reference | mixed (Model.Kernels); empty: no reference ran
-	Policy        string        `json:"policy,omitempty"`  // numerics policy other than engine.PolicyOfficial (e.g. hf-eager)
-	Steps         []int64       `json:"steps"`             // decode steps in the dump
+	Against       string        `json:"against,omitempty"`             // diff: the second dump
+	Mode          string        `json:"mode"`                          // local | propagated
+	Model         string        `json:"model,omitempty"`               // the model family when not DeepSeek-V4 (e.g. DeepSeek-V4.1), detected from the config
+	GPURope       bool          `json:"gpu_rope_table"`                // RoPE from the GPU's own table
+	Kernels       string        `json:"kernels,omitempty"`             // prepared | reference | mixed (Model.Kernels); empty: no reference ran
+	Policy        string        `json:"policy,omitempty"`              // numerics policy other than engine.PolicyOfficial (e.g. hf-eager)
+	TolOverrides  []string      `json:"tolerance_overrides,omitempty"` // the tolerances the user set over the defaults (Tolerance.Overrides: --tol-stage, --tol), "stage=mode,…"
+	Steps         []int64       `json:"steps"`                         // decode steps in the dump
 	Layers        []int         `json:"layers"`
 	StepsReplayed int           `json:"steps_replayed"`
 	Verdict       string        `json:"verdict"` // agree | diverged | incomplete (VerdictAgree, …)
@@ -288,8 +289,17 @@ func (r *Report) Diverged() bool { return r.Verdict == VerdictDiverged }
 func (r *Report) Incomplete() bool { return r.Verdict == VerdictIncomplete }
 
 // VerdictLine is the verdict sentence of the text report and the HTML
-// page: the first divergence's text, or what "agree" / "incomplete" rest on.
+// page: the first divergence's text, or what "agree" / "incomplete" rest on
+// (and, when the user set tolerances, which).
 func (r *Report) VerdictLine() string {
+	line := r.verdictLine()
+	if r.First == nil && len(r.TolOverrides) > 0 {
+		line += " (tolerances overridden: " + strings.Join(r.TolOverrides, "; ") + ")"
+	}
+	return line
+}
+
+func (r *Report) verdictLine() string {
 	switch {
 	case r.First != nil:
 		return r.First.Text
@@ -508,6 +518,9 @@ func (r *Report) WriteNotes(w io.Writer) {
 	}
 	if r.Policy != "" {
 		fmt.Fprintf(w, "  numerics policy %s: the reference follows that path's rounding points, not model.py's (explain --policy %s)\n", r.Policy, r.Policy)
+	}
+	if len(r.TolOverrides) > 0 {
+		fmt.Fprintf(w, "  tolerances overridden (--tol-stage, --tol): %s\n", strings.Join(r.TolOverrides, "; "))
 	}
 	for _, sr := range r.Results {
 		if sr.Status == StatusTie {

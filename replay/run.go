@@ -135,6 +135,7 @@ func Run(ctx context.Context, m *engine.Model, src Source, opt Options) (*Report
 	if p := m.Cfg.PolicyName(); p != engine.PolicyOfficial {
 		rep.Policy = p
 	}
+	rep.TolOverrides = opt.Tol.Overrides
 	var units []unitResult
 	var err error
 	switch opt.Mode {

@@ -85,6 +85,34 @@ const (
 type Tolerance struct {
 	Stages   map[string]StageTol `json:"stages"`
 	Fallback StageTol            `json:"fallback"`
+	// Overrides describes each tolerance a user set over the defaults
+	// (Override: --tol-stage, a --tol file), "stage=mode,key=value…" in
+	// the order set ("*=…": the fallback). Reports carry it
+	// (Report.TolOverrides) and say it beside their verdict.
+	Overrides []string `json:"-"`
+}
+
+// Override sets the tolerance of one stage (name "*": Fallback), as Set,
+// and records it among the Overrides a report names.
+func (t *Tolerance) Override(stage string, st StageTol) {
+	t.Set(stage, st)
+	t.Overrides = append(t.Overrides, stage+"="+st.String())
+}
+
+// String is the tolerance as --tol-stage writes it: the mode, then its
+// bounds ("close,abs=0.002,rel=0.02,cos=1e-05", "ulp,max_ulp=3", "exact").
+func (t StageTol) String() string {
+	parts := []string{string(t.Mode)}
+	switch t.Mode {
+	case TolULP:
+		parts = append(parts, fmt.Sprintf("max_ulp=%d", t.MaxULP))
+		if t.MaxULPNoTable != 0 {
+			parts = append(parts, fmt.Sprintf("max_ulp_no_gpu_table=%d", t.MaxULPNoTable))
+		}
+	case TolClose:
+		parts = append(parts, fmt.Sprintf("abs=%g", t.Abs), fmt.Sprintf("rel=%g", t.Rel), fmt.Sprintf("cos=%g", t.Cos))
+	}
+	return strings.Join(parts, ",")
 }
 
 // DefaultTolerance is the documented default policy (docs/replay-json.md,
@@ -240,7 +268,7 @@ func (t *Tolerance) For(stage string) StageTol {
 
 // Clone returns a deep copy.
 func (t *Tolerance) Clone() *Tolerance {
-	c := &Tolerance{Stages: make(map[string]StageTol, len(t.Stages)), Fallback: t.Fallback}
+	c := &Tolerance{Stages: make(map[string]StageTol, len(t.Stages)), Fallback: t.Fallback, Overrides: slices.Clone(t.Overrides)}
 	for k, v := range t.Stages {
 		c.Stages[k] = v
 	}
@@ -296,7 +324,7 @@ func (t *Tolerance) LoadToleranceFile(path string) error {
 		if err := st.Validate(); err != nil {
 			return fmt.Errorf("tolerance file %s: stage %q: %w", path, n, err)
 		}
-		t.Set(n, st)
+		t.Override(n, st)
 	}
 	if f.Fallback != nil {
 		if !f.Fallback.Mode.valid() {
@@ -305,7 +333,7 @@ func (t *Tolerance) LoadToleranceFile(path string) error {
 		if err := f.Fallback.Validate(); err != nil {
 			return fmt.Errorf("tolerance file %s: fallback: %w", path, err)
 		}
-		t.Fallback = *f.Fallback
+		t.Override("*", *f.Fallback)
 	}
 	return nil
 }

@@ -20,6 +20,7 @@ func V41Bisect(d *V41Dump, tol *Tolerance, assumePersistent bool) (*Report, erro
 	}
 	rep := newReport(d.Dir, string(Local), true, steps, layers)
 	rep.Command, rep.Kernels, rep.Model = "bisect", "reference", V41ModelName
+	rep.TolOverrides = tol.Overrides
 	search := bisectSearch{
 		steps:            steps,
 		assumePersistent: assumePersistent,

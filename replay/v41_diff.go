@@ -36,6 +36,7 @@ func V41Diff(a, b *V41Dump, tol *Tolerance) (*Report, error) {
 	}
 	rep := newReport(a.Dir, string(Local), true, steps, layers)
 	rep.Command, rep.Against, rep.Model = "diff", b.Dir, V41ModelName
+	rep.TolOverrides = tol.Overrides
 	for _, p := range append(slices.Clone(a.Steps), b.Steps...) {
 		if !slices.Contains(steps, p) && !slices.Contains(rep.Coverage.StepsNotChecked, p) {
 			rep.Coverage.StepsNotChecked = append(rep.Coverage.StepsNotChecked, p)

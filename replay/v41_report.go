@@ -177,6 +177,7 @@ func V41Run(d *V41Dump, opt V41Options) (*Report, error) {
 	rep.Kernels = "reference"
 	rep.Model = V41ModelName
 	rep.StepsReplayed = len(steps)
+	rep.TolOverrides = tol.Overrides
 	notMod := map[string]bool{}
 	W, D := cfg.WindowSize, cfg.HeadDim
 	for _, p := range steps {

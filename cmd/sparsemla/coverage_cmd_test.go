@@ -169,3 +169,47 @@ func TestDiffV41Wording(t *testing.T) {
 		t.Errorf("diff: exit %d\n%s%s", code, o, e)
 	}
 }
+
+// TestToleranceOverridesNamed: replay, bisect and diff with --tol-stage or
+// --tol name the tolerances the user changed, in the text (a notes line and
+// the agree line) and the JSON; V4.1 replays too.
+func TestToleranceOverridesNamed(t *testing.T) {
+	off := goldenTestdata("official-v4-tiny")
+	const o = "o=close,abs=0.002,rel=0.02,cos=1e-05"
+	code, out, e := rpRun("replay", "--steps", "3", "--tol-stage", "o=close,abs=2e-3,rel=0.02,cos=1e-5", off)
+	if code != exitOK || !strings.Contains(out, "  tolerances overridden (--tol-stage, --tol): "+o+"\n") ||
+		!strings.Contains(out, "agree: ") || !strings.HasSuffix(out, "(tolerances overridden: "+o+")\n") {
+		t.Errorf("replay --tol-stage: exit %d\n%s%s", code, out, e)
+	}
+	tf := filepath.Join(t.TempDir(), "tol.json")
+	if err := os.WriteFile(tf, []byte(`{"stages": {"u": {"mode": "ulp", "max_ulp": 3}}, "fallback": {"mode": "ulp", "max_ulp": 2}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, out, e = rpRun("replay", "--json", "--steps", "3", "--tol", tf, off)
+	var rep replay.Report
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("%v: %s%s", err, out, e)
+	}
+	if code != exitOK || strings.Join(rep.TolOverrides, " ") != "u=ulp,max_ulp=3 *=ulp,max_ulp=2" {
+		t.Errorf("replay --json --tol: exit %d, overrides %q", code, rep.TolOverrides)
+	}
+	for _, args := range [][]string{
+		{"bisect", "--tol-stage", "u=ulp,max_ulp=3", off},
+		{"diff", "--tol-stage", "u=ulp,max_ulp=3", off, off},
+		{"replay", "--tol-stage", "u=ulp,max_ulp=3", goldenTestdata("v41-tiny")},
+	} {
+		code, out, e := rpRun(args...)
+		if code != exitOK || !strings.Contains(out, "tolerances overridden (--tol-stage, --tol): u=ulp,max_ulp=3") || !strings.Contains(out, "(tolerances overridden: u=ulp,max_ulp=3)") {
+			t.Errorf("%v: exit %d\n%s%s", args, code, out, e)
+		}
+	}
+	html := filepath.Join(t.TempDir(), "r.html")
+	if code, out, e := rpRun("report", off, "--steps", "3", "--tol-stage", "u=ulp,max_ulp=3", "--html", html); code != exitOK {
+		t.Errorf("report: exit %d\n%s%s", code, out, e)
+	} else if b, err := os.ReadFile(html); err != nil || !strings.Contains(string(b), "tolerances overridden (--tol-stage, --tol): <code>u=ulp,max_ulp=3</code>") {
+		t.Errorf("report page: %v, no tolerance line", err)
+	}
+	if code, out, _ := rpRun("replay", "--steps", "3", off); code != exitOK || strings.Contains(out, "overridden") {
+		t.Errorf("replay with the defaults:\n%s", out)
+	}
+}

@@ -89,7 +89,7 @@ func (f *replayFlags) tolerance() (*replay.Tolerance, error) {
 		if err != nil {
 			return nil, err
 		}
-		t.Set(name, st)
+		t.Override(name, st)
 	}
 	return t, nil
 }

@@ -64,7 +64,7 @@ func (f *replayFlags) v41Tolerance(d *replay.V41Dump) (*replay.Tolerance, error)
 		if err != nil {
 			return nil, err
 		}
-		t.Set(name, st)
+		t.Override(name, st)
 	}
 	return t, nil
 }
