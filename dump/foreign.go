@@ -146,19 +146,25 @@ func (d *Dump) finishForeign(path, root string) error {
 		// its other records are left out (listed with the reason), so that
 		// local and propagated replays both start at the second dumped step.
 		kept := d.Entries[:0]
+		ws := &WindowStart{Step: first}
 		for _, e := range d.Entries {
 			if e.Kind == KindStage && e.Step == first && first >= 0 {
 				if want[e.Stage] {
 					e.Kind = KindState
 					kept = append(kept, e)
+					ws.States++
 				} else {
 					d.Unmapped = append(d.Unmapped, fmt.Sprintf("%s: %s (step %d, the first of a window without a prefill state: only its cache states are used, as the start state)", e.File, userfile.Clip(e.Name), first))
+					ws.LeftOut++
 				}
 				continue
 			}
 			kept = append(kept, e)
 		}
 		d.Entries = kept
+		if first >= 0 {
+			d.Window = ws
+		}
 	}
 	if len(d.Entries) == 0 {
 		msg := fmt.Sprintf("dump: %s: no tensor mapped to a key by name map %s", path, userfile.Clip(d.Map.Name))

@@ -65,6 +65,16 @@ func TestOfficialWindowWithoutPrefill(t *testing.T) {
 	if _, ok := d.Lookup(Key{Step: 3, Layer: 1, Stage: "cmp_kv_state"}, KindState); !ok {
 		t.Error("no cmp_kv_state start state")
 	}
+	// What became of the first step is recorded (a replay says it).
+	st, err := OpenSafetensors(filepath.Join(dir, "step_3.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	w := d.Window
+	if w == nil || w.Step != 3 || w.States != 16 || w.States+w.LeftOut != len(st.Names()) || w.LeftOut != len(d.Unmapped) {
+		t.Errorf("window start %+v: step_3 holds %d tensors, %d unmapped", w, len(st.Names()), len(d.Unmapped))
+	}
 }
 
 // Without config.json the detection report names the rule that failed.

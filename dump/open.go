@@ -54,6 +54,11 @@ type Dump struct {
 	Entries  []Entry  // in file order
 	Prefix   []PrefixHit
 	Unmapped []string // "file: name" of tensors no map rule matched
+	// Window, for a window of dumped steps without a prefill state
+	// (NameMap.FirstStepState), says what became of its first step: its
+	// cache states became the start state, its other records were left out
+	// (each is also in Unmapped). Nil otherwise.
+	Window *WindowStart
 	// Incomplete lists native files without an end frame (cut short at a
 	// frame boundary, e.g. by a crashed capture); their records are intact.
 	Incomplete []string
@@ -67,6 +72,16 @@ type Dump struct {
 	files []*os.File     // the files Open opened (closed by Close)
 	meta  foreignMeta    // request / prefix metadata of a foreign dump
 	tp    map[string]int // native file -> header producer tp_rank
+}
+
+// WindowStart is the first step of a window of dumped steps without a
+// prefill state: nothing says the state before it, so it is not replayed;
+// States of its records became the start state (kind state, valid after
+// Step) and LeftOut were left out.
+type WindowStart struct {
+	Step    int
+	States  int
+	LeftOut int
 }
 
 // WeightsFile is the model weights file a dump directory may hold beside its

@@ -69,6 +69,7 @@ func BisectWith(ctx context.Context, m *engine.Model, src Source, opt BisectOpti
 	rep.Command = "bisect"
 	rep.Kernels = m.Kernels()
 	rep.TolOverrides = tol.Overrides
+	rep.Coverage.Unread = unreadOf(src, "")
 	if p := m.Cfg.PolicyName(); p != engine.PolicyOfficial {
 		rep.Policy = p
 	}

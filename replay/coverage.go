@@ -256,3 +256,24 @@ func classifyHeld(m *engine.Model, src Source, mode Mode, p int64, l int, n stri
 	}
 	return false, WhyNotModelled, nil
 }
+
+// unreadOf is Coverage.Unread of a replay of src (nil unless src is a
+// DumpSource): the first step of a window without a prefill state
+// (dump.Dump.Window), and the other tensors no name-map rule placed
+// (dump.Dump.Unmapped). prefix ("A: ", "B: " in a diff) starts each why.
+func unreadOf(src Source, prefix string) []Unread {
+	ds, ok := src.(*DumpSource)
+	if !ok || ds.D == nil {
+		return nil
+	}
+	var out []Unread
+	n := len(ds.D.Unmapped)
+	if w := ds.D.Window; w != nil {
+		out = append(out, Unread{Tensors: w.LeftOut, Why: fmt.Sprintf("%sstep %d, the first of this window (no prefill state): nothing says the state before it, so it is not replayed; its %d cache states are the start state of step %d, its other tensors are not compared", prefix, w.Step, w.States, w.Step+1)})
+		n -= w.LeftOut
+	}
+	if n > 0 {
+		out = append(out, Unread{Tensors: n, Why: prefix + "no name-map rule places them at a decode step of a request (prefill steps, metadata, unknown names: 'inspect' lists each); not compared"})
+	}
+	return out
+}

@@ -32,6 +32,7 @@ func Diff(ctx context.Context, cfg *engine.Config, m *engine.Model, a, b Source,
 	rep := newReport(a.Name(), string(Local), m != nil && m.GPURope, steps, layers)
 	rep.Command, rep.Against = "diff", b.Name()
 	rep.TolOverrides = tol.Overrides
+	rep.Coverage.Unread = append(unreadOf(a, "A: "), unreadOf(b, "B: ")...)
 	for _, p := range append(slices.Clone(a.Steps()), b.Steps()...) {
 		if !slices.Contains(steps, p) && !slices.Contains(rep.Coverage.StepsNotChecked, p) {
 			rep.Coverage.StepsNotChecked = append(rep.Coverage.StepsNotChecked, p)

@@ -91,10 +91,24 @@ type Coverage struct {
 	// compared steps and layers that are no stage of the reference's model
 	// (each is in NotChecked, with WhyNotModelled).
 	NotModelled []string `json:"not_modelled"`
+	// Unread says what the dump's files hold that the replay did not read
+	// as stage tensors of the steps it replays (unreadOf): the first step
+	// of a window without a prefill state (its cache states are the start
+	// state, its other tensors are not compared), tensors no name-map rule
+	// places at a decode step. They lie outside the steps the verdict is
+	// about and do not make a report incomplete; the report names them.
+	Unread []Unread `json:"unread,omitempty"`
 	// Scope says which part of the model the reference ran, when a replay
 	// covers less than the whole step or a model family's tool says it
 	// (V4.1: whole step or attention sub-layers only).
 	Scope string `json:"scope,omitempty"`
+}
+
+// Unread is a number of tensors of the dump's files a replay did not read,
+// and why.
+type Unread struct {
+	Tensors int    `json:"tensors"`
+	Why     string `json:"why"`
 }
 
 // NotChecked is one held stage tensor that was not compared.
@@ -378,6 +392,9 @@ func (r *Report) CoverageLines() []string {
 	}
 	if n := len(c.StepsNotChecked); n > 0 {
 		out = append(out, fmt.Sprintf("not checked: %d dumped steps were not compared (%s): %s", n, StepList(c.StepsNotChecked), c.StepsWhy))
+	}
+	for _, u := range c.Unread {
+		out = append(out, fmt.Sprintf("not read: %d tensors: %s", u.Tensors, u.Why))
 	}
 	return out
 }

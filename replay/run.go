@@ -187,6 +187,7 @@ func Run(ctx context.Context, m *engine.Model, src Source, opt Options) (*Report
 	}
 	rep.Coverage.Inputs, rep.Coverage.NotModelled = inputs, nm
 	rep.Coverage.Scope = scopeOf(m, layers)
+	rep.Coverage.Unread = unreadOf(src, "")
 	if err := checkWeightsMatch(src, rep.Results); err != nil {
 		return nil, err
 	}

@@ -213,3 +213,37 @@ func TestToleranceOverridesNamed(t *testing.T) {
 		t.Errorf("replay with the defaults:\n%s", out)
 	}
 }
+
+// TestWindowReplaySaysFirstStep: the replay of a window of the official
+// golden without prefill_state (steps 4-7) says that step 4's cache states
+// were its start state and its other 161 tensors were not compared, in the
+// text and the JSON, in both modes and in bisect (inspect says the same).
+func TestWindowReplaySaysFirstStep(t *testing.T) {
+	src := goldenTestdata("official-v4-tiny")
+	dir := t.TempDir()
+	for _, f := range []string{"config.json", "rope_tables.safetensors", "weights.safetensors",
+		"step_4.safetensors", "step_5.safetensors", "step_6.safetensors", "step_7.safetensors"} {
+		b, err := os.ReadFile(filepath.Join(src, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const note = "not read: 161 tensors: step 4, the first of this window (no prefill state): nothing says the state before it, so it is not replayed; its 16 cache states are the start state of step 5, its other tensors are not compared"
+	for _, args := range [][]string{{"replay", dir}, {"replay", "--mode", "propagated", dir}, {"bisect", dir}} {
+		code, out, e := rpRun(args...)
+		if code != exitOK || !strings.Contains(out, note) || !strings.Contains(out, "agree: ") {
+			t.Errorf("%v: exit %d\n%s%s", args, code, out, e)
+		}
+	}
+	code, out, _ := rpRun("replay", "--json", dir)
+	var rep replay.Report
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if code != exitOK || len(rep.Coverage.Unread) != 1 || rep.Coverage.Unread[0].Tensors != 161 || !strings.HasPrefix(rep.Coverage.Unread[0].Why, "step 4, the first of this window") {
+		t.Errorf("replay --json: exit %d, unread %+v", code, rep.Coverage.Unread)
+	}
+}
