@@ -26,8 +26,6 @@ const (
 	WhyNoV32BlockWeights = "the weights given have no whole-layer tensors for this layer (attn_norm, ffn_norm, ffn.*): the reference ran its attention sub-layer only"
 	// WhyNoHead: the logits, with weights that hold no head.
 	WhyNoHead = "the weights given have no head (hc_head_*, norm, head)"
-	// WhyNoEmbed: layer 0's h_in, with weights that hold no embedding.
-	WhyNoEmbed = "the weights given have no embedding (embed.weight) to compute layer 0's h_in from the token"
 	// WhyNoV32BlockInput: a V3.2 step whose Block input x_in is not dumped
 	// runs the attention sub-layer from the dumped x alone.
 	WhyNoV32BlockInput = "the dump holds no x_in (the layer's Block input) at this step: the reference ran the attention sub-layer from the dumped x"
@@ -45,9 +43,12 @@ const (
 	// WhyInputHInNoBelow: a local replay compares h_in with the dumped
 	// h_out of the layer below, when the dump holds it.
 	WhyInputHInNoBelow = "the layer's input: the dump holds no h_out of the layer below to compare it with (chained mode compares it with the chain's own)"
+	// WhyInputNoEmbed: layer 0's input (V4 h_in, V3.2 x_in) when the
+	// weights hold no embedding to compute it from the token.
+	WhyInputNoEmbed = "layer 0's input: the weights given have no embedding (embed.weight) to compute it from the token, so the replay starts layer 0 from it"
 	// WhyInputV32Block: a V3.2 layer's Block inputs in a local or
 	// propagated replay.
-	WhyInputV32Block = "the layer's Block input, read from the dump (chained mode computes and compares it: the embedding row at layer 0, the ffn_out / h_mid of the layer below above it)"
+	WhyInputV32Block = "the layer's Block input, read from the dump (chained mode compares it with the ffn_out / h_mid of the layer below, and layer 0's with the embedding row of the token when the weights hold the embedding)"
 	// WhyInputOther: another tensor a replayed stage reads from the dump
 	// and that no replayed stage computes.
 	WhyInputOther = "an input the replayed stages read from the dump, computed by no stage of this replay"
@@ -59,7 +60,8 @@ const (
 // report incomplete: the token and position of each step, each layer's x
 // when the reference runs the attention sub-layer only, the h_in each
 // layer's chain starts from in propagated mode, a layer's h_in that no h_out
-// below can be compared with) or a tensor not compared, added to its unit's
+// below can be compared with, layer 0's input when the weights hold no
+// embedding) or a tensor not compared, added to its unit's
 // results as skipped with the reason (the weights given lack the part that
 // computes it, the reference does not model it). notModelled names the
 // latter of no reference stage, sorted. Without a StageLister src nothing is
@@ -229,7 +231,7 @@ func classifyHeld(m *engine.Model, src Source, mode Mode, p int64, l int, n stri
 		case !whole:
 			return false, blockWhy(m.Cfg), nil
 		case l == 0:
-			return false, WhyNoEmbed, nil
+			return true, WhyInputNoEmbed, nil
 		case mode == Propagated:
 			return true, WhyInputHInPropagated, nil
 		}
@@ -243,6 +245,8 @@ func classifyHeld(m *engine.Model, src Source, mode Mode, p int64, l int, n stri
 		return false, "h_in: not compared with the h_out of the layer below", nil
 	case n == "x" && ran.inputs["x"]:
 		return true, WhyInputX, nil
+	case m.Cfg.V32() && mode == Chained && l == 0 && n == "x_in":
+		return true, WhyInputNoEmbed, nil
 	case ran.inputs[n] && m.Cfg.V32() && (n == "x_in" || n == "res_in"):
 		return true, WhyInputV32Block, nil
 	case ran.inputs[n]:

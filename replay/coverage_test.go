@@ -366,3 +366,30 @@ func TestToleranceOverridesReported(t *testing.T) {
 		t.Errorf("defaults: %q %s", def.TolOverrides, def.VerdictLine())
 	}
 }
+
+// TestReplayNoEmbeddingInput: with the whole layers' weights and the head
+// but no embedding, layer 0 starts from the dumped h_in: an input (named,
+// with why), not a stage the replay left out, and the scope says it.
+func TestReplayNoEmbeddingInput(t *testing.T) {
+	m, src := openReplayGolden(t, "official-v4-tiny")
+	noEmbed := *m
+	noEmbed.Head = &engine.HeadWeights{Head: m.Head.Head}
+	for _, mode := range []Mode{Local, Propagated} {
+		rep, err := Run(context.Background(), &noEmbed, src, Options{Mode: mode})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, in := range rep.Coverage.Inputs {
+			if in.Stage == "h_in" && in.Layer == 0 {
+				n++
+				if in.Why != WhyInputNoEmbed {
+					t.Errorf("%s: %+v", mode, in)
+				}
+			}
+		}
+		if rep.Verdict != VerdictAgree || n != 6 || !strings.Contains(rep.Coverage.Scope, "no embedding") {
+			t.Errorf("%s: verdict %s, %d layer-0 h_in inputs, scope %q", mode, rep.Verdict, n, rep.Coverage.Scope)
+		}
+	}
+}
