@@ -29,6 +29,8 @@ const (
 	// WhyNoV32BlockInput: a V3.2 step whose Block input x_in is not dumped
 	// runs the attention sub-layer from the dumped x alone.
 	WhyNoV32BlockInput = "the dump holds no x_in (the layer's Block input) at this step: the reference ran the attention sub-layer from the dumped x"
+	// WhyPagesNoKVCache: KV page records beside no compared kv_cache.
+	WhyPagesNoKVCache = "KV page bytes are judged against the dumped kv_cache rows, and the kv_cache of this step and layer was not compared (not dumped, or skipped)"
 	// WhySplitRecord: a split-K record that was not judged.
 	WhySplitRecord = "a split-K record judged only beside a computed o, over the splits split_bounds names"
 
@@ -99,6 +101,17 @@ func accountHeld(m *engine.Model, src Source, mode Mode, steps []int64, layers [
 					nm[n] = true
 				}
 				ur.results = append(ur.results, StageResult{Step: p, Layer: l, Stage: n, Status: StatusSkipped, Reason: why, Inputs: []InputInfo{}})
+			}
+			// The KV page records (kind page) the dump holds there: judged
+			// against the dumped kv_cache beside a compared kv_cache.
+			if ps, ok := src.(PageSource); ok && !have["kv_pages"] {
+				pages, err := ps.Pages(p, l)
+				if err != nil {
+					return nil, nil, err
+				}
+				if len(pages) > 0 {
+					ur.results = append(ur.results, StageResult{Step: p, Layer: l, Stage: "kv_pages", Status: StatusSkipped, Reason: WhyPagesNoKVCache, Inputs: []InputInfo{}})
+				}
 			}
 		}
 		// The tensors of no layer (tok, pos, logits), with the step's

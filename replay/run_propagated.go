@@ -318,6 +318,23 @@ func (c *chainStep) judge(def engine.StageDef, chainIn map[string]engine.Tensor,
 	if sr.Status == StatusFail && c.ur.first == nil {
 		c.ur.first = Diagnose(DiagnoseInput{Model: c.m, Src: c.src, Def: def, Result: sr, Ref: ref, GPU: gpu, In: in, Own: c.own, Mode: c.mode, Tol: c.tol})
 	}
+	if def.Name == "kv_cache" {
+		// The GPU's page bytes, when dumped, must encode the dumped rows,
+		// as in a local replay (a check of the dump against itself: the
+		// chain's own rows are judged above).
+		pr, ok, err := pageResult(c.m, c.src, c.p, c.layer, gpu, sr.Status)
+		if err != nil {
+			return next, err
+		}
+		if ok {
+			c.ur.results = append(c.ur.results, pr)
+			if pr.Status == StatusFail && c.ur.first == nil {
+				c.ur.first = &Divergence{Step: c.p, Layer: c.layer, Stage: pr.Stage, Kind: KindFP8Cache, Mode: string(c.mode),
+					Inputs: pr.Inputs, Why: "the GPU's page bytes do not encode its dumped kv_cache rows: " + pr.Reason}
+				c.ur.first.Text = fmt.Sprintf("first divergence: decode step %d, layer %d, stage %s — %s: %s", c.p, c.layer, pr.Stage, KindFP8Cache, c.ur.first.Why)
+			}
+		}
+	}
 	if def.Name == "o" {
 		srs, err := splitResults(c.m.Cfg, c.src, c.p, c.layer, chainIn["q"], chainIn["kv_cache"], chainIn["topk_idxs"], c.tol, c.m.GPURope)
 		if err != nil {

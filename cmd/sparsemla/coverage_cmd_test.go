@@ -247,3 +247,41 @@ func TestWindowReplaySaysFirstStep(t *testing.T) {
 		t.Errorf("replay --json: exit %d, unread %+v", code, rep.Coverage.Unread)
 	}
 }
+
+// TestModesAccountForTheSameTensors: local, propagated and chained replays
+// of one dump account for the same held tensors (compared + not checked +
+// inputs): the official golden, and a synthetic whole-model dump with KV
+// pages (judged in every mode, beside the dumped kv_cache).
+func TestModesAccountForTheSameTensors(t *testing.T) {
+	synth := filepath.Join(t.TempDir(), "sw")
+	if code, o, e := rpRun("synth", "--whole", "--out", synth, "--steps", "3", "--seed", "11"); code != exitOK {
+		t.Fatalf("synth: exit %d\n%s%s", code, o, e)
+	}
+	for _, dir := range []string{goldenTestdata("official-v4-tiny"), synth} {
+		held := map[string]int{}
+		for _, mode := range []string{"local", "propagated", "chained"} {
+			code, out, e := rpRun("replay", "--json", "--mode", mode, dir)
+			var rep replay.Report
+			if err := json.Unmarshal([]byte(out), &rep); err != nil {
+				t.Fatalf("%s %s: %v\n%s", dir, mode, err, e)
+			}
+			c := rep.Coverage
+			if code != exitOK || c.Held != c.Compared+len(c.NotChecked)+len(c.Inputs) {
+				t.Errorf("%s %s: exit %d, held %d, compared %d, not checked %d, inputs %d", dir, mode, code, c.Held, c.Compared, len(c.NotChecked), len(c.Inputs))
+			}
+			pages := 0
+			for _, r := range rep.Results {
+				if r.Stage == "kv_pages" && r.Status == replay.StatusPass {
+					pages++
+				}
+			}
+			if dir == synth && pages == 0 {
+				t.Errorf("%s %s: no KV pages judged", dir, mode)
+			}
+			held[mode] = c.Held
+		}
+		if held["local"] != held["propagated"] || held["local"] != held["chained"] {
+			t.Errorf("%s: held %v", dir, held)
+		}
+	}
+}
