@@ -107,7 +107,13 @@ func TestAttentionOnlyWeightsNotAgree(t *testing.T) {
 	if code, out, e := rpRun("replay", dumpDir); code != exitDiverged {
 		t.Errorf("replay with the whole weights: exit %d, want %d\n%s%s", code, exitDiverged, out, e)
 	}
-	code, out, e := rpRun("bisect", "--weights", weights, dumpDir)
+	html := filepath.Join(t.TempDir(), "c.html")
+	code, out, e := rpRun("report", "--weights", weights, dumpDir, "--html", html)
+	if b, err := os.ReadFile(html); code != exitIncomplete || err != nil || !strings.Contains(out, "incomplete: no stage compared was out of tolerance") ||
+		!strings.Contains(string(b), "not compared: logits (6)") {
+		t.Errorf("report: exit %d, %v\n%s%s", code, err, out, e)
+	}
+	code, out, e = rpRun("bisect", "--weights", weights, dumpDir)
 	if code != exitIncomplete || !strings.Contains(out, "the weights given have no head") || strings.Contains(out, "agree:") {
 		t.Errorf("bisect: exit %d\n%s%s", code, out, e)
 	}

@@ -82,8 +82,9 @@ func runReport(args []string, stdout, stderr io.Writer) int {
 		}
 	} else {
 		fmt.Fprintf(stdout, "wrote %s (%s)\n", *out, rep.Verdict)
-		if rep.First != nil {
-			fmt.Fprintln(stdout, rep.First.Text)
+		if rep.First != nil || rep.Incomplete() {
+			// What the verdict rests on (the page says it all).
+			fmt.Fprintln(stdout, rep.VerdictLine())
 		}
 	}
 	return rpExit(rep)
