@@ -181,14 +181,15 @@ func blockWhy(cfg *engine.Config) string {
 	return WhyNoBlockWeights
 }
 
-// ranStages are the stages a replay in mode runs at (p, l) with m's weights
-// (their names, and the inputs they read from the dump: the names they read
+// ranSet is what a replay runs at one step and layer: the names of its
+// stages (defs) and the inputs they read from the dump (the names they read
 // that none of them computes).
 type ranSet struct {
 	defs   map[string]bool
 	inputs map[string]bool
 }
 
+// ranStages is the ranSet of a replay in mode at (p, l) with m's weights.
 func ranStages(m *engine.Model, src Source, mode Mode, p int64, l int) ranSet {
 	r := ranSet{defs: map[string]bool{}, inputs: map[string]bool{}}
 	w := m.Weights[l]
