@@ -205,3 +205,36 @@ func TestV41PropagatedBlamesTheStageThatMadeIt(t *testing.T) {
 		}
 	}
 }
+
+// TestChainAgreeCheckedLocally: a fault whose error never grows past the
+// chained tolerance (hc_post with comb transposed at step 10, layer 2 of
+// the whole synthetic model; the chain stays within cos_diff 1e-2 at every
+// stage) gave chained mode an "agree" that local mode contradicts. A chain
+// that agrees is checked teacher-forced too, and the local divergence is
+// the replay's, in both chain modes; a clean dump still agrees.
+func TestChainAgreeCheckedLocally(t *testing.T) {
+	s := synthWhole(t, &fault.Fault{Kind: fault.HCPostTransposed, Step: 10, Layer: 2})
+	local := runMode(t, s.Model(), s.Src, replay.Local, nil)
+	if local.First == nil {
+		t.Fatalf("local: %s, want a divergence", local.VerdictLine())
+	}
+	for _, mode := range []replay.Mode{replay.Propagated, replay.Chained} {
+		rep := runMode(t, s.Model(), s.Src, mode, nil)
+		d := rep.First
+		if d == nil || d.Step != local.First.Step || d.Layer != local.First.Layer || d.Stage != local.First.Stage || d.Mode != string(mode) || !rep.Diverged() {
+			t.Fatalf("%s: %s (first %+v), want local's step %d, layer %d, %s", mode, rep.VerdictLine(), d, local.First.Step, local.First.Layer, local.First.Stage)
+		}
+		if r := resultOf(rep, d.Step, d.Layer, d.Stage); r == nil || r.Status != replay.StatusFail {
+			t.Fatalf("%s: the result of the divergence's stage is %+v, want failed", mode, r)
+		}
+		if mode == replay.Chained && !strings.Contains(d.Text, "stays within the chained tolerance at every stage it compares") {
+			t.Errorf("chained: %q does not say the chain stayed within its tolerance", d.Text)
+		}
+	}
+	clean := synthWhole(t, nil)
+	for _, mode := range []replay.Mode{replay.Propagated, replay.Chained} {
+		if rep := runMode(t, clean.Model(), clean.Src, mode, nil); rep.Verdict != replay.VerdictAgree {
+			t.Fatalf("clean whole model, %s: %s", mode, rep.VerdictLine())
+		}
+	}
+}
