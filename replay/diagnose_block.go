@@ -19,6 +19,7 @@ const (
 	KindRouter    = "MoE router"        // moe_indices, moe_weights
 	KindExperts   = "MoE experts"       // ffn_out: routed FP4 experts and the shared FP8 expert
 	KindHead      = "head"              // logits
+	KindResidual  = "residual"          // V3.2's h_mid: the fused add-RMSNorm's residual sum (no hyper-connections)
 )
 
 func init() {
@@ -28,6 +29,7 @@ func init() {
 	hints[KindRouter] = "check the gate: fp32 scores W_g·x through score_func, the bias added for the choice only, top-k descending (tid2eid[token] on the first n_hash_layers), weights = chosen scores / their sum · route_scale"
 	hints[KindExperts] = "check the expert GEMMs: FP8 activations per 128, FP4 weights with the even column in the LOW nibble and a UE8M0 scale per 32, up clamped to ±swiglu_limit and gate from above on routed experts only, weight before w2, fp32 sum in expert-id order plus the shared expert"
 	hints[KindHead] = "check the head: hc_head (sigmoid weights, no Sinkhorn), the final norm and the fp32 head GEMV"
+	hints[KindResidual] = "check the residual add around the FFN (V3.2's fused add-RMSNorm): h_mid = bf16(f32(y) + f32(h_in)), h_in the layer's input (the embedding row on layer 0, else the previous layer's output), summed in fp32 and rounded once"
 }
 
 // blockKind is the diagnosis kind of a block, MoE or head stage ("" for the
@@ -115,7 +117,7 @@ func blockPart(d DiagnoseInput, exact, why string) string {
 		return "shared expert"
 	case strings.HasPrefix(exact, "dense-gate-up"):
 		return "gate and up (w1, w3)"
-	case v32BlockKind(d) == KindDenseMLP:
+	case v32BlockKind(d) != "":
 		return "" // the kind names the part
 	case exact != "" && stage == "ffn_out":
 		return "routed experts"

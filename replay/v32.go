@@ -30,12 +30,18 @@ func init() {
 }
 
 // v32BlockKind is the diagnosis kind of a V3.2 FFN-side stage where it
-// differs from V4's (blockKind): ffn_out of a dense layer. "" otherwise.
+// differs from V4's (blockKind): ffn_out of a dense layer (dense MLP), h_mid and
+// h_out (the residual: V3.2 has no hyper-connections). "" otherwise.
 func v32BlockKind(d DiagnoseInput) string {
-	if d.Model == nil || !d.Model.Cfg.V32() || d.Result.Stage != "ffn_out" || d.Result.Layer >= d.Model.Cfg.NDenseLayers {
+	switch {
+	case d.Model == nil || !d.Model.Cfg.V32():
 		return ""
+	case d.Result.Stage == "h_mid" || d.Result.Stage == "h_out":
+		return KindResidual // V3.2 has no hyper-connections
+	case d.Result.Stage == "ffn_out" && d.Result.Layer < d.Model.Cfg.NDenseLayers:
+		return KindDenseMLP
 	}
-	return KindDenseMLP
+	return ""
 }
 
 // v32Tol are the default tolerances of the V3.2-only stage names (added to

@@ -88,4 +88,8 @@ func TestV32LocalLayer0HMid(t *testing.T) {
 	if d := rep.First; d == nil || d.Step != 15 || d.Layer != 0 || d.Stage != "h_mid" {
 		t.Fatalf("local: %+v, want step 15 layer 0 h_mid", d)
 	}
+	// named as the residual add, not as hyper-connections V3.2 does not have
+	if d := rep.First; d.Kind != replay.KindResidual || strings.Contains(d.Text, "hc_post") || strings.Contains(d.Text, "hyper-connections") || strings.Contains(d.Hint, "hc_") {
+		t.Fatalf("local: kind %q, text %q, hint %q: want the residual, no hyper-connections", d.Kind, d.Text, d.Hint)
+	}
 }
