@@ -3,7 +3,6 @@ package replay
 import (
 	"context"
 	"fmt"
-	"slices"
 
 	"sparsemla/engine"
 )
@@ -284,12 +283,7 @@ func mergeNames(a, b []string) []string {
 	for _, n := range b {
 		set[n] = true
 	}
-	out := make([]string, 0, len(set))
-	for n := range set {
-		out = append(out, n)
-	}
-	slices.Sort(out)
-	return out
+	return sortedNames(set)
 }
 
 // cacheFault is a cache row that differs from the value dumped when it was

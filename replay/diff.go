@@ -369,12 +369,7 @@ func heldUnion(a, b Source, p int64, layer int) []string {
 			}
 		}
 	}
-	out := make([]string, 0, len(set))
-	for n := range set {
-		out = append(out, n)
-	}
-	slices.Sort(out)
-	return out
+	return sortedNames(set)
 }
 
 // diffWordsReplacer turns a reason written for a replay (the reference

@@ -481,12 +481,7 @@ func groupNames(list []NotChecked) []string {
 	for _, e := range list {
 		set[e.Stage] = true
 	}
-	out := make([]string, 0, len(set))
-	for n := range set {
-		out = append(out, n)
-	}
-	slices.Sort(out)
-	return out
+	return sortedNames(set)
 }
 
 // WriteJSON writes the report as indented JSON (the --json output).
@@ -659,4 +654,15 @@ func plainSetDiff(ref, gpu []int64) indexer.SelectionDiff {
 		d.Reason = fmt.Sprintf("GPU selected %v not in the reference set, left out %v", d.Extra, d.Missing)
 	}
 	return d
+}
+
+// sortedNames are the keys of m, sorted (an empty map gives an empty,
+// non-nil slice).
+func sortedNames[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for n := range m {
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	return out
 }

@@ -181,10 +181,5 @@ func v41HeldUnion(a, b *V41Dump, p int64, l int) []string {
 			}
 		}
 	}
-	out := make([]string, 0, len(set))
-	for n := range set {
-		out = append(out, n)
-	}
-	slices.Sort(out)
-	return out
+	return sortedNames(set)
 }

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"sort"
 	"strings"
 
 	"sparsemla/attention"
@@ -146,15 +145,6 @@ func WriteV41Native(dir string, m *engine.V41Model, pre *engine.V41State, steps 
 		return err
 	}
 	return od.Commit()
-}
-
-func sortedNames(m map[string]engine.Tensor) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }
 
 // v41PageRecords encodes the caches of layer l after step p (window, ckv,

@@ -73,12 +73,7 @@ func V41StageNames() []string {
 			}
 		}
 	}
-	out := make([]string, 0, len(set))
-	for n := range set {
-		out = append(out, n)
-	}
-	slices.Sort(out)
-	return out
+	return sortedNames(set)
 }
 
 // v41Kind is the diagnosis kind of a V4.1 stage.
