@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"slices"
 	"strings"
 
 	"golang.org/x/sync/errgroup"
@@ -95,7 +96,7 @@ func confirmLocally(ctx context.Context, m *engine.Model, src Source, steps []in
 		if ctx.Err() != nil {
 			return err
 		}
-		units[k].first = driftDivergence(units[k], csr, mode, nil, err)
+		units[k].first = driftDivergence(units[k], csr, mode, nil, err, nil)
 		return nil
 	}
 	j := -1
@@ -122,10 +123,20 @@ func confirmLocally(ctx context.Context, m *engine.Model, src Source, steps []in
 		}
 	}
 	if j == k {
-		adoptLocal(units, lus, k, chain, csr, mode, true)
+		// The teacher-forced divergence takes the chain's place only
+		// where it comes first in the unit's order: the first divergence
+		// is the first failing stage of the report. One further on (o
+		// computed from a dumped kv_cache that the local check could not
+		// judge, which the chain found wrong) is named in the drift.
+		at, _ := localSlot(units[k].results, lus[k].results, chain.Step, chain.Layer, lus[k].first.Stage)
+		if !failedBefore(units[k].results, at) {
+			adoptLocal(units, lus, k, chain, csr, mode, true)
+			return nil
+		}
+		units[k].first = driftDivergence(units[k], csr, mode, lus, nil, laterFailure(lus[k], lus[k].first))
 		return nil
 	}
-	units[k].first = driftDivergence(units[k], csr, mode, lus, nil)
+	units[k].first = driftDivergence(units[k], csr, mode, lus, nil, nil)
 	return nil
 }
 
@@ -166,25 +177,82 @@ func checkAgreeLocally(ctx context.Context, m *engine.Model, src Source, steps [
 
 // markLocalFailure makes the teacher-forced divergence d of local unit j
 // the first divergence of unit j: the unit's result of d's stage is marked
-// failed with the teacher-forced reason (added when the chain did not
-// judge it).
+// failed with the teacher-forced reason, or, when the chain did not judge
+// it, the local result is inserted where the local order puts it
+// (localSlot).
 func markLocalFailure(units, lus []unitResult, j int, d *Divergence) {
 	lr, _ := failedResult(lus[j].results, d.Stage)
 	reason := "teacher-forced from the dump's inputs: " + lr.Reason
-	marked := false
-	for i := range units[j].results {
-		r := &units[j].results[i]
-		if r.Stage == d.Stage && r.Status != StatusMissing && r.Status != StatusSkipped {
-			r.Status, r.Severity, r.Reason = StatusFail, max(r.Severity, 1), reason
-			marked = true
-			break
-		}
-	}
-	if !marked && lr.Stage != "" {
+	at, replace := localSlot(units[j].results, lus[j].results, d.Step, d.Layer, d.Stage)
+	switch {
+	case replace:
+		r := &units[j].results[at]
+		r.Status, r.Severity, r.Reason = StatusFail, max(r.Severity, 1), reason
+	case lr.Stage != "":
 		lr.Reason = reason
-		units[j].results = append(units[j].results, lr)
+		units[j].results = slices.Insert(units[j].results, at, lr)
 	}
 	units[j].first = d
+}
+
+// localSlot is where the teacher-forced failing result of stage at (step,
+// layer) goes among rs, the chain's results in report order: the index of
+// the chain's own comparison of that stage (replace), or else the index it
+// is inserted at, the local replay's results lrs giving the order: before
+// the first result of that step and layer that lrs orders after it, else
+// after that step and layer's last result, else before the first result of
+// a later step, or layer of the same step.
+func localSlot(rs, lrs []StageResult, step int64, layer int, stage string) (at int, replace bool) {
+	lpos := map[string]int{}
+	for i, r := range lrs {
+		if _, seen := lpos[r.Stage]; !seen && r.Step == step && r.Layer == layer {
+			lpos[r.Stage] = i
+		}
+	}
+	own, ordered := lpos[stage]
+	last := -1
+	for i, r := range rs {
+		if r.Step == step && r.Layer == layer && r.Stage == stage && r.Status != StatusMissing && r.Status != StatusSkipped {
+			return i, true
+		}
+	}
+	for i, r := range rs {
+		if r.Step != step || r.Layer != layer {
+			continue
+		}
+		if p, ok := lpos[r.Stage]; ok && ordered && p > own {
+			return i, false
+		}
+		last = i
+	}
+	if last >= 0 {
+		return last + 1, false
+	}
+	for i, r := range rs {
+		if r.Step > step || (r.Step == step && r.Layer > layer) {
+			return i, false
+		}
+	}
+	return len(rs), false
+}
+
+// failedBefore reports whether a result of rs before index at failed.
+func failedBefore(rs []StageResult, at int) bool {
+	for _, r := range rs[:at] {
+		if r.Status == StatusFail {
+			return true
+		}
+	}
+	return false
+}
+
+// laterFailure is the teacher-forced failing result of d's stage in the
+// local unit lu (d's own reason when lu holds none).
+func laterFailure(lu unitResult, d *Divergence) *StageResult {
+	if r, ok := failedResult(lu.results, d.Stage); ok {
+		return &r
+	}
+	return &StageResult{Step: d.Step, Layer: d.Layer, Stage: d.Stage, Status: StatusFail, Reason: d.Why}
 }
 
 // localPrefix replays the first n units of steps × layers (report order)
@@ -311,9 +379,10 @@ func adoptLocal(units, lus []unitResult, j int, chain *Divergence, csr StageResu
 // driftDivergence is the diagnosis of the chain's first divergence (sr, in
 // unit ur) when the teacher-forced check does not back it: lus are the
 // local units up to it (none out of tolerance), or err says why they could
-// not be replayed. It names the stage where the chain crossed its tolerance
-// and no culprit.
-func driftDivergence(ur unitResult, sr StageResult, mode Mode, lus []unitResult, err error) *Divergence {
+// not be replayed; later, when not nil, is a teacher-forced failure further
+// on in the same step and layer, which the diagnosis names. It names the
+// stage where the chain crossed its tolerance and no culprit.
+func driftDivergence(ur unitResult, sr StageResult, mode Mode, lus []unitResult, err error, later *StageResult) *Divergence {
 	d := &Divergence{Step: sr.Step, Layer: sr.Layer, Stage: sr.Stage, Kind: KindDrift, Mode: string(mode), Inputs: sr.Inputs, Hint: hints[KindDrift]}
 	var checked string
 	if err != nil {
@@ -338,8 +407,31 @@ func driftDivergence(ur unitResult, sr StageResult, mode Mode, lus []unitResult,
 	}
 	d.Why = fmt.Sprintf("the reference's own chain leaves the %s tolerance here (%s), but %s; the stage's inputs came from the chain (%s), within the %s tolerance but not the dump's own values, so this is drift accumulated along the chain, not shown to be an error of %s",
 		mode, sr.Reason, checked, chainInputs(ur, sr), mode, sr.Stage)
+	if why, ok := skippedIn(lus, sr); ok {
+		// The local check could not compare the stage itself: neither
+		// drift nor an error of the stage is shown.
+		d.Why = fmt.Sprintf("the reference's own chain leaves the %s tolerance here (%s), but %s; teacher-forced, this stage itself could not be compared (%s), and its inputs here came from the chain (%s), not the dump's own values, so the difference is shown to be neither an error of %s nor drift along the chain",
+			mode, sr.Reason, checked, why, chainInputs(ur, sr), sr.Stage)
+	}
+	if later != nil {
+		d.Why += fmt.Sprintf("; further on in this step and layer, teacher-forced from the dump's inputs, stage %s is out of the local tolerance (%s; replay --mode local names it)",
+			later.Stage, later.Reason)
+	}
 	d.Text = fmt.Sprintf("first divergence: decode step %d, layer %d, stage %s — %s: %s", d.Step, d.Layer, d.Stage, d.Kind, d.Why)
 	return d
+}
+
+// skippedIn is the reason the local units lus skipped the stage of sr at
+// its step and layer (ok false when they compared it or hold none).
+func skippedIn(lus []unitResult, sr StageResult) (string, bool) {
+	for _, lu := range lus {
+		for _, r := range lu.results {
+			if r.Step == sr.Step && r.Layer == sr.Layer && r.Stage == sr.Stage && r.Status == StatusSkipped {
+				return r.Reason, true
+			}
+		}
+	}
+	return "", false
 }
 
 // chainInputs lists the inputs of the chain's result sr with their own

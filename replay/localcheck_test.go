@@ -238,3 +238,45 @@ func TestChainAgreeCheckedLocally(t *testing.T) {
 		}
 	}
 }
+
+// TestPropagatedLaterLocalFailureIsNotFirst: layer 0's kv_cache of step 12
+// replaced by its kv_cache of step 11 (so step 11 holds none). The chain's
+// own cache differs from it at step 12 (the dumped rows lack the row step 12
+// wrote); teacher-forced, kv_cache cannot be compared (no dumped cache
+// before it), and o, computed from that dumped cache, is out of tolerance
+// further on. The first divergence is the first failing stage of the
+// report, kv_cache, not backed by the local check, and its diagnosis names
+// o; it had been o, after a failed kv_cache (found by FuzzReplay).
+func TestPropagatedLaterLocalFailureIsNotFirst(t *testing.T) {
+	s, err := fault.Synthesize(fault.SynthOptions{Prefill: 11, Steps: 2, Seed: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	prev, at := replay.StageKey{Step: 11, Layer: 0, Stage: "kv_cache"}, replay.StageKey{Step: 12, Layer: 0, Stage: "kv_cache"}
+	if _, ok := s.Src.Values[prev]; !ok {
+		t.Fatalf("the synthetic dump holds no %v", prev)
+	}
+	s.Src.Values[at] = s.Src.Values[prev]
+	delete(s.Src.Values, prev)
+	if d := runMode(t, s.Model(), s.Src, replay.Local, nil).First; d == nil || d.Step != 12 || d.Layer != 0 || d.Stage != "o" {
+		t.Fatalf("local: %+v, want step 12, layer 0, o", d)
+	}
+	rep := runMode(t, s.Model(), s.Src, replay.Propagated, nil)
+	d := rep.First
+	if d == nil || d.Step != 12 || d.Layer != 0 || d.Stage != "kv_cache" || d.Kind != replay.KindDrift {
+		t.Fatalf("propagated: %+v, want step 12, layer 0, kv_cache (drift)", d)
+	}
+	for _, want := range []string{"this stage itself could not be compared", "further on in this step and layer, teacher-forced from the dump's inputs, stage o is out of the local tolerance"} {
+		if !strings.Contains(d.Text, want) {
+			t.Errorf("%q lacks %q", d.Text, want)
+		}
+	}
+	for _, r := range rep.Results {
+		if r.Status == replay.StatusFail {
+			if r.Step != d.Step || r.Layer != d.Layer || r.Stage != d.Stage {
+				t.Errorf("the first failing stage is step %d layer %d %s, the first divergence %s", r.Step, r.Layer, r.Stage, d.Stage)
+			}
+			break
+		}
+	}
+}

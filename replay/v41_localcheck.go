@@ -1,6 +1,9 @@
 package replay
 
-import "fmt"
+import (
+	"fmt"
+	"slices"
+)
 
 // v41ConfirmLocally is confirmLocally for a V4.1 propagated replay: rep
 // (over steps, under tol) has its first divergence backed by the local
@@ -38,60 +41,61 @@ func v41ConfirmLocally(d *V41Dump, steps []int64, tol *Tolerance, rep *Report) e
 	}
 	lrep, err := V41Run(d, V41Options{Mode: Local, Tol: ltol, Steps: upTo})
 	if err != nil {
-		rep.First = driftDivergence(unitOf(rep.Results, chain.Step, chain.Layer), csr, Propagated, nil, err)
+		rep.First = driftDivergence(unitOf(rep.Results, chain.Step, chain.Layer), csr, Propagated, nil, err, nil)
 		return nil
 	}
 	before := func(step int64, layer int) bool {
 		return step < chain.Step || (step == chain.Step && layer <= chain.Layer)
 	}
 	lf := lrep.First
-	switch {
-	case lf != nil && lf.Step == chain.Step && lf.Layer == chain.Layer && lf.Stage == chain.Stage:
-		return nil // the same stage fails teacher-forced: confirmed
-	case lf != nil && before(lf.Step, lf.Layer):
-		where := fmt.Sprintf("decode step %d, layer %d, stage %s", chain.Step, chain.Layer, chain.Stage)
-		if lf.Step == chain.Step && lf.Layer == chain.Layer {
-			where = fmt.Sprintf("stage %s of this step and layer", chain.Stage)
-		}
-		here := "first leaves the propagated tolerance"
-		idx := -1
-		for i, r := range rep.Results {
-			if r.Step == lf.Step && r.Layer == lf.Layer && r.Stage == lf.Stage && r.Status != StatusMissing && r.Status != StatusSkipped {
-				idx = i
-				if r.Status == StatusPass {
-					here = "stays within the propagated tolerance here"
-					if r.Metrics != nil {
-						here += fmt.Sprintf(" (cos_diff %.3g)", r.Metrics.CosDiff)
-					}
-					here += " and first leaves it"
-				}
-				break
-			}
-		}
-		lf.Mode = string(Propagated)
-		lf.Why += fmt.Sprintf("; (propagated: the reference's own chain %s at %s (%s); teacher-forced from the dump's inputs, the local replay of every step and layer up to there finds this stage the first out of tolerance)", here, where, csr.Reason)
-		lf.Text = fmt.Sprintf("first divergence: decode step %d, layer %d, stage %s — %s: %s", lf.Step, lf.Layer, lf.Stage, lf.Kind, lf.Why)
-		if idx >= 0 {
-			var reason string
-			for _, r := range lrep.Results {
-				if r.Step == lf.Step && r.Layer == lf.Layer && r.Stage == lf.Stage && r.Status == StatusFail {
-					reason = r.Reason
-					break
-				}
-			}
-			r := &rep.Results[idx]
-			r.Status, r.Severity, r.Reason = StatusFail, max(r.Severity, 1), "teacher-forced from the dump's inputs: "+reason
-		}
-		rep.First = lf
-		return nil
-	}
 	var checked []StageResult
 	for _, r := range lrep.Results {
 		if before(r.Step, r.Layer) {
 			checked = append(checked, r)
 		}
 	}
-	rep.First = driftDivergence(unitOf(rep.Results, chain.Step, chain.Layer), csr, Propagated, []unitResult{{results: checked}}, nil)
+	var later *StageResult
+	switch {
+	case lf != nil && lf.Step == chain.Step && lf.Layer == chain.Layer && lf.Stage == chain.Stage:
+		return nil // the same stage fails teacher-forced: confirmed
+	case lf != nil && before(lf.Step, lf.Layer):
+		// The local divergence takes the chain's place only where it comes
+		// first in the report's order (the first divergence is the first
+		// failing stage); one further on in the chain's step and layer is
+		// named in the drift.
+		at, replace := localSlot(rep.Results, lrep.Results, lf.Step, lf.Layer, lf.Stage)
+		if failedBefore(rep.Results, at) {
+			later = laterFailure(unitOf(lrep.Results, lf.Step, lf.Layer), lf)
+			break
+		}
+		where := fmt.Sprintf("decode step %d, layer %d, stage %s", chain.Step, chain.Layer, chain.Stage)
+		if lf.Step == chain.Step && lf.Layer == chain.Layer {
+			where = fmt.Sprintf("stage %s of this step and layer", chain.Stage)
+		}
+		here := "first leaves the propagated tolerance"
+		if r := rep.Results[min(at, len(rep.Results)-1)]; replace && r.Status == StatusPass {
+			here = "stays within the propagated tolerance here"
+			if r.Metrics != nil {
+				here += fmt.Sprintf(" (cos_diff %.3g)", r.Metrics.CosDiff)
+			}
+			here += " and first leaves it"
+		}
+		lf.Mode = string(Propagated)
+		lf.Why += fmt.Sprintf("; (propagated: the reference's own chain %s at %s (%s); teacher-forced from the dump's inputs, the local replay of every step and layer up to there finds this stage the first out of tolerance)", here, where, csr.Reason)
+		lf.Text = fmt.Sprintf("first divergence: decode step %d, layer %d, stage %s — %s: %s", lf.Step, lf.Layer, lf.Stage, lf.Kind, lf.Why)
+		lr := *laterFailure(unitOf(lrep.Results, lf.Step, lf.Layer), lf)
+		reason := "teacher-forced from the dump's inputs: " + lr.Reason
+		if replace {
+			r := &rep.Results[at]
+			r.Status, r.Severity, r.Reason = StatusFail, max(r.Severity, 1), reason
+		} else {
+			lr.Reason = reason
+			rep.Results = slices.Insert(rep.Results, at, lr)
+		}
+		rep.First = lf
+		return nil
+	}
+	rep.First = driftDivergence(unitOf(rep.Results, chain.Step, chain.Layer), csr, Propagated, []unitResult{{results: checked}}, nil, later)
 	return nil
 }
 
