@@ -412,6 +412,7 @@ func driftDivergence(ur unitResult, sr StageResult, mode Mode, lus []unitResult,
 		// drift nor an error of the stage is shown.
 		d.Why = fmt.Sprintf("the reference's own chain leaves the %s tolerance here (%s), but %s; teacher-forced, this stage itself could not be compared (%s), and its inputs here came from the chain (%s), not the dump's own values, so the difference is shown to be neither an error of %s nor drift along the chain",
 			mode, sr.Reason, checked, why, chainInputs(ur, sr), sr.Stage)
+		d.Hint = "replay --mode local judges every stage from the dump's own inputs, but it could not compare this one (the reason above says what it lacked): dump that too, at every step, so that the stage can be judged teacher-forced; the chain's own values and the dump's are in --json"
 	}
 	if later != nil {
 		d.Why += fmt.Sprintf("; further on in this step and layer, teacher-forced from the dump's inputs, stage %s is out of the local tolerance (%s; replay --mode local names it)",

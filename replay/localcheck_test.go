@@ -266,6 +266,9 @@ func TestPropagatedLaterLocalFailureIsNotFirst(t *testing.T) {
 	if d == nil || d.Step != 12 || d.Layer != 0 || d.Stage != "kv_cache" || d.Kind != replay.KindDrift {
 		t.Fatalf("propagated: %+v, want step 12, layer 0, kv_cache (drift)", d)
 	}
+	if strings.Contains(d.Hint, "drifted") {
+		t.Errorf("hint %q: nothing shows drift", d.Hint)
+	}
 	for _, want := range []string{"this stage itself could not be compared", "further on in this step and layer, teacher-forced from the dump's inputs, stage o is out of the local tolerance"} {
 		if !strings.Contains(d.Text, want) {
 			t.Errorf("%q lacks %q", d.Text, want)
