@@ -41,6 +41,13 @@ var matrixLayers = map[int][]int{0: {0}, 4: {1, 3}, 128: {2}}
 // off-by-one needs more compressed rows than index_topk) is listed as not
 // applicable; a fault that does not change its stage beyond tolerance at a
 // step (ErrInvisible) moves to the next candidate step.
+// raceShortSample reports whether case i of a long table of faulted
+// replays runs: every case, except under .ci/run's race step (-race
+// -short), which runs every third. The cases differ in the fault, not in
+// the concurrency they exercise (the replay's and the copy's, the same in
+// each), and the plain go test ./... step runs them all.
+func raceShortSample(i int) bool { return !(raceDetector && testing.Short()) || i%3 == 0 }
+
 func TestFaultMatrix(t *testing.T) {
 	if raceDetector && testing.Short() {
 		// .ci/run's race step (-race -short): the matrix runs in its plain

@@ -30,7 +30,7 @@ func TestSynthV41BlockFaults(t *testing.T) {
 		}
 		return replay.LoadV41Dir(dir)
 	}
-	for _, f := range []Fault{
+	for i, f := range []Fault{
 		{Kind: ExpertNibble, Step: 9, Layer: 3},
 		{Kind: ExpertScaleBlock, Step: 9, Layer: 1},
 		{Kind: ExpertNoClamp, Step: 10, Layer: 4},
@@ -41,6 +41,9 @@ func TestSynthV41BlockFaults(t *testing.T) {
 		{Kind: HCSplitNoSigmoid, Step: 8, Layer: 7},
 		{Kind: HeadNoNorm, Step: 10, Layer: 7},
 	} {
+		if !raceShortSample(i) {
+			continue
+		}
 		d, err := write(&f)
 		if err != nil {
 			t.Errorf("%s: %v", f, err)
