@@ -73,7 +73,8 @@ func v41ConfirmLocally(d *V41Dump, steps []int64, tol *Tolerance, rep *Report) e
 			where = fmt.Sprintf("stage %s of this step and layer", chain.Stage)
 		}
 		here := "first leaves the propagated tolerance"
-		if r := rep.Results[min(at, len(rep.Results)-1)]; replace && r.Status == StatusPass {
+		if replace && rep.Results[at].Status == StatusPass {
+			r := rep.Results[at]
 			here = "stays within the propagated tolerance here"
 			if r.Metrics != nil {
 				here += fmt.Sprintf(" (cos_diff %.3g)", r.Metrics.CosDiff)
