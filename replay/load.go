@@ -265,7 +265,18 @@ func FindWeights(dumpPath, weights string) (string, error) {
 		}
 		return "", fmt.Errorf("weights %s: no safetensors file there (want a file, a directory with weights.safetensors, or a checkpoint directory with model.safetensors.index.json or model.safetensors)", weights)
 	}
-	return "", fmt.Errorf("dump %s: no weights.safetensors beside it; pass --weights", dumpPath)
+	return "", &NoWeightsError{Dump: dumpPath}
+}
+
+// NoWeightsError is the error of loading the model of a dump that has no
+// weights.safetensors beside it when no weights were given (--weights). A
+// command that can go on without the reference (diff, without its referee)
+// tells it from every other load error (a --weights path that is not
+// there, weights that cannot be read), which it reports.
+type NoWeightsError struct{ Dump string }
+
+func (e *NoWeightsError) Error() string {
+	return fmt.Sprintf("dump %s: no weights.safetensors beside it; pass --weights", e.Dump)
 }
 
 // Bounds on config values that size a replay's allocations but that no weight

@@ -51,7 +51,7 @@ func runBisect(args []string, stdout, stderr io.Writer) int {
 		if err != nil {
 			return rpFail(stderr, "bisect", err)
 		}
-		o, err := rpOpenDump(pos[0], &f, true)
+		o, err := rpOpenDump(pos[0], &f, modelRequired)
 		if err != nil {
 			return rpFail(stderr, "bisect", err)
 		}

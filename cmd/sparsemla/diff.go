@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 
@@ -17,23 +18,25 @@ func init() {
 	})
 }
 
-const diffDoc = `Compares two dumps of the same run (same model, same tokens, e.g. two engines
-or two kernel versions) stage by stage in replay order and names the first stage
+const diffDoc = `Compares two dumps of the same run (same model, same tokens, e.g. two engines or
+two kernel versions) stage by stage in replay order and names the first stage
 where B leaves A's tolerance. When the weights are found (beside A, or
 --weights), the reference referees: it recomputes that stage from A's inputs and
-says which side it agrees with, and replays both dumps. Two dumps of different
-runs (another model config, no decode step in common, other layers, other
-tokens or positions at a step, an unrelated attention input) are refused: their
-first difference would be the runs', not a kernel's. Steps only one dump holds
-are reported as not checked, so are tensors only one dump holds. The verdict is
-about B against A ('agree: A and B agree with each other', 'first divergence:
-… A and B differ'); the referee's line says whether the reference agrees with
-either (a side is right only when the replay of that side agrees). Exit
-status: 0 the dumps agree at every step, 1 they differ, 2 error (also: not the
-same run), 3 incomplete (no difference where they were compared, but steps or
-tensors only one dump holds). Two DeepSeek-V4.1 directories are
-compared with V4.1's stages and tolerances (docs/v41.md); a V4.1 dump is not
-diffed against a V4 one.`
+says which side it agrees with, and replays both dumps. Weights named by
+--weights that cannot be loaded are an error; without --weights, when there are
+none beside A or they cannot be used, there is no referee and the first line
+says why. Two dumps of different runs (another model config, no decode step in
+common, other layers, other tokens or positions at a step, an unrelated
+attention input) are refused: their first difference would be the runs', not a
+kernel's. Steps only one dump holds are reported as not checked, so are tensors
+only one dump holds. The verdict is about B against A ('agree: A and B agree
+with each other', 'first divergence: … A and B differ'); the referee's line says
+whether the reference agrees with either (a side is right only when the replay
+of that side agrees). Exit status: 0 the dumps agree at every step, 1 they
+differ, 2 error (also: not the same run), 3 incomplete (no difference where they
+were compared, but steps or tensors only one dump holds). Two DeepSeek-V4.1
+directories are compared with V4.1's stages and tolerances (docs/v41.md); a V4.1
+dump is not diffed against a V4 one.`
 
 func runDiff(args []string, stdout, stderr io.Writer) int {
 	var f replayFlags
@@ -50,14 +53,12 @@ func runDiff(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return rpFail(stderr, "diff", err)
 	}
-	a, err := rpOpenDump(pos[0], &f, false)
+	a, err := rpOpenDump(pos[0], &f, modelIfFound)
 	if err != nil {
 		return rpFail(stderr, "diff", err)
 	}
 	defer a.Close()
-	fb := f
-	fb.weights = ""
-	b, err := rpOpenDump(pos[1], &fb, false)
+	b, err := rpOpenDump(pos[1], &f, modelNone)
 	if err != nil {
 		return rpFail(stderr, "diff", err)
 	}
@@ -75,8 +76,12 @@ func runDiff(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return rpFail(stderr, "diff", err)
 	}
-	if a.model == nil && !f.json {
-		fmt.Fprintln(stdout, "(no weights found: no referee)")
+	if none := (*replay.NoWeightsError)(nil); a.model == nil && !f.json {
+		if errors.As(a.modelErr, &none) {
+			fmt.Fprintln(stdout, "(no weights found: no referee)")
+		} else {
+			fmt.Fprintf(stdout, "(the weights beside A cannot be used, no referee: %v)\n", a.modelErr)
+		}
 	}
 	if err := rpWrite(stdout, rep, f.json); err != nil {
 		return rpFail(stderr, "diff", err)

@@ -110,7 +110,7 @@ func runFault(args []string, stdout, stderr io.Writer) int {
 	if replay.IsV41(*in) {
 		return runFaultV41(*in, *out, flt, &f, stdout, stderr)
 	}
-	o, err := rpOpenDump(*in, &f, true)
+	o, err := rpOpenDump(*in, &f, modelRequired)
 	if err != nil {
 		return rpFail(stderr, "fault", err)
 	}

@@ -244,7 +244,7 @@ func goldenCases() []goldenCase {
 	add("diff/synth-lse-stale-reference", nil, "diff", "--json", "--reference", "$TMP/synth-lse", "$TMP/synth-stale")
 	add("diff/official-itself", nil, "diff", off, off)
 	add("diff/official-long", nil, "diff", off, long)
-	add("diff/no-referee", nil, "diff", "--weights", "$TMP/no-such-weights", "$TMP/synth-clean", "$TMP/synth-lse")
+	add("diff/weights-not-there", nil, "diff", "--weights", "$TMP/no-such-weights", "$TMP/synth-clean", "$TMP/synth-lse")
 	add("diff/stale-no-weights", nil, "diff", "$TMP/fault-official-stale/dump.smd", off)
 
 	for _, b := range goldenBadDumps {

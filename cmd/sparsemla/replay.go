@@ -98,7 +98,10 @@ func (f *replayFlags) tolerance() (*replay.Tolerance, error) {
 type rpOpened struct {
 	d     *dump.Dump
 	src   *replay.DumpSource
-	model *engine.Model // nil when the weights could not be found and not required
+	model *engine.Model // nil when the weights could not be loaded and were not required
+	// modelErr says why model is nil (modelIfFound): no weights beside the
+	// dump (replay.NoWeightsError) or weights there that cannot be used.
+	modelErr error
 }
 
 func (o *rpOpened) Close() {
@@ -107,10 +110,19 @@ func (o *rpOpened) Close() {
 	}
 }
 
-// openDump opens path with the flags' name map and request and loads the
-// model (needModel: a missing weights file is an error): prepared (fast
-// kernels, compact weights) unless --reference.
-func rpOpenDump(path string, f *replayFlags, needModel bool) (*rpOpened, error) {
+// rpModelNeed says what rpOpenDump does with a dump's weights.
+type rpModelNeed int
+
+const (
+	modelRequired rpModelNeed = iota // loaded; none found is an error
+	modelIfFound                     // loaded; weights given (--weights) that cannot be loaded are an error, else no model (modelErr says why)
+	modelNone                        // not loaded (diff's B: the referee replays A's inputs)
+)
+
+// rpOpenDump opens path with the flags' name map and request and loads the
+// model as need says: prepared (fast kernels, compact weights) unless
+// --reference.
+func rpOpenDump(path string, f *replayFlags, need rpModelNeed) (*rpOpened, error) {
 	var m *dump.NameMap
 	if f.mapFile != "" {
 		var err error
@@ -128,13 +140,16 @@ func rpOpenDump(path string, f *replayFlags, needModel bool) (*rpOpened, error) 
 		o.Close()
 		return nil, err
 	}
+	if need == modelNone {
+		return o, nil
+	}
 	o.model, err = replay.LoadModelWith(d, o.src, replay.LoadOptions{Weights: f.weights, Prepared: !f.reference, Policy: f.policy})
 	if err != nil {
-		if needModel {
+		if need == modelRequired || f.weights != "" {
 			o.Close()
 			return nil, err
 		}
-		o.model = nil
+		o.model, o.modelErr = nil, err
 	}
 	return o, nil
 }
@@ -381,7 +396,7 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return rpFail(stderr, "replay", err)
 	}
-	o, err := rpOpenDump(pos[0], &f, true)
+	o, err := rpOpenDump(pos[0], &f, modelRequired)
 	if err != nil {
 		return rpFail(stderr, "replay", err)
 	}

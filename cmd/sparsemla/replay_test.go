@@ -126,6 +126,38 @@ func TestDiffBisectReportCommands(t *testing.T) {
 	if code, out, e := rpRun("diff", clean, clean); code != exitOK {
 		t.Fatalf("diff clean clean: exit %d\n%s%s", code, out, e)
 	}
+	// Weights asked for (--weights) that are not there are an error, not a
+	// diff without its referee; weights beside A that cannot be read, or
+	// none there, give a diff without one that says which.
+	missing := filepath.Join(t.TempDir(), "no-such-weights")
+	if code, out, e := rpRun("diff", "--weights", missing, clean, bad); code != exitError || !strings.Contains(e, "no-such-weights") || strings.Contains(out, "no referee") {
+		t.Errorf("diff --weights %s: exit %d\n%s%s", missing, code, out, e)
+	}
+	bare := filepath.Join(t.TempDir(), "bare")
+	if err := os.Mkdir(bare, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"dump.smd", "weights.safetensors"} {
+		b, err := os.ReadFile(filepath.Join(clean, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if name == "weights.safetensors" {
+			b = b[:len(b)/2]
+		}
+		if err := os.WriteFile(filepath.Join(bare, name), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if code, out, e := rpRun("diff", bare, bad); code != exitDiverged || !strings.Contains(out, "(the weights beside A cannot be used, no referee: ") || strings.Contains(out, "no weights found") {
+		t.Errorf("diff with truncated weights beside A: exit %d\n%s%s", code, out, e)
+	}
+	if err := os.Remove(filepath.Join(bare, "weights.safetensors")); err != nil {
+		t.Fatal(err)
+	}
+	if code, out, e := rpRun("diff", bare, bad); code != exitDiverged || !strings.Contains(out, "(no weights found: no referee)") {
+		t.Errorf("diff with no weights beside A: exit %d\n%s%s", code, out, e)
+	}
 	// A divergence that persists (a stale page stays in the cache) is found
 	// by the probes; the steps before it are then scanned (bisect names what
 	// replay names), or, with --assume-persistent, left unchecked and said so.

@@ -57,7 +57,7 @@ func runReport(args []string, stdout, stderr io.Writer) int {
 		if err != nil {
 			return rpFail(stderr, "report", err)
 		}
-		o, err := rpOpenDump(pos[0], &f, true)
+		o, err := rpOpenDump(pos[0], &f, modelRequired)
 		if err != nil {
 			return rpFail(stderr, "report", err)
 		}
