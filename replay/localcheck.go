@@ -176,23 +176,52 @@ func checkAgreeLocally(ctx context.Context, m *engine.Model, src Source, steps [
 }
 
 // markLocalFailure makes the teacher-forced divergence d of local unit j
-// the first divergence of unit j: the unit's result of d's stage is marked
-// failed with the teacher-forced reason, or, when the chain did not judge
-// it, the local result is inserted where the local order puts it
-// (localSlot).
-func markLocalFailure(units, lus []unitResult, j int, d *Divergence) {
-	lr, _ := failedResult(lus[j].results, d.Stage)
+// the first divergence of unit j, its failing result placed among the
+// unit's results (placeLocalFailure); prior is the chain's own comparison of
+// d's stage before it was marked (no Status when there was none).
+func markLocalFailure(units, lus []unitResult, j int, d *Divergence) (prior StageResult) {
+	lr, found := failedResult(lus[j].results, d.Stage)
+	if !found {
+		lr = StageResult{Step: d.Step, Layer: d.Layer, Stage: d.Stage}
+	}
+	units[j].results, prior = placeLocalFailure(units[j].results, lus[j].results, lr, found)
+	units[j].first = d
+	return prior
+}
+
+// placeLocalFailure puts lr, the teacher-forced failing result of a local
+// divergence, among rs, the chain's results in report order, where
+// localSlot says (lrs, the local results, giving the order): the chain's own
+// comparison of its stage is marked failed with the teacher-forced reason,
+// or else, when insert, lr is inserted. prior is that comparison as the
+// chain judged it (no Status when there was none).
+func placeLocalFailure(rs, lrs []StageResult, lr StageResult, insert bool) (out []StageResult, prior StageResult) {
 	reason := "teacher-forced from the dump's inputs: " + lr.Reason
-	at, replace := localSlot(units[j].results, lus[j].results, d.Step, d.Layer, d.Stage)
+	at, replace := localSlot(rs, lrs, lr.Step, lr.Layer, lr.Stage)
 	switch {
 	case replace:
-		r := &units[j].results[at]
+		r := &rs[at]
+		prior = *r
 		r.Status, r.Severity, r.Reason = StatusFail, max(r.Severity, 1), reason
-	case lr.Stage != "":
+	case insert:
 		lr.Reason = reason
-		units[j].results = slices.Insert(units[j].results, at, lr)
+		rs = slices.Insert(rs, at, lr)
 	}
-	units[j].first = d
+	return rs, prior
+}
+
+// chainStood says how the chain's own comparison (prior, from
+// placeLocalFailure) of the stage a teacher-forced divergence names stood
+// in mode: passed, or not judged or failed.
+func chainStood(prior StageResult, mode Mode) string {
+	if prior.Status != StatusPass {
+		return fmt.Sprintf("first leaves the %s tolerance", mode)
+	}
+	s := fmt.Sprintf("stays within the %s tolerance here", mode)
+	if prior.Metrics != nil {
+		s += fmt.Sprintf(" (cos_diff %.3g)", prior.Metrics.CosDiff)
+	}
+	return s + " and first leaves it"
 }
 
 // localSlot is where the teacher-forced failing result of stage at (step,
@@ -358,22 +387,11 @@ func adoptLocal(units, lus []unitResult, j int, chain *Divergence, csr StageResu
 	if sameUnit {
 		where = fmt.Sprintf("stage %s of this step and layer", chain.Stage)
 	}
-	here := "first leaves the %[1]s tolerance"
-	for _, r := range units[j].results {
-		if r.Stage == d.Stage && r.Status == StatusPass {
-			here = "stays within the %[1]s tolerance here"
-			if r.Metrics != nil {
-				here += fmt.Sprintf(" (cos_diff %.3g)", r.Metrics.CosDiff)
-			}
-			here += " and first leaves it"
-			break
-		}
-	}
+	prior := markLocalFailure(units, lus, j, d)
 	d.Mode = string(mode)
-	d.Why += fmt.Sprintf("; (%[1]s: the reference's own chain "+here+" at %[2]s (%[3]s); teacher-forced from the dump's inputs, the local check of every step and layer up to there finds this stage the first out of tolerance)",
-		mode, where, csr.Reason)
+	d.Why += fmt.Sprintf("; (%s: the reference's own chain %s at %s (%s); teacher-forced from the dump's inputs, the local check of every step and layer up to there finds this stage the first out of tolerance)",
+		mode, chainStood(prior, mode), where, csr.Reason)
 	d.Text = fmt.Sprintf("first divergence: decode step %d, layer %d, stage %s — %s: %s", d.Step, d.Layer, d.Stage, d.Kind, d.Why)
-	markLocalFailure(units, lus, j, d)
 }
 
 // driftDivergence is the diagnosis of the chain's first divergence (sr, in

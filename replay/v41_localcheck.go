@@ -1,9 +1,6 @@
 package replay
 
-import (
-	"fmt"
-	"slices"
-)
+import "fmt"
 
 // v41ConfirmLocally is confirmLocally for a V4.1 propagated replay: rep
 // (over steps, under tol) has its first divergence backed by the local
@@ -63,36 +60,20 @@ func v41ConfirmLocally(d *V41Dump, steps []int64, tol *Tolerance, rep *Report) e
 		// first in the report's order (the first divergence is the first
 		// failing stage); one further on in the chain's step and layer is
 		// named in the drift.
-		at, replace := localSlot(rep.Results, lrep.Results, lf.Step, lf.Layer, lf.Stage)
-		if failedBefore(rep.Results, at) {
-			later = laterFailure(unitOf(lrep.Results, lf.Step, lf.Layer), lf)
+		lr := laterFailure(unitOf(lrep.Results, lf.Step, lf.Layer), lf)
+		if at, _ := localSlot(rep.Results, lrep.Results, lf.Step, lf.Layer, lf.Stage); failedBefore(rep.Results, at) {
+			later = lr
 			break
 		}
 		where := fmt.Sprintf("decode step %d, layer %d, stage %s", chain.Step, chain.Layer, chain.Stage)
 		if lf.Step == chain.Step && lf.Layer == chain.Layer {
 			where = fmt.Sprintf("stage %s of this step and layer", chain.Stage)
 		}
-		here := "first leaves the propagated tolerance"
-		if replace && rep.Results[at].Status == StatusPass {
-			r := rep.Results[at]
-			here = "stays within the propagated tolerance here"
-			if r.Metrics != nil {
-				here += fmt.Sprintf(" (cos_diff %.3g)", r.Metrics.CosDiff)
-			}
-			here += " and first leaves it"
-		}
+		var prior StageResult
+		rep.Results, prior = placeLocalFailure(rep.Results, lrep.Results, *lr, true)
 		lf.Mode = string(Propagated)
-		lf.Why += fmt.Sprintf("; (propagated: the reference's own chain %s at %s (%s); teacher-forced from the dump's inputs, the local replay of every step and layer up to there finds this stage the first out of tolerance)", here, where, csr.Reason)
+		lf.Why += fmt.Sprintf("; (propagated: the reference's own chain %s at %s (%s); teacher-forced from the dump's inputs, the local replay of every step and layer up to there finds this stage the first out of tolerance)", chainStood(prior, Propagated), where, csr.Reason)
 		lf.Text = fmt.Sprintf("first divergence: decode step %d, layer %d, stage %s — %s: %s", lf.Step, lf.Layer, lf.Stage, lf.Kind, lf.Why)
-		lr := *laterFailure(unitOf(lrep.Results, lf.Step, lf.Layer), lf)
-		reason := "teacher-forced from the dump's inputs: " + lr.Reason
-		if replace {
-			r := &rep.Results[at]
-			r.Status, r.Severity, r.Reason = StatusFail, max(r.Severity, 1), reason
-		} else {
-			lr.Reason = reason
-			rep.Results = slices.Insert(rep.Results, at, lr)
-		}
 		rep.First = lf
 		return nil
 	}
