@@ -423,15 +423,18 @@ func driftDivergence(ur unitResult, sr StageResult, mode Mode, lus []unitResult,
 			checked += fmt.Sprintf(" among the stages it could compare (%d it could not: the first at decode step %d, layer %d, stage %s: %s)", n, first.Step, first.Layer, first.Stage, first.Reason)
 		}
 	}
-	d.Why = fmt.Sprintf("the reference's own chain leaves the %s tolerance here (%s), but %s; the stage's inputs came from the chain (%s), within the %s tolerance but not the dump's own values, so this is drift accumulated along the chain, not shown to be an error of %s",
-		mode, sr.Reason, checked, chainInputs(ur, sr), mode, sr.Stage)
-	if why, ok := skippedIn(lus, sr); ok {
+	var conclusion string
+	if why, ok := skippedIn(lus, sr); !ok {
+		conclusion = fmt.Sprintf("the stage's inputs came from the chain (%s), within the %s tolerance but not the dump's own values, so this is drift accumulated along the chain, not shown to be an error of %s",
+			chainInputs(ur, sr), mode, sr.Stage)
+	} else {
 		// The local check could not compare the stage itself: neither
 		// drift nor an error of the stage is shown.
-		d.Why = fmt.Sprintf("the reference's own chain leaves the %s tolerance here (%s), but %s; teacher-forced, this stage itself could not be compared (%s), and its inputs here came from the chain (%s), not the dump's own values, so the difference is shown to be neither an error of %s nor drift along the chain",
-			mode, sr.Reason, checked, why, chainInputs(ur, sr), sr.Stage)
+		conclusion = fmt.Sprintf("teacher-forced, this stage itself could not be compared (%s), and its inputs here came from the chain (%s), not the dump's own values, so the difference is shown to be neither an error of %s nor drift along the chain",
+			why, chainInputs(ur, sr), sr.Stage)
 		d.Hint = "replay --mode local judges every stage from the dump's own inputs, but it could not compare this one (the reason above says what it lacked): dump that too, at every step, so that the stage can be judged teacher-forced; the chain's own values and the dump's are in --json"
 	}
+	d.Why = fmt.Sprintf("the reference's own chain leaves the %s tolerance here (%s), but %s; %s", mode, sr.Reason, checked, conclusion)
 	if later != nil {
 		d.Why += fmt.Sprintf("; further on in this step and layer, teacher-forced from the dump's inputs, stage %s is out of the local tolerance (%s; replay --mode local names it)",
 			later.Stage, later.Reason)
