@@ -82,7 +82,7 @@
 // it, a tensor the reference does not model; coverage.go), the verdict —
 // agree only when nothing the dump holds went uncompared but those inputs,
 // else incomplete, or diverged — and the first divergence; WriteText prints it for people, WriteJSON as the
-// sparsemla.replay/v3 object documented in docs/replay-json.md (every key
+// sparsemla.replay/v4 object documented in docs/replay-json.md (every key
 // path is listed in testdata/replay-schema.golden). Package htmlreport draws
 // it as an HTML page. Output is deterministic: (step, layer) units run in
 // parallel and are assembled in order, so a report is byte-identical at any

@@ -16,10 +16,21 @@ import (
 // teacher-forced check does not back: the reference's own chain left the
 // mode's tolerance at a stage, but recomputed from the dump's own inputs no
 // stage up to there is out of the local tolerance, so no stage is shown to
-// have made it.
+// have made it. The check compared the chain's stage itself: one it could
+// not compare, or a check that could not run, is KindUnconfirmed.
 const KindDrift = "drift"
 
+// KindUnconfirmed is the kind of a propagated or chained divergence that the
+// teacher-forced check can neither back nor call drift: it could not run,
+// or it could not compare the chain's stage itself (no dumped value to
+// start it from, say). The chain's stage left the mode's tolerance; whether
+// the stage made the difference or inherited it from the chain is not
+// shown either way. (Until schema v4 such a divergence was reported as
+// drift.)
+const KindUnconfirmed = "unconfirmed"
+
 func init() {
+	hints[KindUnconfirmed] = "replay --mode local judges every stage from the dump's own inputs, but it could not judge this one (the reason above says what it lacked): dump that too, at every step, so that the stage can be judged teacher-forced; the chain's own values and the dump's are in --json"
 	hints[KindDrift] = "replay --mode local: it judges every stage from the dump's own inputs and names the stage that made an error; here the reference's own chain drifted away from the dump (FP8/FP4 activation quantisation turns last-bit differences into visible ones from layer to layer) — compare the cos_diff of the stages layer by layer (--json) to see how it grew"
 }
 
@@ -399,12 +410,17 @@ func adoptLocal(units, lus []unitResult, j int, chain *Divergence, csr StageResu
 // local units up to it (none out of tolerance), or err says why they could
 // not be replayed; later, when not nil, is a teacher-forced failure further
 // on in the same step and layer, which the diagnosis names. It names the
-// stage where the chain crossed its tolerance and no culprit.
+// stage where the chain crossed its tolerance and no culprit. Its kind is
+// drift when the check compared that stage (and found it within the local
+// tolerance), unconfirmed when the check could not run or could not compare
+// it.
 func driftDivergence(ur unitResult, sr StageResult, mode Mode, lus []unitResult, err error, later *StageResult) *Divergence {
 	d := &Divergence{Step: sr.Step, Layer: sr.Layer, Stage: sr.Stage, Kind: KindDrift, Mode: string(mode), Inputs: sr.Inputs, Hint: hints[KindDrift]}
-	var checked string
+	var checked, conclusion string
 	if err != nil {
-		checked = fmt.Sprintf("the teacher-forced check of the steps and layers up to here could not run (%v), so no stage is shown to have made it", err)
+		checked = fmt.Sprintf("the teacher-forced check of the steps and layers up to here could not run (%v)", err)
+		conclusion = fmt.Sprintf("the difference is shown to be neither an error of %s nor drift along the chain", sr.Stage)
+		d.Kind, d.Hint = KindUnconfirmed, "the teacher-forced check could not run (the reason above): replay --mode local says what it lacks; the chain's own values and the dump's are in --json"
 	} else {
 		checked = "teacher-forced from the dump's inputs, the local check of every step and layer up to here finds no stage out of tolerance"
 		n := 0
@@ -423,16 +439,15 @@ func driftDivergence(ur unitResult, sr StageResult, mode Mode, lus []unitResult,
 			checked += fmt.Sprintf(" among the stages it could compare (%d it could not: the first at decode step %d, layer %d, stage %s: %s)", n, first.Step, first.Layer, first.Stage, first.Reason)
 		}
 	}
-	var conclusion string
-	if why, ok := skippedIn(lus, sr); !ok {
+	if why, ok := skippedIn(lus, sr); err == nil && !ok {
 		conclusion = fmt.Sprintf("the stage's inputs came from the chain (%s), within the %s tolerance but not the dump's own values, so this is drift accumulated along the chain, not shown to be an error of %s",
 			chainInputs(ur, sr), mode, sr.Stage)
-	} else {
+	} else if err == nil {
 		// The local check could not compare the stage itself: neither
 		// drift nor an error of the stage is shown.
 		conclusion = fmt.Sprintf("teacher-forced, this stage itself could not be compared (%s), and its inputs here came from the chain (%s), not the dump's own values, so the difference is shown to be neither an error of %s nor drift along the chain",
 			why, chainInputs(ur, sr), sr.Stage)
-		d.Hint = "replay --mode local judges every stage from the dump's own inputs, but it could not compare this one (the reason above says what it lacked): dump that too, at every step, so that the stage can be judged teacher-forced; the chain's own values and the dump's are in --json"
+		d.Kind, d.Hint = KindUnconfirmed, hints[KindUnconfirmed]
 	}
 	d.Why = fmt.Sprintf("the reference's own chain leaves the %s tolerance here (%s), but %s; %s", mode, sr.Reason, checked, conclusion)
 	if later != nil {

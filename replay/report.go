@@ -14,7 +14,7 @@ import (
 
 // SchemaVersion names the JSON schema of Report (docs/replay-json.md). It
 // changes only when a field changes meaning or disappears.
-const SchemaVersion = "sparsemla.replay/v3"
+const SchemaVersion = "sparsemla.replay/v4"
 
 // Report is the outcome of a replay, diff or bisect: every stage comparison in
 // replay order and the first divergence with its diagnosis. Its JSON form is

@@ -14,7 +14,7 @@ import (
 // (V41Tolerance, overridable by --tol) and fills the same Report as Run —
 // per-stage results with metrics and severity, the first divergence with its
 // kind, hint, inputs and hypothesis verdict, coverage and the
-// sparsemla.replay/v3 JSON — so that replay --json, report (text and HTML),
+// sparsemla.replay/v4 JSON — so that replay --json, report (text and HTML),
 // diff and bisect read V4.1 dumps like any other.
 
 // V41ModelName is Report.Model of a V4.1 replay.

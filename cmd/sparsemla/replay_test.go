@@ -112,7 +112,7 @@ func TestReplayCommandJSON(t *testing.T) {
 	if err := json.Unmarshal([]byte(a), &rep); err != nil {
 		t.Fatal(err)
 	}
-	if rep.Schema != "sparsemla.replay/v3" || rep.First.Step != 8 || rep.First.Layer != 2 || rep.First.Stage != "o" || rep.First.Kind != "attention kernel" {
+	if rep.Schema != "sparsemla.replay/v4" || rep.First.Step != 8 || rep.First.Layer != 2 || rep.First.Stage != "o" || rep.First.Kind != "attention kernel" {
 		t.Fatalf("JSON report %+v", rep)
 	}
 }
