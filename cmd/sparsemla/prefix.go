@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -55,7 +56,10 @@ those of one KV-cache group (default: the first full- or MLA-attention group,
 else the first seen), --component those of one SGLang KV-cache component
 (its component_type: full, swa, mamba, c128, ...; default full, else the first
 seen; each component is a cache of its own), --dp-rank those of one data-parallel rank (each rank has
-its own cache; required when the stream mixes ranks). --hash-scheme says what
+its own cache; required when the stream mixes ranks). A --medium, --group or
+--component that no event of the stream has is refused (exit 2), not
+ignored: a stream that names no medium is the GPU cache's (--medium GPU is
+kept), one that names no group is one group (--group 0 is kept). --hash-scheme says what
 a block hash names: chained (the whole prefix: vLLM, SGLang since its PR
 #13488), per-page (one page's tokens alone, Python's hash(tuple(page)):
 SGLang before), or auto (default: per-page only when every stored hash is
@@ -148,11 +152,8 @@ func runPrefix(args []string, stdout, stderr io.Writer) int {
 		if err != nil {
 			return fail(err)
 		}
-		if *component != "" && !namesComponents(b) {
-			// Read whole, the stream would be checked as if it were that
-			// component's cache, which it is not.
-			return fail(fmt.Errorf("--component %s: no event of %s names a KV-cache component (the stream is of one cache, as vLLM's and SGLang's before its per-component events): leave --component out",
-				userfile.Quote(*component), in))
+		if err := eventFilterError(b, in, *component, *medium, *group); err != nil {
+			return fail(err)
 		}
 		opt := prefixcheck.EventsOptions{Medium: *medium, Component: *component, HashScheme: *hashScheme}
 		if *group >= 0 {
@@ -260,15 +261,58 @@ func runPrefix(args []string, stdout, stderr io.Writer) int {
 
 // namesComponents reports whether some event of the stream names an SGLang
 // KV-cache component.
-func namesComponents(batches []prefixcheck.EventBatch) bool {
+// eventFilterError refuses a --component, --medium or --group (group < 0:
+// not given) that the stream cannot honour: one its events do not name at
+// all, or a value none of them has. Read whole, the stream would be judged
+// as if it were that component's, tier's or group's cache, which it is not;
+// filtered to nothing, a verdict would judge none of it. --medium GPU is
+// kept on a stream that names no medium, and --group 0 on one that names no
+// group: such events are the GPU cache's, of its one group.
+func eventFilterError(batches []prefixcheck.EventBatch, in, component, medium string, group int64) error {
+	components, media, groups := map[string]bool{}, map[string]bool{}, map[int64]bool{}
 	for _, b := range batches {
 		for _, ev := range b.Events {
 			if ev.Component != "" {
-				return true
+				components[ev.Component] = true
+			}
+			if ev.Medium != "" {
+				media[ev.Medium] = true
+			}
+			if ev.GroupIdx != nil && ev.Type != "AllBlocksCleared" {
+				groups[*ev.GroupIdx] = true
 			}
 		}
 	}
-	return false
+	quoted := func(set map[string]bool) string {
+		var names []string
+		for n := range set {
+			names = append(names, userfile.Quote(n))
+		}
+		slices.Sort(names)
+		return strings.Join(names, ", ")
+	}
+	switch {
+	case component != "" && len(components) == 0:
+		return fmt.Errorf("--component %s: no event of %s names a KV-cache component (the stream is of one cache, as vLLM's and SGLang's before its per-component events): leave --component out",
+			userfile.Quote(component), in)
+	case component != "" && !components[component]:
+		return fmt.Errorf("--component %s: no event of %s is of that KV-cache component (its components: %s)", userfile.Quote(component), in, quoted(components))
+	case medium != "" && len(media) == 0 && medium != "GPU":
+		return fmt.Errorf("--medium %s: no event of %s names a medium (the stream is of the GPU cache only, as SGLang's and vLLM's before its medium field): leave --medium out",
+			userfile.Quote(medium), in)
+	case medium != "" && len(media) > 0 && !media[medium]:
+		return fmt.Errorf("--medium %s: no event of %s is of that medium (its media: %s)", userfile.Quote(medium), in, quoted(media))
+	case group > 0 && len(groups) == 0:
+		return fmt.Errorf("--group %d: no event of %s names a KV-cache group (the stream is of one group, as SGLang's and vLLM's before its group_idx field): leave --group out", group, in)
+	case group >= 0 && len(groups) > 0 && !groups[group]:
+		var ids []int64
+		for g := range groups {
+			ids = append(ids, g)
+		}
+		slices.Sort(ids)
+		return fmt.Errorf("--group %d: no event of %s is of that KV-cache group (its groups: %s)", group, in, strings.Trim(fmt.Sprint(ids), "[]"))
+	}
+	return nil
 }
 
 // isEventStream tells an event stream from a dump: a dump is a directory, a
