@@ -222,10 +222,14 @@ func eventsTrace(batches []EventBatch, input string, opt EventsOptions, floor in
 	}
 	r.notes(medium, group, component)
 	if len(r.t.Requests) == 0 {
+		of := "medium " + medium
 		if component != "" {
-			return nil, fmt.Errorf("prefixcheck: %s: no BlockStored events (of medium %s, component %s)", input, medium, userfile.Quote(component))
+			of += ", component " + userfile.Quote(component)
 		}
-		return nil, fmt.Errorf("prefixcheck: %s: no BlockStored events (of medium %s)", input, medium)
+		if opt.DPRank != nil {
+			of += fmt.Sprintf(", data-parallel rank %d", *opt.DPRank)
+		}
+		return nil, fmt.Errorf("prefixcheck: %s: no BlockStored events (of %s)", input, of)
 	}
 	return r.t, nil
 }
