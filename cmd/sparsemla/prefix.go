@@ -59,7 +59,9 @@ seen; each component is a cache of its own), --dp-rank those of one data-paralle
 its own cache; required when the stream mixes ranks). A --medium, --group or
 --component that no event of the stream has is refused (exit 2), not
 ignored: a stream that names no medium is the GPU cache's (--medium GPU is
-kept), one that names no group is one group (--group 0 is kept). --hash-scheme says what
+kept), one that names no group is one group (--group 0 is kept). These
+flags and --hash-scheme apply to event streams only, --map to dumps only;
+given with the other kind of input they are refused. --hash-scheme says what
 a block hash names: chained (the whole prefix: vLLM, SGLang since its PR
 #13488), per-page (one page's tokens alone, Python's hash(tuple(page)):
 SGLang before), or auto (default: per-page only when every stored hash is
@@ -142,7 +144,20 @@ func runPrefix(args []string, stdout, stderr io.Writer) int {
 	}
 	var tr *prefixcheck.Trace
 	var cfg prefixcheck.Config
-	if *events || isEventStream(in) {
+	stream := *events || isEventStream(in)
+	// a flag of the other kind of input is refused, not ignored
+	for _, name := range []string{"map", "medium", "group", "component", "dp-rank", "hash-scheme"} {
+		if !given[name] {
+			continue
+		}
+		if stream && name == "map" {
+			return fail(fmt.Errorf("--map names the tensors of a foreign dump; %s is read as a KV-cache event stream: leave --map out", in))
+		}
+		if !stream && name != "map" {
+			return fail(fmt.Errorf("--%s selects events of a KV-cache event stream; %s is read as a dump (--events reads it as a stream): leave --%s out", name, in, name))
+		}
+	}
+	if stream {
 		f, _, err := userfile.Open(in) // a regular file: a FIFO or device is refused at once
 		if err != nil {
 			return fail(err)
