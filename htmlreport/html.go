@@ -227,7 +227,7 @@ GPU RoPE table: {{.R.GPURope}}. Stages compared {{.R.Summary.Compared}}: {{.R.Su
 <p>inputs: {{range .R.First.Inputs}}<code>{{.Name}}</code> ({{.From}}, {{.Status}}) {{end}}</p></div>
 {{else if .R.Incomplete}}<div class="verdict incomplete"><b>{{.R.VerdictLine}}</b></div>
 {{else}}<div class="verdict agree"><b>{{.R.VerdictLine}}</b></div>{{end}}
-{{if .R.TolOverrides}}<p>tolerances overridden (--tol-stage, --tol): {{range $i, $s := .R.TolOverrides}}{{if $i}}; {{end}}<code>{{$s}}</code>{{end}}</p>{{end}}{{range .R.CoverageLines}}<p>{{.}}</p>{{end}}
+{{if .R.TolOverrides}}<p>tolerances overridden (--tol-stage, --tol): {{range $i, $s := .R.TolOverrides}}{{if $i}}; {{end}}<code>{{$s}}</code>{{end}}{{if .R.TolUnused}}; {{range $i, $s := .R.TolUnused}}{{if $i}}, {{end}}<code>{{$s}}</code>{{end}}: no such stage compared here, so not applied{{end}}</p>{{end}}{{range .R.CoverageLines}}<p>{{.}}</p>{{end}}
 {{if .Heat}}<h2>Error by layer x step</h2><img src="{{.Heat}}" alt="heatmap">
 <p>Colour: the worst stage severity of the (step, layer): 0 (blue) bit-identical, below 1 within tolerance, 1 and above (red) out of tolerance.</p>{{end}}
 <h2>Stages</h2>

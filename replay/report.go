@@ -23,14 +23,15 @@ type Report struct {
 	Schema        string        `json:"schema"`
 	Command       string        `json:"command"` // replay | diff | bisect
 	Dump          string        `json:"dump"`
-	Against       string        `json:"against,omitempty"`             // diff: the second dump
-	Mode          string        `json:"mode"`                          // local | propagated
-	Model         string        `json:"model,omitempty"`               // the model family when not DeepSeek-V4 (e.g. DeepSeek-V4.1), detected from the config
-	GPURope       bool          `json:"gpu_rope_table"`                // RoPE from the GPU's own table
-	Kernels       string        `json:"kernels,omitempty"`             // prepared | reference | mixed (Model.Kernels); empty: no reference ran
-	Policy        string        `json:"policy,omitempty"`              // numerics policy other than engine.PolicyOfficial (e.g. hf-eager)
-	TolOverrides  []string      `json:"tolerance_overrides,omitempty"` // the tolerances the user set over the defaults (Tolerance.Overrides: --tol-stage, --tol), "stage=mode,…"
-	Steps         []int64       `json:"steps"`                         // decode steps in the dump
+	Against       string        `json:"against,omitempty"`                    // diff: the second dump
+	Mode          string        `json:"mode"`                                 // local | propagated
+	Model         string        `json:"model,omitempty"`                      // the model family when not DeepSeek-V4 (e.g. DeepSeek-V4.1), detected from the config
+	GPURope       bool          `json:"gpu_rope_table"`                       // RoPE from the GPU's own table
+	Kernels       string        `json:"kernels,omitempty"`                    // prepared | reference | mixed (Model.Kernels); empty: no reference ran
+	Policy        string        `json:"policy,omitempty"`                     // numerics policy other than engine.PolicyOfficial (e.g. hf-eager)
+	TolOverrides  []string      `json:"tolerance_overrides,omitempty"`        // the tolerances the user set over the defaults (Tolerance.Overrides: --tol-stage, --tol), "stage=mode,…"
+	TolUnused     []string      `json:"tolerance_overrides_unused,omitempty"` // the stages of TolOverrides that judged nothing here: no result of that stage was compared (unusedOverrides)
+	Steps         []int64       `json:"steps"`                                // decode steps in the dump
 	Layers        []int         `json:"layers"`
 	StepsReplayed int           `json:"steps_replayed"`
 	Verdict       string        `json:"verdict"` // agree | diverged | incomplete (VerdictAgree, …)
@@ -285,6 +286,7 @@ func (r *Report) finish() {
 		}
 	}
 	r.Summary.Compared = r.Summary.Pass + r.Summary.Fail + r.Summary.Tie
+	r.TolUnused = unusedOverrides(r.TolOverrides, r.Results)
 	switch {
 	case r.Summary.Fail > 0 || r.First != nil:
 		r.Verdict = VerdictDiverged
@@ -293,6 +295,44 @@ func (r *Report) finish() {
 	default:
 		r.Verdict = VerdictAgree
 	}
+}
+
+// unusedOverrides lists, in the order set and once each, the stages of the
+// overrides ("stage=mode,…") that judged nothing: no result of that stage
+// was compared (pass, fail or tie) — a stage the model has not (o of a V3.2
+// dump), or one the dump does not hold at the steps replayed. Such an
+// override changed no verdict, and a report that only listed it would have
+// the user believe the stage was judged by it. The fallback ("*") is not
+// listed; lse, the tolerance of the split-K partials' LSE, counts as used
+// where o was compared.
+func unusedOverrides(overrides []string, results []StageResult) []string {
+	compared := map[string]bool{}
+	for _, s := range results {
+		switch s.Status {
+		case StatusPass, StatusFail, StatusTie:
+			compared[s.Stage] = true
+		}
+	}
+	compared["lse"] = compared["o"]
+	var out []string
+	for _, o := range overrides {
+		name, _, _ := strings.Cut(o, "=")
+		if name == "*" || compared[name] || slices.Contains(out, name) {
+			continue
+		}
+		out = append(out, name)
+	}
+	return out
+}
+
+// overridesText is TolOverrides for the report's lines, with the stages
+// that judged nothing named (TolUnused).
+func (r *Report) overridesText() string {
+	t := strings.Join(r.TolOverrides, "; ")
+	if len(r.TolUnused) > 0 {
+		t += "; " + strings.Join(r.TolUnused, ", ") + ": no such stage compared here, so not applied"
+	}
+	return t
 }
 
 // Diverged reports whether any stage was out of tolerance.
@@ -308,7 +348,7 @@ func (r *Report) Incomplete() bool { return r.Verdict == VerdictIncomplete }
 func (r *Report) VerdictLine() string {
 	line := r.verdictLine()
 	if r.First == nil && len(r.TolOverrides) > 0 {
-		line += " (tolerances overridden: " + strings.Join(r.TolOverrides, "; ") + ")"
+		line += " (tolerances overridden: " + r.overridesText() + ")"
 	}
 	return line
 }
@@ -532,7 +572,7 @@ func (r *Report) WriteNotes(w io.Writer) {
 		fmt.Fprintf(w, "  numerics policy %s: the reference follows that path's rounding points, not model.py's (explain --policy %s)\n", r.Policy, r.Policy)
 	}
 	if len(r.TolOverrides) > 0 {
-		fmt.Fprintf(w, "  tolerances overridden (--tol-stage, --tol): %s\n", strings.Join(r.TolOverrides, "; "))
+		fmt.Fprintf(w, "  tolerances overridden (--tol-stage, --tol): %s\n", r.overridesText())
 	}
 	for _, sr := range r.Results {
 		if sr.Status == StatusTie {

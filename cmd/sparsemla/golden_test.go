@@ -186,6 +186,7 @@ func goldenCases() []goldenCase {
 	v32 := goldenTestdata("v32-tiny") // DeepSeek-V3.2 (DSA): the official model.py's GPU dump
 	add("v32-tiny/replay", nil, "replay", v32)
 	add("v32-tiny/replay-propagated", nil, "replay", "--mode", "propagated", v32)
+	add("v32-tiny/replay-tol-stage-absent", nil, "replay", "--tol-stage", "o=exact", "--tol-stage", "q_a=exact", v32)
 	add("v32-tiny/explain", nil, "explain", "--config", "v32-tiny", "--step", "20")
 
 	// DeepSeek-V4.1: the official model.py's GPU golden, synthetic dumps,
