@@ -174,7 +174,7 @@ func Diff(ctx context.Context, cfg *engine.Config, m *engine.Model, a, b Source,
 // diverged or agrees too; an incomplete replay tells nothing about what it
 // did not compare.
 func referee(ra, rb *Report, errA, errB error) *Referee {
-	r := &Referee{A: "not-run", B: "not-run", Right: "unknown"}
+	r := &Referee{A: RefereeNotRun, B: RefereeNotRun, Right: "unknown"}
 	if errA == nil {
 		r.A = ra.Verdict
 	}

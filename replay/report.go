@@ -212,13 +212,18 @@ var hints = map[string]string{
 // "b" when that side's replay agrees and the other's diverged, "both" when
 // both agree, "neither" when both diverged, else "unknown" (a replay failed,
 // or one is incomplete: it did not compare everything its dump holds) —
-// with Text, the sentence of the text report.
+// with Text, the sentence of the text report. A diff without weights has a
+// Referee too: both sides RefereeNotRun, right "unknown", Text saying why.
 type Referee struct {
 	A     string `json:"a"` // agree | diverged | incomplete | not-run
 	B     string `json:"b"`
 	Right string `json:"right"` // a | b | neither | both | unknown
 	Text  string `json:"text"`
 }
+
+// RefereeNotRun is a Referee side whose replay did not run (it failed, or
+// there is no referee: no weights).
+const RefereeNotRun = "not-run"
 
 // Diagnosis kinds.
 const (

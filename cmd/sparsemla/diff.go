@@ -23,9 +23,10 @@ two kernel versions) stage by stage in replay order and names the first stage
 where B leaves A's tolerance. When the weights are found (beside A, or
 --weights), the reference referees: it recomputes that stage from A's inputs and
 says which side it agrees with, and replays both dumps. Weights named by
---weights that cannot be loaded are an error; without --weights, when there are
-none beside A or they cannot be used, there is no referee and the first line
-says why. Two dumps of different runs (another model config, no decode step in
+--weights that cannot be loaded are an error, and so is a --policy (which only
+the referee uses) that cannot be applied; without them, when there are no
+weights beside A or they cannot be used, there is no referee and the referee's
+line (and the JSON's referee, "right": "unknown") says why. Two dumps of different runs (another model config, no decode step in
 common, other layers, other tokens or positions at a step, an unrelated
 attention input) are refused: their first difference would be the runs', not a
 kernel's. Steps only one dump holds are reported as not checked, so are tensors
@@ -76,12 +77,13 @@ func runDiff(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return rpFail(stderr, "diff", err)
 	}
-	if none := (*replay.NoWeightsError)(nil); a.model == nil && !f.json {
+	if none := (*replay.NoWeightsError)(nil); a.model == nil {
+		// no referee, said in the text and the JSON alike
+		why := fmt.Sprintf("the weights beside A cannot be used (%s)", errLine(a.modelErr))
 		if errors.As(a.modelErr, &none) {
-			fmt.Fprintln(stdout, "(no weights found: no referee)")
-		} else {
-			fmt.Fprintf(stdout, "(the weights beside A cannot be used, no referee: %v)\n", a.modelErr)
+			why = "no weights beside A (--weights names them)"
 		}
+		rep.Referee = &replay.Referee{A: replay.RefereeNotRun, B: replay.RefereeNotRun, Right: "unknown", Text: "no referee: " + why + "; the verdict is B against A only"}
 	}
 	if err := rpWrite(stdout, rep, f.json); err != nil {
 		return rpFail(stderr, "diff", err)

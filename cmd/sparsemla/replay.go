@@ -115,7 +115,7 @@ type rpModelNeed int
 
 const (
 	modelRequired rpModelNeed = iota // loaded; none found is an error
-	modelIfFound                     // loaded; weights given (--weights) that cannot be loaded are an error, else no model (modelErr says why)
+	modelIfFound                     // loaded; weights given (--weights), or a --policy, that cannot be loaded are an error, else no model (modelErr says why)
 	modelNone                        // not loaded (diff's B: the referee replays A's inputs)
 )
 
@@ -145,7 +145,7 @@ func rpOpenDump(path string, f *replayFlags, need rpModelNeed) (*rpOpened, error
 	}
 	o.model, err = replay.LoadModelWith(d, o.src, replay.LoadOptions{Weights: f.weights, Prepared: !f.reference, Policy: f.policy})
 	if err != nil {
-		if need == modelRequired || f.weights != "" {
+		if need == modelRequired || f.weights != "" || f.policy != "" {
 			o.Close()
 			return nil, err
 		}

@@ -149,13 +149,22 @@ func TestDiffBisectReportCommands(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if code, out, e := rpRun("diff", bare, bad); code != exitDiverged || !strings.Contains(out, "(the weights beside A cannot be used, no referee: ") || strings.Contains(out, "no weights found") {
+	if code, out, e := rpRun("diff", bare, bad); code != exitDiverged || !strings.Contains(out, "referee: no referee: the weights beside A cannot be used (") || strings.Contains(out, "no weights beside A") {
 		t.Errorf("diff with truncated weights beside A: exit %d\n%s%s", code, out, e)
+	}
+	// the JSON says it too (it used to have no referee key and no word of why)
+	if code, out, e := rpRun("diff", "--json", bare, bad); code != exitDiverged || !strings.Contains(out, `"right": "unknown"`) || !strings.Contains(out, `"text": "no referee: the weights beside A cannot be used (`) {
+		t.Errorf("diff --json with truncated weights beside A: exit %d\n%s%s", code, out, e)
+	}
+	// a --policy only the referee uses, which cannot be applied, is an error,
+	// not a diff that drops its referee
+	if code, out, e := rpRun("diff", "--policy", "bogus", clean, bad); code != exitError || !strings.Contains(e, `unknown numerics policy "bogus"`) {
+		t.Errorf("diff --policy bogus: exit %d\n%s%s", code, out, e)
 	}
 	if err := os.Remove(filepath.Join(bare, "weights.safetensors")); err != nil {
 		t.Fatal(err)
 	}
-	if code, out, e := rpRun("diff", bare, bad); code != exitDiverged || !strings.Contains(out, "(no weights found: no referee)") {
+	if code, out, e := rpRun("diff", bare, bad); code != exitDiverged || !strings.Contains(out, "referee: no referee: no weights beside A") {
 		t.Errorf("diff with no weights beside A: exit %d\n%s%s", code, out, e)
 	}
 	// A divergence that persists (a stale page stays in the cache) is found
