@@ -212,7 +212,7 @@ func WriteFaultedV41(in string, d *replay.V41Dump, out string, f Fault) (*V41Fau
 		}
 	}
 	if !d.Official() {
-		if res.Dir, err = writeFaultedV41Native(in, out, p, changed, f); err != nil {
+		if res.Dir, err = writeFaultedV41Native(in, out, d.WeightsFile, p, changed, f); err != nil {
 			return nil, err
 		}
 		return res, nil
@@ -236,7 +236,7 @@ func WriteFaultedV41(in string, d *replay.V41Dump, out string, f Fault) (*V41Fau
 	}
 	for _, e := range entries {
 		name := e.Name()
-		if !e.Type().IsRegular() || name == filepath.Base(stepFile) || !(strings.HasSuffix(name, ".safetensors") || strings.HasSuffix(name, ".json")) {
+		if !e.Type().IsRegular() || name == filepath.Base(stepFile) || name == dump.WeightsFile || !(strings.HasSuffix(name, ".safetensors") || strings.HasSuffix(name, ".json")) {
 			continue
 		}
 		var q int64
@@ -247,6 +247,11 @@ func WriteFaultedV41(in string, d *replay.V41Dump, out string, f Fault) (*V41Fau
 		if err := od.WriteFile(name, 0o644, func(w io.Writer) error { return copyFile(w, src) }); err != nil {
 			return nil, err
 		}
+	}
+	// the weights the dump was read with (beside it, or --weights), so that
+	// the copy replays with no flags
+	if err := copyWeightsInto(od, d.WeightsFile); err != nil {
+		return nil, err
 	}
 	recs := make([]dump.Record, 0, len(dumped.order))
 	for _, n := range dumped.order {

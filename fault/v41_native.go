@@ -36,10 +36,11 @@ func (s *V41Synth) WriteNative(dir string, pagesOnly bool) error {
 // writeFaultedV41Native writes the faulted copy of a native V4.1 dump (fault
 // --in): out/dump.smd holds every record of the input's .smd files, the
 // stage records of step p named in changed ("L<l>.<stage>") replaced by
-// their faulty values, and the header notes the fault; config.json and
-// weights.safetensors beside the input are copied. Neither V4.1 fault kind
-// reaches a cache, so the KV pages are copied unchanged.
-func writeFaultedV41Native(in, out string, p int64, changed map[string]engine.Tensor, f Fault) (string, error) {
+// their faulty values, and the header notes the fault; config.json beside
+// the input and the weights the dump was read with (weights: beside it, or
+// the ones given) are copied. Neither V4.1 fault kind reaches a cache, so the
+// KV pages are copied unchanged.
+func writeFaultedV41Native(in, out, weights string, p int64, changed map[string]engine.Tensor, f Fault) (string, error) {
 	d, err := dump.Open(in)
 	if err != nil {
 		return "", err
@@ -61,14 +62,13 @@ func writeFaultedV41Native(in, out string, p int64, changed map[string]engine.Te
 	if fi, err := os.Stat(in); err == nil && !fi.IsDir() {
 		dir = filepath.Dir(in)
 	}
-	for _, name := range []string{"config.json", dump.WeightsFile} {
-		src := filepath.Join(dir, name)
-		if fi, err := os.Stat(src); err != nil || !fi.Mode().IsRegular() {
-			continue
-		}
-		if err := od.WriteFile(name, 0o644, func(w io.Writer) error { return copyFile(w, src) }); err != nil {
+	if src := filepath.Join(dir, "config.json"); isRegular(src) {
+		if err := od.WriteFile("config.json", 0o644, func(w io.Writer) error { return copyFile(w, src) }); err != nil {
 			return "", err
 		}
+	}
+	if err := copyWeightsInto(od, weights); err != nil {
+		return "", err
 	}
 	h := d.Header
 	h.User = map[string]string{}
@@ -114,4 +114,20 @@ func writeFaultedV41Native(in, out string, p int64, changed map[string]engine.Te
 		return "", err
 	}
 	return od.Final(), nil
+}
+
+// copyWeightsInto copies the weights file a dump was read with into the
+// faulted copy as weights.safetensors, so that replay finds them beside it
+// with no flags ("" copies nothing).
+func copyWeightsInto(od *userfile.Dir, weights string) error {
+	if weights == "" {
+		return nil
+	}
+	return od.WriteFile(dump.WeightsFile, 0o644, func(w io.Writer) error { return copyFile(w, weights) })
+}
+
+// isRegular reports whether path is a regular file.
+func isRegular(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.Mode().IsRegular()
 }

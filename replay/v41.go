@@ -28,13 +28,14 @@ import (
 
 // V41Dump is a loaded V4.1 dump.
 type V41Dump struct {
-	Dir      string
-	Cfg      *engine.Config
-	Model    *engine.V41Model
-	Pre      *engine.V41State
-	Steps    []int64
-	IndexKAt map[int64]int
-	step     map[int64]map[string]engine.Tensor
+	Dir         string
+	Cfg         *engine.Config
+	Model       *engine.V41Model
+	WeightsFile string // the weights file Model was loaded from (beside the dump, or the one given)
+	Pre         *engine.V41State
+	Steps       []int64
+	IndexKAt    map[int64]int
+	step        map[int64]map[string]engine.Tensor
 	// pages are the KV pages of each step (key "L<l>.<cache>", cache
 	// window, ckv or icache: v41_pages.go); none in the official layout.
 	pages map[int64]map[string][]Page
@@ -106,6 +107,7 @@ func LoadV41DirWith(dir, weights string) (*V41Dump, error) {
 	if d.Model, err = loadV41Weights(cfg, wpath, ropes); err != nil {
 		return nil, err
 	}
+	d.WeightsFile = wpath
 	pre, err := readV41Tensors(filepath.Join(dir, "prefill_state.safetensors"))
 	if err != nil {
 		return nil, err

@@ -255,6 +255,7 @@ func LoadV41Dump(d *dump.Dump, opt V41OpenOptions) (*V41Dump, error) {
 	if v.Model, err = loadV41Weights(cfg, wpath, ropes); err != nil {
 		return nil, err
 	}
+	v.WeightsFile = wpath
 	if v.Pre, err = v41State(cfg, pre, first, at0, name+": start state", false); err != nil {
 		return nil, err
 	}

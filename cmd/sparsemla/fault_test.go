@@ -287,3 +287,36 @@ func TestFaultV32GroupedRouter(t *testing.T) {
 		}
 	}
 }
+
+// TestFaultV41WeightsCopied: fault --weights W on a DeepSeek-V4.1 dump
+// (official layout and native) whose weights are not beside it copies W
+// into the faulted copy, as the help says, so that 'replay DIR' (the
+// command fault prints) runs with no flags; the copy used to have no
+// weights and that replay failed.
+func TestFaultV41WeightsCopied(t *testing.T) {
+	dir := t.TempDir()
+	official := filepath.Join(dir, "official")
+	if err := os.CopyFS(official, os.DirFS(filepath.Join("..", "..", "testdata", "v41-tiny"))); err != nil {
+		t.Fatal(err)
+	}
+	native := filepath.Join(dir, "native")
+	if code, so, e := rpRun("synth", "--config", "v41-tiny", "--format", "native", "--out", native); code != exitOK {
+		t.Fatalf("synth: exit %d\n%s%s", code, so, e)
+	}
+	for _, in := range []string{official, native} {
+		w := filepath.Join(dir, filepath.Base(in)+"-weights")
+		if err := os.Mkdir(w, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(filepath.Join(in, "weights.safetensors"), filepath.Join(w, "weights.safetensors")); err != nil {
+			t.Fatal(err)
+		}
+		out := filepath.Join(dir, filepath.Base(in)+"-faulted")
+		if code, so, e := rpRun("fault", in, "--weights", w, "--out", out, "--fault", "topk-off-by-one@13,2"); code != exitOK {
+			t.Fatalf("fault %s: exit %d\n%s%s", in, code, so, e)
+		}
+		if code, so, e := rpRun("replay", out); code != exitDiverged || !strings.Contains(so, "decode step 13, layer 2") {
+			t.Errorf("replay of the faulted copy of %s: exit %d\n%s%s", in, code, so, e)
+		}
+	}
+}
