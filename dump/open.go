@@ -95,7 +95,8 @@ const WeightsFile = "weights.safetensors"
 // directory (e.g. official-v4-tiny), else the generic map.
 func Open(path string) (*Dump, error) { return OpenMapped(path, nil) }
 
-// OpenMapped is Open with an explicit name map for non-native dumps.
+// OpenMapped is Open with an explicit name map for non-native dumps; a map
+// given for a native dump is an error (it would be ignored).
 func OpenMapped(path string, m *NameMap) (*Dump, error) {
 	fi, err := userfile.CheckFileOrDir(path)
 	if err != nil {
@@ -114,6 +115,10 @@ func OpenMapped(path string, m *NameMap) (*Dump, error) {
 		if err := d.foreignSetup(path, fi.IsDir(), m); err != nil {
 			return nil, err
 		}
+	} else if m != nil {
+		// a native dump's names are sparsemla's own: a map given for it
+		// would be ignored while the user believes it applied
+		return nil, fmt.Errorf("dump: %s: a native sparsemla dump (.smd), whose names need no map: leave the name map (%s) out", path, userfile.Clip(m.Name))
 	}
 	ok := false
 	defer func() {
