@@ -202,12 +202,18 @@ func TestToleranceOverridesNamed(t *testing.T) {
 	for _, args := range [][]string{
 		{"bisect", "--tol-stage", "u=ulp,max_ulp=3", off},
 		{"diff", "--tol-stage", "u=ulp,max_ulp=3", off, off},
-		{"replay", "--tol-stage", "u=ulp,max_ulp=3", goldenTestdata("v41-tiny")},
+		{"replay", "--tol-stage", "q_a=ulp,max_ulp=3", goldenTestdata("v41-tiny")},
 	} {
+		o := args[2]
 		code, out, e := rpRun(args...)
-		if code != exitOK || !strings.Contains(out, "tolerances overridden (--tol-stage, --tol): u=ulp,max_ulp=3") || !strings.Contains(out, "(tolerances overridden: u=ulp,max_ulp=3)") {
+		if code != exitOK || !strings.Contains(out, "tolerances overridden (--tol-stage, --tol): "+o+"\n") || !strings.Contains(out, "(tolerances overridden: "+o+")") {
 			t.Errorf("%v: exit %d\n%s%s", args, code, out, e)
 		}
+	}
+	// v41-tiny holds no u: the override judged nothing, and the report says so
+	code, out, e = rpRun("replay", "--tol-stage", "u=ulp,max_ulp=3", goldenTestdata("v41-tiny"))
+	if code != exitOK || !strings.Contains(out, "(tolerances overridden: u=ulp,max_ulp=3; u: no such stage compared here, so not applied)") {
+		t.Errorf("replay --tol-stage u on v41-tiny: exit %d\n%s%s", code, out, e)
 	}
 	html := filepath.Join(t.TempDir(), "r.html")
 	if code, out, e := rpRun("report", off, "--steps", "3", "--tol-stage", "u=ulp,max_ulp=3", "--html", html); code != exitOK {
