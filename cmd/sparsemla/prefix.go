@@ -274,8 +274,6 @@ func runPrefix(args []string, stdout, stderr io.Writer) int {
 	return exitOK
 }
 
-// namesComponents reports whether some event of the stream names an SGLang
-// KV-cache component.
 // eventFilterError refuses a --component, --medium or --group (group < 0:
 // not given) that the stream cannot honour: one its events do not name at
 // all, or a value none of them has. Read whole, the stream would be judged
