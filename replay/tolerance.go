@@ -338,6 +338,34 @@ func (t *Tolerance) LoadToleranceFile(path string) error {
 	return nil
 }
 
+// unusedOverrides lists, in the order set and once each, the stages of the
+// overrides ("stage=mode,…") that judged nothing: no result of that stage
+// was compared (pass, fail or tie) — a stage the model has not (o of a V3.2
+// dump), or one the dump does not hold at the steps replayed. Such an
+// override changed no verdict, and a report that only listed it would have
+// the user believe the stage was judged by it. The fallback ("*") is not
+// listed; lse, the tolerance of the split-K partials' LSE, counts as used
+// where o was compared.
+func unusedOverrides(overrides []string, results []StageResult) []string {
+	compared := map[string]bool{}
+	for _, s := range results {
+		switch s.Status {
+		case StatusPass, StatusFail, StatusTie:
+			compared[s.Stage] = true
+		}
+	}
+	compared["lse"] = compared["o"]
+	var out []string
+	for _, o := range overrides {
+		name, _, _ := strings.Cut(o, "=")
+		if name == "*" || compared[name] || slices.Contains(out, name) {
+			continue
+		}
+		out = append(out, name)
+	}
+	return out
+}
+
 // KnownStage reports whether name is a stage a tolerance can apply to: a
 // stage of the reference's stage graph (any layer kind, emitting or not), a
 // stage DefaultTolerance names (lse), or "*" (the fallback). Tolerance
