@@ -416,11 +416,9 @@ func adoptLocal(units, lus []unitResult, j int, chain *Divergence, csr StageResu
 // it.
 func driftDivergence(ur unitResult, sr StageResult, mode Mode, lus []unitResult, err error, later *StageResult) *Divergence {
 	d := &Divergence{Step: sr.Step, Layer: sr.Layer, Stage: sr.Stage, Kind: KindDrift, Mode: string(mode), Inputs: sr.Inputs, Hint: hints[KindDrift]}
-	var checked, conclusion string
+	var checked string
 	if err != nil {
 		checked = fmt.Sprintf("the teacher-forced check of the steps and layers up to here could not run (%v)", err)
-		conclusion = fmt.Sprintf("the difference is shown to be neither an error of %s nor drift along the chain", sr.Stage)
-		d.Kind, d.Hint = KindUnconfirmed, "the teacher-forced check could not run (the reason above): replay --mode local says what it lacks; the chain's own values and the dump's are in --json"
 	} else {
 		checked = "teacher-forced from the dump's inputs, the local check of every step and layer up to here finds no stage out of tolerance"
 		n := 0
@@ -439,15 +437,20 @@ func driftDivergence(ur unitResult, sr StageResult, mode Mode, lus []unitResult,
 			checked += fmt.Sprintf(" among the stages it could compare (%d it could not: the first at decode step %d, layer %d, stage %s: %s)", n, first.Step, first.Layer, first.Stage, first.Reason)
 		}
 	}
-	if why, ok := skippedIn(lus, sr); err == nil && !ok {
-		conclusion = fmt.Sprintf("the stage's inputs came from the chain (%s), within the %s tolerance but not the dump's own values, so this is drift accumulated along the chain, not shown to be an error of %s",
-			chainInputs(ur, sr), mode, sr.Stage)
-	} else if err == nil {
+	var conclusion string
+	switch why, skipped := skippedIn(lus, sr); {
+	case err != nil:
+		conclusion = fmt.Sprintf("the difference is shown to be neither an error of %s nor drift along the chain", sr.Stage)
+		d.Kind, d.Hint = KindUnconfirmed, "the teacher-forced check could not run (the reason above): replay --mode local says what it lacks; the chain's own values and the dump's are in --json"
+	case skipped:
 		// The local check could not compare the stage itself: neither
 		// drift nor an error of the stage is shown.
 		conclusion = fmt.Sprintf("teacher-forced, this stage itself could not be compared (%s), and its inputs here came from the chain (%s), not the dump's own values, so the difference is shown to be neither an error of %s nor drift along the chain",
 			why, chainInputs(ur, sr), sr.Stage)
 		d.Kind, d.Hint = KindUnconfirmed, hints[KindUnconfirmed]
+	default:
+		conclusion = fmt.Sprintf("the stage's inputs came from the chain (%s), within the %s tolerance but not the dump's own values, so this is drift accumulated along the chain, not shown to be an error of %s",
+			chainInputs(ur, sr), mode, sr.Stage)
 	}
 	d.Why = fmt.Sprintf("the reference's own chain leaves the %s tolerance here (%s), but %s; %s", mode, sr.Reason, checked, conclusion)
 	if later != nil {
