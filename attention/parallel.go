@@ -8,17 +8,30 @@ import (
 	"time"
 )
 
-// parallelFor runs f over [0, n) in contiguous chunks (workers =
-// min(GOMAXPROCS, n)) that the caller and up to workers−1 helpers of a
-// process-wide worker pool take from a shared counter (so a goroutine the
-// OS delays does not hold the others up); no helper when work is small.
-// Chunks are guided: each takes 1/(2·workers) of the indices still left,
-// at least n/(32·workers), so the first are large and the last small — a
-// fixed n/(8·workers) left one goroutine idle for most of a chunk at a
-// call's end (wq_b at 2 threads on a 2-core Zen 4: the goroutines busy 92-94
-// % of the call's span; guided, 98-99 %). Callers only write disjoint outputs per index
-// and compute each index the same way whoever runs it, so results do not
-// depend on the split or the number of goroutines.
+// parallelFor runs f over [0, n) in contiguous chunks on the caller and up
+// to workers−1 helpers of a process-wide worker pool (workers =
+// min(GOMAXPROCS, n)); no helper when work is small. Each goroutine owns a
+// lane, a contiguous 1/workers of the indices (the caller lane 0, the k-th
+// helper to join lane k), and takes it from its front in chunks of
+// n/(32·workers) (at least one index), in index order; one whose lane is
+// empty steals the back half (at least a chunk) of the lane with the most
+// left, until none has any. So a goroutine walks one contiguous range of a
+// weight in address order, starting afresh only when it steals, and a
+// goroutine the OS delays — or a helper that never comes — has its lane
+// taken from the back by the others, holding the call up by at most a
+// chunk.
+//
+// (Until round 16 the chunks were guided: every goroutine took 1/(2·workers)
+// of the indices still left from one shared counter, so each chunk started
+// where another goroutine's had ended. Each such start costs the core a
+// ramp of its hardware prefetcher: a 2 MiB read a call on the 2-core Zen 5
+// VM took 43-47 µs in 128 KiB pieces and 36-37 µs in two 1 MiB halves, and
+// the goroutines' busy time grew with the number of chunks, about 1-1.5 µs
+// a chunk. Alternated in one process, lanes took the wq_a GEMV from
+// 91.7-104.8 to 87.6-101.5 µs a call and that 2 MiB read from 49.8-51.4 to
+// 47.4-48.6 µs; bench/README.md, round 16.) Callers only write disjoint
+// outputs per index and compute each index the same way whoever runs it,
+// so results do not depend on the split or the number of goroutines.
 //
 // The pool's workers are long-lived goroutines (started once, GOMAXPROCS−1
 // of them): after a job they spin for poolSpinNs (spinUntil) — unless more
@@ -47,7 +60,7 @@ func parallelFor(n int, work int, f func(lo, hi int)) {
 		return
 	}
 	helpersStarted.Add(int64(workers - 1))
-	j := &poolJob{f: f, n: int64(n), chunk: int64(max(1, n/(32*workers))), div: int64(2 * workers), cap: int32(workers - 1), fin: make(chan struct{})}
+	j := newPoolJob(f, n, workers)
 	// spin only when every P can have a core: with GOMAXPROCS above the
 	// CPUs the process may use, a spinning worker takes CPU time from the
 	// goroutines doing the work
@@ -59,7 +72,7 @@ func parallelFor(n int, work int, f func(lo, hi int)) {
 	}
 	thePool.calls.Add(1)
 	thePool.submit(j, workers-1)
-	j.loop()
+	j.loop(0)
 	thePool.retire(j)
 	// close the job to new helpers, then wait for those still on a chunk:
 	// they finish within a chunk's time, so spin briefly before blocking
@@ -141,39 +154,104 @@ const jobClosed = 1 << 30
 type poolJob struct {
 	f     func(lo, hi int)
 	n     int64
-	chunk int64         // smallest chunk
-	div   int64         // a chunk is the indices left / div (at least chunk)
-	next  atomic.Int64  // first index not yet taken
-	cap   int32         // most helpers the call asks for
-	state atomic.Int32  // helpers joined, | jobClosed once closed
-	done  atomic.Int32  // helpers finished
-	fin   chan struct{} // closed by the last helper to finish once the job is closed
+	chunk int64           // what a goroutine takes from its lane's front
+	lanes []atomic.Uint64 // [workers] each lane's indices not yet taken, [front, back) (packLane)
+	taken atomic.Int64    // indices taken from all lanes
+	cap   int32           // most helpers the call asks for
+	state atomic.Int32    // helpers joined, | jobClosed once closed
+	done  atomic.Int32    // helpers finished
+	fin   chan struct{}   // closed by the last helper to finish once the job is closed
 }
 
-// loop takes chunks until none is left.
-func (j *poolJob) loop() {
+// newPoolJob is the job of f over [0, n) in workers lanes: lane w is
+// [w·n/workers, (w+1)·n/workers).
+func newPoolJob(f func(lo, hi int), n, workers int) *poolJob {
+	j := &poolJob{f: f, n: int64(n), chunk: int64(max(1, n/(32*workers))), lanes: make([]atomic.Uint64, workers), cap: int32(workers - 1), fin: make(chan struct{})}
+	for w := range workers {
+		j.lanes[w].Store(packLane(int64(w*n/workers), int64((w+1)*n/workers)))
+	}
+	return j
+}
+
+// packLane packs a lane's range [front, back) into one word (front in the
+// low 32 bits), so that its owner and a thief claim from it by one
+// compare-and-swap; n < 2^31 (parallelFor's n is an int of items: weight
+// panels, heads, rows).
+func packLane(front, back int64) uint64 { return uint64(front) | uint64(back)<<32 }
+
+// unpackLane is packLane's inverse.
+func unpackLane(v uint64) (front, back int64) { return int64(v & 0xffffffff), int64(v >> 32) }
+
+// loop runs lane's indices from its front, then steals from the other
+// lanes until every index is taken.
+func (j *poolJob) loop(lane int) {
 	for {
-		lo := j.next.Load()
-		if lo >= j.n {
+		lo, hi, ok := j.takeFront(lane)
+		if !ok {
+			break
+		}
+		j.f(int(lo), int(hi))
+	}
+	for {
+		lo, hi, ok := j.steal()
+		if !ok {
 			return
 		}
-		c := max(j.chunk, (j.n-lo)/j.div)
-		if !j.next.CompareAndSwap(lo, lo+c) {
-			continue
-		}
-		j.f(int(lo), int(min(j.n, lo+c)))
+		j.f(int(lo), int(hi))
 	}
 }
 
-// join takes a helper slot of j (false: closed, full or no chunk left).
-func (j *poolJob) join() bool {
+// takeFront claims the next chunk at the front of lane's range.
+func (j *poolJob) takeFront(lane int) (lo, hi int64, ok bool) {
+	l := &j.lanes[lane]
+	for {
+		v := l.Load()
+		f, b := unpackLane(v)
+		if f >= b {
+			return 0, 0, false
+		}
+		e := min(b, f+j.chunk)
+		if l.CompareAndSwap(v, packLane(e, b)) {
+			j.taken.Add(e - f)
+			return f, e, true
+		}
+	}
+}
+
+// steal claims the back half (at least a chunk) of the lane with the most
+// indices left (false: every index is taken).
+func (j *poolJob) steal() (lo, hi int64, ok bool) {
+	for {
+		best, most := -1, int64(0)
+		var bv uint64
+		for i := range j.lanes {
+			v := j.lanes[i].Load()
+			if f, b := unpackLane(v); b-f > most {
+				best, most, bv = i, b-f, v
+			}
+		}
+		if best < 0 {
+			return 0, 0, false
+		}
+		f, b := unpackLane(bv)
+		s := max(f, b-max(j.chunk, most/2))
+		if j.lanes[best].CompareAndSwap(bv, packLane(f, s)) {
+			j.taken.Add(b - s)
+			return s, b, true
+		}
+	}
+}
+
+// join takes a helper slot of j and returns its lane (false: closed, full
+// or every index taken).
+func (j *poolJob) join() (int, bool) {
 	for {
 		s := j.state.Load()
-		if s&jobClosed != 0 || s >= j.cap || j.next.Load() >= j.n {
-			return false
+		if s&jobClosed != 0 || s >= j.cap || j.taken.Load() >= j.n {
+			return 0, false
 		}
 		if j.state.CompareAndSwap(s, s+1) {
-			return true
+			return int(s) + 1, true
 		}
 	}
 }
@@ -236,19 +314,19 @@ func (p *workPool) retire(j *poolJob) {
 	p.mu.Unlock()
 }
 
-// take joins the listed job with chunks left and the fewest helpers (nil
-// when none takes a helper).
-func (p *workPool) take() *poolJob {
+// take joins the listed job with indices left and the fewest helpers, and
+// returns it with the helper's lane (nil when none takes a helper).
+func (p *workPool) take() (*poolJob, int) {
 	for {
 		list := p.jobs.Load()
 		if list == nil {
-			return nil
+			return nil, 0
 		}
 		var best *poolJob
 		bh := int32(0)
 		for _, j := range *list {
 			s := j.state.Load()
-			if s&jobClosed != 0 || s >= j.cap || j.next.Load() >= j.n {
+			if s&jobClosed != 0 || s >= j.cap || j.taken.Load() >= j.n {
 				continue
 			}
 			if best == nil || s < bh {
@@ -256,10 +334,10 @@ func (p *workPool) take() *poolJob {
 			}
 		}
 		if best == nil {
-			return nil
+			return nil, 0
 		}
-		if best.join() {
-			return best
+		if lane, ok := best.join(); ok {
+			return best, lane
 		}
 	}
 }
@@ -270,8 +348,8 @@ func (p *workPool) take() *poolJob {
 func (p *workPool) worker() {
 	for {
 		seen := p.gen.Load()
-		if j := p.take(); j != nil {
-			j.loop()
+		if j, lane := p.take(); j != nil {
+			j.loop(lane)
 			j.leave()
 			continue
 		}

@@ -115,6 +115,66 @@ func TestParallelForPool(t *testing.T) {
 	}
 }
 
+// TestPoolJobLanes: a call's indices are run lane by lane — a goroutine
+// takes its own lane from the front in chunks, in index order, and one
+// whose lane is empty steals the back half (at least a chunk) of the lane
+// with the most left — and every index exactly once. The caller alone runs
+// a job of three lanes (its helpers never join), as when every pool worker
+// is busy elsewhere, so the order is deterministic.
+func TestPoolJobLanes(t *testing.T) {
+	for _, c := range []struct{ n, workers int }{{300, 3}, {8, 2}, {64, 16}, {7, 3}, {1000, 4}} {
+		var got [][2]int
+		j := newPoolJob(func(lo, hi int) { got = append(got, [2]int{lo, hi}) }, c.n, c.workers)
+		j.loop(0)
+		// the model: lanes [w·n/W, (w+1)·n/W), chunk max(1, n/(32·W))
+		chunk := max(1, c.n/(32*c.workers))
+		front, back := make([]int, c.workers), make([]int, c.workers)
+		for w := range c.workers {
+			front[w], back[w] = w*c.n/c.workers, (w+1)*c.n/c.workers
+		}
+		var want [][2]int
+		for front[0] < back[0] {
+			e := min(back[0], front[0]+chunk)
+			want = append(want, [2]int{front[0], e})
+			front[0] = e
+		}
+		for {
+			best, most := -1, 0
+			for w := range c.workers {
+				if back[w]-front[w] > most {
+					best, most = w, back[w]-front[w]
+				}
+			}
+			if best < 0 {
+				break
+			}
+			s := max(front[best], back[best]-max(chunk, most/2))
+			want = append(want, [2]int{s, back[best]})
+			back[best] = s
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("n %d, %d lanes: chunks %v, want %v", c.n, c.workers, got, want)
+		}
+		seen := make([]int, c.n)
+		for _, r := range got {
+			for i := r[0]; i < r[1]; i++ {
+				seen[i]++
+			}
+		}
+		for i, k := range seen {
+			if k != 1 {
+				t.Errorf("n %d, %d lanes: index %d ran %d times", c.n, c.workers, i, k)
+			}
+		}
+		if j.taken.Load() != int64(c.n) {
+			t.Errorf("n %d, %d lanes: taken %d, want %d", c.n, c.workers, j.taken.Load(), c.n)
+		}
+		if _, ok := j.join(); ok {
+			t.Errorf("n %d, %d lanes: a helper joined a job with every index taken", c.n, c.workers)
+		}
+	}
+}
+
 // TestPlainBlockRange: the bit-level range check of LinearPlain's inputs
 // (plainRangeAVX2 and plainRangeGo) gives the float64 form's results (smallest nonzero and largest magnitude,
 // every value bf16) on blocks with zeros, ±0, subnormals, infinities, NaN
