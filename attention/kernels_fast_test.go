@@ -639,6 +639,50 @@ func TestLinearSharedEqualsLinear(t *testing.T) {
 	}
 }
 
+// TestFP8PanelsPartlyProven: a weight whose second row block's factors
+// 2^(e+20)·s_b are out of the kernels' proven range (and the first's in it)
+// on a weight split into block groups at GOMAXPROCS 16 (4 panels of 1024
+// columns): the second row block's panels take the reference loop, the
+// first's the kernels, with the reference's bits at every GOMAXPROCS and in
+// every form — each goroutine checks its own quantised copy of x, and all
+// must make the same choice for a panel whose groups they share.
+func TestFP8PanelsPartlyProven(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 10))
+	w := randFP8(rng, 256, 1024)
+	for b := 8; b < 16; b++ { // row block 1: 2^60, so x_b = 1 makes 2^81
+		w.Scale[b] = 127 + 60
+	}
+	quant.DequantFP8Weight(w.W, w.Codes, w.Scale, 256, 1024)
+	p := PackFP8Weight(w)
+	x := make([]float32, 1024)
+	for k := range x {
+		x[k] = quant.BF16Round(float32(rng.NormFloat64()))
+	}
+	for b := range 8 {
+		x[b*128+7] = 896 // each block's amax: s_b = 2
+	}
+	want := make([]float32, 256)
+	FP8Linear(want, x, w)
+	eachPath(t, func(t *testing.T) {
+		got := make([]float32, 256)
+		r0 := ReferencePanels()
+		p.Linear(got, x)
+		sameBits(t, "y", got, want)
+		wantRef := int64(4) // the pure-Go path: every panel
+		if useAsm() {
+			wantRef = 2 // row block 1's panels
+		}
+		if ref := ReferencePanels() - r0; ref != wantRef {
+			t.Errorf("%d panels took the reference loop, want %d of 4", ref, wantRef)
+		}
+		// LinearShared: the same weight twice, one copy of x per goroutine
+		ys := [][]float32{make([]float32, 256), make([]float32, 256)}
+		LinearShared([]*FP8Panels{p, p}, ys, x)
+		sameBits(t, "LinearShared y[0]", ys[0], want)
+		sameBits(t, "LinearShared y[1]", ys[1], want)
+	})
+}
+
 // TestFP8PanelsFactorRange: the kernels scale each block sum back by
 // 2^(e+20)·s_b (e the weight block's scale exponent, s_b the activation
 // block's); they take a weight whose factor exponent e+20+x_b is at most 80
