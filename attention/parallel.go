@@ -2,7 +2,6 @@ package attention
 
 import (
 	"runtime"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -100,9 +99,9 @@ func parallelRun(n int, work int, m partMaker, f func(lo, hi int)) {
 	thePool.calls.Add(1)
 	thePool.submit(j, workers-1)
 	j.loop(0)
-	thePool.retire(j)
-	// close the job to new helpers, then wait for those still on a chunk:
-	// they finish within a chunk's time, so spin briefly before blocking
+	// close the job to new helpers (it is dropped from the list at the next
+	// submit), then wait for those still on a chunk: they finish within a
+	// chunk's time, so spin briefly before blocking
 	joined := j.state.Or(jobClosed) &^ jobClosed
 	if !spinUntil(func() bool { return j.done.Load() == joined }, nil) {
 		<-j.fin
@@ -310,15 +309,18 @@ func (j *poolJob) leave() {
 
 // workPool is the process-wide pool of helper goroutines.
 type workPool struct {
-	jobs    atomic.Pointer[[]*poolJob] // calls not yet retired (an immutable snapshot)
-	gen     atomic.Int64               // jobs submitted
-	spin    atomic.Bool                // idle workers and waiting callers spin (GOMAXPROCS ≤ CPUs)
-	calls   atomic.Int32               // parallel calls in flight
-	procs   atomic.Int32               // GOMAXPROCS at the latest call
-	mu      sync.Mutex                 // guards the rest, and updates of jobs
+	// jobs lists the calls in flight: an immutable snapshot, replaced by
+	// compare-and-swap; a closed job stays listed (take skips it) until the
+	// next submit drops it, so that a call's end costs no list update
+	jobs    atomic.Pointer[[]*poolJob]
+	gen     atomic.Int64 // jobs submitted
+	spin    atomic.Bool  // idle workers and waiting callers spin (GOMAXPROCS ≤ CPUs)
+	calls   atomic.Int32 // parallel calls in flight
+	procs   atomic.Int32 // GOMAXPROCS at the latest call
+	started atomic.Int32 // workers started
+	parked  atomic.Int32 // workers parked on cond, or about to check gen and park
+	mu      sync.Mutex   // guards starting workers, and cond
 	cond    sync.Cond
-	started int // workers started
-	parked  int // workers waiting on cond
 }
 
 var thePool = func() *workPool {
@@ -327,34 +329,45 @@ var thePool = func() *workPool {
 	return p
 }()
 
-// submit lists j, starts workers up to want, and wakes parked ones.
+// submit lists j (dropping the closed jobs), starts workers up to want,
+// and wakes parked ones. Only when a worker must be started or woken does
+// it take the lock. (The list was updated under the lock at each call's
+// start and again at its end, to retire the call: on the 2-core Zen 5 VM
+// the retiring took ≈ 0.9 µs of a 44 µs wkv call, closing the job takes ≈
+// 0.05 µs; the listing takes ≈ 0.8 µs either way, most of it the spinning
+// helpers' cache lines changing hands.)
 func (p *workPool) submit(j *poolJob, want int) {
-	p.mu.Lock()
-	var list []*poolJob
-	if old := p.jobs.Load(); old != nil {
-		list = append(list, *old...)
+	for {
+		old := p.jobs.Load()
+		var list []*poolJob
+		if old != nil {
+			list = make([]*poolJob, 0, len(*old)+1)
+			for _, o := range *old {
+				if o.state.Load()&jobClosed == 0 {
+					list = append(list, o)
+				}
+			}
+		}
+		list = append(list, j)
+		if p.jobs.CompareAndSwap(old, &list) {
+			break
+		}
 	}
-	list = append(list, j)
-	p.jobs.Store(&list)
 	p.gen.Add(1)
-	for p.started < want {
-		p.started++
-		go p.worker()
+	// a worker adds itself to parked before it checks gen (worker), and
+	// this checks parked after gen moved: either the worker sees the new
+	// gen and does not park, or this sees it parked and wakes it
+	if int(p.started.Load()) < want || p.parked.Load() > 0 {
+		p.mu.Lock()
+		for int(p.started.Load()) < want {
+			p.started.Add(1)
+			go p.worker()
+		}
+		for range min(int(p.parked.Load()), want) {
+			p.cond.Signal()
+		}
+		p.mu.Unlock()
 	}
-	for range min(p.parked, want) {
-		p.cond.Signal()
-	}
-	p.mu.Unlock()
-}
-
-// retire removes j from the list (its caller found no chunk left).
-func (p *workPool) retire(j *poolJob) {
-	p.mu.Lock()
-	if old := p.jobs.Load(); old != nil {
-		list := slices.DeleteFunc(slices.Clone(*old), func(x *poolJob) bool { return x == j })
-		p.jobs.Store(&list)
-	}
-	p.mu.Unlock()
 }
 
 // take joins the listed job with indices left and the fewest helpers, and
@@ -400,11 +413,11 @@ func (p *workPool) worker() {
 			continue
 		}
 		p.mu.Lock()
+		p.parked.Add(1)
 		if p.gen.Load() == seen {
-			p.parked++
 			p.cond.Wait()
-			p.parked--
 		}
+		p.parked.Add(-1)
 		p.mu.Unlock()
 	}
 }
