@@ -267,7 +267,7 @@ func (w *WoAPanels) WoA(u, o []float32) {
 		if len(o[g*gd:(g+1)*gd]) != p.Cols || p.Rows != w.Rank {
 			panic("attention: WoAPanels shape mismatch")
 		}
-		jobs[g] = p.job(u[g*w.Rank:(g+1)*w.Rank], o[g*gd:(g+1)*gd], 1)
+		jobs[g] = p.job(u[g*w.Rank:(g+1)*w.Rank], o[g*gd:(g+1)*gd], nil, nil, 1)
 	}
 	np := jobs[0].items()
 	parallelFor(w.Groups*np, w.Groups*w.Rank*gd, func(lo, hi int) {

@@ -182,16 +182,11 @@ func fp8WidenBits(c uint8) uint32 {
 // bits), smaller ones go to the 2^-9 grid (an fp32 add of 2^14 rounds them)
 // — the values quant.DecodeE4M3(quant.EncodeE4M3Sat(f)) gives. A block with
 // a non-finite value or a scale outside 2^±100 takes quant.QuantizeActFP8.
-// xs gets q·2^100 (fp8ActExp), the kernels' pre-scaled activation; q may be
-// nil when only xs and s are wanted.
+// xs gets q·2^100 (fp8ActExp), the kernels' pre-scaled activation.
 func quantizeActFast(q, s, xs, x []float32) {
-	var own [ActBlock]float32 // q's block when q is nil (only xs is wanted)
 	for b := range len(x) / ActBlock {
 		blk := x[b*ActBlock : (b+1)*ActBlock : (b+1)*ActBlock]
-		out := own[:]
-		if q != nil {
-			out = q[b*ActBlock : (b+1)*ActBlock : (b+1)*ActBlock]
-		}
+		out := q[b*ActBlock : (b+1)*ActBlock : (b+1)*ActBlock]
 		sc := xs[b*ActBlock : (b+1)*ActBlock : (b+1)*ActBlock]
 		var am uint32
 		if useAsm() {
@@ -254,25 +249,24 @@ func quantBlockFast(out, xs, x *[ActBlock]float32, inv float32) {
 // in order afterwards (sumTerms64AVX2), the same sums. Weights or
 // activations outside that range (NaN codes, extreme scales, non-finite x)
 // take the reference loop.
-//
-// Each goroutine of the call quantises x itself, before its first work
-// item, and keeps its copy for the rest (fp8Job.part says why).
 func (p *FP8Panels) Linear(y, x []float32) {
 	if len(x) != p.Cols || len(y) != p.Rows {
 		panic("attention: FP8Panels.Linear shape mismatch")
 	}
-	j := p.blockJob(y, x, runtime.GOMAXPROCS(0))
-	parallelForWith(j.items(), p.Rows*p.Cols, j)
+	a := getActScratch(len(x))
+	quantizeActFast(a.qx, a.sx, a.xs, x)
+	j := p.job(y, a.qx, a.sx, a.xs, runtime.GOMAXPROCS(0))
+	parallelFor(j.items(), p.Rows*p.Cols, j.run)
 	j.release()
+	actPool.Put(a)
 }
 
-// actScratch is a goroutine's quantised activation in one call: its block
-// scales sx and the kernels' pre-scaled copy xs = qx·2^100 (fp8Act). Calls
-// take it from actPool and return it: a decode step makes thousands of GEMV
-// calls, and allocating these per call (3 × 16 KiB for a 4096-wide x, when
-// qx was kept too) cost 15-18 % of a cache-resident call's CPU time in
-// malloc and GC assists.
-type actScratch struct{ xs, sx []float32 }
+// actScratch is one call's quantised activation: qx (E4M3 values), its
+// block scales sx and the kernels' pre-scaled copy xs = qx·2^100. Calls take
+// it from actPool and return it: a decode step makes thousands of GEMV
+// calls, and allocating these per call (3 × 16 KiB for a 4096-wide x) cost
+// 15-18 % of a cache-resident call's CPU time in malloc and GC assists.
+type actScratch struct{ qx, xs, sx []float32 }
 
 var actPool sync.Pool
 
@@ -283,7 +277,7 @@ func getActScratch(n int) *actScratch {
 	if a == nil {
 		a = new(actScratch)
 	}
-	a.xs, a.sx = grow(a.xs, n), grow(a.sx, n/ActBlock)
+	a.qx, a.xs, a.sx = grow(a.qx, n), grow(a.xs, n), grow(a.sx, n/ActBlock)
 	return a
 }
 
@@ -298,11 +292,11 @@ func grow[T any](s []T, n int) []T {
 
 // LinearShared computes ys[i] = FP8Linear(x, ps[i]) for weights that read
 // the same activation x (wq_a and wkv of a layer both read the attention
-// input): each goroutine quantises x once for all the weights (the same
-// values each Linear call would compute) and every weight's work items run
-// in one parallel loop, so two small GEMVs make one call's worth of work
-// instead of two fork/joins. Each item is computed exactly as Linear
-// computes it, so the bits are Linear's at any GOMAXPROCS.
+// input): x is quantised once (the same qx and block scales each Linear
+// call would compute) and every weight's work items run in one parallel
+// loop, so two small GEMVs make one call's worth of work instead of two
+// fork/joins. Each item is computed exactly as Linear computes it, so the
+// bits are Linear's at any GOMAXPROCS.
 func LinearShared(ps []*FP8Panels, ys [][]float32, x []float32) {
 	if len(ps) != len(ys) {
 		panic("attention: LinearShared: weights and outputs differ in number")
@@ -312,63 +306,32 @@ func LinearShared(ps []*FP8Panels, ys [][]float32, x []float32) {
 			panic("attention: LinearShared shape mismatch")
 		}
 	}
+	a := getActScratch(len(x))
+	defer actPool.Put(a)
+	qx, sx, xs := a.qx, a.sx, a.xs
+	quantizeActFast(qx, sx, xs, x)
 	procs := runtime.GOMAXPROCS(0)
 	jobs, first := make([]*fp8Job, len(ps)), make([]int, len(ps)+1)
 	work := 0
 	for i, p := range ps {
-		jobs[i] = p.blockJob(ys[i], x, procs)
+		jobs[i] = p.job(ys[i], qx, sx, xs, procs)
 		first[i+1] = first[i] + jobs[i].items()
 		work += p.Rows * p.Cols
 	}
-	parallelForWith(first[len(ps)], work, &sharedJob{jobs: jobs, first: first, x: x})
+	parallelFor(first[len(ps)], work, func(lo, hi int) {
+		for i := lo; i < hi; {
+			w := 0
+			for first[w+1] <= i {
+				w++
+			}
+			end := min(hi, first[w+1])
+			jobs[w].run(i-first[w], end-first[w])
+			i = end
+		}
+	})
 	for _, j := range jobs {
 		j.release()
 	}
-}
-
-// sharedJob is LinearShared's product: the weights' jobs, whose items are
-// numbered one after the other (jobs[w]'s from first[w]).
-type sharedJob struct {
-	jobs  []*fp8Job
-	first []int
-	x     []float32
-}
-
-// sharedPart is one goroutine's share of a sharedJob: one quantised copy of
-// x for the views of every weight it meets.
-type sharedPart struct {
-	s     *sharedJob
-	act   *fp8Act
-	views []*fp8Job
-}
-
-func (s *sharedJob) part() part {
-	return &sharedPart{s: s, act: getFP8Act(s.x), views: make([]*fp8Job, len(s.jobs))}
-}
-
-func (sp *sharedPart) runPart(lo, hi int) {
-	first := sp.s.first
-	for i := lo; i < hi; {
-		w := 0
-		for first[w+1] <= i {
-			w++
-		}
-		end := min(hi, first[w+1])
-		if sp.views[w] == nil {
-			sp.views[w] = sp.s.jobs[w].view(sp.act)
-		}
-		sp.views[w].runItems(i-first[w], end-first[w])
-		i = end
-	}
-}
-
-func (sp *sharedPart) donePart() {
-	for _, v := range sp.views {
-		if v != nil {
-			v.releaseView()
-		}
-	}
-	sp.act.release()
 }
 
 // LinearPlain is BF16Linear on the packed weight — a bf16 GEMM without
@@ -389,40 +352,36 @@ func (p *FP8Panels) LinearPlain(y, x []float32) {
 	if len(x) != p.Cols || len(y) != p.Rows {
 		panic("attention: FP8Panels.LinearPlain shape mismatch")
 	}
-	j := p.job(y, x, runtime.GOMAXPROCS(0))
+	p.apply(y, x, nil)
+}
+
+// apply computes y from the activation x: with sx, FP8Linear's blockwise form
+// (x = qx, the quantised activation, s_b = sx[b]); with sx == nil,
+// LinearPlain's single sum.
+func (p *FP8Panels) apply(y, x, sx []float32) {
+	j := p.job(y, x, sx, nil, runtime.GOMAXPROCS(0))
 	parallelFor(j.items(), p.Rows*p.Cols, j.run)
 	j.release()
 }
 
-// fp8Job is one product of an FP8Panels weight, computed item by item (run),
-// so that several products can share one parallelFor. An item is a panel,
-// or, when the weight has too few panels for the goroutines (ng > 1,
-// blockwise form only), a group of its 128-column blocks.
-//
-// LinearPlain's job (job) is checked once, on the caller. A blockwise job
-// (blockJob, for Linear and LinearShared) is made before x is quantised:
-// the split depends on the shapes and GOMAXPROCS only, and each goroutine
-// runs its items on its own view of the job (part, view), which
-// holds its quantised copy of x and the checks made on it.
+// fp8Job is one product of an FP8Panels weight, checked once, computed item
+// by item (run), so that several products can share one parallelFor. An
+// item is a panel, or, when the weight has too few panels for the
+// goroutines (ng > 1, blockwise form only), a group of its 128-column blocks.
 type fp8Job struct {
-	p      *FP8Panels
-	y, x   []float32 // x: LinearPlain's input; blockwise, the unquantised activation
-	sx     []float32 // blockwise: the activation's block scales (a view's act)
-	xs     []float32 // blockwise, assembly: qx·2^fp8ActExp (a view's act)
-	np     int
-	cb     int
-	asm    bool
-	avx512 bool           // asm in the kernels' AVX-512 forms (useAVX512)
-	scl    []float32      // [row block][cb] the kernel's per-block factors
-	ok     []bool         // [row block] the kernel's factoring is proven there
-	ng     int            // block groups per panel
-	terms  []float32      // [np][cb][64] block terms when ng > 1 (shared by the views)
-	left   []atomic.Int32 // [np] groups of each panel still running (shared by the views)
-	lo, hi []float64      // plain: each block's smallest nonzero and largest |x|
-	// a view's own
-	act     *fp8Act   // the goroutine's quantised activation
-	checked bool      // act is quantised and checked against the weight (scl, ok, asm)
-	qx      []float32 // the reference's quantised activation, made when a panel needs the reference loop
+	p        *FP8Panels
+	y, x, sx []float32
+	xs       []float32 // blockwise, assembly: x·2^fp8ActExp
+	np, cb   int
+	asm      bool
+	avx512   bool           // asm in the kernels' AVX-512 forms (useAVX512)
+	scl      []float32      // [row block][cb] the kernel's per-block factors
+	ok       []bool         // [row block] the kernel's factoring is proven there
+	ng       int            // block groups per panel
+	terms    []float32      // [np][cb][64] block terms when ng > 1
+	left     []atomic.Int32 // [np] groups of each panel still running
+	lo, hi   []float64      // plain: each block's smallest nonzero and largest |x|
+	xsBuf    []float32      // xs when the caller has none
 }
 
 // fp8LaneRow is the FP8 kernels' output layout: their y[p] (and block
@@ -437,31 +396,26 @@ var fp8LaneRow = func() (r [PanelRows]uint8) {
 	return r
 }()
 
-// jobPool holds released jobs and views with their per-call arrays (scl,
-// ok, terms, left, lo, hi, qx), so that a GEMV call allocates nothing
-// once it is warm.
+// jobPool holds released jobs with their per-call arrays (scl, ok, terms,
+// left, lo, hi), so that a GEMV call allocates nothing once it is warm.
 var jobPool sync.Pool
 
-// getJob returns a pooled job, reset but for its arrays.
-func getJob() *fp8Job {
-	j, _ := jobPool.Get().(*fp8Job)
-	if j == nil {
-		return new(fp8Job)
-	}
-	*j = fp8Job{scl: j.scl, ok: j.ok, terms: j.terms, left: j.left, lo: j.lo, hi: j.hi, qx: j.qx}
-	return j
-}
-
-// job checks one LinearPlain product (y = W·x, x bf16) on the caller.
-func (p *FP8Panels) job(y, x []float32, workers int) *fp8Job {
+// job checks one product (xs: x·2^100 when the caller has it, else nil).
+func (p *FP8Panels) job(y, x, sx, xs []float32, workers int) *fp8Job {
 	cb := p.Cols / ActBlock
 	nrb := (p.Rows + 127) / 128
-	j := getJob()
-	j.p, j.y, j.x, j.np, j.cb, j.ng = p, y, x, (p.Rows+PanelRows-1)/PanelRows, cb, 1
-	j.asm = useAsm() && p.exact && len(p.Sub) == j.np*p.Cols/64
-	if j.asm {
-		// the smallest nonzero and the largest |x| of each 128-block, so
-		// that x[k]·2^(e_b+104) is checked per block, not per element
+	j, _ := jobPool.Get().(*fp8Job)
+	if j == nil {
+		j = new(fp8Job)
+	}
+	*j = fp8Job{p: p, y: y, x: x, sx: sx, xs: xs, np: (p.Rows + PanelRows - 1) / PanelRows, cb: cb, asm: useAsm() && p.exact, ng: 1,
+		scl: j.scl, ok: j.ok, terms: j.terms, left: j.left, lo: j.lo, hi: j.hi, xsBuf: j.xsBuf}
+	j.asm = j.asm && len(p.Sub) == j.np*p.Cols/64
+	if sx != nil {
+		j.asm = j.asm && normalPow2s(sx)
+	} else if j.asm {
+		// plain: the smallest nonzero and the largest |x| of each 128-block,
+		// so that x[k]·2^(e_b+104) is checked per block, not per element
 		j.lo, j.hi = grow(j.lo, cb), grow(j.hi, cb)
 		lo, hi := j.lo, j.hi
 		for b := range cb {
@@ -475,181 +429,70 @@ func (p *FP8Panels) job(y, x []float32, workers int) *fp8Job {
 	}
 	j.avx512 = useAVX512()
 	j.scl, j.ok = grow(j.scl, nrb*cb), grow(j.ok, nrb)
-	for rb := range nrb {
-		srow, scl := p.Scale[rb*cb:(rb+1)*cb], j.scl[rb*cb:(rb+1)*cb]
-		ok := true
-		for b := 0; ok && b < cb; b++ {
-			// x[k]·2^(e+104) and, for the rows without subnormal codes
-			// (v = E4M3·2^-120), x[k]·2^(e+120) must be normal, and every
-			// product x·W at least 2^-115 (x·2^(e+104) times the smallest
-			// nonzero v, 2^-113): |x·2^(e+104)| in [2^-2, 2^110]
-			e := int(srow[b]) - 127
-			ok = e+120 <= 127
-			if ok {
-				scl[b] = quant.Pow2(e - fp8WidenExp)
-				f := float64(scl[b])
-				ok = j.hi[b] == 0 || (j.lo[b]*f >= 0x1p-2 && j.hi[b]*f <= 0x1p110)
+	if sx != nil {
+		// block sums of (qx·2^84)·(E4M3·2^-104) = qx·E4M3·2^-20 (multiples
+		// of 2^-38, |sum| < 2^5), scaled back by 2^(e+20)·s_b: terms in
+		// [2^-118, 2^85]. s_b = ±2^x_b (normalPow2s) and e in [-90, 100]
+		// (exact), so the factor is ±2^(e+20+x_b), a normal float exactly
+		// when that exponent is: the range is tested on the exponents (the
+		// float test, |Pow2(e+20)·s_b| in float64 against 2^±80, cost
+		// 2.4 µs a call for indexer.wq_b's 512 blocks)
+		for rb := range nrb {
+			srow, scl := p.Scale[rb*cb:(rb+1)*cb], j.scl[rb*cb:(rb+1)*cb]
+			ok := true
+			for b, c := range srow {
+				e := int(c) - 127
+				f := e + 20 + int(math.Float32bits(sx[b])>>23&0xff) - 127
+				ok = ok && f >= -80 && f <= 80
+				scl[b] = quant.Pow2(e+20) * sx[b]
+			}
+			j.ok[rb] = ok
+		}
+	} else {
+		for rb := range nrb {
+			srow, scl := p.Scale[rb*cb:(rb+1)*cb], j.scl[rb*cb:(rb+1)*cb]
+			ok := true
+			for b := 0; ok && b < cb; b++ {
+				// x[k]·2^(e+104) and, for the rows without subnormal codes
+				// (v = E4M3·2^-120), x[k]·2^(e+120) must be normal, and every
+				// product x·W at least 2^-115 (x·2^(e+104) times the smallest
+				// nonzero v, 2^-113): |x·2^(e+104)| in [2^-2, 2^110]
+				e := int(srow[b]) - 127
+				ok = e+120 <= 127
+				if ok {
+					scl[b] = quant.Pow2(e - fp8WidenExp)
+					f := float64(scl[b])
+					ok = j.hi[b] == 0 || (j.lo[b]*f >= 0x1p-2 && j.hi[b]*f <= 0x1p110)
+				}
+			}
+			j.ok[rb] = ok
+		}
+	}
+	if sx != nil {
+		if j.xs == nil { // Linear passes quantizeActFast's xs
+			j.xsBuf = grow(j.xsBuf, len(x))
+			j.xs = j.xsBuf
+			for k, v := range x {
+				j.xs[k] = v * fp8ActScale // exact: qx is an E4M3 value
 			}
 		}
-		j.ok[rb] = ok
-	}
-	return j
-}
-
-// blockJob is the job of one FP8Linear product y = W·quant(x), made before
-// x is quantised: the goroutines' views (part, view) quantise and
-// check. A weight with fewer than 4 panels per goroutine has its blocks
-// split too, in groups of at least 4 blocks (32 KiB of codes), into about
-// 8 items per goroutine. (Below 8 panels per goroutine, the rule until
-// round 8, split wkv's 8 panels at 2 threads: on a 2-core Zen 5 that took
-// 70-74 µs a call against 57-62 µs unsplit.) The split depends on the
-// shapes and workers only, never on the values.
-func (p *FP8Panels) blockJob(y, x []float32, workers int) *fp8Job {
-	cb := p.Cols / ActBlock
-	j := getJob()
-	j.p, j.y, j.x, j.np, j.cb, j.ng = p, y, x, (p.Rows+PanelRows-1)/PanelRows, cb, 1
-	j.asm = useAsm() && p.exact && len(p.Sub) == j.np*p.Cols/64
-	j.avx512 = j.asm && useAVX512()
-	if j.asm && workers > 1 && p.Rows*p.Cols >= 1<<16 && j.np < 4*workers {
-		j.ng = max(1, min(cb/4, (8*workers+j.np-1)/j.np))
-	}
-	if j.ng > 1 {
-		j.terms = grow(j.terms, j.np*cb*PanelRows)
-		j.left = grow(j.left, j.np)
-		for i := range j.left {
-			j.left[i].Store(int32(j.ng))
+		// a weight with fewer than 4 panels per goroutine has its blocks
+		// split too, in groups of at least 4 blocks (32 KiB of codes), into
+		// about 8 items per goroutine. (Below 8 panels per goroutine, the
+		// rule until round 8, split wkv's 8 panels at 2 threads: on a
+		// 2-core Zen 5 that took 70-74 µs a call against 57-62 µs unsplit.)
+		if workers > 1 && p.Rows*p.Cols >= 1<<16 && j.np < 4*workers {
+			j.ng = max(1, min(cb/4, (8*workers+j.np-1)/j.np))
+		}
+		if j.ng > 1 {
+			j.terms = grow(j.terms, j.np*cb*PanelRows)
+			j.left = grow(j.left, j.np)
+			for i := range j.left {
+				j.left[i].Store(int32(j.ng))
+			}
 		}
 	}
 	return j
-}
-
-// fp8Act is one goroutine's quantised copy of a blockwise product's
-// activation x (quantizeActFast): xs = qx·2^fp8ActExp and the block scales
-// sx, once done.
-type fp8Act struct {
-	x      []float32
-	xs, sx []float32
-	done   bool
-	a      *actScratch
-}
-
-var fp8ActPool sync.Pool
-
-// getFP8Act returns an fp8Act for x, not yet quantised.
-func getFP8Act(x []float32) *fp8Act {
-	c, _ := fp8ActPool.Get().(*fp8Act)
-	if c == nil {
-		c = new(fp8Act)
-	}
-	c.a = getActScratch(len(x))
-	c.x, c.xs, c.sx, c.done = x, c.a.xs, c.a.sx, false
-	return c
-}
-
-// quantize quantises x, once.
-func (c *fp8Act) quantize() {
-	if !c.done {
-		quantizeActFast(nil, c.sx, c.xs, c.x)
-		c.done = true
-	}
-}
-
-// release returns c and its scratch to their pools.
-func (c *fp8Act) release() {
-	actPool.Put(c.a)
-	*c = fp8Act{}
-	fp8ActPool.Put(c)
-}
-
-// part makes one goroutine's share of a blockwise product (partMaker, for
-// parallelForWith): its view of j on its own quantised copy of x. Each
-// goroutine quantises x itself, before its first item, rather than all
-// reading the caller's copy: a helper reading the lines the caller has just
-// written pays a transfer from the caller's cache for each, more than
-// quantising 4096 values itself. Alternated in one process on the 2-core
-// Zen 5 VM (60 rounds of 100 calls, medians), wkv took 44.5 / 43.7 / 46.0
-// µs a call this way against 46.2 / 45.9 / 48.2 with the caller's copy, and
-// wq_a 77.5 / 78.9 / 77.3 against 79.4 / 80.3 / 77.7. Quantising block by
-// block in step with the kernel on the first item (fp8Terms64 on 4 blocks
-// at a time) was in between: 45.6 / 45.4 / 47.7 µs (bench/README.md, round
-// 16).
-func (j *fp8Job) part() part { return j.view(getFP8Act(j.x)) }
-
-// runPart and donePart make a view of a Linear product its goroutine's
-// part (fp8Job.part): the items, then the release of the view and its
-// activation.
-func (v *fp8Job) runPart(lo, hi int) { v.runItems(lo, hi) }
-
-func (v *fp8Job) donePart() {
-	act := v.act
-	v.releaseView()
-	act.release()
-}
-
-// view is a goroutine's view of the blockwise job j on its activation act:
-// j's shared fields (the weight, y, the split, the block terms of split
-// panels) with its own checks.
-func (j *fp8Job) view(act *fp8Act) *fp8Job {
-	v := getJob()
-	nrb := (j.p.Rows + 127) / 128
-	scl, ok, qx := grow(v.scl, nrb*j.cb), grow(v.ok, nrb), v.qx
-	*v = *j
-	v.scl, v.ok, v.qx, v.lo, v.hi = scl, ok, qx, nil, nil
-	v.act, v.xs, v.sx, v.checked = act, act.xs, act.sx, false
-	return v
-}
-
-// releaseView returns a view to jobPool without the arrays it shares with
-// its job.
-func (v *fp8Job) releaseView() {
-	v.terms, v.left = nil, nil
-	v.release()
-}
-
-// check quantises the view's activation (if no other view of it has) and
-// checks it against the weight: asm stays true if every block scale s_b is
-// a normal power of two; for each row block rb, scl[rb][b] = 2^(e+20)·s_b
-// (e the weight block's scale exponent) and ok[rb] is true if every
-// e+20+x_b (s_b = ±2^x_b) is in [-80, 80]. Block sums of
-// (qx·2^84)·(E4M3·2^-104) = qx·E4M3·2^-20 (multiples of 2^-38, |sum| <
-// 2^5), scaled back by 2^(e+20)·s_b, are then terms in [2^-118, 2^85]. (The
-// range is tested on the exponents: the float test, |Pow2(e+20)·s_b| in
-// float64 against 2^±80, cost 2.4 µs a call for indexer.wq_b's 512 blocks.)
-func (v *fp8Job) check() {
-	v.act.quantize()
-	p, cb, sx := v.p, v.cb, v.sx
-	v.asm = v.asm && normalPow2s(sx)
-	for rb := range v.ok {
-		srow, scl := p.Scale[rb*cb:(rb+1)*cb], v.scl[rb*cb:(rb+1)*cb]
-		ok := true
-		for b, c := range srow {
-			e := int(c) - 127
-			f := e + 20 + int(math.Float32bits(sx[b])>>23&0xff) - 127
-			ok = ok && f >= -80 && f <= 80
-			scl[b] = quant.Pow2(e+20) * sx[b]
-		}
-		v.ok[rb] = ok
-	}
-	v.checked = true
-}
-
-// runItems runs the items ilo … ihi−1 on the view, quantising and checking
-// the activation first if the view has not yet.
-func (v *fp8Job) runItems(ilo, ihi int) {
-	if !v.checked {
-		v.check()
-	}
-	v.run(ilo, ihi)
-}
-
-// store writes a panel's kernel outputs tmp (fp8LaneRow's layout) to y's
-// rows n0 … as bf16 values.
-func (j *fp8Job) store(tmp []float32, n0 int) {
-	for l, r := range fp8LaneRow {
-		if n0+int(r) < j.p.Rows {
-			j.y[n0+int(r)] = quant.BF16Round(tmp[l])
-		}
-	}
 }
 
 // items is the number of work items of run.
@@ -658,14 +501,13 @@ func (j *fp8Job) items() int { return j.np * j.ng }
 // release returns the job, with its arrays, to jobPool; j must not be used
 // after it.
 func (j *fp8Job) release() {
-	j.p, j.y, j.x, j.sx, j.xs, j.act = nil, nil, nil, nil, nil, nil
+	j.p, j.y, j.x, j.sx, j.xs = nil, nil, nil, nil, nil
 	jobPool.Put(j)
 }
 
-// run computes the work items ilo … ihi−1 (a blockwise job: on a view whose
-// activation is quantised and checked).
+// run computes the work items ilo … ihi−1.
 func (j *fp8Job) run(ilo, ihi int) {
-	p, cb := j.p, j.cb
+	p, y, cb := j.p, j.y, j.cb
 	var tmp [PanelRows]float32
 	for i := ilo; i < ihi; i++ {
 		pi, g := i/j.ng, i%j.ng
@@ -681,9 +523,9 @@ func (j *fp8Job) run(ilo, ihi int) {
 		scl := j.scl[rb*cb : (rb+1)*cb]
 		sub := p.Sub[pi*p.Cols/64 : (pi+1)*p.Cols/64]
 		switch {
-		case j.act == nil && j.avx512:
+		case j.sx == nil && j.avx512:
 			fp8PlainPanel64AVX512(&tmp[0], &panel[0], &j.x[0], &scl[0], &sub[0], cb)
-		case j.act == nil:
+		case j.sx == nil:
 			fp8PlainPanel64AVX2(&tmp[0], &panel[0], &j.x[0], &scl[0], &sub[0], cb)
 		case j.ng == 1 && j.avx512:
 			fp8Panel64AVX512(&tmp[0], &panel[0], &j.xs[0], &scl[0], &sub[0], cb)
@@ -702,7 +544,11 @@ func (j *fp8Job) run(ilo, ihi int) {
 			}
 			sumTerms64AVX2(&tmp[0], &j.terms[pi*cb*PanelRows], cb)
 		}
-		j.store(tmp[:], n0)
+		for l, r := range fp8LaneRow {
+			if n0+int(r) < p.Rows {
+				y[n0+int(r)] = quant.BF16Round(tmp[l])
+			}
+		}
 	}
 }
 
@@ -722,16 +568,7 @@ func ReferencePanels() int64 { return referencePanels.Load() }
 // rows' exact dequantisation.
 func (j *fp8Job) reference(pi int) {
 	referencePanels.Add(1)
-	p, x, sx, y, cb := j.p, j.x, []float32(nil), j.y, j.cb
-	if j.act != nil {
-		// blockwise: the reference's own quantisation of the activation
-		// (the same values as the view's, which the kernels' layout holds
-		// only scaled)
-		j.qx = grow(j.qx, len(j.x))
-		sx = make([]float32, cb)
-		quant.QuantizeActFP8(j.qx, sx, j.x, ActBlock)
-		x = j.qx
-	}
+	p, x, sx, y, cb := j.p, j.x, j.sx, j.y, j.cb
 	n0 := pi * PanelRows
 	rb := n0 / 128
 	srow := p.Scale[rb*cb : (rb+1)*cb]

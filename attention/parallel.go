@@ -51,42 +51,15 @@ import (
 // call took all helpers until it ended), and each caller always works on
 // its own job, so a call finishes even when every worker is busy
 // elsewhere (nested calls included).
-func parallelFor(n int, work int, f func(lo, hi int)) { parallelRun(n, work, nil, f) }
-
-// parallelForWith is parallelFor where each goroutine of the call that
-// takes a chunk first gets its own part from m (on itself, once, before its
-// first chunk), runs its chunks with the part's runPart and calls its
-// donePart after its last: per-goroutine state for the call, such as a
-// private copy of a quantised activation (FP8Panels.Linear).
-func parallelForWith(n int, work int, m partMaker) { parallelRun(n, work, m, nil) }
-
-// A partMaker makes each goroutine's part of a parallelForWith call.
-type partMaker interface{ part() part }
-
-// A part is one goroutine's share of a parallelForWith call: runPart runs
-// a chunk of indices, donePart ends the share after its last chunk.
-type part interface {
-	runPart(lo, hi int)
-	donePart()
-}
-
-// parallelRun is parallelFor (m nil) and parallelForWith (f nil).
-func parallelRun(n int, work int, m partMaker, f func(lo, hi int)) {
+func parallelFor(n int, work int, f func(lo, hi int)) {
 	procs := runtime.GOMAXPROCS(0)
 	workers := min(procs, n)
 	if workers <= 1 || work < 1<<16 {
-		if m == nil {
-			f(0, n)
-			return
-		}
-		pt := m.part()
-		pt.runPart(0, n)
-		pt.donePart()
+		f(0, n)
 		return
 	}
 	helpersStarted.Add(int64(workers - 1))
 	j := newPoolJob(f, n, workers)
-	j.maker = m
 	// spin only when every P can have a core: with GOMAXPROCS above the
 	// CPUs the process may use, a spinning worker takes CPU time from the
 	// goroutines doing the work
@@ -179,7 +152,6 @@ const jobClosed = 1 << 30
 // poolJob is one parallelFor call.
 type poolJob struct {
 	f     func(lo, hi int)
-	maker partMaker // parallelForWith's parts (nil: every goroutine runs f)
 	n     int64
 	chunk int64           // what a goroutine takes from its lane's front
 	lanes []atomic.Uint64 // [workers] each lane's indices not yet taken, [front, back) (packLane)
@@ -210,36 +182,21 @@ func packLane(front, back int64) uint64 { return uint64(front) | uint64(back)<<3
 func unpackLane(v uint64) (front, back int64) { return int64(v & 0xffffffff), int64(v >> 32) }
 
 // loop runs lane's indices from its front, then steals from the other
-// lanes until every index is taken (with j.maker, on the part it makes
-// before the first chunk, ended after the last).
+// lanes until every index is taken.
 func (j *poolJob) loop(lane int) {
-	var pt part
-	started, stealing := false, false
 	for {
-		var lo, hi int64
-		var ok bool
-		if !stealing {
-			if lo, hi, ok = j.takeFront(lane); !ok {
-				stealing = true
-			}
+		lo, hi, ok := j.takeFront(lane)
+		if !ok {
+			break
 		}
-		if stealing {
-			if lo, hi, ok = j.steal(); !ok {
-				break
-			}
-		}
-		if !started && j.maker != nil {
-			pt = j.maker.part()
-		}
-		started = true
-		if pt != nil {
-			pt.runPart(int(lo), int(hi))
-		} else {
-			j.f(int(lo), int(hi))
-		}
+		j.f(int(lo), int(hi))
 	}
-	if pt != nil {
-		pt.donePart()
+	for {
+		lo, hi, ok := j.steal()
+		if !ok {
+			return
+		}
+		j.f(int(lo), int(hi))
 	}
 }
 
