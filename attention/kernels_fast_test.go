@@ -637,8 +637,8 @@ func TestLinearSharedEqualsLinear(t *testing.T) {
 // on a weight split into block groups at GOMAXPROCS 16 (4 panels of 1024
 // columns): the second row block's panels take the reference loop, the
 // first's the kernels, with the reference's bits at every GOMAXPROCS and in
-// every form — each goroutine checks its own quantised copy of x, and all
-// must make the same choice for a panel whose groups they share.
+// every form (at 16 the split panels' groups run on several goroutines,
+// all reading the one check of the call).
 func TestFP8PanelsPartlyProven(t *testing.T) {
 	rng := rand.New(rand.NewPCG(9, 10))
 	w := randFP8(rng, 256, 1024)
@@ -668,7 +668,7 @@ func TestFP8PanelsPartlyProven(t *testing.T) {
 		if ref := ReferencePanels() - r0; ref != wantRef {
 			t.Errorf("%d panels took the reference loop, want %d of 4", ref, wantRef)
 		}
-		// LinearShared: the same weight twice, one copy of x per goroutine
+		// LinearShared: the same weight twice, one quantised x for both
 		ys := [][]float32{make([]float32, 256), make([]float32, 256)}
 		LinearShared([]*FP8Panels{p, p}, ys, x)
 		sameBits(t, "LinearShared y[0]", ys[0], want)

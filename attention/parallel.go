@@ -152,10 +152,8 @@ const jobClosed = 1 << 30
 // poolJob is one parallelFor call.
 type poolJob struct {
 	f     func(lo, hi int)
-	n     int64
 	chunk int64           // what a goroutine takes from its lane's front
 	lanes []atomic.Uint64 // [workers] each lane's indices not yet taken, [front, back) (packLane)
-	taken atomic.Int64    // indices taken from all lanes
 	cap   int32           // most helpers the call asks for
 	state atomic.Int32    // helpers joined, | jobClosed once closed
 	done  atomic.Int32    // helpers finished
@@ -165,7 +163,7 @@ type poolJob struct {
 // newPoolJob is the job of f over [0, n) in workers lanes: lane w is
 // [w·n/workers, (w+1)·n/workers).
 func newPoolJob(f func(lo, hi int), n, workers int) *poolJob {
-	j := &poolJob{f: f, n: int64(n), chunk: int64(max(1, n/(32*workers))), lanes: make([]atomic.Uint64, workers), cap: int32(workers - 1), fin: make(chan struct{})}
+	j := &poolJob{f: f, chunk: int64(max(1, n/(32*workers))), lanes: make([]atomic.Uint64, workers), cap: int32(workers - 1), fin: make(chan struct{})}
 	for w := range workers {
 		j.lanes[w].Store(packLane(int64(w*n/workers), int64((w+1)*n/workers)))
 	}
@@ -211,7 +209,6 @@ func (j *poolJob) takeFront(lane int) (lo, hi int64, ok bool) {
 		}
 		e := min(b, f+j.chunk)
 		if l.CompareAndSwap(v, packLane(e, b)) {
-			j.taken.Add(e - f)
 			return f, e, true
 		}
 	}
@@ -235,10 +232,20 @@ func (j *poolJob) steal() (lo, hi int64, ok bool) {
 		f, b := unpackLane(bv)
 		s := max(f, b-max(j.chunk, most/2))
 		if j.lanes[best].CompareAndSwap(bv, packLane(f, s)) {
-			j.taken.Add(b - s)
 			return s, b, true
 		}
 	}
+}
+
+// hasWork reports whether some lane has an index not yet taken (read by a
+// worker looking for a job, not on a chunk's path).
+func (j *poolJob) hasWork() bool {
+	for i := range j.lanes {
+		if f, b := unpackLane(j.lanes[i].Load()); f < b {
+			return true
+		}
+	}
+	return false
 }
 
 // join takes a helper slot of j and returns its lane (false: closed, full
@@ -246,7 +253,7 @@ func (j *poolJob) steal() (lo, hi int64, ok bool) {
 func (j *poolJob) join() (int, bool) {
 	for {
 		s := j.state.Load()
-		if s&jobClosed != 0 || s >= j.cap || j.taken.Load() >= j.n {
+		if s&jobClosed != 0 || s >= j.cap || !j.hasWork() {
 			return 0, false
 		}
 		if j.state.CompareAndSwap(s, s+1) {
@@ -339,7 +346,7 @@ func (p *workPool) take() (*poolJob, int) {
 		bh := int32(0)
 		for _, j := range *list {
 			s := j.state.Load()
-			if s&jobClosed != 0 || s >= j.cap || j.taken.Load() >= j.n {
+			if s&jobClosed != 0 || s >= j.cap || !j.hasWork() {
 				continue
 			}
 			if best == nil || s < bh {
