@@ -96,7 +96,7 @@ func runInspect(args []string, stdout, stderr io.Writer) int {
 	mapFile := fs.String("map", "", "name map: a JSON file or a built-in name ("+strings.Join(dump.BuiltinNameMaps(), ", ")+")")
 	asJSON := fs.Bool("json", false, "write a JSON report")
 	indexOnly := fs.Bool("index-only", false, "do not read record data (no value statistics)")
-	filter := fs.String("filter", "", "only records whose key (request/pSTEP/LLAYER/stage) matches this regexp")
+	filter := fs.String("filter", "", "only records whose key (request/pSTEP/LLAYER/stage) matches this regexp, and the prefix hits of their requests")
 	summary := fs.Bool("summary", false, "print the summary only, not one line per record")
 	pos, err := rpParseArgs(fs, args)
 	if err == flag.ErrHelp {
@@ -234,6 +234,17 @@ func buildInspect(d *dump.Dump, re *regexp.Regexp, stats bool) (*inspectReport, 
 	}
 	if rep.Cut == nil {
 		rep.Cut = []string{}
+	}
+	if re != nil {
+		// a filtered report lists the prefix hits of its requests only: a
+		// hit whose reusing or reused request has a record that matched
+		var hits []dump.PrefixHit
+		for _, h := range rep.Prefix {
+			if reqs[h.Request] || reqs[h.Source] {
+				hits = append(hits, h)
+			}
+		}
+		rep.Prefix = hits
 	}
 	if rep.Prefix == nil {
 		rep.Prefix = []dump.PrefixHit{}

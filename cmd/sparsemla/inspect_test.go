@@ -53,6 +53,46 @@ func TestInspectFormats(t *testing.T) {
 	}
 }
 
+// TestInspectFilterPrefixHits: with --filter, the header lists only the
+// prefix hits of the requests that have a matching record (capture_smoke
+// holds one hit: request "r1" reused 5 tokens of request "").
+func TestInspectFilterPrefixHits(t *testing.T) {
+	const smoke = "../../testdata/dump/capture/capture_smoke.smd"
+	for _, c := range []struct {
+		filter string
+		hit    bool
+	}{{"", true}, {"^-/p5/", true}, {"^r1/", false}, {"^nomatch$", false}} {
+		args := []string{smoke}
+		if c.filter != "" {
+			args = append([]string{"--filter", c.filter}, args...)
+		}
+		for _, js := range []bool{false, true} {
+			a := args
+			if js {
+				a = append([]string{"--json"}, a...)
+			}
+			code, out, errs := inspectRun(a...)
+			if code != exitOK {
+				t.Fatalf("%v: exit %d: %s", a, code, errs)
+			}
+			got := strings.Contains(out, "prefix hit: request \"r1\"")
+			if js {
+				var rep inspectReport
+				if err := json.Unmarshal([]byte(out), &rep); err != nil {
+					t.Fatal(err)
+				}
+				got = len(rep.Prefix) == 1 && rep.Prefix[0].Request == "r1"
+				if !c.hit && len(rep.Prefix) != 0 {
+					t.Errorf("%v: prefix hits %v", a, rep.Prefix)
+				}
+			}
+			if got != c.hit {
+				t.Errorf("%v: prefix hit listed %v, want %v\n%s", a, got, c.hit, out)
+			}
+		}
+	}
+}
+
 func TestInspectBadInput(t *testing.T) {
 	b, err := os.ReadFile("../../testdata/dump/capture/capture_smoke.smd")
 	if err != nil {
