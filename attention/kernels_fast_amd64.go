@@ -141,6 +141,9 @@ func fp8Terms64AVX2(t *float32, codes *uint8, x *float32, scl *float32, sub *uin
 func sumTerms64AVX2(y *float32, t *float32, n int)
 
 //go:noescape
+func loadReadAVX2(p *byte, n int) uint64
+
+//go:noescape
 func fp8Widen64AVX2(v *float32, codes *uint8)
 
 // The AVX-512 forms of the FP8 kernels: the same contracts and bits as the

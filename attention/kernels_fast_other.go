@@ -56,6 +56,10 @@ func sumTerms64AVX2(y *float32, t *float32, n int) {
 	panic("attention: no assembly kernels in this build")
 }
 
+func loadReadAVX2(p *byte, n int) uint64 {
+	panic("attention: no assembly kernels in this build")
+}
+
 func fp8Widen64AVX2(v *float32, codes *uint8) {
 	panic("attention: no assembly kernels in this build")
 }

@@ -710,3 +710,30 @@ func TestFP8PanelsFactorRange(t *testing.T) {
 		}
 	}
 }
+
+// TestLoadRead: the benchmarks' vector-load read (loadReadAVX2 through
+// loadRead) reads every byte: a single set bit anywhere in a zero buffer,
+// for lengths around its 256-byte step, shows in the result's byte i%8.
+func TestLoadRead(t *testing.T) {
+	if !useAsm() {
+		t.Skip("no AVX2 loads on this machine/build")
+	}
+	for _, n := range []int{1, 255, 256, 257, 512, 4096 + 37, 1 << 16} {
+		v := make([]byte, n)
+		if got := loadRead(v); got != 0 {
+			t.Fatalf("len %d, all zero: %#x", n, got)
+		}
+		for _, i := range []int{0, n / 3, n / 2, n - 256, n - 1} {
+			if i < 0 || i >= n {
+				continue
+			}
+			for bit := range 8 {
+				v[i] = 1 << bit
+				if got := loadRead(v); got&(0xff<<(8*(i%8))) == 0 {
+					t.Fatalf("len %d: byte %d = %#x not seen (%#x)", n, i, v[i], got)
+				}
+				v[i] = 0
+			}
+		}
+	}
+}

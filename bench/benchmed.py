@@ -175,13 +175,19 @@ def gemvs(kern, title):
                     cells.append("")
                     continue
                 g, s, c, sg = med(d, "GB/s"), med(d, "%stream"), med(d, "GB/s-cpu"), med(d, "stream-GB/s")
+                lp, lg = med(d, "%load"), med(d, "load-GB/s")
                 pct = ""
                 if s is not None:
-                    pct = f" ({s:.0f} % of {sg:.1f})" if sg is not None else f" ({s:.0f} %)"
+                    pct = f" ({s:.0f} % of {sg:.1f}" if sg is not None else f" ({s:.0f} %"
+                    if lp is not None and lg is not None:
+                        pct += f"; {lp:.0f} % of {lg:.1f} loaded"
+                    pct += ")"
                 cells.append(f"{g:.1f}" + pct + (f", {c:.1f} per CPU-s" if c is not None else ""))
             print(f"| {name.removeprefix('Benchmark')} | " + " | ".join(cells) + " |")
         print("\nTarget: every FP8 GEMV ≥ 80 % of the streaming read at 2, 8 and 16 threads: \"(P % of S)\" is the median ratio over")
         print("64 MiB windows (8 MiB per thread above 8 threads) alternating the benchmark's calls with a streaming read of as many bytes on the same worker pool (S: its median GB/s).")
+        print("\"L % of LL loaded\" is the same against a read of as many bytes more in 32-byte vector loads (AVX2), the stricter floor: bytes.IndexByte, the")
+        print("streaming read, spends a compare and a mask move on every 32 bytes and can be bound by them, not by the memory.")
         print("StreamReadPerCall/N is the streaming read done N bytes a call on the same pool, paired the same way: what a GEMV of N")
         print("bytes would reach if its kernel cost nothing (the per-call fork/join and imbalance included).")
         print("FP8PanelsInCache is one core on a")
