@@ -111,6 +111,8 @@ run)
 		echo "uname -r $(uname -r)" # 4.4.0: gVisor; *-fc-*: Firecracker
 		grep -h Cpus_allowed_list /proc/self/status
 		cat /sys/fs/cgroup/cpu.max 2>/dev/null | sed 's/^/cgroup cpu.max /'
+		# transparent huge pages (the packed weights are on base pages: bench/README.md round 17)
+		cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null | sed 's/^/thp enabled /'
 	} >"$out/env.txt" 2>&1
 	t0=$(date +%s)
 	# one process per run; each test binary runs in its package's directory, as go test does
@@ -121,7 +123,7 @@ run)
 	}
 	gemv() { # gemv BINARY CPUS FILE: one process per thread count
 		for c in ${2//,/ }; do
-			(cd attention && timeout 100 "$1" -test.run '^$' -test.bench "StreamRead/scan/allcores|StreamReadPerCall|FP8PanelsLinear/$dists|FP8PanelsLinearShared/$dists|FP8PanelsWoA/$dists" \
+			(cd attention && timeout 100 "$1" -test.run '^$' -test.bench "StreamRead/(scan|load)/allcores|StreamReadPerCall|FP8PanelsLinear/$dists|FP8PanelsLinearShared/$dists|FP8PanelsWoA/$dists" \
 				-test.cpu $c -test.benchtime $gemvtime -test.count $count -test.timeout 0 >>"$3" 2>&1)
 			echo "exit $? after $(( $(date +%s) - t0 )) s"
 		done
