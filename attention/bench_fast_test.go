@@ -10,7 +10,6 @@ import (
 	"runtime"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -53,9 +52,8 @@ func BenchmarkStreamRead(b *testing.B) {
 		}
 		return s0 + s1 + s2 + s3
 	}
-	scan := func(v []byte) uint64 { return uint64(bytes.IndexByte(v, 0) + 1) }
 	for _, how := range []string{"sum", "scan", "load"} {
-		f := map[string]func([]byte) uint64{"sum": sum, "scan": scan, "load": loadRead}[how]
+		f := map[string]func([]byte) uint64{"sum": sum, "scan": scanRead, "load": loadRead}[how]
 		for _, par := range []bool{false, true} {
 			b.Run(how+map[bool]string{false: "/1core", true: "/allcores"}[par], func(b *testing.B) {
 				if how == "load" && !useAsm() {
@@ -257,23 +255,14 @@ func streamWindow() int64 { return max(64<<20, int64(runtime.GOMAXPROCS(0))<<23)
 // poolStream reads buf[off:off+n] (wrapping at the end) with parallelFor
 // in 256 KiB items — the pool the GEMVs run on, so that the streaming read
 // and the calls it is paired with start their helpers alike.
-func poolStream(buf []byte, off, n int) { poolStreamItems(buf, off, n, 256<<10) }
+func poolStream(buf []byte, off, n int) { poolReadItems(buf, off, n, 256<<10, scanRead) }
 
 // poolLoad is poolStream with vector loads (loadRead) instead of the scan.
-func poolLoad(buf []byte, off, n int) {
-	const item = 256 << 10
-	items := (n + item - 1) / item
-	parallelFor(items, n, func(lo, hi int) {
-		for i := lo; i < hi; i++ {
-			a := (off + i*item) % len(buf)
-			e := min(len(buf), a+min(item, n-i*item))
-			loadSink.Add(loadRead(buf[a:e]))
-		}
-	})
-}
+func poolLoad(buf []byte, off, n int) { poolReadItems(buf, off, n, 256<<10, loadRead) }
 
-// loadSink keeps the loads' result alive.
-var loadSink atomic.Uint64
+// scanRead is the streaming read's scan: bytes.IndexByte for a byte the
+// buffer does not hold.
+func scanRead(v []byte) uint64 { return uint64(bytes.IndexByte(v, 0) + 1) }
 
 // loadRead ORs every byte of v into the byte i%8 of a word (byte i of v),
 // its multiple of 256 bytes with loadReadAVX2 (AVX2 only), the rest in Go.
@@ -289,14 +278,16 @@ func loadRead(v []byte) uint64 {
 	return r
 }
 
-// poolStreamItems is poolStream in items of the given size.
-func poolStreamItems(buf []byte, off, n, item int) {
+// poolReadItems reads buf[off:off+n] (wrapping at the end) with read, in
+// items of the given size, on the worker pool. (Neither read can be
+// dropped by the compiler: one is assembly, the other the runtime's.)
+func poolReadItems(buf []byte, off, n, item int, read func([]byte) uint64) {
 	items := (n + item - 1) / item
 	parallelFor(items, n, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
 			a := (off + i*item) % len(buf)
 			e := min(len(buf), a+min(item, n-i*item))
-			bytes.IndexByte(buf[a:e], 0)
+			read(buf[a:e])
 		}
 	})
 }
@@ -352,22 +343,24 @@ func (s *streamPair) tick() {
 	}
 	tg := time.Since(s.t0)
 	s.calls += tg
-	t1 := time.Now()
-	poolStream(streamBuf, s.off, int(s.n))
-	ts := time.Since(t1)
-	s.off = (s.off + int(s.n)) % len(streamBuf)
-	s.ratios = append(s.ratios, ts.Seconds()/tg.Seconds())
-	s.rates = append(s.rates, float64(s.n)/ts.Seconds()/1e9)
+	r, g := s.window(poolStream, tg)
+	s.ratios, s.rates = append(s.ratios, r), append(s.rates, g)
 	if useAsm() {
-		t2 := time.Now()
-		poolLoad(streamBuf, s.off, int(s.n))
-		tl := time.Since(t2)
-		s.off = (s.off + int(s.n)) % len(streamBuf)
-		s.lratios = append(s.lratios, tl.Seconds()/tg.Seconds())
-		s.lrates = append(s.lrates, float64(s.n)/tl.Seconds()/1e9)
+		r, g := s.window(poolLoad, tg)
+		s.lratios, s.lrates = append(s.lratios, r), append(s.lrates, g)
 	}
 	s.n = 0
 	s.t0 = time.Now()
+}
+
+// window reads the window's bytes with read from the buffer's next part and
+// returns the ratio of its time to the calls' time tg, and its GB/s.
+func (s *streamPair) window(read func(buf []byte, off, n int), tg time.Duration) (ratio, gbs float64) {
+	t0 := time.Now()
+	read(streamBuf, s.off, int(s.n))
+	d := time.Since(t0)
+	s.off = (s.off + int(s.n)) % len(streamBuf)
+	return d.Seconds() / tg.Seconds(), float64(s.n) / d.Seconds() / 1e9
 }
 
 // report writes ns/op and GB/s of weight bytes from the calls' own clock
@@ -448,7 +441,7 @@ func BenchmarkStreamReadPerCall(b *testing.B) {
 			off := len(buf) / 2 // away from the windows' start
 			sp := newStreamPair(b, int64(n))
 			for b.Loop() {
-				poolStreamItems(buf, off, n, item)
+				poolReadItems(buf, off, n, item, scanRead)
 				off = (off + n) % len(buf)
 				sp.tick()
 			}

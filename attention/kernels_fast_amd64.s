@@ -1888,7 +1888,7 @@ zpv2store:
 // Reads n bytes (a multiple of 256) at p with 32-byte vector loads, four
 // independent chains ORed, and returns the OR of everything read (folded to
 // 64 bits, so that nothing can be skipped): the benchmarks' second
-// streaming-read floor (bench_fast_test.go, loadSegment). bytes.IndexByte,
+// streaming-read floor (bench_fast_test.go, poolLoad). bytes.IndexByte,
 // the first, spends a compare and a mask move on every 32 bytes and reads
 // 4-6 % slower on one and two cores of the 2-core Zen 5 VM
 // (bench/README.md, round 17).
