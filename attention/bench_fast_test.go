@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -496,6 +497,132 @@ func BenchmarkFP8PanelsLinearShared(b *testing.B) {
 			}
 			sp.report(1536 * 4096)
 		})
+	}
+}
+
+// BenchmarkFP8CallTimeline is where a small GEMV's time goes: wkv and wq_a
+// (checkpoint codes) called one after another as in FP8PanelsLinear, with
+// poolTrace timing each call's points (poolEvent) from its start. Reported,
+// each the median over the calls (µs):
+//
+//	call-µs    the whole call
+//	quant-µs   start → activation quantised (scratch, quantizeActFast)
+//	list-µs    quantised → job listed (the job's checks, listing)
+//	join-µs    listed → the last helper to join joined
+//	lanes-µs   listed → the later of the caller's and the helpers' lanes ran dry
+//	spread-µs  |caller's lane end − last helper's lane end| (imbalance)
+//	wait-µs    the later lane end → the call sees its last helper done
+//	helpers    helpers that joined (mean), alone-% calls that none joined
+//
+// join-µs, spread-µs and wait-µs are over the calls some helper joined.
+// The clock reads add a little to each call; call-µs is not a rate to
+// compare with FP8PanelsLinear's.
+//
+//	go test ./attention -run '^$' -bench FP8CallTimeline -cpu 16
+func BenchmarkFP8CallTimeline(b *testing.B) {
+	for _, w := range []struct {
+		name       string
+		rows, cols int
+	}{{"wkv", 512, 4096}, {"wq_a", 1024, 4096}} {
+		b.Run("checkpoint/"+w.name, func(b *testing.B) {
+			ws := fp8Copies("checkpoint", w.rows, w.cols)
+			rng := rand.New(rand.NewPCG(1, uint64(w.rows)))
+			x := bf16Vec(rng, w.cols, 1)
+			y := make([]float32, w.rows)
+			var tl callTimeline
+			f := tl.record
+			poolTrace.Store(&f)
+			defer poolTrace.Store(nil)
+			var m timelineMedians
+			i := 0
+			for b.Loop() {
+				tl.start()
+				ws[i%len(ws)].Linear(y, x)
+				i++
+				m.add(&tl, time.Since(tl.t0))
+			}
+			m.report(b)
+		})
+	}
+}
+
+// callTimeline is one call's poolEvent times, ns from t0 (−1: not seen);
+// the helpers' events keep the latest helper's time.
+type callTimeline struct {
+	t0     time.Time
+	at     [poolEvents]atomic.Int64
+	joined atomic.Int32
+}
+
+// start resets the timeline before a call (set before the call lists its
+// job, so the helpers that join it see t0).
+func (c *callTimeline) start() {
+	for i := range c.at {
+		c.at[i].Store(-1)
+	}
+	c.joined.Store(0)
+	c.t0 = time.Now()
+}
+
+// record is the poolTrace hook.
+func (c *callTimeline) record(ev poolEvent) {
+	t := time.Since(c.t0).Nanoseconds()
+	if ev != evJoined && ev != evHelperEnd {
+		c.at[ev].Store(t)
+		return
+	}
+	if ev == evJoined {
+		c.joined.Add(1)
+	}
+	for {
+		o := c.at[ev].Load()
+		if o >= t || c.at[ev].CompareAndSwap(o, t) {
+			return
+		}
+	}
+}
+
+// timelineMedians collects the calls' spans (µs) for BenchmarkFP8CallTimeline.
+type timelineMedians struct {
+	call, quant, list, join, lanes, spread, wait []float64
+	helpers, alone                               int
+}
+
+func (m *timelineMedians) add(c *callTimeline, total time.Duration) {
+	at := func(ev poolEvent) float64 { return float64(c.at[ev].Load()) / 1e3 }
+	m.call = append(m.call, float64(total.Nanoseconds())/1e3)
+	if at(evQuantised) < 0 || at(evListed) < 0 {
+		return // no parallel call (one thread)
+	}
+	m.quant = append(m.quant, at(evQuantised))
+	m.list = append(m.list, at(evListed)-at(evQuantised))
+	n := int(c.joined.Load())
+	m.helpers += n
+	if n == 0 {
+		m.alone++
+		m.lanes = append(m.lanes, at(evLaneEnd)-at(evListed))
+		return
+	}
+	end := max(at(evLaneEnd), at(evHelperEnd))
+	m.join = append(m.join, at(evJoined)-at(evListed))
+	m.lanes = append(m.lanes, end-at(evListed))
+	m.spread = append(m.spread, math.Abs(at(evHelperEnd)-at(evLaneEnd)))
+	m.wait = append(m.wait, at(evWaitEnd)-end)
+}
+
+func (m *timelineMedians) report(b *testing.B) {
+	b.ReportMetric(median(m.call), "call-µs")
+	for _, r := range []struct {
+		v    []float64
+		unit string
+	}{{m.quant, "quant-µs"}, {m.list, "list-µs"}, {m.join, "join-µs"}, {m.lanes, "lanes-µs"}, {m.spread, "spread-µs"}, {m.wait, "wait-µs"}} {
+		if len(r.v) > 0 {
+			b.ReportMetric(median(r.v), r.unit)
+		}
+	}
+	if n := len(m.quant); n > 0 {
+		b.ReportMetric(float64(m.helpers)/float64(n), "helpers")
+		b.ReportMetric(100*float64(m.alone)/float64(n), "alone-%")
 	}
 }
 

@@ -255,6 +255,7 @@ func (p *FP8Panels) Linear(y, x []float32) {
 	}
 	a := getActScratch(len(x))
 	quantizeActFast(a.qx, a.sx, a.xs, x)
+	trace(evQuantised)
 	j := p.job(y, a.qx, a.sx, a.xs, runtime.GOMAXPROCS(0))
 	parallelFor(j.items(), p.Rows*p.Cols, j.run)
 	j.release()

@@ -71,7 +71,9 @@ func parallelFor(n int, work int, f func(lo, hi int)) {
 	}
 	thePool.calls.Add(1)
 	thePool.submit(j, workers-1)
+	trace(evListed)
 	j.loop(0)
+	trace(evLaneEnd)
 	// close the job to new helpers (it is dropped from the list at the next
 	// submit), then wait for those still on a chunk: they finish within a
 	// chunk's time, so spin briefly before blocking
@@ -79,7 +81,34 @@ func parallelFor(n int, work int, f func(lo, hi int)) {
 	if !spinUntil(func() bool { return j.done.Load() == joined }, nil) {
 		<-j.fin
 	}
+	trace(evWaitEnd)
 	thePool.calls.Add(-1)
+}
+
+// poolEvent is a point in a parallel call's life that poolTrace reports.
+type poolEvent int
+
+const (
+	evQuantised poolEvent = iota // FP8Panels.Linear: the activation is quantised (caller)
+	evListed                     // the job is listed for the pool's helpers (caller)
+	evJoined                     // a helper joined the job (each helper)
+	evLaneEnd                    // the caller found no index left to take
+	evHelperEnd                  // a helper found no index left to take (each helper)
+	evWaitEnd                    // the last helper has finished: the call returns (caller)
+	poolEvents
+)
+
+// poolTrace, when set, is called at each poolEvent of every parallel call,
+// on the goroutine the event happens on (so it must be safe for concurrent
+// use). Only BenchmarkFP8CallTimeline sets it, to show where a small GEMV's
+// time goes; unset, each event costs one atomic load.
+var poolTrace atomic.Pointer[func(poolEvent)]
+
+// trace reports ev to poolTrace when it is set.
+func trace(ev poolEvent) {
+	if f := poolTrace.Load(); f != nil {
+		(*f)(ev)
+	}
 }
 
 // ParallelFor is parallelFor for the packages above attention (the engine's
@@ -369,7 +398,9 @@ func (p *workPool) worker() {
 	for {
 		seen := p.gen.Load()
 		if j, lane := p.take(); j != nil {
+			trace(evJoined)
 			j.loop(lane)
+			trace(evHelperEnd)
 			j.leave()
 			continue
 		}

@@ -5,6 +5,9 @@ import (
 	"math"
 	"math/rand/v2"
 	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"sparsemla/quant"
@@ -172,6 +175,79 @@ func TestPoolJobLanes(t *testing.T) {
 		if _, ok := j.join(); ok {
 			t.Errorf("n %d, %d lanes: a helper joined a job with every index taken", c.n, c.workers)
 		}
+	}
+}
+
+// TestPoolTrace: with poolTrace set, every parallel call reports its
+// caller's points in order (listed, lane end, wait end; for an FP8 Linear,
+// quantised first), each helper that joined reports its lane's end before
+// the caller's wait ends, and no more helpers join than the call asks for.
+// BenchmarkFP8CallTimeline's spans are built on these.
+func TestPoolTrace(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(4))
+	type rec struct {
+		ev  poolEvent
+		seq int64
+	}
+	var (
+		mu   sync.Mutex
+		recs []rec
+		seq  atomic.Int64
+	)
+	f := func(ev poolEvent) {
+		s := seq.Add(1)
+		mu.Lock()
+		recs = append(recs, rec{ev, s})
+		mu.Unlock()
+	}
+	poolTrace.Store(&f)
+	defer poolTrace.Store(nil)
+	w := fp8Copies("checkpoint", 512, 4096)[0]
+	x := bf16Vec(rand.New(rand.NewPCG(1, 2)), 4096, 1)
+	y := make([]float32, 512)
+	for call := range 200 {
+		recs = recs[:0]
+		if call%2 == 0 {
+			w.Linear(y, x)
+		} else {
+			parallelFor(64, 1<<20, func(lo, hi int) {})
+		}
+		at := map[poolEvent][]int64{}
+		for _, r := range recs {
+			at[r.ev] = append(at[r.ev], r.seq)
+		}
+		for _, ev := range []poolEvent{evListed, evLaneEnd, evWaitEnd} {
+			if len(at[ev]) != 1 {
+				t.Fatalf("call %d: event %d seen %d times, want once: %v", call, ev, len(at[ev]), recs)
+			}
+		}
+		order := []int64{at[evListed][0], at[evLaneEnd][0], at[evWaitEnd][0]}
+		if call%2 == 0 {
+			if len(at[evQuantised]) != 1 {
+				t.Fatalf("call %d: quantised seen %d times, want once", call, len(at[evQuantised]))
+			}
+			order = append([]int64{at[evQuantised][0]}, order...)
+		} else if len(at[evQuantised]) != 0 {
+			t.Fatalf("call %d: a parallelFor that quantises nothing reported quantised", call)
+		}
+		if !slices.IsSorted(order) {
+			t.Fatalf("call %d: the caller's events out of order: %v", call, recs)
+		}
+		if n := len(at[evJoined]); n != len(at[evHelperEnd]) || n > 3 {
+			t.Fatalf("call %d: %d helpers joined, %d ended (at most 3 may join)", call, n, len(at[evHelperEnd]))
+		}
+		for _, s := range at[evHelperEnd] {
+			if s > at[evWaitEnd][0] {
+				t.Fatalf("call %d: a helper ended after the caller's wait: %v", call, recs)
+			}
+		}
+	}
+	// unset, nothing is reported
+	poolTrace.Store(nil)
+	recs = recs[:0]
+	w.Linear(y, x)
+	if len(recs) != 0 {
+		t.Fatalf("poolTrace unset: %d events reported", len(recs))
 	}
 }
 

@@ -88,6 +88,7 @@ def main(out):
               "≈ threads with cores busy ≪ threads, the OS or the hypervisor did not run the ready threads. "
               "machine busy = all processes' busy cores (/proc/stat), steal = cores the hypervisor took (/proc/stat).\n")
     gemvs(kern, "## FP8 GEMVs (GB/s of weight bytes; %stream = share of the same process's streaming read)")
+    timelines(kern)
     before = parse(p("kernels_before.txt"))
     if before:
         gemvs(before, "## The earlier build's FP8 GEMVs, same host run (GPUHOST_BEFORE)")
@@ -167,7 +168,7 @@ def gemvs(kern, title):
         procs = sorted({pr for (_, pr) in kern})
         print("| benchmark | " + " | ".join(f"{pr} threads" for pr in procs) + " |")
         print("|---|" + "---|" * len(procs))
-        for name in sorted({n for (n, _) in kern}, key=lambda n: (not n.startswith("BenchmarkStream"), n)):
+        for name in sorted({n for (n, _) in kern if not n.startswith(TIMELINE)}, key=lambda n: (not n.startswith("BenchmarkStream"), n)):
             cells = []
             for pr in procs:
                 d = kern.get((name, pr))
@@ -192,6 +193,29 @@ def gemvs(kern, title):
         print("bytes would reach if its kernel cost nothing (the per-call fork/join and imbalance included).")
         print("FP8PanelsInCache is one core on a")
         print("cache-resident weight: the kernel's own rate (GB/s of codes per second of thread CPU time).\n")
+
+
+TIMELINE = "BenchmarkFP8CallTimeline"
+SPANS = ["call-µs", "quant-µs", "list-µs", "join-µs", "lanes-µs", "spread-µs", "wait-µs", "helpers", "alone-%"]
+
+
+def timelines(kern):
+    """BenchmarkFP8CallTimeline: one row per weight and thread count, the
+    medians of its spans (µs) over the -count runs."""
+    rows = sorted(((n, pr, d) for (n, pr), d in kern.items() if n.startswith(TIMELINE)), key=lambda r: (r[0], -r[1]))
+    if not rows:
+        return
+    print("## Where a small GEMV's time goes (FP8CallTimeline, µs; medians over the calls)\n")
+    print("| weight | threads | " + " | ".join(SPANS) + " |")
+    print("|---|---|" + "---|" * len(SPANS))
+    for n, pr, d in rows:
+        cells = [med(d, u) for u in SPANS]
+        cells = [f"{v:.2f}" if v is not None else "" for v in cells]
+        print(f"| {n.removeprefix(TIMELINE + '/')} | {pr} | " + " | ".join(cells) + " |")
+    print("\nquant: call start → activation quantised; list: → job listed; join: listed → the last helper joined;")
+    print("lanes: listed → the later lane end; spread: |caller's lane end − last helper's|; wait: later lane end → the call")
+    print("sees its last helper done (join, spread, wait over the calls some helper joined); helpers: mean joined;")
+    print("alone-%: calls no helper joined (its helpers were not running, or parked and woke too late).\n")
 
 
 def kvtable(p):

@@ -30,7 +30,9 @@
 #  3. the FP8 GEMVs for each code distribution beside the streaming read of
 #     the same process, at 2, 8 and 16 threads, one process per thread count
 #     (%stream: target ≥ 80), and the streaming read done a call at a time
-#     (StreamReadPerCall: the ceiling of a GEMV of 2, 4, 6 MiB);
+#     (StreamReadPerCall: the ceiling of a GEMV of 2, 4, 6 MiB), and where
+#     a small GEMV's time goes (FP8CallTimeline: wkv and wq_a, the spans
+#     of a call, the helpers that joined, the calls none joined);
 #  4. the KV page decode on one core (target ≥ 2 GB/s);
 #  5. the CSA-layer step at 64K with the wall time of each of its phases
 #     (engine BenchmarkPreparedStepPhases) at 16, 1, 2 and 8 threads, one
@@ -123,7 +125,7 @@ run)
 	}
 	gemv() { # gemv BINARY CPUS FILE: one process per thread count
 		for c in ${2//,/ }; do
-			(cd attention && timeout 100 "$1" -test.run '^$' -test.bench "StreamRead/(scan|load)/allcores|StreamReadPerCall|FP8PanelsLinear/$dists|FP8PanelsLinearShared/$dists|FP8PanelsWoA/$dists" \
+			(cd attention && timeout 100 "$1" -test.run '^$' -test.bench "StreamRead/(scan|load)/allcores|StreamReadPerCall|FP8PanelsLinear/$dists|FP8PanelsLinearShared/$dists|FP8PanelsWoA/$dists|FP8CallTimeline" \
 				-test.cpu $c -test.benchtime $gemvtime -test.count $count -test.timeout 0 >>"$3" 2>&1)
 			echo "exit $? after $(( $(date +%s) - t0 )) s"
 		done
