@@ -508,7 +508,8 @@ func BenchmarkFP8PanelsLinearShared(b *testing.B) {
 //	call-µs    the whole call
 //	quant-µs   start → activation quantised (scratch, quantizeActFast)
 //	list-µs    quantised → job listed (the job's checks, listing)
-//	join-µs    listed → the last helper to join joined
+//	join-µs    listed → the last helper to join joined (a helper can join
+//	           before the caller reports listed, so a call's span can be < 0)
 //	lanes-µs   listed → the later of the caller's and the helpers' lanes ran dry
 //	spread-µs  |caller's lane end − last helper's lane end| (imbalance)
 //	wait-µs    the later lane end → the call sees its last helper done
