@@ -521,10 +521,10 @@ func BenchmarkFP8PanelsLinearShared(b *testing.B) {
 //
 //	go test ./attention -run '^$' -bench FP8CallTimeline -cpu 16
 func BenchmarkFP8CallTimeline(b *testing.B) {
-	for _, w := range []struct {
-		name       string
-		rows, cols int
-	}{{"wkv", 512, 4096}, {"wq_a", 1024, 4096}} {
+	for _, w := range flashFP8 {
+		if w.name != "wkv" && w.name != "wq_a" {
+			continue
+		}
 		b.Run("checkpoint/"+w.name, func(b *testing.B) {
 			ws := fp8Copies("checkpoint", w.rows, w.cols)
 			rng := rand.New(rand.NewPCG(1, uint64(w.rows)))
